@@ -1,0 +1,65 @@
+// ModelSpec: the transformer a user wants to train, read from a Hugging Face config.json,
+// an Alloy YAML file or a preset name, and validated with precise errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace alloy {
+
+enum class ModelFamily {
+  ModelFamily_gpt2,   // LayerNorm, learned positions, multi-head attention, GELU MLP, biases
+  ModelFamily_llama,  // RMSNorm, RoPE, grouped-query attention, SwiGLU MLP (llama, mistral, qwen2)
+};
+
+struct ModelSpec {
+  std::string name;         // preset name or file stem, e.g. "llama-2-7b"
+  std::string source_path;  // file it was read from ("" for one built in code)
+  std::string model_type;   // the Hugging Face model_type: gpt2, llama, mistral, qwen2
+  ModelFamily family = ModelFamily::ModelFamily_gpt2;
+
+  int64_t num_layers = 0;        // decoder blocks
+  int64_t hidden_size = 0;       // C
+  int64_t num_heads = 0;         // query heads Hq
+  int64_t num_kv_heads = 0;      // key/value heads Hkv (== Hq for multi-head attention)
+  int64_t head_dim = 0;          // D; usually C / Hq
+  int64_t ffn_hidden_size = 0;   // F: MLP inner width (GELU: up/down; SwiGLU: gate/up/down)
+  int64_t vocab_size = 0;        // V
+  int64_t max_seq_len = 0;       // longest sequence (positions) the model supports
+
+  bool tied_embeddings = true;   // LM head shares the token embedding matrix
+  bool qkv_bias = false;         // bias on the q, k, v projections (gpt2, qwen2)
+  bool linear_bias = false;      // bias on attention output and MLP projections (gpt2)
+  bool norm_bias = false;        // LayerNorm has a bias (gpt2); RMSNorm does not
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;   // LLaMA family only
+};
+
+// Parameter counts, exact, from the config alone.
+struct ModelParameterCounts {
+  int64_t embedding = 0;     // token (+ position) embeddings
+  int64_t per_block = 0;     // one decoder block
+  int64_t final_norm = 0;
+  int64_t lm_head = 0;       // 0 when tied
+  int64_t total = 0;
+};
+ModelParameterCounts model_parameter_counts(const ModelSpec& model);
+
+// Reads a model from a preset name (see examples/models/) or a path to a config.json or a
+// .yaml file. Throws alloy::Error naming the file and field on any problem.
+ModelSpec model_load(const std::string& name_or_path);
+
+// Parses one file; the format follows the extension (.json: Hugging Face, .yaml/.yml: Alloy).
+ModelSpec model_load_file(const std::string& path);
+
+// Checks sizes for consistency (heads divide hidden size, kv heads divide heads, positive
+// counts). Throws alloy::Error naming `model.source_path` and the field.
+void model_validate(const ModelSpec& model);
+
+// Names of the shipped presets (files in examples/models/ without extension), sorted.
+std::vector<std::string> model_preset_names();
+
+const char* model_family_name(ModelFamily family);
+
+}  // namespace alloy

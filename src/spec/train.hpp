@@ -1,0 +1,42 @@
+// TrainSpec: what the user wants from one training run (sequence length, global batch,
+// precision, optimizer and its schedule). Read from YAML; defaults are documented in docs/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "spec/device_type.hpp"
+
+namespace alloy {
+
+struct TrainSpec {
+  std::string source_path;
+  int64_t seq_len = 1024;
+  int64_t global_batch_sequences = 8;   // sequences per optimizer step
+  int64_t min_global_batch = 0;         // > 0: the planner may choose the batch in [min, max]
+  int64_t max_global_batch = 0;
+  Precision precision = Precision::Precision_bf16;  // compute precision
+  bool master_weights_fp32 = true;      // mixed precision keeps fp32 master weights
+  std::string optimizer = "adamw";      // adamw (2 states) or sgd (momentum, 1 state)
+
+  // Optimizer schedule, used by `alloy train`.
+  int64_t steps = 100;
+  double learning_rate = 3e-4;
+  double min_learning_rate = 3e-5;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double grad_clip = 1.0;               // global norm; 0 disables clipping
+  uint64_t seed = 1234;
+};
+
+// Number of optimizer state tensors per parameter (Adam: 2 moments; SGD: 1 momentum).
+int train_optimizer_states(const TrainSpec& train);
+
+// Reads a YAML file; `global_batch_tokens` may replace `global_batch` (must divide by seq_len).
+TrainSpec train_load(const std::string& path);
+void train_validate(const TrainSpec& train);
+
+}  // namespace alloy

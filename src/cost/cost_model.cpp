@@ -78,7 +78,7 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
 
 CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                      const Profile* profile)
-    : model_(&model), cluster_(&cluster), train_(&train), profile_(profile) {
+    : model_(model), cluster_(cluster), train_(train), profile_(profile) {
   type_links_.resize(cluster.device_types.size());
   std::vector<bool> seen(cluster.device_types.size(), false);
   for (const NodeGroup& g : cluster.node_groups) {
@@ -94,7 +94,7 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
 }
 
 double CostModel::device_memory_bytes(int device_type) const {
-  return cluster_->device_types[device_type].memory_bytes;
+  return cluster_.device_types[device_type].memory_bytes;
 }
 
 Link CostModel::type_intra_node_link(int device_type) const { return type_links_[device_type]; }
@@ -106,7 +106,7 @@ std::vector<std::string> CostModel::fallback_notes() const {
 
 StageShape CostModel::stage_shape(const std::vector<int>& ids, int tp, int dp, int64_t micro_batch) const {
   StageShape s;
-  s.device_type = cluster_->devices[ids.front()].device_type_index;
+  s.device_type = cluster_.devices[ids.front()].device_type_index;
   s.tp = tp;
   s.dp = dp;
   s.micro_batch = micro_batch;
@@ -115,14 +115,14 @@ StageShape CostModel::stage_shape(const std::vector<int>& ids, int tp, int dp, i
   s.tp_group.nodes = 1;
   s.tp_group.concurrent_per_node = tp;
   s.tp_group.intra_node = link;
-  s.tp_group.network = cluster_->network;
+  s.tp_group.network = cluster_.network;
   std::vector<int> dp_members;
   for (int d = 0; d < dp; ++d) dp_members.push_back(ids[static_cast<size_t>(d) * tp]);
   s.dp_group.ranks = dp;
-  s.dp_group.nodes = distinct_nodes(*cluster_, dp_members);
-  s.dp_group.concurrent_per_node = busiest_node_count(*cluster_, ids);
+  s.dp_group.nodes = distinct_nodes(cluster_, dp_members);
+  s.dp_group.concurrent_per_node = busiest_node_count(cluster_, ids);
   s.dp_group.intra_node = link;
-  s.dp_group.network = cluster_->network;
+  s.dp_group.network = cluster_.network;
   return s;
 }
 
@@ -131,18 +131,18 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
   b.lanes = static_cast<int>(std::min(from.size(), to.size()));
   std::vector<int> both = from;
   both.insert(both.end(), to.begin(), to.end());
-  const Device& a = cluster_->devices[from.front()];
-  const Device& z = cluster_->devices[to.front()];
-  b.network = cluster_->network;
+  const Device& a = cluster_.devices[from.front()];
+  const Device& z = cluster_.devices[to.front()];
+  b.network = cluster_.network;
   b.aggregate_network_bytes_per_second =
-      std::min(distinct_nodes(*cluster_, from), distinct_nodes(*cluster_, to)) * cluster_->network.bandwidth_bytes_per_second;
-  if (distinct_nodes(*cluster_, both) == 1) {
+      std::min(distinct_nodes(cluster_, from), distinct_nodes(cluster_, to)) * cluster_.network.bandwidth_bytes_per_second;
+  if (distinct_nodes(cluster_, both) == 1) {
     b.path = P2pPath::P2pPath_intra_node;
     b.intra_node = type_links_[a.device_type_index];
-  } else if (cluster_->device_type(a).vendor != cluster_->device_type(z).vendor) {
+  } else if (cluster_.device_type(a).vendor != cluster_.device_type(z).vendor) {
     b.path = P2pPath::P2pPath_host_staged;
-    b.host_link_from_bytes_per_second = cluster_->node_group(a).host_link_bytes_per_second;
-    b.host_link_to_bytes_per_second = cluster_->node_group(z).host_link_bytes_per_second;
+    b.host_link_from_bytes_per_second = cluster_.node_group(a).host_link_bytes_per_second;
+    b.host_link_to_bytes_per_second = cluster_.node_group(z).host_link_bytes_per_second;
   } else {
     b.path = P2pPath::P2pPath_network;
   }
@@ -150,24 +150,24 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
 }
 
 LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const {
-  const DeviceType& type = cluster_->device_types[shape.device_type];
+  const DeviceType& type = cluster_.device_types[shape.device_type];
   if (profile_) {
-    if (profile_->model_name == model_->name) {
+    if (profile_->model_name == model_.name) {
       const ProfiledLayer* measured = profile_->find_layer(type.name, kind, static_cast<int>(shape.micro_batch),
-                                                           static_cast<int>(train_->seq_len), shape.tp, sp);
+                                                           static_cast<int>(train_.seq_len), shape.tp, sp);
       if (measured) return {measured->forward_seconds, measured->backward_seconds};
     }
     std::lock_guard<std::mutex> lock(notes_mutex_);
     notes_.insert(fmt::format("{} {} micro-batch {} seq {} tp {}{}: not in profile, analytic model used", type.name,
-                              layer_kind_name(kind), shape.micro_batch, train_->seq_len, shape.tp, sp ? " sp" : ""));
+                              layer_kind_name(kind), shape.micro_batch, train_.seq_len, shape.tp, sp ? " sp" : ""));
   }
-  return {compute_seconds(type, train_->precision, work, false), compute_seconds(type, train_->precision, work, true)};
+  return {compute_seconds(type, train_.precision, work, false), compute_seconds(type, train_.precision, work, true)};
 }
 
 double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const {
   if (group.ranks <= 1 || bytes <= 0) return 0;
   if (profile_) {
-    const std::string& name = cluster_->device_types[device_type].name;
+    const std::string& name = cluster_.device_types[device_type].name;
     const ProfiledCollective* measured = profile_->find_collective(name, op, group.ranks, group.nodes > 1);
     if (measured) return measured->latency_seconds + bytes / measured->bandwidth_bytes_per_second;
     std::lock_guard<std::mutex> lock(notes_mutex_);
@@ -185,16 +185,16 @@ double CostModel::block_seconds_bound(int device_type, int tp, int64_t micro_bat
   shape.tp_group.ranks = tp;
   shape.tp_group.concurrent_per_node = tp;
   shape.tp_group.intra_node = type_links_[device_type];
-  shape.tp_group.network = cluster_->network;
+  shape.tp_group.network = cluster_.network;
   const StageUnitCosts u = unit_costs(shape, sp);
   return u.block.forward_seconds + u.block.backward_seconds;
 }
 
 StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
-  const ModelSpec& m = *model_;
-  const Precision p = train_->precision;
+  const ModelSpec& m = model_;
+  const Precision p = train_.precision;
   const int64_t b = shape.micro_batch;
-  const int64_t s = train_->seq_len;
+  const int64_t s = train_.seq_len;
   const double e = precision_bytes(p);
   const int tp = shape.tp;
   StageUnitCosts u;
@@ -221,7 +221,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
 
   u.block_parameters = static_cast<double>(block_parameters(m)) / tp;
   double host_link = 0;
-  for (const NodeGroup& g : cluster_->node_groups)
+  for (const NodeGroup& g : cluster_.node_groups)
     if (g.device_type_index == shape.device_type && (host_link == 0 || g.host_link_bytes_per_second < host_link))
       host_link = g.host_link_bytes_per_second;
   // Without a host link offloading is impossible: a prohibitive cost keeps the planner away.
@@ -278,10 +278,10 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
   t.forward_seconds += chunks_sent * boundary_send_seconds;
   t.backward_seconds += chunks_sent * boundary_send_seconds;
 
-  const double e = precision_bytes(train_->precision);
+  const double e = precision_bytes(train_.precision);
   const double params = n * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
                         (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
-                                                              : static_cast<double>(head_parameters(*model_, false)) / shape.tp)
+                                                              : static_cast<double>(head_parameters(model_, false)) / shape.tp)
                                     : 0);
   if (shape.dp > 1 && c.zero < 3) {
     // Gradient reduction overlaps the last backward; ZeRO-1/2 also re-gather updated weights.
@@ -298,12 +298,12 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
     if (c.zero >= 1)
       t.gradient_sync_seconds += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
   }
-  const int states = optimizer_states(*train_);
-  const bool master = train_->master_weights_fp32 && e < 4;
+  const int states = optimizer_states(train_);
+  const bool master = train_.master_weights_fp32 && e < 4;
   const double bytes_per_update = 8.0 * states + e + (master ? 8.0 + e : 2.0 * e);
   const double shard = c.zero >= 1 ? shape.dp : 1;
   const double offloaded_params = c.offloaded * u.block_parameters;
-  const DeviceType& type = cluster_->device_types[shape.device_type];
+  const DeviceType& type = cluster_.device_types[shape.device_type];
   t.optimizer_seconds = (params - offloaded_params) / shard * bytes_per_update / type.memory_bandwidth_bytes_per_second +
                         offloaded_params / shard * bytes_per_update / kHostOptimizerBytesPerSecond;
   return t;
@@ -312,11 +312,11 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
 MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
                                         double in_flight, bool has_next_stage) const {
   MemoryBreakdown mem;
-  const double e = precision_bytes(train_->precision);
-  const bool master = train_->master_weights_fp32 && e < 4;
-  const int states = optimizer_states(*train_);
+  const double e = precision_bytes(train_.precision);
+  const bool master = train_.master_weights_fp32 && e < 4;
+  const int states = optimizer_states(train_);
   const double head_params = c.head_holds_lm_matrix ? u.head_parameters
-                                                    : static_cast<double>(head_parameters(*model_, false)) / shape.tp;
+                                                    : static_cast<double>(head_parameters(model_, false)) / shape.tp;
   const double resident_blocks = c.blocks - c.offloaded;
   const double params = resident_blocks * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
                         (c.has_head ? head_params : 0);
@@ -337,7 +337,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
                                  (c.has_head ? u.head_activation_bytes : 0);
   mem.activations_bytes = in_flight * per_micro_batch;
 
-  const DeviceType& type = cluster_->device_types[shape.device_type];
+  const DeviceType& type = cluster_.device_types[shape.device_type];
   // Recomputing a block rebuilds its full activations for the duration of its backward.
   const double transient = (c.selective + c.full) > 0 ? u.block_activation_bytes[0] : 0;
   mem.workspace_bytes = (type.is_cpu ? 0 : kGpuWorkspaceBytes) + transient;

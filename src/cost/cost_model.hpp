@@ -103,10 +103,12 @@ class CostModel {
  public:
   CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
             const Profile* profile = nullptr);
+  CostModel(const CostModel&) = delete;
+  CostModel& operator=(const CostModel&) = delete;
 
-  const ModelSpec& model() const { return *model_; }
-  const ClusterSpec& cluster() const { return *cluster_; }
-  const TrainSpec& train() const { return *train_; }
+  const ModelSpec& model() const { return model_; }
+  const ClusterSpec& cluster() const { return cluster_; }
+  const TrainSpec& train() const { return train_; }
 
   // The stage's groups from the device ids it uses (ranks ordered tp fastest, then dp).
   StageShape stage_shape(const std::vector<int>& device_ids, int tp, int dp, int64_t micro_batch) const;
@@ -138,10 +140,11 @@ class CostModel {
   double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const;
   LayerTimes layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const;
 
-  const ModelSpec* model_;
-  const ClusterSpec* cluster_;
-  const TrainSpec* train_;
-  const Profile* profile_;
+  // Copies: a cost model outlives the specs it was built from.
+  ModelSpec model_;
+  ClusterSpec cluster_;
+  TrainSpec train_;
+  const Profile* profile_;  // not owned; must outlive the cost model
   std::vector<Link> type_links_;
   mutable std::mutex notes_mutex_;
   mutable std::set<std::string> notes_;

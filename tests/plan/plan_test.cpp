@@ -1,0 +1,201 @@
+// Plan: JSON round trip, validation with errors that name stage and field, identity checks
+// against model and cluster, the rank map and the text rendering.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "../support/specs.hpp"
+#include "plan/plan.hpp"
+#include "search/planner.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+// Two stages of 2 x 2 devices on one 8-device node, 4 layers.
+Plan two_stage_plan() {
+  Plan p;
+  p.model_name = "toy";
+  p.model_fingerprint = "f";
+  p.num_layers = 4;
+  p.cluster_name = "node";
+  p.cluster_fingerprint = "c";
+  p.num_devices = 8;
+  p.seq_len = 128;
+  p.global_batch_sequences = 8;
+  p.micro_batch_sequences = 2;
+  p.num_micro_batches = 4;
+  for (int s = 0; s < 2; ++s) {
+    PlanStage st;
+    st.device_type = "a100-80";
+    st.device_ids = {4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3};
+    st.tp = 2;
+    st.dp = 2;
+    st.chunks = {{2 * s, 2 * s + 2}};
+    st.has_embedding = s == 0;
+    st.has_head = s == 1;
+    st.recompute = {Recompute::Recompute_none, Recompute::Recompute_full};
+    st.offload = {false, true};
+    p.stages.push_back(st);
+  }
+  return p;
+}
+
+void expect_error(const Plan& p, const std::string& field, const std::string& words) {
+  try {
+    plan_validate(p, "plan.json");
+    ADD_FAILURE() << "no error for " << field;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, field);
+    EXPECT_EQ(e.where().file, "plan.json");
+    EXPECT_NE(e.message().find(words), std::string::npos) << e.message();
+  }
+}
+
+TEST(Plan, ValidPlanPasses) { EXPECT_NO_THROW(plan_validate(two_stage_plan())); }
+
+TEST(Plan, ValidationNamesStageAndField) {
+  Plan p = two_stage_plan();
+  p.stages[1].chunks[0] = {3, 5};
+  expect_error(p, "stages[1].chunks[0]", "layer 2");
+  p = two_stage_plan();
+  p.num_layers = 5;
+  expect_error(p, "stages", "model has 5");
+  p = two_stage_plan();
+  p.stages[1].device_ids[0] = 1;
+  expect_error(p, "stages[1].device_ids", "already used by stage 0");
+  p = two_stage_plan();
+  p.stages[0].dp = 3;
+  expect_error(p, "stages[0].device_ids", "tp x dp");
+  p = two_stage_plan();
+  p.stages[1].recompute.pop_back();
+  expect_error(p, "stages[1].recompute", "2 blocks");
+  p = two_stage_plan();
+  p.num_micro_batches = 3;
+  expect_error(p, "global_batch_sequences", "micro_batch_sequences x num_micro_batches");
+  p = two_stage_plan();
+  p.micro_batch_sequences = 1;
+  p.num_micro_batches = 8;
+  expect_error(p, "stages[0].dp", "does not split");
+  p = two_stage_plan();
+  p.stages[0].zero = 4;
+  expect_error(p, "stages[0].zero", "ZeRO");
+  p = two_stage_plan();
+  p.version = 99;
+  expect_error(p, "version", "unsupported");
+  p = two_stage_plan();
+  p.stages[0].device_ids[3] = 8;
+  expect_error(p, "stages[0].device_ids", "outside the cluster");
+}
+
+TEST(Plan, JsonRoundTripKeepsEverything) {
+  Plan p = two_stage_plan();
+  p.stages[0].memory = {{"parameters", 1e9}, {"activations", 2e9}};
+  p.runner_ups.push_back({"pp 1", 2.0, 100, "slower"});
+  p.step_seconds = 1.5;
+  const std::string text = plan_to_json(p);
+  EXPECT_NE(text.find("\"version\": 1"), std::string::npos);
+  const Plan q = plan_from_json(text, "rt.json");
+  EXPECT_EQ(plan_to_json(q), text);
+  EXPECT_EQ(q.stages[1].recompute[1], Recompute::Recompute_full);
+  EXPECT_TRUE(q.stages[1].offload[1]);
+  EXPECT_EQ(q.stages[0].memory[1].name, "activations");
+  EXPECT_EQ(q.runner_ups.at(0).reason, "slower");
+
+  const std::string path = ::testing::TempDir() + "/plan_rt.json";
+  plan_save(p, path);
+  EXPECT_EQ(plan_to_json(plan_load(path)), text);
+  std::remove(path.c_str());
+}
+
+TEST(Plan, JsonErrorsNameTheField) {
+  const std::string good = plan_to_json(two_stage_plan());
+  std::string bad = good;
+  bad.replace(bad.find("\"1f1b\""), 6, "\"zigzag\"");
+  try {
+    plan_from_json(bad, "p.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, "schedule");
+  }
+  bad = good;
+  bad.replace(bad.find("\"tp\": 2"), 7, "\"tp\": \"two\"");
+  try {
+    plan_from_json(bad, "p.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, "stages[0].tp");
+  }
+  EXPECT_THROW(plan_from_json("[1, 2]", "p.json"), Error);
+  EXPECT_THROW(plan_from_json("{", "p.json"), Error);
+  EXPECT_THROW(plan_load("/nonexistent/plan.json"), Error);
+}
+
+TEST(Plan, RankMapIsTensorFastestThenData) {
+  const Plan p = two_stage_plan();
+  const std::vector<RankInfo> ranks = plan_rank_map(p);
+  ASSERT_EQ(ranks.size(), 8u);
+  EXPECT_EQ(ranks[1].tp_rank, 1);
+  EXPECT_EQ(ranks[1].dp_rank, 0);
+  EXPECT_EQ(ranks[2].tp_rank, 0);
+  EXPECT_EQ(ranks[2].dp_rank, 1);
+  EXPECT_EQ(ranks[5].stage, 1);
+  EXPECT_EQ(plan_tp_group(p, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(plan_dp_group(p, 5), (std::vector<int>{5, 7}));
+}
+
+TEST(Plan, RefusesAnotherModelOrCluster) {
+  const ModelSpec model = testing::llama("toy", 4, 256, 4, 4, 768, 512);
+  const ClusterSpec cluster = testing::cluster("node", {testing::a100_80()}, {{0, 1, 8}});
+  Plan p = two_stage_plan();
+  p.model_fingerprint = model_fingerprint(model);
+  p.cluster_fingerprint = cluster_fingerprint(cluster);
+  EXPECT_NO_THROW(plan_validate_for(p, model, cluster));
+
+  ModelSpec other = model;
+  other.hidden_size = 512;
+  try {
+    plan_validate_for(p, other, cluster);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, "model_fingerprint");
+  }
+  const ClusterSpec two_nodes = testing::cluster("two", {testing::a100_80()}, {{0, 2, 4}});
+  EXPECT_THROW(plan_validate_for(p, model, two_nodes), Error);
+  // On 4-device nodes a tp group {3, 4} would span two nodes.
+  Plan straddle = p;
+  straddle.cluster_fingerprint = cluster_fingerprint(two_nodes);
+  straddle.stages[0].device_ids = {1, 2, 3, 4};
+  straddle.stages[1].device_ids = {0, 5, 6, 7};
+  try {
+    plan_validate_for(straddle, model, two_nodes);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("spans nodes"), std::string::npos);
+  }
+}
+
+TEST(Plan, RenderShowsStagesMemoryAndRunnerUps) {
+  const ModelSpec model = testing::llama("toy", 4, 256, 4, 4, 768, 512);
+  const ClusterSpec cluster = testing::cluster("node", {testing::a100_80(), testing::v100_32()}, {{0, 1, 4}, {1, 1, 4}});
+  const TrainSpec train = testing::train(256, 16);
+  CostModel cost(model, cluster, train);
+  const SearchResult r = plan_search(cost, {});
+  const std::string text = plan_render_text(r.plan);
+  EXPECT_NE(text.find("tokens/s"), std::string::npos);
+  EXPECT_NE(text.find("MFU"), std::string::npos);
+  EXPECT_NE(text.find("activations"), std::string::npos);
+  EXPECT_NE(text.find("framework_context"), std::string::npos);
+  EXPECT_NE(text.find("Runner-ups"), std::string::npos);
+  EXPECT_EQ(r.plan.runner_ups.size(), 3u);
+  for (const RunnerUp& ru : r.plan.runner_ups) {
+    EXPECT_NE(ru.reason.find('%'), std::string::npos) << ru.reason;
+    EXPECT_GE(ru.step_seconds * r.plan.tokens_per_second, 0);
+  }
+  // A saved plan explains the same way after a round trip.
+  EXPECT_EQ(plan_render_text(plan_from_json(plan_to_json(r.plan))), text);
+}
+
+}  // namespace
+}  // namespace alloy

@@ -1,0 +1,225 @@
+// Planner: never worse than Megatron-style uniform layouts (issue 3, "done when" 2), pinning,
+// the cost objective, determinism, and clear errors for bad input ("done when" 5).
+#include <gtest/gtest.h>
+
+#include "../support/specs.hpp"
+#include "search/baselines.hpp"
+#include "search/planner.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+struct Homogeneous {
+  ModelSpec model;
+  ClusterSpec cluster;
+  TrainSpec train;
+};
+
+std::vector<Homogeneous> homogeneous_cases() {
+  using namespace testing;
+  return {
+      {llama("llama-small", 8, 1024, 16, 4, 2816, 32000), cluster("a100x8", {a100_80()}, {{0, 1, 8}}), train(2048, 32)},
+      {gpt2("gpt-medium", 12, 1024, 16, 50257, 1024), cluster("v100x2x4", {v100_32()}, {{0, 2, 4}}), train(1024, 16)},
+      {llama2_7b(), cluster("a100x16", {a100_40()}, {{0, 2, 8}}), train(2048, 64)},
+      {llama("llama-tight", 16, 2048, 16, 16, 5632, 32000), cluster("l4x4", {l4()}, {{0, 1, 4}}), train(2048, 16)},
+  };
+}
+
+TEST(Planner, NeverWorseThanAnyUniformLayout) {
+  for (const Homogeneous& h : homogeneous_cases()) {
+    SCOPED_TRACE(h.model.name + " on " + h.cluster.name);
+    CostModel cost(h.model, h.cluster, h.train);
+    int scored = 0;
+    const std::optional<Plan> uniform = best_uniform_plan(cost, 0, &scored);
+    EXPECT_GT(scored, 10);
+    ASSERT_TRUE(uniform.has_value());
+    const SearchResult r = plan_search(cost, {});
+    EXPECT_LE(r.plan.step_seconds, uniform->step_seconds * (1 + 1e-9));
+    EXPECT_LE(plan_memory_ratio(r.plan), 1.0);
+  }
+}
+
+TEST(Planner, FullyPinnedLayoutIsEvaluatedAsGiven) {
+  const Homogeneous h = homogeneous_cases()[0];
+  CostModel cost(h.model, h.cluster, h.train);
+  SearchOptions o;
+  o.tp = 2;
+  o.pp = 2;
+  o.dp = 2;
+  o.num_micro_batches = 8;
+  o.schedule = Schedule::Schedule_1f1b;
+  o.zero = 1;
+  o.recompute = Recompute::Recompute_selective;
+  o.sequence_parallel = true;
+  o.allow_offload = false;
+  o.layer_split = {4, 4};
+  const SearchResult r = plan_search(cost, o);
+  const Plan uniform = plan_uniform(cost, 0, {2, 2, 2, 8, 1, Recompute::Recompute_selective, true});
+  EXPECT_DOUBLE_EQ(r.plan.step_seconds, uniform.step_seconds);
+  ASSERT_EQ(r.plan.stages.size(), 2u);
+  for (const PlanStage& s : r.plan.stages) {
+    EXPECT_EQ(s.tp, 2);
+    EXPECT_EQ(s.dp, 2);
+    EXPECT_EQ(s.zero, 1);
+    EXPECT_TRUE(s.sequence_parallel);
+    EXPECT_EQ(s.num_blocks(), 4);
+  }
+  EXPECT_EQ(r.plan.num_micro_batches, 8);
+}
+
+TEST(Planner, PartialPinsAreRespectedAndCostAtLeastTheFreeOptimum) {
+  const Homogeneous h = homogeneous_cases()[0];
+  CostModel cost(h.model, h.cluster, h.train);
+  const double free_seconds = plan_search(cost, {}).plan.step_seconds;
+  SearchOptions o;
+  o.pp = 2;
+  o.schedule = Schedule::Schedule_gpipe;
+  o.layer_split = {3, 5};
+  const SearchResult r = plan_search(cost, o);
+  EXPECT_EQ(r.plan.schedule, Schedule::Schedule_gpipe);
+  ASSERT_EQ(r.plan.stages.size(), 2u);
+  EXPECT_EQ(r.plan.stages[0].num_blocks(), 3);
+  EXPECT_GE(r.plan.step_seconds, free_seconds);
+}
+
+TEST(Planner, DeviceOrderPinsTypesAndOrder) {
+  using namespace testing;
+  const ModelSpec m = llama("toy", 8, 1024, 8, 8, 2816, 8000);
+  const ClusterSpec c = cluster("av", {a100_80(), v100_32()}, {{0, 1, 4}, {1, 1, 4}});
+  CostModel cost(m, c, train(1024, 32));
+  SearchOptions o;
+  o.device_order = {"v100-32", "a100-80"};
+  const SearchResult r = plan_search(cost, o);
+  EXPECT_EQ(r.plan.stages.front().device_type, "v100-32");
+  EXPECT_EQ(r.plan.stages.back().device_type, "a100-80");
+  o.device_order = {"v100-32"};
+  for (const PlanStage& s : plan_search(cost, o).plan.stages) EXPECT_EQ(s.device_type, "v100-32");
+  o.device_order = {"b200"};
+  EXPECT_THROW(plan_search(cost, o), Error);
+}
+
+TEST(Planner, DeterministicAndTwoThreadsAgree) {
+  using namespace testing;
+  const ModelSpec m = llama("toy", 8, 1024, 8, 8, 2816, 8000);
+  const ClusterSpec c = cluster("av", {a100_80(), v100_32()}, {{0, 1, 4}, {1, 2, 2}});
+  CostModel cost(m, c, train(1024, 32));
+  const std::string first = plan_to_json(plan_search(cost, {}).plan);
+  EXPECT_EQ(plan_to_json(plan_search(cost, {}).plan), first);
+  SearchOptions two;
+  two.threads = 2;
+  EXPECT_EQ(plan_to_json(plan_search(cost, two).plan), first);
+}
+
+TEST(Planner, CostObjectiveUsesPrices) {
+  using namespace testing;
+  const ModelSpec m = llama("toy", 8, 1024, 8, 8, 2816, 8000);
+  // The fast type is so expensive that the cheapest tokens come from the slow one alone.
+  const ClusterSpec c = cluster("priced", {a100_80(), v100_32()}, {{0, 1, 4, 400.0}, {1, 1, 4, 1.0}});
+  CostModel cost(m, c, train(1024, 32));
+  SearchOptions o;
+  o.objective = objective_from_name("cost");
+  const SearchResult r = plan_search(cost, o);
+  EXPECT_EQ(r.plan.objective, "cost");
+  for (const PlanStage& s : r.plan.stages) EXPECT_EQ(s.device_type, "v100-32");
+  EXPECT_GT(r.plan.price_per_million_tokens, 0);
+}
+
+TEST(PlannerErrors, UnknownObjective) {
+  try {
+    objective_from_name("speed");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, "objective");
+    EXPECT_NE(e.hint().find("throughput"), std::string::npos);
+  }
+}
+
+TEST(PlannerErrors, CostObjectiveWithoutPrices) {
+  const Homogeneous h = homogeneous_cases()[0];
+  CostModel cost(h.model, h.cluster, h.train);
+  SearchOptions o;
+  o.objective = Objective::Objective_cost;
+  EXPECT_THROW(plan_search(cost, o), Error);
+}
+
+TEST(PlannerErrors, BatchNotDivisibleAsPinned) {
+  const Homogeneous h = homogeneous_cases()[0];  // global batch 32
+  CostModel cost(h.model, h.cluster, h.train);
+  SearchOptions o;
+  o.num_micro_batches = 5;
+  try {
+    plan_search(cost, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("not divisible by 5"), std::string::npos) << e.message();
+    EXPECT_EQ(e.where().field, "global_batch");
+  }
+  o = {};
+  o.micro_batch_sequences = 3;
+  EXPECT_THROW(plan_search(cost, o), Error);
+  o = {};
+  o.dp = 3;
+  EXPECT_THROW(plan_search(cost, o), Error);
+}
+
+TEST(PlannerErrors, ClusterWithNoDevices) {
+  const Homogeneous h = homogeneous_cases()[0];
+  ClusterSpec empty = h.cluster;
+  empty.devices.clear();
+  empty.node_groups.clear();
+  CostModel cost(h.model, empty, h.train);
+  try {
+    plan_search(cost, {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("no devices"), std::string::npos);
+  }
+}
+
+TEST(PlannerErrors, NothingFitsSaysHowMuchAndWhatHelps) {
+  using namespace testing;
+  // LLaMA-3-70B on two 24 GiB cards cannot fit even fully recomputed and offloaded.
+  const ClusterSpec c = cluster("l4x2", {l4()}, {{0, 1, 2}});
+  CostModel cost(llama3_70b(), c, train(8192, 8));
+  SearchOptions o;
+  o.recompute = Recompute::Recompute_none;
+  o.allow_offload = false;
+  try {
+    plan_search(cost, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("GiB per l4 device"), std::string::npos) << e.message();
+    EXPECT_NE(e.hint().find("add devices"), std::string::npos);
+    EXPECT_NE(e.hint().find("recomputation"), std::string::npos);
+    EXPECT_NE(e.hint().find("offload"), std::string::npos);
+  }
+}
+
+TEST(PlannerErrors, PinsThatContradictTheCluster) {
+  const Homogeneous h = homogeneous_cases()[0];
+  CostModel cost(h.model, h.cluster, h.train);
+  SearchOptions o;
+  o.tp = 3;
+  EXPECT_THROW(plan_search(cost, o), Error);
+  o = {};
+  o.tp = 16;  // larger than a node
+  EXPECT_THROW(plan_search(cost, o), Error);
+  o = {};
+  o.layer_split = {4, 3};
+  EXPECT_THROW(plan_search(cost, o), Error);
+}
+
+TEST(Planner, ChoosesTheGlobalBatchInARange) {
+  const Homogeneous h = homogeneous_cases()[0];
+  TrainSpec t = h.train;
+  t.min_global_batch = 8;
+  t.max_global_batch = 64;
+  CostModel cost(h.model, h.cluster, t);
+  const SearchResult r = plan_search(cost, {});
+  EXPECT_GE(r.plan.global_batch_sequences, 8);
+  EXPECT_LE(r.plan.global_batch_sequences, 64);
+}
+
+}  // namespace
+}  // namespace alloy

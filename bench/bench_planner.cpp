@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 
 #include "../tests/support/specs.hpp"
+#include "search/baselines.hpp"
+#include "search/explain.hpp"
 #include "search/planner.hpp"
 #include "spec/error.hpp"
 
@@ -58,8 +60,8 @@ double median(std::vector<double> v) {
 
 void print_speed_table(int runs) {
   fmt::print("Search time (one core, median of {} runs)\n", runs);
-  fmt::print("  {:<42} {:>10} {:>8} {:>6} {:>10} {:>10} {:>10} {:>9} {:>12}\n", "problem", "median ms", "target",
-             "met", "structures", "evaluated", "pruned", "DP solves", "tokens/s");
+  fmt::print("  {:<40} {:>9} {:>7} {:>4} {:>10} {:>8} {:>8} {:>9} {:>9} {:>10}\n", "problem", "median ms", "target",
+             "met", "structures", "bound", "refined", "evaluated", "DP runs", "tokens/s");
   for (const Case& c : speed_cases()) {
     CostModel cost(c.model, c.cluster, c.train);
     std::vector<double> times;
@@ -70,10 +72,112 @@ void print_speed_table(int runs) {
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     const double med = median(times);
-    fmt::print("  {:<42} {:>10.1f} {:>6.0f}ms {:>6} {:>10} {:>10} {:>10} {:>9} {:>12.0f}\n", c.name, med * 1e3,
+    fmt::print("  {:<40} {:>9.1f} {:>5.0f}ms {:>4} {:>10} {:>8} {:>8} {:>9} {:>9} {:>10.0f}\n", c.name, med * 1e3,
                c.target_seconds * 1e3, med < c.target_seconds ? "yes" : "NO", last.stats.structures,
-               last.stats.evaluated, last.stats.pruned_by_bound, last.stats.split_solves, last.plan.tokens_per_second);
-    fmt::print("      chosen: {}\n", last.plan.runner_ups.empty() ? std::string("-") : std::string());
+               last.stats.pruned_by_bound, last.stats.pruned_by_refined_bound, last.stats.evaluated,
+               last.stats.split_solves, last.plan.tokens_per_second);
+    fmt::print("      chosen: {}\n", plan_shape_summary(last.plan));
+    std::fflush(stdout);
+  }
+}
+
+struct Example {
+  std::string name;
+  ModelSpec model;
+  ClusterSpec cluster;
+  TrainSpec train;
+};
+
+std::vector<Example> homogeneous_examples() {
+  using namespace testing;
+  return {
+      {"llama-2-7b on 8 a100-80", llama2_7b(), cluster("a100x8", {a100_80()}, {{0, 1, 8}}), train(4096, 64)},
+      {"llama-2-7b on 16 a100-40", llama2_7b(), cluster("a100-40x16", {a100_40()}, {{0, 2, 8}}, 25e9), train(4096, 128)},
+      {"gpt-neo-2.7b on 32 v100-16", gpt_neo_2_7b(), cluster("v100x32", {v100_16()}, {{0, 8, 4}}, 12.5e9), train(2048, 256)},
+      {"llama-3-70b on 64 h100", llama3_70b(), cluster("h100x64", {h100()}, {{0, 8, 8}}, 50e9), train(4096, 256)},
+  };
+}
+
+std::vector<Example> heterogeneous_examples() {
+  using namespace testing;
+  return {
+      {"a100-v100: llama-2-7b, 8 a100-80 + 8 v100-32", llama2_7b(),
+       cluster("a100-v100", {a100_80(), v100_32()}, {{0, 1, 8}, {1, 1, 8}}, 25e9), train(4096, 256)},
+      {"h100-a100-l4: llama-2-7b, 8 + 8 + 8", llama2_7b(),
+       cluster("h100-a100-l4", {h100(), a100_80(), l4()}, {{0, 1, 8}, {1, 1, 8}, {2, 1, 8}}, 25e9), train(4096, 256)},
+      {"mi250x-a100: llama-2-7b, 8 + 8", llama2_7b(),
+       cluster("mi250x-a100", {mi250x(), a100_80()}, {{0, 1, 8}, {1, 1, 8}}, 25e9), train(4096, 256)},
+      {"three-type 1024: llama-3-70b", llama3_70b(),
+       cluster("three-type-1024", {h100(), a100_80(), mi250x()}, {{0, 32, 8}, {1, 48, 8}, {2, 48, 8}}, 50e9),
+       train(4096, 1024)},
+  };
+}
+
+void print_uniform_table() {
+  fmt::print("\nNever worse than hand layouts: best plan vs best Megatron-style uniform layout\n");
+  fmt::print("  {:<30} {:>10} {:>12} {:>12} {:>9}\n", "example", "uniforms", "plan s/step", "uniform s", "speedup");
+  for (const Example& e : homogeneous_examples()) {
+    CostModel cost(e.model, e.cluster, e.train);
+    int scored = 0;
+    const std::optional<Plan> uniform = best_uniform_plan(cost, 0, &scored);
+    const SearchResult r = plan_search(cost, {});
+    if (!uniform) {
+      fmt::print("  {:<30} {:>10} {:>12.3f} {:>12} {:>9}\n", e.name, scored, r.plan.step_seconds, "none fits", "-");
+      continue;
+    }
+    fmt::print("  {:<30} {:>10} {:>12.3f} {:>12.3f} {:>8.3f}x\n", e.name, scored, r.plan.step_seconds,
+               uniform->step_seconds, uniform->step_seconds / r.plan.step_seconds);
+    std::fflush(stdout);
+  }
+}
+
+// The cluster with every device replaced by `type` (same nodes and links).
+ClusterSpec as_type(const ClusterSpec& c, const DeviceType& type) {
+  ClusterSpec out = c;
+  out.device_types = {type};
+  for (NodeGroup& g : out.node_groups) g.device_type_index = 0;
+  for (Device& d : out.devices) d.device_type_index = 0;
+  return out;
+}
+
+void print_heterogeneity_table() {
+  fmt::print("\nHeterogeneity pays: throughput (tokens/s) of the plan vs baselines\n");
+  fmt::print("  {:<44} {:>11} {:>11} {:>8} {:>11} {:>8} {:>11} {:>8}\n", "cluster", "plan", "all-slowest", "gain",
+             "fastest", "gain", "sum alone", "of bound");
+  for (const Example& e : heterogeneous_examples()) {
+    CostModel cost(e.model, e.cluster, e.train);
+    const SearchResult r = plan_search(cost, {});
+    const Precision p = e.train.precision;
+    int slowest = 0;
+    int fastest = 0;
+    for (size_t t = 0; t < e.cluster.device_types.size(); ++t) {
+      if (e.cluster.device_types[t].peak_flops(p) < e.cluster.device_types[slowest].peak_flops(p)) slowest = static_cast<int>(t);
+      if (e.cluster.device_types[t].peak_flops(p) > e.cluster.device_types[fastest].peak_flops(p)) fastest = static_cast<int>(t);
+    }
+    const ClusterSpec slow_cluster = as_type(e.cluster, e.cluster.device_types[slowest]);
+    CostModel slow_cost(e.model, slow_cluster, e.train);
+    const std::optional<Plan> slow_uniform = best_uniform_plan(slow_cost, 0);
+    const double slow_tps = slow_uniform ? slow_uniform->tokens_per_second : 0;
+    double fastest_tps = 0;
+    double bound = 0;
+    for (size_t t = 0; t < e.cluster.device_types.size(); ++t) {
+      SearchOptions alone;
+      alone.device_order = {e.cluster.device_types[t].name};
+      double tps = 0;
+      try {
+        tps = plan_search(cost, alone).plan.tokens_per_second;
+      } catch (const Error&) {
+        tps = 0;  // this type alone cannot hold the model
+      }
+      bound += tps;
+      if (static_cast<int>(t) == fastest) fastest_tps = tps;
+    }
+    fmt::print("  {:<44} {:>11.0f} {:>11.0f} {:>7.2f}x {:>11.0f} {:>7.2f}x {:>11.0f} {:>7.1f}%\n", e.name,
+               r.plan.tokens_per_second, slow_tps, slow_tps > 0 ? r.plan.tokens_per_second / slow_tps : 0.0,
+               fastest_tps, fastest_tps > 0 ? r.plan.tokens_per_second / fastest_tps : 0.0, bound,
+               100.0 * r.plan.tokens_per_second / bound);
+    fmt::print("      chosen: {}\n", plan_shape_summary(r.plan));
+    std::fflush(stdout);
   }
 }
 
@@ -82,9 +186,16 @@ void print_speed_table(int runs) {
 
 int main(int argc, char** argv) {
   int runs = 5;
-  for (int i = 1; i < argc; ++i)
+  bool only_speed = false;
+  for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) runs = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--speed") == 0) only_speed = true;
+  }
   try {
+    if (!only_speed) {
+      alloy::print_uniform_table();
+      alloy::print_heterogeneity_table();
+    }
     alloy::print_speed_table(runs);
   } catch (const alloy::Error& e) {
     std::fprintf(stderr, "%s\n", e.format().c_str());

@@ -40,6 +40,16 @@ double peak_efficiency(Precision p, bool is_cpu) {
 }
 
 int distinct_nodes(const ClusterSpec& cluster, const std::vector<int>& ids) {
+  // Stages built by the planner list devices node by node: count node changes.
+  bool ordered = true;
+  int changes = ids.empty() ? 0 : 1;
+  for (size_t i = 1; i < ids.size() && ordered; ++i) {
+    const int a = cluster.devices[ids[i - 1]].node;
+    const int b = cluster.devices[ids[i]].node;
+    ordered = a <= b;
+    changes += a != b;
+  }
+  if (ordered) return changes;
   std::vector<int> nodes;
   for (int id : ids) nodes.push_back(cluster.devices[id].node);
   std::sort(nodes.begin(), nodes.end());
@@ -47,6 +57,17 @@ int distinct_nodes(const ClusterSpec& cluster, const std::vector<int>& ids) {
 }
 
 int busiest_node_count(const ClusterSpec& cluster, const std::vector<int>& ids) {
+  bool ordered = true;
+  int run = 0;
+  int longest = 0;
+  for (size_t i = 0; i < ids.size() && ordered; ++i) {
+    const int node = cluster.devices[ids[i]].node;
+    const int previous = i > 0 ? cluster.devices[ids[i - 1]].node : node;
+    ordered = previous <= node;
+    run = (i > 0 && previous == node) ? run + 1 : 1;
+    longest = std::max(longest, run);
+  }
+  if (ordered) return longest;
   std::map<int, int> per_node;
   int best = 0;
   for (int id : ids) best = std::max(best, ++per_node[cluster.devices[id].node]);

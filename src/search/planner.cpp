@@ -165,26 +165,42 @@ class Searcher {
     std::vector<const StageOption*> pick((p + 1) * width, nullptr);
     if (option_table_.size() != static_cast<size_t>(p) * width) option_table_.assign(static_cast<size_t>(p) * width, nullptr);
     best[0] = 0;
+    // Per stage, the fastest option under the cap for each layer count. A stage with more
+    // blocks is dominated option by option by one with fewer (less memory, time and
+    // overhead), so the first count without an option under the cap ends the list.
+    std::vector<const StageOption*> under_cap(static_cast<size_t>(p) * width, nullptr);
+    std::vector<int> k_max(p + 1, 0);
+    for (int st = 0; st < p; ++st) {
+      const int k_first = options_.layer_split.empty() ? 1 : options_.layer_split[st] / v;
+      const int k_last = options_.layer_split.empty() ? units - (p - 1) : options_.layer_split[st] / v;
+      for (int k = k_first; k <= k_last; ++k) {
+        const std::vector<StageOption>*& cached = option_table_[st * width + k];
+        if (!cached) cached = &options(slot_infos[st], k * v);
+        const StageOption* found = nullptr;
+        for (const StageOption& o : *cached)
+          if (a * o.t + o.u <= cap) {
+            found = &o;
+            break;
+          }
+        if (!found) break;
+        under_cap[st * width + k] = found;
+        k_max[st] = k;
+      }
+      if (k_max[st] == 0) return false;
+    }
+    // Most units the stages from st on can take, for pruning splits that cannot finish.
+    std::vector<int> suffix(p + 1, 0);
+    for (int st = p - 1; st >= 0; --st) suffix[st] = suffix[st + 1] + k_max[st];
     for (int st = 0; st < p; ++st) {
       const int remaining_after = p - st - 1;
-      int k_lo = 1;
-      int k_hi = units;
-      if (!options_.layer_split.empty()) k_lo = k_hi = options_.layer_split[st] / v;
       for (int j = 0; j + remaining_after < units; ++j) {
         const double base = best[st * width + j];
         if (base == kInfinity) continue;
-        for (int k = k_lo; k <= k_hi && j + k + remaining_after <= units; ++k) {
-          const std::vector<StageOption>*& cached = option_table_[st * width + k];
-          if (!cached) cached = &options(slot_infos[st], k * v);
-          const std::vector<StageOption>& set = *cached;
-          if (set.empty()) break;  // more blocks need more memory
-          const StageOption* found = nullptr;
-          for (const StageOption& o : set)
-            if (a * o.t + o.u <= cap) {
-              found = &o;
-              break;
-            }
-          if (!found) continue;
+        const int k_lo = std::max(1, units - j - suffix[st + 1]);
+        const int k_hi = std::min(k_max[st], units - j - remaining_after);
+        for (int k = k_lo; k <= k_hi; ++k) {
+          const StageOption* found = under_cap[st * width + k];
+          if (!found) continue;  // below a pinned split
           const size_t cell = (st + 1) * width + j + k;
           const double total = base + found->t;
           if (total < best[cell]) {
@@ -362,7 +378,6 @@ void check_inputs(const CostModel& cost, const SearchOptions& o) {
     if (o.pp > 0 && static_cast<int>(o.layer_split.size()) != o.pp)
       throw Error(fmt::format("layer split has {} stages but pp is {}", o.layer_split.size(), o.pp), {"", "layer_split"});
   }
-  if (o.threads < 1 || o.threads > 2) throw Error("threads must be 1 or 2", {"", "threads"});
 }
 
 }  // namespace

@@ -139,6 +139,13 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
 
 }  // namespace
 
+std::vector<int> stage_offload_counts(int blocks) {
+  std::vector<int> counts;
+  for (int c = 0; c < blocks; c = c < 4 ? c + 1 : c + c / 2) counts.push_back(c);
+  counts.push_back(blocks);
+  return counts;
+}
+
 StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, int blocks) {
   StageChoice c;
   c.blocks = blocks;
@@ -152,8 +159,22 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
   return c;
 }
 
-void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
-                   std::vector<StageOption>* out) {
+namespace {
+
+void pareto_front(std::vector<StageOption>* points, std::vector<StageOption>* out) {
+  std::sort(points->begin(), points->end(), [](const StageOption& x, const StageOption& y) {
+    if (x.t != y.t) return x.t < y.t;
+    return x.u < y.u;
+  });
+  out->clear();
+  for (const StageOption& o : *points)
+    if (out->empty() || o.u < out->back().u) out->push_back(o);
+}
+
+// The reference enumeration: every evaluation exact. Used for small stages and whenever the
+// affine fast path below cannot vouch for its answer.
+void stage_options_exact(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
+                         std::vector<StageOption>* out) {
   out->clear();
   std::vector<StageOption> points;
   for (int sp = 0; sp < 2; ++sp) {
@@ -163,7 +184,7 @@ void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, con
       const int max_offloaded = pins.allow_offload ? blocks : 0;
       double best_t = std::numeric_limits<double>::infinity();
       double previous_u = -1;
-      for (int off = 0; off <= max_offloaded; ++off) {
+      for (int off : stage_offload_counts(max_offloaded)) {
         // Offload only adds time per block; once that alone exceeds the fastest option found,
         // every further count is dominated (its overhead does not fall either, checked below).
         const StageOption plain = option_timing(c, 0, 0, off);
@@ -177,18 +198,148 @@ void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, con
           previous_u = o.u;
           if (sel == 0 && full == 0 && pins.recompute < 0) {
             // Fits without recomputation: more offload helps only if it lowers the overhead.
-            if (off == max_offloaded || option_timing(c, 0, 0, off + 1).u >= o.u) break;
+            if (off == max_offloaded || option_timing(c, 0, 0, max_offloaded).u >= o.u) break;
           }
         }
       }
     }
   }
-  std::sort(points.begin(), points.end(), [](const StageOption& a, const StageOption& b) {
-    if (a.t != b.t) return a.t < b.t;
-    return a.u < b.u;
-  });
-  for (const StageOption& o : points)
-    if (out->empty() || o.u < out->back().u) out->push_back(o);
+  pareto_front(&points, out);
+}
+
+// Memory and time are affine in the selective, full and offloaded counts (apart from the
+// recomputation transient, which appears once any block recomputes, and the offload window,
+// which grows up to two blocks), so a few exact evaluations give every coefficient and the
+// counts are then scored arithmetically. The winners are checked exactly at the end.
+struct AffineStage {
+  double memory = 0;        // no recomputation, no offload
+  double per_selective = 0;
+  double per_full = 0;
+  double transient = 0;     // added once any block recomputes
+  double offload[3] = {0, 0, 0};  // memory change for 0, 1, 2 offloaded blocks
+  double per_offload = 0;   // beyond two
+  double t = 0;
+  double u = 0;
+  double t_per_offload = 0;
+  double u_per_offload = 0;
+
+  double offload_delta(int off) const { return off <= 2 ? offload[off] : offload[2] + (off - 2) * per_offload; }
+  double at(int sel, int full, int off) const {
+    return memory + offload_delta(off) + (sel + full > 0 ? transient : 0) + sel * per_selective + full * per_full;
+  }
+};
+
+AffineStage affine_stage(const Context& c) {
+  AffineStage a;
+  a.memory = memory_bytes(c, 0, 0, 0);
+  const double one_sel = memory_bytes(c, 1, 0, 0);
+  a.per_selective = memory_bytes(c, 2, 0, 0) - one_sel;
+  a.transient = one_sel - a.memory - a.per_selective;
+  a.per_full = memory_bytes(c, 0, 1, 0) - a.memory - a.transient;
+  for (int off = 1; off <= 2; ++off) a.offload[off] = memory_bytes(c, 0, 0, off) - a.memory;
+  a.per_offload = memory_bytes(c, 0, 0, 3) - a.memory - a.offload[2];
+  const StageOption zero = option_timing(c, 0, 0, 0);
+  const StageOption one = option_timing(c, 0, 0, 1);
+  a.t = zero.t;
+  a.u = zero.u;
+  a.t_per_offload = one.t - zero.t;
+  a.u_per_offload = one.u - zero.u;
+  return a;
+}
+
+// Cheapest recomputation that fits with `off` blocks offloaded, on the affine model.
+bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin, int off, int* selective, int* full) {
+  const int n = c.blocks;
+  const double cap = c.slot.capacity_bytes;
+  if (recompute_pin >= 0) {
+    *selective = recompute_pin == static_cast<int>(Recompute::Recompute_selective) ? n : 0;
+    *full = recompute_pin == static_cast<int>(Recompute::Recompute_full) ? n : 0;
+    return a.at(*selective, *full, off) <= cap;
+  }
+  if (a.at(0, 0, off) <= cap) {
+    *selective = 0;
+    *full = 0;
+    return true;
+  }
+  const double r_sel = c.unit.recompute_selective_seconds;
+  const double r_full = c.unit.recompute_full_seconds;
+  double best = std::numeric_limits<double>::infinity();
+  // Fewer full blocks than this cannot fit even with every other block selective (one block
+  // of slack for rounding): sel(f) <= n - f needs f >= (R + S n) / (S - F).
+  const double excess = a.memory + a.offload_delta(off) + a.transient - cap;
+  const double first_full = (excess + a.per_selective * n) / (a.per_selective - a.per_full);
+  const int f_start = std::max(0, static_cast<int>(std::floor(first_full)) - 1);
+  for (int f = f_start; f <= n; ++f) {
+    if (f * r_full >= best) break;
+    const double need = (a.at(0, f, off) + (f == 0 ? a.transient : 0) - cap) / -a.per_selective;
+    const int sel = std::max(f == 0 ? 1 : 0, static_cast<int>(std::ceil(need - 1e-9)));
+    if (sel > n - f) continue;
+    const double extra = sel * r_sel + f * r_full;
+    if (extra < best) {
+      best = extra;
+      *selective = sel;
+      *full = f;
+    }
+  }
+  return best < std::numeric_limits<double>::infinity();
+}
+
+// Returns false when the affine model cannot be trusted here (the caller falls back).
+bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
+                          std::vector<StageOption>* out) {
+  out->clear();
+  std::vector<StageOption> points;
+  for (int sp = 0; sp < 2; ++sp) {
+    if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
+    for (int zero : zero_levels(slot, pins)) {
+      const Context c{cost, slot, *slot.unit[sp], blocks, zero};
+      const AffineStage a = affine_stage(c);
+      if (!(a.per_selective < 0) || !(a.per_full < a.per_selective) || a.t_per_offload < 0) return false;
+      const int max_offloaded = pins.allow_offload ? blocks : 0;
+      double best_t = std::numeric_limits<double>::infinity();
+      double previous_u = -1;
+      for (int off : stage_offload_counts(max_offloaded)) {
+        const double plain_t = a.t + off * a.t_per_offload;
+        const double u = a.u + off * a.u_per_offload;
+        if (plain_t >= best_t && u >= previous_u) break;
+        int sel = 0;
+        int full = 0;
+        if (!affine_recompute(c, a, pins.recompute, off, &sel, &full)) continue;
+        StageOption o;
+        o.zero = zero;
+        o.sequence_parallel = sp == 1;
+        o.selective = sel;
+        o.full = full;
+        o.offloaded = off;
+        o.t = plain_t + sel * c.unit.recompute_selective_seconds + full * c.unit.recompute_full_seconds;
+        o.u = u;
+        points.push_back(o);
+        best_t = std::min(best_t, o.t);
+        previous_u = o.u;
+        if (sel == 0 && full == 0 && pins.recompute < 0 && a.u_per_offload >= 0) break;
+      }
+    }
+  }
+  pareto_front(&points, out);
+  // Settle the survivors on the exact memory model.
+  for (const StageOption& o : *out) {
+    const Context c{cost, slot, *slot.unit[o.sequence_parallel ? 1 : 0], blocks, o.zero};
+    if (!fits(c, o.selective, o.full, o.offloaded)) return false;
+    if (pins.recompute < 0 && o.selective + o.full > 0) {
+      // A cheaper recomputation must not fit (rounding at the boundary).
+      if (o.selective > (o.full == 0 ? 1 : 0) && fits(c, o.selective - 1, o.full, o.offloaded)) return false;
+      if (o.selective + o.full > 0 && fits(c, 0, 0, o.offloaded)) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
+                   std::vector<StageOption>* out) {
+  if (blocks >= 3 && stage_options_affine(cost, slot, blocks, pins, out)) return;
+  stage_options_exact(cost, slot, blocks, pins, out);
 }
 
 double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {

@@ -40,6 +40,10 @@ struct OptionPins {
   bool allow_offload = true;
 };
 
+// Offloaded-block counts the planner considers for a stage of `blocks` blocks: 0-4, then
+// steps of about 1.5x (6, 9, 13, ...), and all of them. Offload moves memory in coarse buckets.
+std::vector<int> stage_offload_counts(int blocks);
+
 StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, int blocks);
 
 // Fills `out` with the Pareto-optimal options (t ascending, u strictly descending); empty when

@@ -13,6 +13,7 @@
 
 #include "../support/specs.hpp"
 #include "search/planner.hpp"
+#include "search/stage_options.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -30,7 +31,8 @@ struct Point {
 // Brute force over: ordered subsets of device types; per type every (tp | devices per node,
 // stages, dp) using all its devices; every micro-batch count; GPipe, 1F1B and interleaved
 // (v = 2, 4); every contiguous layer split; per stage every ZeRO stage, sequence parallelism,
-// and every number of selective, full-recompute and offloaded blocks.
+// every number of selective and full-recompute blocks, and every offload count of the space
+// (stage_offload_counts: exact up to 4 blocks, then coarse buckets).
 class Exhaustive {
  public:
   explicit Exhaustive(const CostModel& cost) : cost_(cost) {}
@@ -172,7 +174,7 @@ class Exhaustive {
       for (int zero = 0; zero <= 3; ++zero)
         for (int full = 0; full <= blocks; ++full)
           for (int sel = 0; sel + full <= blocks; ++sel)
-            for (int off = 0; off <= blocks; ++off) {
+            for (int off : stage_offload_counts(blocks)) {
               StageChoice c;
               c.blocks = blocks;
               c.selective = sel;

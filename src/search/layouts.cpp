@@ -13,6 +13,10 @@ namespace alloy {
 
 namespace {
 
+// Beyond this many (layout, batching, schedule) candidates the enumeration itself would need
+// gigabytes; the planner asks for pins instead.
+constexpr size_t kMaxStructures = 4'000'000;
+
 // Global batches to try: the given one, or up to 32 evenly spaced values in [min, max].
 std::vector<int64_t> batch_candidates(const TrainSpec& train) {
   if (train.min_global_batch <= 0 || train.max_global_batch <= 0) return {train.global_batch_sequences};
@@ -65,7 +69,7 @@ double integer_bottleneck_bound(const std::vector<std::pair<int, double>>& stage
     return total >= units;
   };
   if (enough(lo)) return lo;
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; i < 40; ++i) {
     const double mid = 0.5 * (lo + hi);
     if (enough(mid)) hi = mid;
     else lo = mid;
@@ -226,6 +230,10 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
               s.price_per_second = price;
               s.index = static_cast<int>(out.size());
               out.push_back(std::move(s));
+              if (out.size() > kMaxStructures)
+                throw Error(fmt::format("the search space has more than {} candidate layouts", kMaxStructures),
+                            {"", "device_order"},
+                            "pin the device order (--device-order), tp or pp to narrow it");
             }
           }
         }

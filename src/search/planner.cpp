@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -288,7 +289,7 @@ class Searcher {
       return total >= units;
     };
     if (!enough(lo)) {
-      for (int i = 0; i < 60; ++i) {
+      for (int i = 0; i < 40; ++i) {
         const double mid = 0.5 * (lo + hi);
         if (enough(mid)) hi = mid;
         else lo = mid;
@@ -336,6 +337,7 @@ void check_inputs(const CostModel& cost, const SearchOptions& o) {
   if (cluster.devices.empty())
     throw Error("the cluster has no devices", {cluster.source_path, "nodes"}, "add at least one node with devices");
   if (layers <= 0) throw Error("the model has no layers", {cost.model().source_path, "num_layers"});
+  if (o.threads < 1 || o.threads > 2) throw Error("threads must be 1 or 2", {"", "threads"});
   if (train.global_batch_sequences <= 0)
     throw Error("global batch must be positive", {train.source_path, "global_batch"});
   if (o.objective == Objective::Objective_cost) {
@@ -407,51 +409,96 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     return x < y;
   });
 
-  Searcher searcher(cost, options);
-  searcher.stats.structures = static_cast<int64_t>(structures.size());
+  // Structures are visited in rounds of a few, best bound first; within a round every
+  // structure sees the threshold the round started with, so one or two threads (each with its
+  // own caches) reach the same plan.
+  std::vector<std::unique_ptr<Searcher>> searchers;
+  for (int t = 0; t < options.threads; ++t) searchers.push_back(std::make_unique<Searcher>(cost, options));
+  SearchStats& stats = searchers.front()->stats;
+  stats.structures = static_cast<int64_t>(structures.size());
   const size_t keep = static_cast<size_t>(std::max(0, options.runner_ups)) + 1;
   std::vector<std::pair<std::string, Solution>> kept;  // distinct layouts, best score first
   double frugal_ratio = kInfinity;
   double frugal_bytes = 0;
   int frugal_type = 0;
-  for (size_t pos = 0; pos < order.size(); ++pos) {
-    const Structure& s = structures[order[pos]];
+  struct Outcome {
+    bool refined_pruned = false;
+    std::optional<Solution> solution;
+    double frugal_ratio = kInfinity;
+    double frugal_bytes = 0;
+    int frugal_type = 0;
+  };
+  auto evaluate = [&](Searcher& searcher, const Structure& s, double threshold) {
+    Outcome out;
     const double factor = score_factor(s);
-    const double threshold = kept.size() < keep ? kInfinity : kept.back().second.score;
-    if (s.lower_bound_seconds * factor >= threshold) {
-      searcher.stats.pruned_by_bound += static_cast<int64_t>(order.size() - pos);
-      break;
-    }
     std::vector<SlotInfo> slots = searcher.slots(s, pools);
     double slowest_stage_bound = 0;
     if (searcher.refined_lower_bound(s, slots, &slowest_stage_bound) * factor >= threshold) {
-      ++searcher.stats.pruned_by_refined_bound;
-      continue;
+      out.refined_pruned = true;
+      return out;
     }
-    ++searcher.stats.evaluated;
-    std::optional<Solution> solution = searcher.solve(s, slots, threshold / factor);
-    if (!solution) {
-      ++searcher.stats.infeasible;
-      double bytes = 0;
-      int type = 0;
-      const double ratio = searcher.frugal_memory_ratio(s, slots, &bytes, &type);
-      if (ratio < frugal_ratio) {
-        frugal_ratio = ratio;
-        frugal_bytes = bytes;
-        frugal_type = type;
+    out.solution = searcher.solve(s, slots, threshold / factor);
+    if (out.solution) out.solution->score = out.solution->step_seconds * factor;
+    else out.frugal_ratio = searcher.frugal_memory_ratio(s, slots, &out.frugal_bytes, &out.frugal_type);
+    return out;
+  };
+  constexpr size_t kRound = 8;
+  size_t pos = 0;
+  while (pos < order.size()) {
+    const double threshold = kept.size() < keep ? kInfinity : kept.back().second.score;
+    std::vector<int> round;
+    while (pos < order.size() && round.size() < kRound) {
+      const Structure& s = structures[order[pos]];
+      if (s.lower_bound_seconds * score_factor(s) >= threshold) {
+        stats.pruned_by_bound += static_cast<int64_t>(order.size() - pos);
+        pos = order.size();
+        break;
       }
-      continue;
+      round.push_back(order[pos++]);
     }
-    solution->score = solution->step_seconds * factor;
-    const std::string key = structure_layout_key(s, cluster);
-    auto same = std::find_if(kept.begin(), kept.end(), [&](const auto& e) { return e.first == key; });
-    if (same != kept.end()) {
-      if (same->second.score <= solution->score) continue;
-      kept.erase(same);
+    std::vector<Outcome> outcomes(round.size());
+    auto work = [&](int thread) {
+      for (size_t i = thread; i < round.size(); i += searchers.size())
+        outcomes[i] = evaluate(*searchers[thread], structures[round[i]], threshold);
+    };
+    if (searchers.size() > 1 && round.size() > 1) {
+      std::thread helper(work, 1);
+      work(0);
+      helper.join();
+    } else {
+      work(0);
     }
-    auto at = std::find_if(kept.begin(), kept.end(), [&](const auto& e) { return solution->score < e.second.score; });
-    kept.insert(at, {key, *solution});
-    if (kept.size() > keep) kept.pop_back();
+    for (size_t i = 0; i < round.size(); ++i) {
+      Outcome& out = outcomes[i];
+      if (out.refined_pruned) {
+        ++stats.pruned_by_refined_bound;
+        continue;
+      }
+      ++stats.evaluated;
+      if (!out.solution) {
+        ++stats.infeasible;
+        if (out.frugal_ratio < frugal_ratio) {
+          frugal_ratio = out.frugal_ratio;
+          frugal_bytes = out.frugal_bytes;
+          frugal_type = out.frugal_type;
+        }
+        continue;
+      }
+      const Solution& solution = *out.solution;
+      const std::string key = structure_layout_key(structures[round[i]], cluster);
+      auto same = std::find_if(kept.begin(), kept.end(), [&](const auto& e) { return e.first == key; });
+      if (same != kept.end()) {
+        if (same->second.score <= solution.score) continue;
+        kept.erase(same);
+      }
+      auto at = std::find_if(kept.begin(), kept.end(), [&](const auto& e) { return solution.score < e.second.score; });
+      kept.insert(at, {key, solution});
+      if (kept.size() > keep) kept.pop_back();
+    }
+  }
+  for (size_t t = 1; t < searchers.size(); ++t) {
+    stats.split_solves += searchers[t]->stats.split_solves;
+    stats.stage_option_sets += searchers[t]->stats.stage_option_sets;
   }
 
   if (kept.empty()) {
@@ -472,7 +519,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   for (const auto& [key, sol] : kept) {
     const Structure& s = structures[sol.structure];
     std::vector<std::vector<int>> device_ids;
-    for (const SlotInfo& info : searcher.slots(s, pools)) device_ids.push_back(info.device_ids);
+    for (const SlotInfo& info : searchers.front()->slots(s, pools)) device_ids.push_back(info.device_ids);
     plans.push_back(plan_build(cost, s, device_ids, sol.blocks, sol.options, options.objective));
   }
   SearchResult result;
@@ -480,8 +527,8 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   for (size_t i = 1; i < plans.size(); ++i)
     result.plan.runner_ups.push_back(runner_up_explain(result.plan, plans[i], by_cost));
   for (const std::string& note : cost.fallback_notes()) result.plan.notes.push_back(note);
-  searcher.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  result.stats = searcher.stats;
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  result.stats = stats;
   return result;
 }
 

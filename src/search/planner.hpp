@@ -34,6 +34,7 @@ struct SearchOptions {
   bool allow_offload = true;
   std::vector<int> layer_split;        // blocks per stage, pipeline order
   std::vector<std::string> device_order;  // device type names in pipeline order (only these used)
+  int threads = 1;                     // 1 or 2; the plan does not depend on it
   int runner_ups = 3;
 };
 

@@ -99,7 +99,7 @@ TEST(Planner, DeviceOrderPinsTypesAndOrder) {
   EXPECT_THROW(plan_search(cost, o), Error);
 }
 
-TEST(Planner, Deterministic) {
+TEST(Planner, DeterministicAndTwoThreadsAgree) {
   using namespace testing;
   const ModelSpec m = llama("toy", 8, 1024, 8, 8, 2816, 8000);
   const ClusterSpec c = cluster("av", {a100_80(), v100_32()}, {{0, 1, 4}, {1, 2, 2}});
@@ -108,6 +108,9 @@ TEST(Planner, Deterministic) {
   EXPECT_EQ(plan_to_json(plan_search(cost, {}).plan), first);
   CostModel fresh(m, c, train(1024, 32));
   EXPECT_EQ(plan_to_json(plan_search(fresh, {}).plan), first);
+  SearchOptions two;
+  two.threads = 2;
+  EXPECT_EQ(plan_to_json(plan_search(cost, two).plan), first);
 }
 
 TEST(Planner, CostObjectiveUsesPrices) {

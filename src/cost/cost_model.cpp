@@ -150,14 +150,13 @@ StageShape CostModel::stage_shape(const std::vector<int>& ids, int tp, int dp, i
 BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::vector<int>& to) const {
   BoundaryLink b;
   b.lanes = static_cast<int>(std::min(from.size(), to.size()));
-  std::vector<int> both = from;
-  both.insert(both.end(), to.begin(), to.end());
   const Device& a = cluster_.devices[from.front()];
   const Device& z = cluster_.devices[to.front()];
   b.network = cluster_.network;
-  b.aggregate_network_bytes_per_second =
-      std::min(distinct_nodes(cluster_, from), distinct_nodes(cluster_, to)) * cluster_.network.bandwidth_bytes_per_second;
-  if (distinct_nodes(cluster_, both) == 1) {
+  const int from_nodes = distinct_nodes(cluster_, from);
+  const int to_nodes = distinct_nodes(cluster_, to);
+  b.aggregate_network_bytes_per_second = std::min(from_nodes, to_nodes) * cluster_.network.bandwidth_bytes_per_second;
+  if (from_nodes == 1 && to_nodes == 1 && a.node == z.node) {
     b.path = P2pPath::P2pPath_intra_node;
     b.intra_node = type_links_[a.device_type_index];
   } else if (cluster_.device_type(a).vendor != cluster_.device_type(z).vendor) {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
+#include <unordered_map>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -151,9 +151,9 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
   std::vector<int> chunk_options = o.virtual_chunks > 0 ? std::vector<int>{o.virtual_chunks} : std::vector<int>{2, 4};
 
   // Lower bound per (type, tp, per-replica batch): compute-only block time, best sp mode.
-  std::map<std::tuple<int, int, int64_t>, double> block_seconds;
+  std::unordered_map<int64_t, double> block_seconds;
   auto block_time = [&](int type, int tp, int64_t b) {
-    auto key = std::make_tuple(type, tp, b);
+    const int64_t key = (b * 64 + tp) * 64 + type;
     auto it = block_seconds.find(key);
     if (it != block_seconds.end()) return it->second;
     double t = cost.block_seconds_bound(type, tp, b, false);
@@ -171,6 +171,9 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
   std::vector<Structure> out;
   std::vector<TypeGroup> groups;
   for (int64_t batch : batches) {
+    std::vector<int> divisors;
+    for (int64_t m = 1; m <= batch; ++m)
+      if (batch % m == 0) divisors.push_back(static_cast<int>(m));
     for (const std::vector<int>& order : orders) {
       // Odometer over each type's shape options.
       std::vector<size_t> pick(order.size(), 0);
@@ -191,8 +194,8 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
         for (int idx : order) price += pool_price[idx];
         const bool stages_ok = stages <= layers && (o.pp == 0 || stages == o.pp) &&
                                (o.layer_split.empty() || static_cast<int>(o.layer_split.size()) == stages);
-        for (int m = 1; stages_ok && m <= batch; ++m) {
-          if (batch % m != 0) continue;
+        for (int m : divisors) {
+          if (!stages_ok) break;
           const int64_t micro = batch / m;
           if (micro % dp_lcm != 0) continue;
           if (o.num_micro_batches > 0 && m != o.num_micro_batches) continue;

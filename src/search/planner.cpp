@@ -400,12 +400,14 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     return by_cost ? s.price_per_second / (static_cast<double>(s.global_batch) * tokens) * 1e6
                    : 1.0 / (static_cast<double>(s.global_batch) * tokens);  // seconds per token
   };
+  std::vector<double> bound(structures.size());
   std::vector<int> order(structures.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] = static_cast<int>(i);
+    bound[i] = structures[i].lower_bound_seconds * score_factor(structures[i]);
+  }
   std::sort(order.begin(), order.end(), [&](int x, int y) {
-    const double bx = structures[x].lower_bound_seconds * score_factor(structures[x]);
-    const double by = structures[y].lower_bound_seconds * score_factor(structures[y]);
-    if (bx != by) return bx < by;
+    if (bound[x] != bound[y]) return bound[x] < bound[y];
     return x < y;
   });
 
@@ -449,7 +451,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     std::vector<int> round;
     while (pos < order.size() && round.size() < kRound) {
       const Structure& s = structures[order[pos]];
-      if (s.lower_bound_seconds * score_factor(s) >= threshold) {
+      if (bound[s.index] >= threshold) {
         stats.pruned_by_bound += static_cast<int64_t>(order.size() - pos);
         pos = order.size();
         break;

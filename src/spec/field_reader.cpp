@@ -125,9 +125,8 @@ std::string FieldReader::field_path(const std::string& key) const {
 
 ErrorWhere FieldReader::where(const std::string& key) const {
   ErrorWhere w{file_, field_path(key), 0, 0};
-  YAML::Node n = key.empty() ? node_ : YAML::Node(node_[key]);
-  if (!n.IsDefined()) n = node_;
-  YAML::Mark mark = n.Mark();
+  YAML::Node n = (key.empty() || !has(key)) ? node_ : YAML::Node(node_[key]);
+  YAML::Mark mark = n.IsDefined() ? n.Mark() : YAML::Mark::null_mark();
   if (mark.line >= 0 && !mark.is_null()) {
     w.line = mark.line + 1;
     w.column = mark.column + 1;

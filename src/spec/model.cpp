@@ -195,7 +195,7 @@ ModelSpec model_load_file(const std::string& path) {
       m = read_hf_llama(r, type);
     } else {
       r.fail("model_type", "unknown model_type '" + type + "'",
-             "Alloy reads gpt2, llama, mistral and qwen2 configs (nearest: " + text_nearest(type, kAllTypes) + ")");
+             "did you mean " + text_nearest(type, kAllTypes) + "? Alloy reads gpt2, llama, mistral and qwen2 configs");
     }
     m.model_type = type;
     m.name = stem_of(path);

@@ -1,12 +1,16 @@
-// Tests of the built-in device catalog: completeness of every entry, unique names, and
-// spot checks against figures read off the vendors' datasheets (docs/catalog.md).
+// Tests of the built-in device catalog: completeness of every entry, unique names, spot
+// checks against datasheet figures, and agreement with the table in docs/catalog.md.
 #include "hw/catalog.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
+#include <fstream>
 #include <map>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -170,6 +174,57 @@ TEST(Catalog, SpotChecksAgainstDatasheets) {
   // [19] Gaudi 2: 432 TFLOPS bf16, 96 GB.
   EXPECT_DOUBLE_EQ(device_get("gaudi2").peak_flops_bf16, 432 * tflops);
   EXPECT_DOUBLE_EQ(device_get("gaudi2").memory_bytes, 96 * kGiB);
+}
+
+std::string text_trim(const std::string& text) {
+  const size_t first = text.find_first_not_of(' ');
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(' ') - first + 1);
+}
+
+// Cells of a markdown table row "| a | b |" -> {"a", "b"}.
+std::vector<std::string> row_cells(const std::string& line) {
+  std::vector<std::string> cells;
+  std::stringstream stream(line.substr(1));
+  std::string cell;
+  while (std::getline(stream, cell, '|')) cells.push_back(text_trim(cell));
+  return cells;
+}
+
+// docs/catalog.md must show the numbers the code has, and cite only keys it lists.
+TEST(Catalog, DocumentationTableMatchesTheCode) {
+  std::ifstream doc(std::string(ALLOY_SOURCE_DIR) + "/docs/catalog.md");
+  ASSERT_TRUE(doc.good()) << "docs/catalog.md is missing";
+  std::map<std::string, std::vector<std::string>> rows;
+  std::set<std::string> keys;
+  bool in_sources = false;
+  for (std::string line; std::getline(doc, line);) {
+    if (line.rfind("## ", 0) == 0) in_sources = line == "## Sources";
+    if (in_sources && !line.empty() && std::isdigit(static_cast<unsigned char>(line[0])))
+      keys.insert("[" + line.substr(0, line.find('.')) + "]");
+    if (line.rfind("| ", 0) != 0) continue;
+    std::vector<std::string> cells = row_cells(line);
+    if (cells.size() == 12 && catalog_builtin().find(cells[0]) != nullptr) rows[cells[0]] = cells;
+  }
+  const auto number = [](const std::string& cell) { return std::strtod(cell.c_str(), nullptr); };
+  for (const DeviceType& t : catalog_builtin().types()) {
+    SCOPED_TRACE(t.name);
+    ASSERT_EQ(rows.count(t.name), 1u) << "no row in the devices table";
+    const std::vector<std::string>& row = rows[t.name];
+    EXPECT_EQ(row[1], t.vendor);
+    EXPECT_NEAR(number(row[2]) * 1e12, t.peak_flops_fp32, 1e6);
+    EXPECT_NEAR(number(row[3]) * 1e12, t.peak_flops_tf32, 1e6);
+    EXPECT_NEAR(number(row[4]) * 1e12, t.peak_flops_bf16, 1e6);
+    EXPECT_NEAR(number(row[5]) * 1e12, t.peak_flops_fp16, 1e6);
+    EXPECT_NEAR(number(row[6]) * 1e12, t.peak_flops_fp8, 1e6);
+    EXPECT_NEAR(number(row[7]) * kGiB, t.memory_bytes, 1);
+    EXPECT_NEAR(number(row[8]) * 1e9, t.memory_bandwidth_bytes_per_second, 1);
+    EXPECT_EQ(row[9], t.intra_node_link);
+    EXPECT_NEAR(number(row[10]) * 1e9, t.intra_node_link_bytes_per_second, 1);
+    EXPECT_EQ(row[11], t.source);
+    std::stringstream cited(t.source);
+    for (std::string key; cited >> key;) EXPECT_EQ(keys.count(key), 1u) << key << " not in Sources";
+  }
 }
 
 TEST(Catalog, CpuTypeMatchesMeasuredNumbers) {

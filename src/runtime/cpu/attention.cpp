@@ -1,0 +1,155 @@
+// Attention per (batch, head) with two GEMMs and a masked softmax; heads run in parallel with
+// OpenMP while each GEMM runs single-threaded in OpenBLAS (no nested oversubscription).
+#include "runtime/cpu/attention.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "runtime/threads.hpp"
+
+namespace alloy {
+
+namespace {
+
+// (T, D/2) tables of cos and sin of t * theta^(-2i/D), computed in double.
+void rope_tables(std::vector<float>& cos_table, std::vector<float>& sin_table, int T, int D,
+                 float theta) {
+  const int half = D / 2;
+  cos_table.resize(static_cast<size_t>(T) * half);
+  sin_table.resize(static_cast<size_t>(T) * half);
+  for (int i = 0; i < half; i++) {
+    const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / D);
+    for (int t = 0; t < T; t++) {
+      cos_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(t * inv_freq));
+      sin_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(t * inv_freq));
+    }
+  }
+}
+
+// sign +1: forward rotation; -1: its transpose (backward).
+void rope_apply(float* qkv, int B, int T, int Hq, int Hkv, int D, float theta, float sign) {
+  std::vector<float> cos_table;
+  std::vector<float> sin_table;
+  rope_tables(cos_table, sin_table, T, D, theta);
+  const int half = D / 2;
+  const int64_t R = static_cast<int64_t>(Hq + 2 * Hkv) * D;
+  const int rotated_heads = Hq + Hkv;
+  const int64_t rows = static_cast<int64_t>(B) * T;
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < rows; bt++) {
+    const float* c = cos_table.data() + (bt % T) * half;
+    const float* s = sin_table.data() + (bt % T) * half;
+    for (int h = 0; h < rotated_heads; h++) {
+      float* x = qkv + bt * R + static_cast<int64_t>(h) * D;
+      for (int i = 0; i < half; i++) {
+        const float x1 = x[i];
+        const float x2 = x[i + half];
+        x[i] = x1 * c[i] - sign * x2 * s[i];
+        x[i + half] = x2 * c[i] + sign * x1 * s[i];
+      }
+    }
+  }
+}
+
+// Row t of a causal score matrix: softmax over columns 0..t, zeros after.
+void causal_softmax_row(float* row, int t, int T) {
+  float max_value = row[0];
+  for (int j = 1; j <= t; j++) max_value = row[j] > max_value ? row[j] : max_value;
+  float sum = 0.0f;
+  for (int j = 0; j <= t; j++) {
+    row[j] = std::exp(row[j] - max_value);
+    sum += row[j];
+  }
+  const float inv_sum = 1.0f / sum;
+  for (int j = 0; j <= t; j++) row[j] *= inv_sum;
+  for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+}
+
+}  // namespace
+
+void rope_forward(float* qkv, int B, int T, int Hq, int Hkv, int D, float theta) {
+  rope_apply(qkv, B, T, Hq, Hkv, D, theta, 1.0f);
+}
+
+void rope_backward(float* dqkv, int B, int T, int Hq, int Hkv, int D, float theta) {
+  rope_apply(dqkv, B, T, Hq, Hkv, D, theta, -1.0f);
+}
+
+void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int Hq, int Hkv,
+                       int D) {
+  const int64_t R = static_cast<int64_t>(Hq + 2 * Hkv) * D;
+  const int64_t out_stride = static_cast<int64_t>(Hq) * D;
+  const int group = Hq / Hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  BlasSingleThreadScope blas_single;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < Hq; h++) {
+      const float* base = qkv + static_cast<int64_t>(b) * T * R;
+      const float* q = base + static_cast<int64_t>(h) * D;
+      const float* k = base + static_cast<int64_t>(Hq + h / group) * D;
+      const float* v = base + static_cast<int64_t>(Hq + Hkv + h / group) * D;
+      float* p = probs + (static_cast<int64_t>(b) * Hq + h) * T * T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, scale, q, R, k, R, 0.0f, p,
+                  T);
+      for (int t = 0; t < T; t++) causal_softmax_row(p + static_cast<int64_t>(t) * T, t, T);
+      float* o = out + static_cast<int64_t>(b) * T * out_stride + static_cast<int64_t>(h) * D;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, p, T, v, R, 0.0f, o,
+                  out_stride);
+    }
+  }
+}
+
+int64_t attention_backward_scratch_floats(int T) {
+  return static_cast<int64_t>(omp_get_max_threads()) * T * T;
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* probs,
+                        const float* qkv, int B, int T, int Hq, int Hkv, int D) {
+  const int64_t R = static_cast<int64_t>(Hq + 2 * Hkv) * D;
+  const int64_t out_stride = static_cast<int64_t>(Hq) * D;
+  const int group = Hq / Hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  BlasSingleThreadScope blas_single;
+  // One task per (batch, kv head): the query heads sharing a kv head add into the same dk, dv.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; b++) {
+    for (int kvh = 0; kvh < Hkv; kvh++) {
+      float* dp = scratch + static_cast<int64_t>(omp_get_thread_num()) * T * T;
+      const float* base = qkv + static_cast<int64_t>(b) * T * R;
+      float* dbase = dqkv + static_cast<int64_t>(b) * T * R;
+      const float* k = base + static_cast<int64_t>(Hq + kvh) * D;
+      const float* v = base + static_cast<int64_t>(Hq + Hkv + kvh) * D;
+      float* dk = dbase + static_cast<int64_t>(Hq + kvh) * D;
+      float* dv = dbase + static_cast<int64_t>(Hq + Hkv + kvh) * D;
+      for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+        const float* q = base + static_cast<int64_t>(h) * D;
+        float* dq = dbase + static_cast<int64_t>(h) * D;
+        const float* p = probs + (static_cast<int64_t>(b) * Hq + h) * T * T;
+        const float* dout_h =
+            dout + static_cast<int64_t>(b) * T * out_stride + static_cast<int64_t>(h) * D;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, dout_h, out_stride, v, R,
+                    0.0f, dp, T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, p, T, dout_h, out_stride,
+                    1.0f, dv, R);
+        for (int t = 0; t < T; t++) {
+          const float* p_row = p + static_cast<int64_t>(t) * T;
+          float* dp_row = dp + static_cast<int64_t>(t) * T;
+          float dot = 0.0f;
+          for (int j = 0; j <= t; j++) dot += p_row[j] * dp_row[j];
+          for (int j = 0; j <= t; j++) dp_row[j] = p_row[j] * (dp_row[j] - dot);
+          for (int j = t + 1; j < T; j++) dp_row[j] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, scale, dp, T, k, R, 1.0f,
+                    dq, R);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, scale, dp, T, q, R, 1.0f,
+                    dk, R);
+      }
+    }
+  }
+}
+
+}  // namespace alloy

@@ -1,4 +1,4 @@
-// Thread-count policy for OpenMP and OpenBLAS.
+// Thread-count policy: OpenMP threads for everything, OpenBLAS single-threaded per call.
 #include "runtime/threads.hpp"
 
 #include <cblas.h>
@@ -44,20 +44,12 @@ int runtime_default_threads() {
 void runtime_set_threads(int n) {
   g_threads = n >= 1 ? n : runtime_default_threads();
   omp_set_num_threads(g_threads);
-  openblas_set_num_threads(g_threads);
+  openblas_set_num_threads(1);
 }
 
 int runtime_threads() {
   if (g_threads == 0) runtime_set_threads(0);
   return g_threads;
-}
-
-BlasSingleThreadScope::BlasSingleThreadScope() : saved_threads_(runtime_threads()) {
-  if (saved_threads_ > 1) openblas_set_num_threads(1);
-}
-
-BlasSingleThreadScope::~BlasSingleThreadScope() {
-  if (saved_threads_ > 1) openblas_set_num_threads(saved_threads_);
 }
 
 }  // namespace alloy

@@ -1,5 +1,6 @@
-// Thread counts of the CPU runtime: OpenMP loops and OpenBLAS GEMMs share one setting so that
-// several MPI ranks on one machine do not oversubscribe its cores.
+// Thread counts of the CPU runtime. One pool: OpenMP runs the parallel loops and splits every
+// GEMM into per-thread slices, each a single-threaded OpenBLAS call; so several MPI ranks on one
+// machine share its cores without oversubscription, and no idle pool spins against another.
 #pragma once
 
 namespace alloy {
@@ -7,22 +8,11 @@ namespace alloy {
 // ALLOY_THREADS when set, else cores / OMPI_COMM_WORLD_LOCAL_SIZE (ranks on this node), min 1.
 int runtime_default_threads();
 
-// Sets both the OpenMP thread count and OpenBLAS's; n < 1 means runtime_default_threads().
+// Sets the OpenMP thread count to n (n < 1: runtime_default_threads()) and OpenBLAS to one
+// thread per caller, since the kernels parallelise GEMMs themselves.
 void runtime_set_threads(int n);
 
 // The count last set (runtime_default_threads() before any call).
 int runtime_threads();
-
-// While alive, OpenBLAS runs single-threaded: for GEMMs issued from inside OpenMP loops.
-class BlasSingleThreadScope {
- public:
-  BlasSingleThreadScope();
-  ~BlasSingleThreadScope();
-  BlasSingleThreadScope(const BlasSingleThreadScope&) = delete;
-  BlasSingleThreadScope& operator=(const BlasSingleThreadScope&) = delete;
-
- private:
-  int saved_threads_;
-};
 
 }  // namespace alloy

@@ -1,5 +1,5 @@
 // Attention per (batch, head) with two GEMMs and a masked softmax; heads run in parallel with
-// OpenMP while each GEMM runs single-threaded in OpenBLAS (no nested oversubscription).
+// OpenMP, each GEMM single-threaded in OpenBLAS (see runtime/threads.hpp).
 #include "runtime/cpu/attention.hpp"
 
 #include <cblas.h>
@@ -8,7 +8,6 @@
 #include <cmath>
 #include <vector>
 
-#include "runtime/threads.hpp"
 
 namespace alloy {
 
@@ -84,7 +83,6 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
   const int64_t out_stride = static_cast<int64_t>(Hq) * D;
   const int group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  BlasSingleThreadScope blas_single;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < Hq; h++) {
@@ -113,7 +111,6 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   const int64_t out_stride = static_cast<int64_t>(Hq) * D;
   const int group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  BlasSingleThreadScope blas_single;
   // One task per (batch, kv head): the query heads sharing a kv head add into the same dk, dv.
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++) {

@@ -1,5 +1,6 @@
 // GELU, SwiGLU and residual kernels: parallel, vectorisable loops.
 #include "runtime/cpu/activation.hpp"
+#include "runtime/cpu/parallel.hpp"
 
 #include <cmath>
 
@@ -13,7 +14,7 @@ constexpr float kGeluCubic = 0.044715f;
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t i = 0; i < n; i++) {
     const float x = inp[i];
     out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
@@ -21,7 +22,7 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t i = 0; i < n; i++) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
@@ -33,7 +34,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
 }
 
 void swiglu_forward(float* out, const float* inp, int64_t N, int F) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * F >= kParallelMinElements)
   for (int64_t n = 0; n < N; n++) {
     const float* gate = inp + n * 2 * F;
     const float* up = gate + F;
@@ -46,7 +47,7 @@ void swiglu_forward(float* out, const float* inp, int64_t N, int F) {
 }
 
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N, int F) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * F >= kParallelMinElements)
   for (int64_t n = 0; n < N; n++) {
     const float* gate = inp + n * 2 * F;
     const float* up = gate + F;
@@ -63,12 +64,12 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int64_t N
 }
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
 void residual_backward(float* da, float* db, const float* dout, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t i = 0; i < n; i++) {
     da[i] += dout[i];
     db[i] += dout[i];

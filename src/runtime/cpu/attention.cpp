@@ -1,6 +1,7 @@
 // Attention per (batch, head) with two GEMMs and a masked softmax; heads run in parallel with
 // OpenMP, each GEMM single-threaded in OpenBLAS (see runtime/threads.hpp).
 #include "runtime/cpu/attention.hpp"
+#include "runtime/cpu/parallel.hpp"
 
 #include <cblas.h>
 #include <omp.h>
@@ -37,7 +38,7 @@ void rope_apply(float* qkv, int B, int T, int Hq, int Hkv, int D, float theta, f
   const int64_t R = static_cast<int64_t>(Hq + 2 * Hkv) * D;
   const int rotated_heads = Hq + Hkv;
   const int64_t rows = static_cast<int64_t>(B) * T;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * R >= kParallelMinElements)
   for (int64_t bt = 0; bt < rows; bt++) {
     const float* c = cos_table.data() + (bt % T) * half;
     const float* s = sin_table.data() + (bt % T) * half;
@@ -83,7 +84,8 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
   const int64_t out_stride = static_cast<int64_t>(Hq) * D;
   const int group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-#pragma omp parallel for collapse(2) schedule(static)
+  const int64_t macs = int64_t{B} * Hq * T * T * D;
+#pragma omp parallel for collapse(2) schedule(static) if (macs >= kParallelMinMacs)
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < Hq; h++) {
       const float* base = qkv + static_cast<int64_t>(b) * T * R;
@@ -111,8 +113,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   const int64_t out_stride = static_cast<int64_t>(Hq) * D;
   const int group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t macs = int64_t{B} * Hq * T * T * D;
   // One task per (batch, kv head): the query heads sharing a kv head add into the same dk, dv.
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (macs >= kParallelMinMacs)
   for (int b = 0; b < B; b++) {
     for (int kvh = 0; kvh < Hkv; kvh++) {
       float* dp = scratch + static_cast<int64_t>(omp_get_thread_num()) * T * T;

@@ -1,12 +1,13 @@
 // Embedding lookup and its scatter-add backward.
 #include "runtime/cpu/embedding.hpp"
+#include "runtime/cpu/parallel.hpp"
 
 namespace alloy {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int B, int T, int C) {
   const int64_t rows = static_cast<int64_t>(B) * T;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * C >= kParallelMinElements)
   for (int64_t bt = 0; bt < rows; bt++) {
     const float* token_row = wte + static_cast<int64_t>(tokens[bt]) * C;
     float* out_row = out + bt * C;

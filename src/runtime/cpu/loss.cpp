@@ -1,5 +1,6 @@
 // Cross-entropy with a per-row log-sum-exp (max-subtracted, accumulated in double).
 #include "runtime/cpu/loss.hpp"
+#include "runtime/cpu/parallel.hpp"
 
 #include <cmath>
 
@@ -8,7 +9,7 @@ namespace alloy {
 float crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
                            int N, int V) {
   double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+#pragma omp parallel for schedule(static) if (int64_t{N} * V >= kParallelMinElements) reduction(+ : total)
   for (int n = 0; n < N; n++) {
     const float* row = logits + static_cast<int64_t>(n) * V;
     float max_value = row[0];
@@ -24,7 +25,7 @@ float crossentropy_forward(float* losses, float* lse, const float* logits, const
 
 void crossentropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
                                    int V, float dloss) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (int64_t{N} * V >= kParallelMinElements)
   for (int n = 0; n < N; n++) {
     float* row = logits + static_cast<int64_t>(n) * V;
     const float shift = lse[n];

@@ -2,6 +2,7 @@
 // output), so one thread pool serves GEMMs and elementwise loops alike (no spinning OpenMP
 // workers competing with OpenBLAS's own threads for the same cores).
 #include "runtime/cpu/matmul.hpp"
+#include "runtime/cpu/parallel.hpp"
 
 #include <cblas.h>
 #include <omp.h>
@@ -25,7 +26,7 @@ void thread_slice(int extent, int index, int count, int& begin, int& end) {
 
 void matmul_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                     int OC) {
-#pragma omp parallel
+#pragma omp parallel if (int64_t{N} * C * OC >= kParallelMinMacs)
   {
     int begin = 0;
     int end = 0;
@@ -47,7 +48,7 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 
 void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, int N, int C, int OC) {
-#pragma omp parallel
+#pragma omp parallel if (int64_t{N} * C * OC >= kParallelMinMacs)
   {
     const int index = omp_get_thread_num();
     const int count = omp_get_num_threads();

@@ -1,5 +1,6 @@
 // LayerNorm and RMSNorm: rows in parallel; weight gradients reduced serially (C-wide, cheap).
 #include "runtime/cpu/norm.hpp"
+#include "runtime/cpu/parallel.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -8,7 +9,7 @@ namespace alloy {
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int N, int C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (int64_t{N} * C >= kParallelMinElements)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<int64_t>(n) * C;
     float* y = out + static_cast<int64_t>(n) * C;
@@ -30,7 +31,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (int64_t{N} * C >= kParallelMinElements)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<int64_t>(n) * C;
     const float* g = dout + static_cast<int64_t>(n) * C;
@@ -65,7 +66,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
                      float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (int64_t{N} * C >= kParallelMinElements)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<int64_t>(n) * C;
     float* y = out + static_cast<int64_t>(n) * C;
@@ -79,7 +80,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
 
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, int N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (int64_t{N} * C >= kParallelMinElements)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<int64_t>(n) * C;
     const float* g = dout + static_cast<int64_t>(n) * C;

@@ -1,5 +1,6 @@
 // AdamW update, clipping and the learning-rate schedule.
 #include "runtime/cpu/optimizer.hpp"
+#include "runtime/cpu/parallel.hpp"
 
 #include <cmath>
 #include <numbers>
@@ -15,7 +16,7 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
   const float decay = 1.0f - hyper.learning_rate * hyper.weight_decay;
   const float b1 = hyper.beta1;
   const float b2 = hyper.beta2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t i = 0; i < n; i++) {
     const float g = grads[i];
     m[i] = b1 * m[i] + (1.0f - b1) * g;
@@ -27,7 +28,7 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
 
 double grad_norm(const float* grads, int64_t n) {
   double sum = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : sum)
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements) reduction(+ : sum)
   for (int64_t i = 0; i < n; i++) sum += static_cast<double>(grads[i]) * grads[i];
   return std::sqrt(sum);
 }
@@ -37,7 +38,7 @@ void grad_clip(float* grads, int64_t n, double norm, double max_norm) {
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient >= 1.0) return;
   const float scale = static_cast<float>(coefficient);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
   for (int64_t i = 0; i < n; i++) grads[i] *= scale;
 }
 

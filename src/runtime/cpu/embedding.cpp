@@ -1,11 +1,13 @@
 // Embedding lookup and its scatter-add backward.
 #include "runtime/cpu/embedding.hpp"
 #include "runtime/cpu/parallel.hpp"
+#include "runtime/profile.hpp"
 
 namespace alloy {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int B, int T, int C) {
+  ProfileScope profile(KernelKind::KernelKind_embedding);
   const int64_t rows = static_cast<int64_t>(B) * T;
 #pragma omp parallel for schedule(static) if (rows * C >= kParallelMinElements)
   for (int64_t bt = 0; bt < rows; bt++) {
@@ -22,6 +24,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int B, int T, int C) {
+  ProfileScope profile(KernelKind::KernelKind_embedding);
   // Serial: several positions may hold the same token, and the work is tiny next to the GEMMs.
   const int64_t rows = static_cast<int64_t>(B) * T;
   for (int64_t bt = 0; bt < rows; bt++) {

@@ -3,6 +3,7 @@
 // workers competing with OpenBLAS's own threads for the same cores).
 #include "runtime/cpu/matmul.hpp"
 #include "runtime/cpu/parallel.hpp"
+#include "runtime/profile.hpp"
 
 #include <cblas.h>
 #include <omp.h>
@@ -26,6 +27,7 @@ void thread_slice(int extent, int index, int count, int& begin, int& end) {
 
 void matmul_forward(float* out, const float* inp, const float* w, const float* b, int N, int C,
                     int OC) {
+  ProfileScope profile(KernelKind::KernelKind_matmul);
 #pragma omp parallel if (int64_t{N} * C * OC >= kParallelMinMacs)
   {
     int begin = 0;
@@ -48,6 +50,7 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 
 void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, int N, int C, int OC) {
+  ProfileScope profile(KernelKind::KernelKind_matmul);
 #pragma omp parallel if (int64_t{N} * C * OC >= kParallelMinMacs)
   {
     const int index = omp_get_thread_num();

@@ -1,6 +1,7 @@
 // LayerNorm and RMSNorm: rows in parallel; weight gradients reduced serially (C-wide, cheap).
 #include "runtime/cpu/norm.hpp"
 #include "runtime/cpu/parallel.hpp"
+#include "runtime/profile.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -9,14 +10,17 @@ namespace alloy {
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int N, int C, float eps) {
+  ProfileScope profile(KernelKind::KernelKind_norm);
 #pragma omp parallel for schedule(static) if (int64_t{N} * C >= kParallelMinElements)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<int64_t>(n) * C;
     float* y = out + static_cast<int64_t>(n) * C;
     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int c = 0; c < C; c++) sum += x[c];
     const float m = sum / static_cast<float>(C);
     float var = 0.0f;
+#pragma omp simd reduction(+ : var)
     for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
     const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
     if (b != nullptr) {
@@ -31,6 +35,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C) {
+  ProfileScope profile(KernelKind::KernelKind_norm);
 #pragma omp parallel for schedule(static) if (int64_t{N} * C >= kParallelMinElements)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<int64_t>(n) * C;
@@ -40,6 +45,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
     const float s = rstd[n];
     float dnorm_mean = 0.0f;
     float dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
     for (int c = 0; c < C; c++) {
       const float dnorm = g[c] * w[c];
       dnorm_mean += dnorm;
@@ -66,11 +72,13 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
                      float eps) {
+  ProfileScope profile(KernelKind::KernelKind_norm);
 #pragma omp parallel for schedule(static) if (int64_t{N} * C >= kParallelMinElements)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<int64_t>(n) * C;
     float* y = out + static_cast<int64_t>(n) * C;
     float sum_squares = 0.0f;
+#pragma omp simd reduction(+ : sum_squares)
     for (int c = 0; c < C; c++) sum_squares += x[c] * x[c];
     const float s = 1.0f / std::sqrt(sum_squares / static_cast<float>(C) + eps);
     for (int c = 0; c < C; c++) y[c] = x[c] * s * w[c];
@@ -80,6 +88,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
 
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, int N, int C) {
+  ProfileScope profile(KernelKind::KernelKind_norm);
 #pragma omp parallel for schedule(static) if (int64_t{N} * C >= kParallelMinElements)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<int64_t>(n) * C;
@@ -87,6 +96,7 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
     float* dx = dinp + static_cast<int64_t>(n) * C;
     const float s = rstd[n];
     float dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_norm_mean)
     for (int c = 0; c < C; c++) dnorm_norm_mean += g[c] * w[c] * x[c] * s;
     dnorm_norm_mean /= static_cast<float>(C);
     for (int c = 0; c < C; c++) dx[c] += (g[c] * w[c] - x[c] * s * dnorm_norm_mean) * s;

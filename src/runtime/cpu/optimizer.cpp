@@ -1,6 +1,7 @@
 // AdamW update, clipping and the learning-rate schedule.
 #include "runtime/cpu/optimizer.hpp"
 #include "runtime/cpu/parallel.hpp"
+#include "runtime/profile.hpp"
 
 #include <cmath>
 #include <numbers>
@@ -9,6 +10,7 @@ namespace alloy {
 
 void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
                   const AdamWHyper& hyper, int64_t step) {
+  ProfileScope profile(KernelKind::KernelKind_optimizer);
   const double correction1 = 1.0 - std::pow(static_cast<double>(hyper.beta1), step);
   const double correction2 = 1.0 - std::pow(static_cast<double>(hyper.beta2), step);
   const float step_size = static_cast<float>(hyper.learning_rate / correction1);
@@ -16,7 +18,7 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
   const float decay = 1.0f - hyper.learning_rate * hyper.weight_decay;
   const float b1 = hyper.beta1;
   const float b2 = hyper.beta2;
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMinElements)
   for (int64_t i = 0; i < n; i++) {
     const float g = grads[i];
     m[i] = b1 * m[i] + (1.0f - b1) * g;
@@ -27,6 +29,7 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
 }
 
 double grad_norm(const float* grads, int64_t n) {
+  ProfileScope profile(KernelKind::KernelKind_optimizer);
   double sum = 0.0;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements) reduction(+ : sum)
   for (int64_t i = 0; i < n; i++) sum += static_cast<double>(grads[i]) * grads[i];
@@ -34,11 +37,12 @@ double grad_norm(const float* grads, int64_t n) {
 }
 
 void grad_clip(float* grads, int64_t n, double norm, double max_norm) {
+  ProfileScope profile(KernelKind::KernelKind_optimizer);
   if (max_norm <= 0.0) return;
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient >= 1.0) return;
   const float scale = static_cast<float>(coefficient);
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMinElements)
   for (int64_t i = 0; i < n; i++) grads[i] *= scale;
 }
 

@@ -1,0 +1,49 @@
+// Kernel timers: one global table, updated from the calling (master) thread only.
+#include "runtime/profile.hpp"
+
+namespace alloy {
+
+namespace {
+
+bool g_enabled = false;
+KernelProfile g_profile;
+
+}  // namespace
+
+const char* kernel_kind_name(KernelKind kind) {
+  switch (kind) {
+    case KernelKind::KernelKind_matmul: return "matmul";
+    case KernelKind::KernelKind_attention: return "attention";
+    case KernelKind::KernelKind_norm: return "norm";
+    case KernelKind::KernelKind_elementwise: return "elementwise";
+    case KernelKind::KernelKind_embedding: return "embedding";
+    case KernelKind::KernelKind_loss: return "loss";
+    case KernelKind::KernelKind_optimizer: return "optimizer";
+    case KernelKind::KernelKind_count: break;
+  }
+  return "?";
+}
+
+double KernelProfile::total_seconds() const {
+  double total = 0.0;
+  for (double s : seconds) total += s;
+  return total;
+}
+
+void profile_enable(bool enabled) { g_enabled = enabled; }
+bool profile_enabled() { return g_enabled; }
+void profile_reset() { g_profile = KernelProfile{}; }
+const KernelProfile& profile_read() { return g_profile; }
+
+ProfileScope::ProfileScope(KernelKind kind) : kind_(kind), active_(g_enabled) {
+  if (active_) start_ = std::chrono::steady_clock::now();
+}
+
+ProfileScope::~ProfileScope() {
+  if (!active_) return;
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
+  g_profile.seconds[static_cast<size_t>(kind_)] += elapsed.count();
+  g_profile.calls[static_cast<size_t>(kind_)] += 1;
+}
+
+}  // namespace alloy

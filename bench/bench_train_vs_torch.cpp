@@ -2,7 +2,10 @@
 // training step (forward + backward + clipping + AdamW), their ratio, and where Alloy's step
 // time goes (per-kernel timers). PyTorch runs through bench/torch_step.py with /usr/bin/python3.
 //   bench_train_vs_torch [--steps N] [--threads 1,2] [--no-torch]
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,9 +32,16 @@ struct BenchCase {
 };
 
 struct Timing {
-  double min_seconds = 0.0;
-  double median_seconds = 0.0;
+  double min_seconds = 0.0;      // wall clock, best step
+  double median_seconds = 0.0;   // wall clock, median step
+  double cpu_min_seconds = 0.0;  // process CPU time, best step (all threads together)
 };
+
+double cpu_seconds_now() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
 
 ModelSpec bench_spec(ModelFamily family) {
   ModelSpec spec;
@@ -51,9 +61,10 @@ ModelSpec bench_spec(ModelFamily family) {
   return spec;
 }
 
-Timing timing_of(std::vector<double> seconds) {
+Timing timing_of(std::vector<double> seconds, const std::vector<double>& cpu_seconds) {
   std::sort(seconds.begin(), seconds.end());
-  return {seconds.front(), seconds[seconds.size() / 2]};
+  return {seconds.front(), seconds[seconds.size() / 2],
+          *std::min_element(cpu_seconds.begin(), cpu_seconds.end())};
 }
 
 Timing alloy_run(const ModelSpec& spec, int B, int T, int threads, int steps,
@@ -81,26 +92,29 @@ Timing alloy_run(const ModelSpec& spec, int B, int T, int threads, int steps,
     train_step(model, state, train, inputs.data(), targets.data(), B, T);
   }
   std::vector<double> seconds;
+  std::vector<double> cpu_seconds;
   profile_reset();
   profile_enable(true);
   for (int step = 0; step < steps; step++) {
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = cpu_seconds_now();
     train_step(model, state, train, inputs.data(), targets.data(), B, T);
+    cpu_seconds.push_back(cpu_seconds_now() - cpu_start);
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   profile_enable(false);
   profile = profile_read();
-  return timing_of(seconds);
+  return timing_of(seconds, cpu_seconds);
 }
 
 // Runs bench/torch_step.py; returns false when PyTorch is not available.
 bool torch_run(const ModelSpec& spec, int B, int T, int threads, int steps, Timing& timing) {
   const bool gpt2 = spec.family == ModelFamily::ModelFamily_gpt2;
   const std::string command = fmt::format(
-      "/usr/bin/python3 {}/bench/torch_step.py --family {} --layers {} --hidden {} --heads {} "
+      "OPENBLAS_NUM_THREADS={} OMP_NUM_THREADS={} /usr/bin/python3 {}/bench/torch_step.py --family {} --layers {} --hidden {} --heads {} "
       "--kv-heads {} --ffn {} --vocab {} --seq {} --batch {} --threads {} --steps {} 2>&1",
-      ALLOY_SOURCE_DIR, gpt2 ? "gpt2" : "llama", spec.num_layers, spec.hidden_size,
+      threads, threads, ALLOY_SOURCE_DIR, gpt2 ? "gpt2" : "llama", spec.num_layers, spec.hidden_size,
       spec.num_heads, spec.num_kv_heads, spec.ffn_hidden_size, spec.vocab_size, T, B, threads,
       steps);
   FILE* pipe = popen(command.c_str(), "r");
@@ -117,6 +131,7 @@ bool torch_run(const ModelSpec& spec, int B, int T, int threads, int steps, Timi
   const nlohmann::json result = nlohmann::json::parse(output.substr(brace));
   timing.min_seconds = result["seconds_per_step_min"];
   timing.median_seconds = result["seconds_per_step_median"];
+  timing.cpu_min_seconds = result["cpu_seconds_per_step_min"];
   return true;
 }
 
@@ -134,14 +149,14 @@ std::vector<int> parse_threads(const char* text) {
   return threads;
 }
 
-void print_profile(const KernelProfile& profile, int steps) {
-  const double total = profile.total_seconds();
-  std::string line = "      kernels per step:";
+void print_profile(const KernelProfile& profile, int steps, double step_cpu_seconds) {
+  const double total = profile.total_cpu_seconds();
+  std::string line = "      CPU ms per step:";
   for (size_t k = 0; k < profile.seconds.size(); k++) {
-    line += fmt::format(" {} {:.1f} ms ({:.0f}%),", kernel_kind_name(static_cast<KernelKind>(k)),
-                        1e3 * profile.seconds[k] / steps, 100.0 * profile.seconds[k] / total);
+    line += fmt::format(" {} {:.1f} ({:.0f}%),", kernel_kind_name(static_cast<KernelKind>(k)),
+                        1e3 * profile.cpu_seconds[k] / steps, 100.0 * profile.cpu_seconds[k] / total);
   }
-  line.pop_back();
+  line += fmt::format(" outside kernels {:.1f}", 1e3 * (step_cpu_seconds - total / steps));
   std::printf("%s\n", line.c_str());
 }
 
@@ -167,34 +182,38 @@ int bench_main(int argc, char** argv) {
   std::printf("training step = forward + backward + clip + AdamW, fp32, B=%d T=%d, best of %d "
               "steps (median in brackets)\n",
               B, T, steps);
-  std::printf("%-30s %7s %20s %20s %12s %8s %8s\n", "model", "threads", "alloy s/step",
-              "torch s/step", "alloy/torch", "matmul", "attn");
+  std::printf("%-30s %3s | %16s %16s %11s | %9s %9s %7s | %6s %6s\n", "model", "thr",
+              "alloy s (median)", "torch s (median)", "alloy/torch", "alloy cpu", "torch cpu",
+              "ratio", "matmul", "attn");
   for (const BenchCase& bench : cases) {
     for (int threads : thread_counts) {
       KernelProfile profile;
       const Timing alloy = alloy_run(bench.spec, B, T, threads, steps, profile);
       Timing torch;
       const bool have_torch = with_torch && torch_run(bench.spec, B, T, threads, steps, torch);
-      const double total = profile.total_seconds();
+      const double total = profile.total_cpu_seconds();
       const double matmul_share =
-          profile.seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)] / total;
+          profile.cpu_seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)] / total;
       const double attention_share =
-          profile.seconds[static_cast<size_t>(KernelKind::KernelKind_attention)] / total;
-      std::printf("%-30s %7d %9.3f (%7.3f) %9s (%7s) %5s (%5s) %7.0f%% %7.0f%%\n",
+          profile.cpu_seconds[static_cast<size_t>(KernelKind::KernelKind_attention)] / total;
+      auto number = [&](double value, const char* format) {
+        return have_torch ? fmt::format(fmt::runtime(format), value) : std::string("-");
+      };
+      std::printf("%-30s %3d | %7.3f (%6.3f) %7s (%6s) %4s (%4s) | %9.3f %9s %7s | %5.0f%% %5.0f%%\n",
                   bench.label.c_str(), threads, alloy.min_seconds, alloy.median_seconds,
-                  have_torch ? fmt::format("{:.3f}", torch.min_seconds).c_str() : "-",
-                  have_torch ? fmt::format("{:.3f}", torch.median_seconds).c_str() : "-",
-                  have_torch ? fmt::format("{:.2f}", alloy.min_seconds / torch.min_seconds).c_str()
-                             : "-",
-                  have_torch
-                      ? fmt::format("{:.2f}", alloy.median_seconds / torch.median_seconds).c_str()
-                      : "-",
+                  number(torch.min_seconds, "{:.3f}").c_str(),
+                  number(torch.median_seconds, "{:.3f}").c_str(),
+                  number(alloy.min_seconds / torch.min_seconds, "{:.2f}").c_str(),
+                  number(alloy.median_seconds / torch.median_seconds, "{:.2f}").c_str(),
+                  alloy.cpu_min_seconds, number(torch.cpu_min_seconds, "{:.3f}").c_str(),
+                  number(alloy.cpu_min_seconds / torch.cpu_min_seconds, "{:.2f}").c_str(),
                   100.0 * matmul_share, 100.0 * attention_share);
-      print_profile(profile, steps);
+      print_profile(profile, steps, alloy.cpu_min_seconds);
     }
   }
-  std::printf("matmul: share of Alloy's kernel time in linear-layer GEMMs; attn: attention "
-              "(its GEMMs plus softmax)\n");
+  std::printf("s: wall seconds per step, best (median); cpu: process CPU seconds per step, best, "
+              "all threads (robust to other load at 1 thread);\nmatmul: share of Alloy's kernel "
+              "CPU time in linear-layer GEMMs; attn: attention (its GEMMs plus softmax)\n");
   return 0;
 }
 

@@ -1,12 +1,20 @@
 // Kernel timers: one global table, updated from the calling (master) thread only.
 #include "runtime/profile.hpp"
 
+#include <time.h>
+
 namespace alloy {
 
 namespace {
 
 bool g_enabled = false;
 KernelProfile g_profile;
+
+double process_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
 
 }  // namespace
 
@@ -30,19 +38,28 @@ double KernelProfile::total_seconds() const {
   return total;
 }
 
+double KernelProfile::total_cpu_seconds() const {
+  double total = 0.0;
+  for (double s : cpu_seconds) total += s;
+  return total;
+}
+
 void profile_enable(bool enabled) { g_enabled = enabled; }
 bool profile_enabled() { return g_enabled; }
 void profile_reset() { g_profile = KernelProfile{}; }
 const KernelProfile& profile_read() { return g_profile; }
 
 ProfileScope::ProfileScope(KernelKind kind) : kind_(kind), active_(g_enabled) {
-  if (active_) start_ = std::chrono::steady_clock::now();
+  if (!active_) return;
+  start_ = std::chrono::steady_clock::now();
+  cpu_start_seconds_ = process_cpu_seconds();
 }
 
 ProfileScope::~ProfileScope() {
   if (!active_) return;
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
   g_profile.seconds[static_cast<size_t>(kind_)] += elapsed.count();
+  g_profile.cpu_seconds[static_cast<size_t>(kind_)] += process_cpu_seconds() - cpu_start_seconds_;
   g_profile.calls[static_cast<size_t>(kind_)] += 1;
 }
 

@@ -22,9 +22,11 @@ enum class KernelKind {
 const char* kernel_kind_name(KernelKind kind);
 
 struct KernelProfile {
-  std::array<double, static_cast<size_t>(KernelKind::KernelKind_count)> seconds{};
+  std::array<double, static_cast<size_t>(KernelKind::KernelKind_count)> seconds{};      // wall
+  std::array<double, static_cast<size_t>(KernelKind::KernelKind_count)> cpu_seconds{};  // process
   std::array<int64_t, static_cast<size_t>(KernelKind::KernelKind_count)> calls{};
   double total_seconds() const;
+  double total_cpu_seconds() const;
 };
 
 void profile_enable(bool enabled);
@@ -32,7 +34,8 @@ bool profile_enabled();
 void profile_reset();
 const KernelProfile& profile_read();
 
-// Adds the scope's wall time to `kind` when profiling is on.
+// Adds the scope's wall and process CPU time to `kind` when profiling is on (CPU time is
+// robust to other load on the machine when the runtime uses one thread).
 class ProfileScope {
  public:
   explicit ProfileScope(KernelKind kind);
@@ -44,6 +47,7 @@ class ProfileScope {
   KernelKind kind_;
   bool active_;
   std::chrono::steady_clock::time_point start_;
+  double cpu_start_seconds_ = 0.0;
 };
 
 }  // namespace alloy

@@ -61,6 +61,7 @@ void rope_apply(float* qkv, int B, int T, int Hq, int Hkv, int D, float theta, f
 }
 
 // Row t of a causal score matrix: softmax over columns 0..t, zeros after.
+ALLOY_VECTOR_CLONES
 void causal_softmax_row(float* row, int t, int T) {
   float max_value = row[0];
 #pragma omp simd reduction(max : max_value)
@@ -75,6 +76,17 @@ void causal_softmax_row(float* row, int t, int T) {
 #pragma omp simd
   for (int j = 0; j <= t; j++) row[j] *= inv_sum;
   for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+}
+
+// Row t of dP -> dS = P * (dP - sum(P * dP)) over columns 0..t, zeros after.
+ALLOY_VECTOR_CLONES
+void softmax_backward_row(float* dp_row, const float* p_row, int t, int T) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int j = 0; j <= t; j++) dot += p_row[j] * dp_row[j];
+#pragma omp simd
+  for (int j = 0; j <= t; j++) dp_row[j] = p_row[j] * (dp_row[j] - dot);
+  for (int j = t + 1; j < T; j++) dp_row[j] = 0.0f;
 }
 
 }  // namespace
@@ -149,14 +161,8 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, p, T, dout_h, out_stride,
                     1.0f, dv, R);
         for (int t = 0; t < T; t++) {
-          const float* p_row = p + static_cast<int64_t>(t) * T;
-          float* dp_row = dp + static_cast<int64_t>(t) * T;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int j = 0; j <= t; j++) dot += p_row[j] * dp_row[j];
-#pragma omp simd
-          for (int j = 0; j <= t; j++) dp_row[j] = p_row[j] * (dp_row[j] - dot);
-          for (int j = t + 1; j < T; j++) dp_row[j] = 0.0f;
+          softmax_backward_row(dp + static_cast<int64_t>(t) * T, p + static_cast<int64_t>(t) * T,
+                               t, T);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, scale, dp, T, k, R, 1.0f,
                     dq, R);

@@ -6,7 +6,18 @@
 #include <bit>
 #include <cstdint>
 
+// Hot elementwise loops get an AVX2+FMA clone next to the baseline one, picked at load time from
+// the CPU (GCC function multiversioning); the baseline build stays portable.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define ALLOY_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define ALLOY_VECTOR_CLONES
+#endif
+
 namespace alloy {
+
+// Elements per parallel task in chunked elementwise loops.
+inline constexpr int64_t kElementwiseChunk = 4096;
 
 [[gnu::always_inline]] inline float exp_fast(float x) {
   x = x < 88.0f ? x : 88.0f;  // keeps 2^n a normal float (and maps to minps / maxps)

@@ -1,12 +1,43 @@
 // AdamW update, clipping and the learning-rate schedule.
 #include "runtime/cpu/optimizer.hpp"
+
+// sqrt may not set errno here (AdamW's v is never negative): lets the update loop vectorise.
+#pragma GCC optimize("no-math-errno")
+
+#include "runtime/cpu/fastmath.hpp"
 #include "runtime/cpu/parallel.hpp"
 #include "runtime/profile.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
 namespace alloy {
+
+namespace {
+
+ALLOY_VECTOR_CLONES
+void adamw_range(float* params, float* m, float* v, const float* grads, int64_t n, float b1,
+                 float b2, float eps, float step_size, float inv_sqrt_correction2, float decay) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) {
+    const float g = grads[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * g;
+    v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+    const float denom = std::sqrt(v[i]) * inv_sqrt_correction2 + eps;
+    params[i] = params[i] * decay - step_size * m[i] / denom;
+  }
+}
+
+ALLOY_VECTOR_CLONES
+double sum_squares_range(const float* values, int64_t n) {
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; i++) sum += static_cast<double>(values[i]) * values[i];
+  return sum;
+}
+
+}  // namespace
 
 void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
                   const AdamWHyper& hyper, int64_t step) {
@@ -16,23 +47,25 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
   const float step_size = static_cast<float>(hyper.learning_rate / correction1);
   const float inv_sqrt_correction2 = static_cast<float>(1.0 / std::sqrt(correction2));
   const float decay = 1.0f - hyper.learning_rate * hyper.weight_decay;
-  const float b1 = hyper.beta1;
-  const float b2 = hyper.beta2;
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMinElements)
-  for (int64_t i = 0; i < n; i++) {
-    const float g = grads[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * g;
-    v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-    const float denom = std::sqrt(v[i]) * inv_sqrt_correction2 + hyper.eps;
-    params[i] = params[i] * decay - step_size * m[i] / denom;
+  const int64_t chunks = (n + kElementwiseChunk - 1) / kElementwiseChunk;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t begin = c * kElementwiseChunk;
+    adamw_range(params + begin, m + begin, v + begin, grads + begin,
+                std::min(kElementwiseChunk, n - begin), hyper.beta1, hyper.beta2, hyper.eps,
+                step_size, inv_sqrt_correction2, decay);
   }
 }
 
 double grad_norm(const float* grads, int64_t n) {
   ProfileScope profile(KernelKind::KernelKind_optimizer);
+  const int64_t chunks = (n + kElementwiseChunk - 1) / kElementwiseChunk;
   double sum = 0.0;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements) reduction(+ : sum)
-  for (int64_t i = 0; i < n; i++) sum += static_cast<double>(grads[i]) * grads[i];
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t begin = c * kElementwiseChunk;
+    sum += sum_squares_range(grads + begin, std::min(kElementwiseChunk, n - begin));
+  }
   return std::sqrt(sum);
 }
 

@@ -35,6 +35,7 @@ struct Timing {
   double min_seconds = 0.0;      // wall clock, best step
   double median_seconds = 0.0;   // wall clock, median step
   double cpu_min_seconds = 0.0;  // process CPU time, best step (all threads together)
+  double cpu_mean_seconds = 0.0;
 };
 
 double cpu_seconds_now() {
@@ -63,8 +64,11 @@ ModelSpec bench_spec(ModelFamily family) {
 
 Timing timing_of(std::vector<double> seconds, const std::vector<double>& cpu_seconds) {
   std::sort(seconds.begin(), seconds.end());
+  double cpu_total = 0.0;
+  for (double s : cpu_seconds) cpu_total += s;
   return {seconds.front(), seconds[seconds.size() / 2],
-          *std::min_element(cpu_seconds.begin(), cpu_seconds.end())};
+          *std::min_element(cpu_seconds.begin(), cpu_seconds.end()),
+          cpu_total / static_cast<double>(cpu_seconds.size())};
 }
 
 Timing alloy_run(const ModelSpec& spec, int B, int T, int threads, int steps,
@@ -149,14 +153,14 @@ std::vector<int> parse_threads(const char* text) {
   return threads;
 }
 
-void print_profile(const KernelProfile& profile, int steps, double step_cpu_seconds) {
+void print_profile(const KernelProfile& profile, int steps, double mean_step_cpu_seconds) {
   const double total = profile.total_cpu_seconds();
   std::string line = "      CPU ms per step:";
   for (size_t k = 0; k < profile.seconds.size(); k++) {
     line += fmt::format(" {} {:.1f} ({:.0f}%),", kernel_kind_name(static_cast<KernelKind>(k)),
                         1e3 * profile.cpu_seconds[k] / steps, 100.0 * profile.cpu_seconds[k] / total);
   }
-  line += fmt::format(" outside kernels {:.1f}", 1e3 * (step_cpu_seconds - total / steps));
+  line += fmt::format(" outside kernels {:.1f}", 1e3 * (mean_step_cpu_seconds - total / steps));
   std::printf("%s\n", line.c_str());
 }
 
@@ -208,7 +212,7 @@ int bench_main(int argc, char** argv) {
                   alloy.cpu_min_seconds, number(torch.cpu_min_seconds, "{:.3f}").c_str(),
                   number(alloy.cpu_min_seconds / torch.cpu_min_seconds, "{:.2f}").c_str(),
                   100.0 * matmul_share, 100.0 * attention_share);
-      print_profile(profile, steps, alloy.cpu_min_seconds);
+      print_profile(profile, steps, alloy.cpu_mean_seconds);
     }
   }
   std::printf("s: wall seconds per step, best (median); cpu: process CPU seconds per step, best, "

@@ -22,12 +22,12 @@ AdamWState::~AdamWState() {
 TrainStepResult optimizer_step(Model& model, AdamWState& state, const TrainSpec& train) {
   TrainStepResult result;
   const double norm = grad_norm(model.grads, model.num_parameters);
-  grad_clip(model.grads, model.num_parameters, norm, train.grad_clip);
   const float lr = lr_schedule(state.step, train.learning_rate, train.min_learning_rate,
                                train.warmup_steps, train.steps);
   state.step++;
   AdamWHyper hyper{lr, static_cast<float>(train.beta1), static_cast<float>(train.beta2),
-                   static_cast<float>(train.adam_eps), 0.0f};
+                   static_cast<float>(train.adam_eps), 0.0f,
+                   grad_clip_scale(norm, train.grad_clip)};
   for (const TensorView& view : model.views) {
     hyper.weight_decay = view.weight_decay ? static_cast<float>(train.weight_decay) : 0.0f;
     adamw_update(model.params + view.offset, state.m + view.offset, state.v + view.offset,

@@ -89,6 +89,11 @@ TEST(Attention, GroupedQueryMatchesReferenceAndFiniteDifferences) {
   check_attention({1, 4, 4, 1, 2}, 50);
 }
 
+TEST(Attention, LongSequencesSpanSeveralCausalRowBlocks) {
+  runtime_set_threads(2);
+  check_attention({1, 150, 2, 1, 8}, 55);  // row blocks of 64: 64 + 64 + 22
+}
+
 TEST(Rope, RotatesPairsHalfApartAndBackwardIsTranspose) {
   const int B = 2, T = 5, Hq = 2, Hkv = 1, D = 8;
   const float theta = 10000.0f;
@@ -153,11 +158,20 @@ TEST(Optimizer, ClippingScalesToMaxNormOnlyWhenAbove) {
   std::vector<float> grads = {3.0f, 4.0f};
   const double norm = grad_norm(grads.data(), 2);
   EXPECT_DOUBLE_EQ(norm, 5.0);
-  grad_clip(grads.data(), 2, norm, 10.0);
-  EXPECT_FLOAT_EQ(grads[0], 3.0f);
-  grad_clip(grads.data(), 2, norm, 1.0);
-  EXPECT_NEAR(grad_norm(grads.data(), 2), 1.0, 1e-6);
-  EXPECT_NEAR(grads[0] / grads[1], 0.75, 1e-6);
+  EXPECT_FLOAT_EQ(grad_clip_scale(norm, 10.0), 1.0f);
+  EXPECT_FLOAT_EQ(grad_clip_scale(norm, 0.0), 1.0f);  // disabled
+  EXPECT_NEAR(grad_clip_scale(norm, 1.0), 0.2, 1e-6);
+
+  // AdamW on clipped gradients equals AdamW with grad_scale on the raw ones.
+  std::vector<float> p1 = {1.0f, -1.0f}, p2 = p1, m1(2, 0.0f), v1(2, 0.0f), m2 = m1, v2 = v1;
+  std::vector<float> clipped = {3.0f * 0.2f, 4.0f * 0.2f};
+  AdamWHyper hyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f};
+  adamw_update(p1.data(), m1.data(), v1.data(), clipped.data(), 2, hyper, 1);
+  hyper.grad_scale = grad_clip_scale(norm, 1.0);
+  adamw_update(p2.data(), m2.data(), v2.data(), grads.data(), 2, hyper, 1);
+  EXPECT_NEAR(p1[0], p2[0], 1e-7);
+  EXPECT_NEAR(m1[1], m2[1], 1e-7);
+  EXPECT_NEAR(v1[1], v2[1], 1e-7);
 }
 
 TEST(Optimizer, ScheduleWarmsUpLinearlyThenFollowsCosineToMin) {

@@ -17,11 +17,16 @@ namespace alloy {
 namespace {
 
 ALLOY_VECTOR_CLONES
-void adamw_range(float* params, float* m, float* v, const float* grads, int64_t n, float b1,
-                 float b2, float eps, float step_size, float inv_sqrt_correction2, float decay) {
+void adamw_range(float* params, float* m, float* v, const float* grads, int64_t n,
+                 const AdamWHyper& hyper, float step_size, float inv_sqrt_correction2,
+                 float decay) {
+  const float b1 = hyper.beta1;
+  const float b2 = hyper.beta2;
+  const float eps = hyper.eps;
+  const float grad_scale = hyper.grad_scale;
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
-    const float g = grads[i];
+    const float g = grads[i] * grad_scale;
     m[i] = b1 * m[i] + (1.0f - b1) * g;
     v[i] = b2 * v[i] + (1.0f - b2) * g * g;
     const float denom = std::sqrt(v[i]) * inv_sqrt_correction2 + eps;
@@ -52,8 +57,8 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
   for (int64_t c = 0; c < chunks; c++) {
     const int64_t begin = c * kElementwiseChunk;
     adamw_range(params + begin, m + begin, v + begin, grads + begin,
-                std::min(kElementwiseChunk, n - begin), hyper.beta1, hyper.beta2, hyper.eps,
-                step_size, inv_sqrt_correction2, decay);
+                std::min(kElementwiseChunk, n - begin), hyper, step_size, inv_sqrt_correction2,
+                decay);
   }
 }
 
@@ -69,14 +74,10 @@ double grad_norm(const float* grads, int64_t n) {
   return std::sqrt(sum);
 }
 
-void grad_clip(float* grads, int64_t n, double norm, double max_norm) {
-  ProfileScope profile(KernelKind::KernelKind_optimizer);
-  if (max_norm <= 0.0) return;
+float grad_clip_scale(double norm, double max_norm) {
+  if (max_norm <= 0.0) return 1.0f;
   const double coefficient = max_norm / (norm + 1e-6);
-  if (coefficient >= 1.0) return;
-  const float scale = static_cast<float>(coefficient);
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMinElements)
-  for (int64_t i = 0; i < n; i++) grads[i] *= scale;
+  return coefficient < 1.0 ? static_cast<float>(coefficient) : 1.0f;
 }
 
 float lr_schedule(int64_t step, double max_lr, double min_lr, int64_t warmup_steps,

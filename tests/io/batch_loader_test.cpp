@@ -135,8 +135,7 @@ TEST(BatchLoader, RestoreRejectsOtherBatchShapeOrMalformedState) {
   EXPECT_ERROR_SAYS(e, "4 x 8");
   EXPECT_ERROR_SAYS(e, "4 x 16");
   saved.pop_back();
-  EXPECT_EQ(error_of([&] { batch_loader_state_restore(a, saved); }).where().field,
-            "data loader state");
+  EXPECT_EQ(error_of([&] { batch_loader_state_restore(a, saved); }).where().field, "data loader state");
 }
 
 TEST(BatchLoader, RankSharesTileTheGlobalBatch) {
@@ -195,9 +194,7 @@ TEST(BatchLoader, FileSmallerThanOneBatch) {
 
 TEST(BatchLoader, BadOptions) {
   test::ScratchDir dir;
-  EXPECT_EQ(error_of([&] { batch_loader_create(counting_file(dir, 500), options_of(0, 8, 0)); })
-                .where()
-                .field,
+  EXPECT_EQ(error_of([&] { batch_loader_create(counting_file(dir, 500), options_of(0, 8, 0)); }).where().field,
             "batch_size, seq_len");
   BatchLoaderOptions options = options_of(4, 8, 0);
   options.sample_begin = 2;

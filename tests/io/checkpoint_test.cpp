@@ -113,8 +113,8 @@ TEST(Checkpoint, FailedSaveAtAnyPointKeepsTheOldCheckpoint) {
   for (const auto& entry : fs::directory_iterator(dir)) total_bytes += fs::file_size(entry.path());
   Buffers newer(9.0f);
   // Fail in the first bytes, inside the weights, inside the optimizer file, and in the manifest.
-  for (std::int64_t fault : {std::int64_t{0}, std::int64_t{5}, std::int64_t{100}, total_bytes / 2,
-                             total_bytes - 200, total_bytes - 1}) {
+  for (std::int64_t fault :
+       {std::int64_t{0}, std::int64_t{5}, std::int64_t{100}, total_bytes / 2, total_bytes - 200, total_bytes - 1}) {
     CheckpointSaveOptions options;
     options.fault_after_bytes = fault;
     Error e = error_of([&] { checkpoint_save(dir, newer.model, newer.optimizer, state_of(20), options); });
@@ -184,7 +184,7 @@ TEST(Checkpoint, CorruptFilesAreDetected) {
   byte_flip(weights, 3);  // one bit of the last float
   Error flipped = error_of([&] { checkpoint_load(dir, "gpt2-tiny:cfg=1a2b3c", b.model, b.optimizer); });
   EXPECT_EQ(flipped.where().file, weights);
-  EXPECT_EQ(flipped.where().field, "fnv1a64");
+  EXPECT_EQ(flipped.where().field, "crc32");
   EXPECT_ERROR_SAYS(flipped, "corrupt");
 
   test::bytes_write(weights, pristine.substr(0, pristine.size() - 4));

@@ -19,8 +19,7 @@ class ScratchDir {
   ScratchDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     path_ = std::filesystem::temp_directory_path() /
-            ("alloy_io_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
-             std::to_string(getpid()));
+            ("alloy_io_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(getpid()));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
@@ -59,12 +58,9 @@ Error error_of(Call&& call) {
   return Error("no error thrown");
 }
 
-inline bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace alloy::test
 
 // The error's message contains `part`; prints the whole error on failure.
-#define EXPECT_ERROR_SAYS(error, part) \
-  EXPECT_TRUE(::alloy::test::contains((error).message(), part)) << (error).format()
+#define EXPECT_ERROR_SAYS(error, part) EXPECT_TRUE(::alloy::test::contains((error).message(), part)) << (error).format()

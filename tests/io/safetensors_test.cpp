@@ -83,8 +83,7 @@ TEST(Safetensors, PyTorchReadsWhatAlloyWrites) {
   std::string path = dir.file("m.safetensors");
   std::string out = dir.file("out.json");
   safetensors_save(path, in.views, {{"format", "pt"}});
-  std::string command = "/usr/bin/python3 " + std::string(ALLOY_TEST_DIR) + "/read_safetensors.py " +
-                        path + " " + out;
+  std::string command = "/usr/bin/python3 " + std::string(ALLOY_TEST_DIR) + "/read_safetensors.py " + path + " " + out;
   int status = std::system(command.c_str());
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) GTEST_SKIP() << "python3-torch not installed";
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command;
@@ -154,15 +153,14 @@ TEST(Safetensors, OpenRejectsEveryMalformedFile) {
   const BadFile cases[] = {
       {"bad json", "{\"a\": {", 0, "header", "not valid JSON"},
       {"not an object", "[1, 2]", 0, "header", "JSON object"},
-      {"f16", R"({"a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", 4, "\"a\".dtype",
-       "F16"},
+      {"f16", R"({"a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", 4, "\"a\".dtype", "F16"},
       {"no offsets", R"({"a": {"dtype": "F32", "shape": [1]}})", 4, "\"a\".data_offsets", "missing"},
-      {"negative dim", R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4,
-       "\"a\".shape", "non-negative"},
-      {"out of range", R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 4,
-       "\"a\".data_offsets", "outside"},
-      {"shape vs bytes", R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8,
-       "\"a\".shape", "12 bytes"},
+      {"negative dim", R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4, "\"a\".shape",
+       "non-negative"},
+      {"out of range", R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 4, "\"a\".data_offsets",
+       "outside"},
+      {"shape vs bytes", R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8, "\"a\".shape",
+       "12 bytes"},
       {"overlap",
        R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
            "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
@@ -171,8 +169,8 @@ TEST(Safetensors, OpenRejectsEveryMalformedFile) {
        R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
            "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
        12, "\"b\".data_offsets", "gap"},
-      {"trailing bytes", R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 12,
-       "data_offsets", "8 bytes after the last tensor"},
+      {"trailing bytes", R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 12, "data_offsets",
+       "8 bytes after the last tensor"},
       {"metadata value", R"({"__metadata__": {"step": 3}})", 0, "__metadata__.step", "strings"},
   };
   for (const BadFile& c : cases) {

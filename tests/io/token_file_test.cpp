@@ -19,8 +19,7 @@ std::vector<std::uint32_t> random_tokens(std::size_t count, std::uint32_t bound,
 }
 
 // Header of 256 int32 followed by `payload` bytes.
-std::string raw_token_file(std::int32_t magic, std::int32_t version, std::int32_t count,
-                           const std::string& payload) {
+std::string raw_token_file(std::int32_t magic, std::int32_t version, std::int32_t count, const std::string& payload) {
   std::string bytes(kTokenFileHeaderBytes, '\0');
   std::int32_t header[3] = {magic, version, count};
   std::memcpy(bytes.data(), header, sizeof(header));
@@ -88,8 +87,8 @@ TEST(TokenFile, WriterStreamsInPiecesAndLeavesNoFileWithoutFinish) {
     abandoned.append(tokens);
   }
   EXPECT_FALSE(std::filesystem::exists(dir.file("gone.bin")));
-  for (const auto& entry : std::filesystem::directory_iterator(
-           std::filesystem::path(dir.file("s.bin")).parent_path())) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::filesystem::path(dir.file("s.bin")).parent_path())) {
     EXPECT_EQ(entry.path().filename(), "s.bin") << "left behind: " << entry.path();
   }
 }
@@ -97,9 +96,7 @@ TEST(TokenFile, WriterStreamsInPiecesAndLeavesNoFileWithoutFinish) {
 TEST(TokenFile, Uint16WriterRejectsWideToken) {
   test::ScratchDir dir;
   std::vector<std::uint32_t> tokens = {1, 2, 70000};
-  Error e = error_of([&] {
-    token_file_write(dir.file("w.bin"), tokens, TokenFileVersion::TokenFileVersion_uint16);
-  });
+  Error e = error_of([&] { token_file_write(dir.file("w.bin"), tokens, TokenFileVersion::TokenFileVersion_uint16); });
   EXPECT_ERROR_SAYS(e, "70000");
   EXPECT_EQ(e.where().field, "tokens[2]");
   EXPECT_FALSE(std::filesystem::exists(dir.file("w.bin")));

@@ -21,8 +21,8 @@ enum class BatchSampling {
 };
 
 struct BatchLoaderOptions {
-  std::int64_t batch_size = 0;   // B: sequences in the global batch (all ranks together)
-  std::int64_t seq_len = 0;      // T: tokens per sequence
+  std::int64_t batch_size = 0;  // B: sequences in the global batch (all ranks together)
+  std::int64_t seq_len = 0;     // T: tokens per sequence
   std::uint64_t seed = 0;
   BatchSampling sampling = BatchSampling::BatchSampling_shuffled;
   std::int64_t sample_begin = 0;  // this rank's samples of the global batch: [begin, end)
@@ -58,14 +58,12 @@ BatchLoader batch_loader_create(TokenFile file, const BatchLoaderOptions& option
 
 // inputs, targets: (local_batch_size, T), row-major; targets[b][t] is the token after inputs[b][t].
 // Batch number `step`, independent of the loader's own step counter.
-void batch_loader_read(const BatchLoader& loader, std::uint64_t step, std::int32_t* inputs,
-                       std::int32_t* targets);
+void batch_loader_read(const BatchLoader& loader, std::uint64_t step, std::int32_t* inputs, std::int32_t* targets);
 // Batch number step(), then advances the counter.
 void batch_loader_next(BatchLoader& loader, std::int32_t* inputs, std::int32_t* targets);
 
 // Start offset (in tokens) of global sample `sample` of batch `step`; the window is T+1 tokens.
-std::int64_t batch_loader_window_begin(const BatchLoader& loader, std::uint64_t step,
-                                       std::int64_t sample);
+std::int64_t batch_loader_window_begin(const BatchLoader& loader, std::uint64_t step, std::int64_t sample);
 
 // State for checkpoints as plain words: {format version, seed, step, B, T, sampling}.
 std::vector<std::uint64_t> batch_loader_state_save(const BatchLoader& loader);
@@ -75,8 +73,7 @@ void batch_loader_state_restore(BatchLoader& loader, std::span<const std::uint64
 
 // The contiguous share [begin, end) of a global batch of `batch_size` that `rank` of `world`
 // takes; shares differ by at most one sample and together cover the batch exactly.
-std::pair<std::int64_t, std::int64_t> batch_shard_range(std::int64_t batch_size, int rank,
-                                                        int world);
+std::pair<std::int64_t, std::int64_t> batch_shard_range(std::int64_t batch_size, int rank, int world);
 
 // A pseudo-random bijection of [0, count) chosen by `key` (Feistel network, cycle walking).
 std::uint64_t index_permute(std::uint64_t index, std::uint64_t count, std::uint64_t key);

@@ -32,31 +32,29 @@ fs::path dir_resolve(const std::string& dir) {
   if (fs::exists(path, ec)) return path;
   fs::path prev = sibling(path, ".prev");
   if (fs::exists(prev / kCheckpointManifest, ec)) return prev;
-  throw Error("checkpoint directory not found", io_where(dir),
-              "check the path given to --resume");
+  throw Error("checkpoint directory not found", io_where(dir), "check the path given to --resume");
 }
 
 struct FileRecord {
   std::uint64_t size_bytes = 0;
-  std::uint64_t checksum = 0;
+  std::uint32_t checksum = 0;
 };
 
 // Writes one safetensors file into `dir`, charging its bytes to the fault budget.
-FileRecord file_save(const fs::path& path, std::span<const TensorView> tensors,
-                     const SafetensorsMetadata& metadata, std::int64_t& fault_budget) {
+FileRecord file_save(const fs::path& path, std::span<const TensorView> tensors, const SafetensorsMetadata& metadata,
+                     std::int64_t& fault_budget) {
   FileWriter writer(path.string(), fault_budget);
   safetensors_write(writer, tensors, metadata);
   writer.close_synced();
   if (fault_budget >= 0) {
     fault_budget -= std::min<std::int64_t>(fault_budget, static_cast<std::int64_t>(writer.written_bytes()));
   }
-  return {writer.written_bytes(), writer.checksum_fnv1a64()};
+  return {writer.written_bytes(), writer.checksum_crc32()};
 }
 
-nlohmann::json manifest_build(const CheckpointState& state, const FileRecord& model,
-                              const FileRecord& optimizer) {
+nlohmann::json manifest_build(const CheckpointState& state, const FileRecord& model, const FileRecord& optimizer) {
   auto record = [](const FileRecord& file) {
-    return nlohmann::json{{"bytes", file.size_bytes}, {"fnv1a64", checksum_hex(file.checksum)}};
+    return nlohmann::json{{"bytes", file.size_bytes}, {"crc32", checksum_hex(file.checksum)}};
   };
   return {{"format", kFormatName},
           {"version", kFormatVersion},
@@ -67,15 +65,12 @@ nlohmann::json manifest_build(const CheckpointState& state, const FileRecord& mo
           {"files", {{kCheckpointModelFile, record(model)}, {kCheckpointOptimizerFile, record(optimizer)}}}};
 }
 
-void dir_write_all(const fs::path& temp, std::span<const TensorView> model,
-                   std::span<const TensorView> optimizer, const CheckpointState& state,
-                   std::int64_t fault_budget) {
-  SafetensorsMetadata metadata = {{"format", "pt"},
-                                  {"alloy.fingerprint", state.fingerprint},
-                                  {"alloy.step", std::to_string(state.step)}};
+void dir_write_all(const fs::path& temp, std::span<const TensorView> model, std::span<const TensorView> optimizer,
+                   const CheckpointState& state, std::int64_t fault_budget) {
+  SafetensorsMetadata metadata = {
+      {"format", "pt"}, {"alloy.fingerprint", state.fingerprint}, {"alloy.step", std::to_string(state.step)}};
   FileRecord model_record = file_save(temp / kCheckpointModelFile, model, metadata, fault_budget);
-  FileRecord optimizer_record =
-      file_save(temp / kCheckpointOptimizerFile, optimizer, metadata, fault_budget);
+  FileRecord optimizer_record = file_save(temp / kCheckpointOptimizerFile, optimizer, metadata, fault_budget);
   std::string text = manifest_build(state, model_record, optimizer_record).dump(2) + "\n";
   FileWriter manifest((temp / kCheckpointManifest).string(), fault_budget);
   manifest.write(text.data(), text.size());
@@ -91,16 +86,15 @@ nlohmann::json manifest_read(const fs::path& dir) {
   try {
     manifest = nlohmann::json::parse(text, text + mapped.size_bytes());
   } catch (const nlohmann::json::parse_error& e) {
-    throw Error(std::string("manifest is corrupt, not valid JSON: ") + e.what(),
-                io_where(path.string()), "the checkpoint is damaged: use an older one");
+    throw Error(std::string("manifest is corrupt, not valid JSON: ") + e.what(), io_where(path.string()),
+                "the checkpoint is damaged: use an older one");
   }
   if (!manifest.is_object() || manifest.value("format", "") != kFormatName) {
     throw Error("not an Alloy checkpoint manifest", io_where(path.string(), "format"),
                 "pass a directory written by `alloy train`");
   }
   if (manifest.value("version", 0) != kFormatVersion) {
-    throw Error("unsupported checkpoint version " + manifest["version"].dump(),
-                io_where(path.string(), "version"),
+    throw Error("unsupported checkpoint version " + manifest["version"].dump(), io_where(path.string(), "version"),
                 "load it with the Alloy version that wrote it");
   }
   return manifest;
@@ -113,8 +107,7 @@ T manifest_field(const nlohmann::json& manifest, const fs::path& dir, const std:
   try {
     return manifest.at(key.empty() ? field : key).get<T>();
   } catch (const nlohmann::json::exception&) {
-    throw Error("missing or malformed field",
-                io_where((dir / kCheckpointManifest).string(), field),
+    throw Error("missing or malformed field", io_where((dir / kCheckpointManifest).string(), field),
                 "the checkpoint is damaged: use an older one");
   }
 }
@@ -126,7 +119,7 @@ void file_verify(const fs::path& dir, const nlohmann::json& manifest, const std:
   auto record = manifest_field<nlohmann::json>(manifest, dir, "files");
   if (!record.contains(name)) record[name] = nullptr;
   auto size_bytes = manifest_field<std::uint64_t>(record[name], dir, field + ".bytes", "bytes");
-  auto checksum = manifest_field<std::string>(record[name], dir, field + ".fnv1a64", "fnv1a64");
+  auto checksum = manifest_field<std::string>(record[name], dir, field + ".crc32", "crc32");
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     throw Error("checkpoint file missing", io_where(path),
@@ -134,14 +127,14 @@ void file_verify(const fs::path& dir, const nlohmann::json& manifest, const std:
   }
   MappedFile mapped = mapped_file_open(path, "checkpoint file");
   if (mapped.size_bytes() != size_bytes) {
-    throw Error("file is corrupt: it has " + std::to_string(mapped.size_bytes()) +
-                    " bytes, the manifest recorded " + std::to_string(size_bytes),
+    throw Error("file is corrupt: it has " + std::to_string(mapped.size_bytes()) + " bytes, the manifest recorded " +
+                    std::to_string(size_bytes),
                 io_where(path, "bytes"), "the checkpoint is damaged: use an older one");
   }
-  std::string actual = checksum_hex(fnv1a64_update(kFnv1a64Offset, mapped.bytes()));
+  std::string actual = checksum_hex(crc32_update(0, mapped.bytes()));
   if (actual != checksum) {
     throw Error("file is corrupt: checksum " + actual + " differs from the recorded " + checksum,
-                io_where(path, "fnv1a64"), "the checkpoint is damaged: use an older one");
+                io_where(path, "crc32"), "the checkpoint is damaged: use an older one");
   }
 }
 
@@ -157,14 +150,12 @@ CheckpointState state_from_manifest(const nlohmann::json& manifest, const fs::pa
 
 }  // namespace
 
-void checkpoint_save(const std::string& dir, std::span<const TensorView> model,
-                     std::span<const TensorView> optimizer, const CheckpointState& state,
-                     const CheckpointSaveOptions& options) {
+void checkpoint_save(const std::string& dir, std::span<const TensorView> model, std::span<const TensorView> optimizer,
+                     const CheckpointState& state, const CheckpointSaveOptions& options) {
   fs::path target = dir_normalize(dir);
   std::error_code ec;
   if (fs::exists(target, ec) &&
-      !(fs::is_directory(target, ec) &&
-        (fs::is_empty(target, ec) || fs::exists(target / kCheckpointManifest, ec)))) {
+      !(fs::is_directory(target, ec) && (fs::is_empty(target, ec) || fs::exists(target / kCheckpointManifest, ec)))) {
     throw Error("exists and is not an Alloy checkpoint: refusing to replace it", io_where(dir),
                 "choose a new checkpoint directory");
   }
@@ -189,15 +180,13 @@ void checkpoint_save(const std::string& dir, std::span<const TensorView> model,
   fs::remove_all(prev, ec);
 }
 
-
 CheckpointState checkpoint_read_state(const std::string& dir) {
   fs::path path = dir_resolve(dir);
   return state_from_manifest(manifest_read(path), path);
 }
 
 CheckpointState checkpoint_load(const std::string& dir, const std::string& expected_fingerprint,
-                                std::span<const TensorView> model,
-                                std::span<const TensorView> optimizer) {
+                                std::span<const TensorView> model, std::span<const TensorView> optimizer) {
   fs::path path = dir_resolve(dir);
   nlohmann::json manifest = manifest_read(path);
   CheckpointState state = state_from_manifest(manifest, path);

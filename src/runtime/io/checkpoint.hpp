@@ -1,6 +1,6 @@
 // Training checkpoints: a directory holding model.safetensors (weights by name, readable by
 // PyTorch), optimizer.safetensors (optimizer state tensors) and checkpoint.json (step, data
-// loader and RNG state, model fingerprint, size and FNV-1a 64 checksum of each file).
+// loader and RNG state, model fingerprint, size and CRC-32 of each file).
 // Saving is atomic: an existing checkpoint survives any failed or interrupted save.
 #pragma once
 
@@ -34,9 +34,8 @@ struct CheckpointSaveOptions {
 // places with the old checkpoint (`<dir>` -> `<dir>.prev` -> removed). Until the swap completes
 // the old checkpoint stays loadable; checkpoint_load falls back to `<dir>.prev` if a crash hit
 // between the two renames. Refuses to replace a non-empty `dir` that is not a checkpoint.
-void checkpoint_save(const std::string& dir, std::span<const TensorView> model,
-                     std::span<const TensorView> optimizer, const CheckpointState& state,
-                     const CheckpointSaveOptions& options = {});
+void checkpoint_save(const std::string& dir, std::span<const TensorView> model, std::span<const TensorView> optimizer,
+                     const CheckpointState& state, const CheckpointSaveOptions& options = {});
 
 // Reads only checkpoint.json (no tensors, no checksums).
 CheckpointState checkpoint_read_state(const std::string& dir);
@@ -46,7 +45,6 @@ CheckpointState checkpoint_read_state(const std::string& dir);
 // fingerprint other than `expected_fingerprint`, missing or extra tensor names, shape mismatch.
 // An empty `optimizer` skips the optimizer file (weights only, e.g. for evaluation).
 CheckpointState checkpoint_load(const std::string& dir, const std::string& expected_fingerprint,
-                                std::span<const TensorView> model,
-                                std::span<const TensorView> optimizer);
+                                std::span<const TensorView> model, std::span<const TensorView> optimizer);
 
 }  // namespace alloy

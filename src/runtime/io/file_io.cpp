@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +16,8 @@
 #include "spec/error.hpp"
 
 namespace alloy {
+
+static_assert(std::endian::native == std::endian::little, "crc32_update loads little-endian words");
 
 namespace {
 std::string errno_text(int errno_value) { return std::strerror(errno_value); }
@@ -47,13 +51,11 @@ MappedFile mapped_file_open(const std::string& path, const std::string& what) {
     throw Error(what + " not found", io_where(path), "check the path");
   }
   if (std::filesystem::is_directory(path, ec)) {
-    throw Error(what + " is a directory, expected a file", io_where(path),
-                "pass the path of the file itself");
+    throw Error(what + " is a directory, expected a file", io_where(path), "pass the path of the file itself");
   }
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    throw Error("cannot open " + what + ": " + errno_text(errno), io_where(path),
-                "check the file's permissions");
+    throw Error("cannot open " + what + ": " + errno_text(errno), io_where(path), "check the file's permissions");
   }
   struct stat info {};
   if (fstat(fd, &info) != 0) {
@@ -79,7 +81,7 @@ MappedFile mapped_file_open(const std::string& path, const std::string& what) {
 }
 
 FileWriter::FileWriter(const std::string& path, std::int64_t fault_after_bytes)
-    : path_(path), fault_after_bytes_(fault_after_bytes), checksum_(kFnv1a64Offset) {
+    : path_(path), fault_after_bytes_(fault_after_bytes) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("cannot create file", errno);
 }
@@ -95,7 +97,7 @@ void FileWriter::fail(const std::string& what, int errno_value) {
 
 void FileWriter::write(const void* data, std::size_t count_bytes) {
   const auto* bytes = static_cast<const std::byte*>(data);
-  checksum_ = fnv1a64_update(checksum_, {bytes, count_bytes});
+  checksum_ = crc32_update(checksum_, {bytes, count_bytes});
   std::size_t done = 0;
   while (done < count_bytes) {
     std::size_t chunk = count_bytes - done;
@@ -133,12 +135,11 @@ void directory_sync(const std::string& path) {
   ::close(fd);
 }
 
-void file_write_atomic(const std::string& path, std::int64_t fault_after_bytes,
-                       const std::function<void(FileWriter&)>& write_body) {
+void file_write_atomic(const std::string& path, const std::function<void(FileWriter&)>& write_body) {
   std::filesystem::path target(path);
   std::string temp = path + ".tmp-" + std::to_string(getpid());
   try {
-    FileWriter writer(temp, fault_after_bytes);
+    FileWriter writer(temp);
     write_body(writer);
     writer.close_synced();
     if (std::rename(temp.c_str(), path.c_str()) != 0) {
@@ -152,18 +153,49 @@ void file_write_atomic(const std::string& path, std::int64_t fault_after_bytes,
   directory_sync(target.parent_path().string());
 }
 
-std::uint64_t fnv1a64_update(std::uint64_t state, std::span<const std::byte> bytes) {
-  constexpr std::uint64_t kPrime = 1099511628211ull;
-  for (std::byte b : bytes) {
-    state ^= static_cast<std::uint64_t>(b);
-    state *= kPrime;
+namespace {
+
+using Crc32Tables = std::array<std::array<std::uint32_t, 256>, 8>;
+
+// tables[k][b]: the CRC of byte b followed by k zero bytes (reflected polynomial 0xEDB88320).
+Crc32Tables crc32_tables_build() {
+  Crc32Tables tables{};
+  for (std::uint32_t b = 0; b < 256; ++b) {
+    std::uint32_t crc = b;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1u) ? 0xEDB88320u : 0u);
+    tables[0][b] = crc;
   }
-  return state;
+  for (std::size_t k = 1; k < 8; ++k) {
+    for (std::size_t b = 0; b < 256; ++b) {
+      tables[k][b] = (tables[k - 1][b] >> 8) ^ tables[0][tables[k - 1][b] & 0xffu];
+    }
+  }
+  return tables;
 }
 
-std::string checksum_hex(std::uint64_t checksum) {
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(checksum));
+}  // namespace
+
+std::uint32_t crc32_update(std::uint32_t crc, std::span<const std::byte> bytes) {
+  static const Crc32Tables t = crc32_tables_build();
+  std::uint32_t c = ~crc;
+  const std::byte* p = bytes.data();
+  std::size_t n = bytes.size();
+  for (; n >= 8; n -= 8, p += 8) {
+    std::uint32_t lo = 0;
+    std::uint32_t hi = 0;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= c;
+    c = t[7][lo & 0xffu] ^ t[6][(lo >> 8) & 0xffu] ^ t[5][(lo >> 16) & 0xffu] ^ t[4][lo >> 24] ^ t[3][hi & 0xffu] ^
+        t[2][(hi >> 8) & 0xffu] ^ t[1][(hi >> 16) & 0xffu] ^ t[0][hi >> 24];
+  }
+  for (; n > 0; --n, ++p) c = (c >> 8) ^ t[0][(c ^ static_cast<std::uint32_t>(*p)) & 0xffu];
+  return ~c;
+}
+
+std::string checksum_hex(std::uint32_t checksum) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", checksum);
   return text;
 }
 

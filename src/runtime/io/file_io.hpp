@@ -1,5 +1,5 @@
 // Low-level file plumbing for runtime I/O: read-only memory maps, atomic file and directory
-// writes (temporary file, fsync, rename) with optional fault injection, and FNV-1a checksums.
+// writes (temporary file, fsync, rename) with optional fault injection, and CRC-32 checksums.
 #pragma once
 
 #include <cstddef>
@@ -45,7 +45,7 @@ class MappedFile {
 // Throws alloy::Error when the file is missing, is a directory or cannot be read.
 MappedFile mapped_file_open(const std::string& path, const std::string& what);
 
-// Sequential writer to one file that keeps a running FNV-1a checksum and byte count.
+// Sequential writer to one file that keeps a running CRC-32 and byte count.
 // `fault_after_bytes` >= 0 simulates a failed write (as from a full disk) once that many bytes
 // have gone out; tests use it to prove that a failed write leaves earlier files intact.
 class FileWriter {
@@ -62,7 +62,7 @@ class FileWriter {
   // Flushes to disk (fsync) and closes; throws on failure.
   void close_synced();
 
-  std::uint64_t checksum_fnv1a64() const { return checksum_; }
+  std::uint32_t checksum_crc32() const { return checksum_; }
   std::uint64_t written_bytes() const { return written_bytes_; }
   const std::string& path() const { return path_; }
 
@@ -72,22 +72,21 @@ class FileWriter {
   int fd_ = -1;
   std::int64_t fault_after_bytes_;
   std::uint64_t written_bytes_ = 0;
-  std::uint64_t checksum_;
+  std::uint32_t checksum_ = 0;
 };
 
 // Writes `path` atomically: `write_body` fills a temporary file beside it, which is synced and
 // renamed over `path` only when the body returns. On any exception the temporary is removed and
 // an existing `path` is untouched.
-void file_write_atomic(const std::string& path, std::int64_t fault_after_bytes,
-                       const std::function<void(FileWriter&)>& write_body);
+void file_write_atomic(const std::string& path, const std::function<void(FileWriter&)>& write_body);
 
 // fsyncs a directory so that renames inside it survive a power cut.
 void directory_sync(const std::string& path);
 
-inline constexpr std::uint64_t kFnv1a64Offset = 14695981039346656037ull;
-// FNV-1a 64 of `bytes`, continuing from `state` (start with kFnv1a64Offset).
-std::uint64_t fnv1a64_update(std::uint64_t state, std::span<const std::byte> bytes);
-// 16 lower-case hex digits.
-std::string checksum_hex(std::uint64_t checksum);
+// CRC-32 (IEEE 802.3, as zlib.crc32 and `gzip` compute it) of `bytes`, continuing from `crc`
+// (start with 0). Slicing by 8 bytes: a few GB/s, so checksums stay cheap next to disk writes.
+std::uint32_t crc32_update(std::uint32_t crc, std::span<const std::byte> bytes);
+// 8 lower-case hex digits.
+std::string checksum_hex(std::uint32_t checksum);
 
 }  // namespace alloy

@@ -16,16 +16,14 @@ static_assert(std::endian::native == std::endian::little, "safetensors data is l
 namespace {
 
 constexpr char kMetadataKey[] = "__metadata__";
-const char kFormatHint[] =
-    "the file is not a valid safetensors file: re-export it, or check that it was copied whole";
+const char kFormatHint[] = "the file is not a valid safetensors file: re-export it, or check that it was copied whole";
 
 [[noreturn]] void fail(const std::string& path, const std::string& field, const std::string& what,
                        const std::string& hint = kFormatHint) {
   throw Error(what, io_where(path, field), hint);
 }
 
-std::vector<std::int64_t> shape_parse(const std::string& path, const std::string& field,
-                                      const nlohmann::json& value) {
+std::vector<std::int64_t> shape_parse(const std::string& path, const std::string& field, const nlohmann::json& value) {
   if (!value.is_array()) fail(path, field, "shape must be an array of non-negative integers");
   std::vector<std::int64_t> shape;
   for (const auto& dim : value) {
@@ -37,8 +35,8 @@ std::vector<std::int64_t> shape_parse(const std::string& path, const std::string
   return shape;
 }
 
-SafetensorsEntry entry_parse(const std::string& path, const std::string& name,
-                             const nlohmann::json& value, std::uint64_t data_bytes) {
+SafetensorsEntry entry_parse(const std::string& path, const std::string& name, const nlohmann::json& value,
+                             std::uint64_t data_bytes) {
   std::string field = "\"" + name + "\"";
   if (!value.is_object()) fail(path, field, "tensor entry must be an object");
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
@@ -61,15 +59,14 @@ SafetensorsEntry entry_parse(const std::string& path, const std::string& name,
   entry.end_bytes = offsets[1].get<std::uint64_t>();
   if (entry.begin_bytes > entry.end_bytes || entry.end_bytes > data_bytes) {
     fail(path, field + ".data_offsets",
-         "data_offsets " + offsets.dump() + " lie outside the " + std::to_string(data_bytes) +
-             " bytes of tensor data");
+         "data_offsets " + offsets.dump() + " lie outside the " + std::to_string(data_bytes) + " bytes of tensor data");
   }
   std::uint64_t numel = 1;
   for (std::int64_t dim : entry.shape) numel *= static_cast<std::uint64_t>(dim);
   if (numel * 4 != entry.end_bytes - entry.begin_bytes) {
     fail(path, field + ".shape",
-         "shape " + shape_text(entry.shape) + " holds " + std::to_string(numel) +
-             " floats (" + std::to_string(numel * 4) + " bytes) but data_offsets span " +
+         "shape " + shape_text(entry.shape) + " holds " + std::to_string(numel) + " floats (" +
+             std::to_string(numel * 4) + " bytes) but data_offsets span " +
              std::to_string(entry.end_bytes - entry.begin_bytes) + " bytes");
   }
   return entry;
@@ -91,8 +88,7 @@ void entries_check_tiling(const std::string& path, const std::vector<Safetensors
   }
   if (expected_begin != data_bytes) {
     fail(path, "data_offsets",
-         std::to_string(data_bytes - expected_begin) +
-             " bytes after the last tensor belong to no tensor");
+         std::to_string(data_bytes - expected_begin) + " bytes after the last tensor belong to no tensor");
   }
 }
 
@@ -164,8 +160,7 @@ SafetensorsFile safetensors_open(const std::string& path) {
     file.entries_.push_back(entry_parse(path, name, value, data_bytes));
   }
   std::sort(file.entries_.begin(), file.entries_.end(), [](const auto& a, const auto& b) {
-    return a.begin_bytes != b.begin_bytes ? a.begin_bytes < b.begin_bytes
-                                          : a.end_bytes < b.end_bytes;
+    return a.begin_bytes != b.begin_bytes ? a.begin_bytes < b.begin_bytes : a.end_bytes < b.end_bytes;
   });
   entries_check_tiling(path, file.entries_, data_bytes);
   return file;
@@ -181,24 +176,21 @@ void safetensors_read_into(const SafetensorsFile& file, std::span<const TensorVi
                   "the file was written for a different model layout");
     }
     if (entry->shape != view.shape) {
-      throw Error("shape mismatch: the file has " + shape_text(entry->shape) +
-                      ", the model expects " + shape_text(view.shape),
-                  io_where(file.path(), view.name),
-                  "the file was written for a model with a different configuration");
+      throw Error(
+          "shape mismatch: the file has " + shape_text(entry->shape) + ", the model expects " + shape_text(view.shape),
+          io_where(file.path(), view.name), "the file was written for a model with a different configuration");
     }
   }
   for (const auto& entry : file.entries()) {
     if (!wanted.contains(entry.name)) {
       throw Error("unexpected tensor: the file has it, the model has no tensor of that name",
-                  io_where(file.path(), entry.name),
-                  "the file was written for a different model layout");
+                  io_where(file.path(), entry.name), "the file was written for a different model layout");
     }
   }
   for (const auto& view : views) file.entry_copy(*file.entry_find(view.name), view.data);
 }
 
-void safetensors_write(FileWriter& out, std::span<const TensorView> tensors,
-                       const SafetensorsMetadata& metadata) {
+void safetensors_write(FileWriter& out, std::span<const TensorView> tensors, const SafetensorsMetadata& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   std::uint64_t offset = 0;
@@ -208,9 +200,7 @@ void safetensors_write(FileWriter& out, std::span<const TensorView> tensors,
                   "give every tensor a unique name");
     }
     std::uint64_t count_bytes = static_cast<std::uint64_t>(tensor_view_numel(view)) * 4;
-    header[view.name] = {{"dtype", "F32"},
-                         {"shape", view.shape},
-                         {"data_offsets", {offset, offset + count_bytes}}};
+    header[view.name] = {{"dtype", "F32"}, {"shape", view.shape}, {"data_offsets", {offset, offset + count_bytes}}};
     offset += count_bytes;
   }
   std::string text = header.dump();
@@ -226,7 +216,7 @@ void safetensors_write(FileWriter& out, std::span<const TensorView> tensors,
 
 void safetensors_save(const std::string& path, std::span<const TensorView> tensors,
                       const SafetensorsMetadata& metadata) {
-  file_write_atomic(path, -1, [&](FileWriter& out) { safetensors_write(out, tensors, metadata); });
+  file_write_atomic(path, [&](FileWriter& out) { safetensors_write(out, tensors, metadata); });
 }
 
 }  // namespace alloy

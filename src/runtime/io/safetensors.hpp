@@ -67,8 +67,7 @@ void safetensors_read_into(const SafetensorsFile& file, std::span<const TensorVi
 
 // Streams a safetensors file into `out`, tensors in the order given. Names must be unique and
 // not "__metadata__".
-void safetensors_write(FileWriter& out, std::span<const TensorView> tensors,
-                       const SafetensorsMetadata& metadata);
+void safetensors_write(FileWriter& out, std::span<const TensorView> tensors, const SafetensorsMetadata& metadata);
 
 // Writes `path` atomically (temporary file, fsync, rename).
 void safetensors_save(const std::string& path, std::span<const TensorView> tensors,

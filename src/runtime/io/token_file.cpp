@@ -33,7 +33,8 @@ void tokens_check_vocab(const TokenFile& file, std::int64_t vocab_size) {
                       ": the data was tokenized for another vocabulary",
                   io_where(file.path(), "tokens[" + std::to_string(i) + "]"),
                   "tokenize the data with the model's tokenizer, or use a model whose "
-                  "vocab_size is at least " + std::to_string(id + 1));
+                  "vocab_size is at least " +
+                      std::to_string(id + 1));
     }
   }
 }
@@ -73,35 +74,33 @@ TokenFile token_file_open(const std::string& path, std::int64_t vocab_size) {
       "token files use llm.c's format (256 int32 header, magic 20240520); create one with "
       "`alloy tokenize`";
   if (bytes.size() < kTokenFileHeaderBytes) {
-    throw Error("header too short: the file has " + std::to_string(bytes.size()) +
-                    " bytes, the header alone needs " + std::to_string(kTokenFileHeaderBytes),
+    throw Error("header too short: the file has " + std::to_string(bytes.size()) + " bytes, the header alone needs " +
+                    std::to_string(kTokenFileHeaderBytes),
                 io_where(path, "header"), fix_format);
   }
   std::int32_t magic = header_int(bytes.data(), 0);
   if (magic != kTokenFileMagic) {
-    throw Error("bad magic number " + std::to_string(magic) + ", expected " +
-                    std::to_string(kTokenFileMagic) + ": not a token file",
+    throw Error("bad magic number " + std::to_string(magic) + ", expected " + std::to_string(kTokenFileMagic) +
+                    ": not a token file",
                 io_where(path, "header[0] (magic)"), fix_format);
   }
   std::int32_t version = header_int(bytes.data(), 1);
   if (version != 1 && version != 2) {
-    throw Error("unknown version " + std::to_string(version) +
-                    " (1 means uint16 tokens, 2 means uint32 tokens)",
+    throw Error("unknown version " + std::to_string(version) + " (1 means uint16 tokens, 2 means uint32 tokens)",
                 io_where(path, "header[1] (version)"), fix_format);
   }
   file.version_ = static_cast<TokenFileVersion>(version);
   std::int32_t count = header_int(bytes.data(), 2);
   if (count < 0) {
-    throw Error("negative token count " + std::to_string(count),
-                io_where(path, "header[2] (token count)"), fix_format);
+    throw Error("negative token count " + std::to_string(count), io_where(path, "header[2] (token count)"), fix_format);
   }
   file.token_count_ = count;
   std::uint64_t expected_bytes =
       kTokenFileHeaderBytes + static_cast<std::uint64_t>(count) * token_file_token_bytes(file.version_);
   if (bytes.size() < expected_bytes) {
-    throw Error("file truncated: the header promises " + std::to_string(count) +
-                    " tokens, which needs " + std::to_string(expected_bytes) +
-                    " bytes, but the file has " + std::to_string(bytes.size()) + " bytes",
+    throw Error("file truncated: the header promises " + std::to_string(count) + " tokens, which needs " +
+                    std::to_string(expected_bytes) + " bytes, but the file has " + std::to_string(bytes.size()) +
+                    " bytes",
                 io_where(path, "header[2] (token count)"),
                 "the file was cut short (interrupted copy or download?): recreate it");
   }
@@ -171,8 +170,7 @@ void TokenFileWriter::append_bytes(std::span<const unsigned char> bytes) {
 
 void TokenFileWriter::finish() {
   if (token_count_ > INT32_MAX) {
-    throw Error("too many tokens for one file: " + std::to_string(token_count_) +
-                    " (the header's count is an int32)",
+    throw Error("too many tokens for one file: " + std::to_string(token_count_) + " (the header's count is an int32)",
                 io_where(path_), "split the data into several shards");
   }
   flush_buffer();
@@ -188,8 +186,7 @@ void TokenFileWriter::finish() {
   directory_sync(std::filesystem::path(path_).parent_path().string());
 }
 
-void token_file_write(const std::string& path, std::span<const std::uint32_t> tokens,
-                      TokenFileVersion version) {
+void token_file_write(const std::string& path, std::span<const std::uint32_t> tokens, TokenFileVersion version) {
   TokenFileWriter writer(path, version);
   writer.append(tokens);
   writer.finish();

@@ -74,7 +74,6 @@ class TokenFileWriter {
 };
 
 // Writes a whole token file at once.
-void token_file_write(const std::string& path, std::span<const std::uint32_t> tokens,
-                      TokenFileVersion version);
+void token_file_write(const std::string& path, std::span<const std::uint32_t> tokens, TokenFileVersion version);
 
 }  // namespace alloy

@@ -10,8 +10,8 @@ namespace alloy {
 inline constexpr std::int64_t kByteVocabSize = 256;
 
 struct TokenizeResult {
-  std::string train_path;        // all tokens when val_fraction is 0
-  std::string val_path;          // empty when val_fraction is 0
+  std::string train_path;  // all tokens when val_fraction is 0
+  std::string val_path;    // empty when val_fraction is 0
   std::int64_t train_tokens = 0;
   std::int64_t val_tokens = 0;
 };
@@ -23,7 +23,6 @@ std::string tokenize_split_path(const std::string& out_path, const std::string& 
 // the bytes go to tokenize_split_path(out, "val") and the rest to tokenize_split_path(out,
 // "train"); with 0 everything goes to `out_path`. Errors: missing or empty input, a fraction
 // outside [0, 1), or a split that would leave either side empty.
-TokenizeResult tokenize_bytes(const std::string& in_path, const std::string& out_path,
-                              double val_fraction);
+TokenizeResult tokenize_bytes(const std::string& in_path, const std::string& out_path, double val_fraction);
 
 }  // namespace alloy

@@ -3,6 +3,7 @@
 #include "runtime/io/checkpoint.hpp"
 
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 
 #include "io_test_util.hpp"
@@ -79,6 +80,22 @@ TEST(Checkpoint, RoundTripsTensorsAndState) {
   EXPECT_EQ(weights.metadata().at("alloy.fingerprint"), "gpt2-tiny:cfg=1a2b3c");
   EXPECT_EQ(weights.metadata().at("alloy.step"), "120");
   EXPECT_EQ(weights.entries().size(), 2u);
+}
+
+TEST(Checkpoint, ManifestChecksumsAreZlibCrc32) {
+  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+  test::ScratchDir scratch;
+  Buffers saved(1.5f);
+  std::string dir = scratch.file("ckpt");
+  checkpoint_save(dir, saved.model, saved.optimizer, state_of(5));
+  // Exit status 0 only if zlib agrees with every recorded checksum and size.
+  std::string script =
+      "import json, os, sys, zlib; d = sys.argv[1]; m = json.load(open(os.path.join(d, 'checkpoint.json')));"
+      "ok = all(format(zlib.crc32(open(os.path.join(d, n), 'rb').read()), '08x') == r['crc32'] and "
+      "os.path.getsize(os.path.join(d, n)) == r['bytes'] for n, r in m['files'].items());"
+      "sys.exit(0 if ok and len(m['files']) == 2 else 1)";
+  std::string command = "/usr/bin/python3 -c \"" + script + "\" " + dir;
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
 }
 
 TEST(Checkpoint, WeightsOnlyLoadSkipsOptimizer) {

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   constexpr std::int64_t kParams = 32'000'000;
   std::vector<float> params(kParams), m(kParams), v(kParams);
   std::iota(params.begin(), params.end(), 0.0f);
-  std::vector<alloy::TensorView> model, optimizer;
+  std::vector<alloy::TensorRef> model, optimizer;
   constexpr std::int64_t kTensorCount = 64;
   constexpr std::int64_t kPerTensor = kParams / kTensorCount;
   for (std::int64_t t = 0; t < kTensorCount; ++t) {

@@ -14,10 +14,11 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Print help for every subcommand");
   int exit_code = 0;
   alloy::cli::add_check(app, &exit_code);
-  alloy::cli::add_unbuilt(app, "plan", "Search the fastest hybrid-parallel layout that fits", "#3", &exit_code);
-  alloy::cli::add_unbuilt(app, "explain", "Print the full breakdown of a saved plan", "#3", &exit_code);
+  alloy::cli::add_plan(app, &exit_code);
+  alloy::cli::add_explain(app, &exit_code);
   alloy::cli::add_unbuilt(app, "simulate", "Replay a plan event by event and draw its timeline", "#4", &exit_code);
-  alloy::cli::add_unbuilt(app, "train", "Train a model, on one rank or under mpirun as a plan says", "#5, #6", &exit_code);
+  alloy::cli::add_train(app, &exit_code);
+  alloy::cli::add_tokenize(app, &exit_code);
   alloy::cli::add_unbuilt(app, "profile", "Measure this machine's compute and links for the planner", "#7", &exit_code);
   try {
     app.parse(argc, argv);

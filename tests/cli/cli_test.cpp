@@ -119,6 +119,34 @@ TEST(Cli, SequenceLongerThanModelIsRefused) {
   EXPECT_NE(r.output.find("seq_len"), std::string::npos) << r.output;
 }
 
+TEST(Cli, TokenizeThenTrainThenResume) {
+  TempDir dir;
+  CommandResult tok = alloy("tokenize " + std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt -o " +
+                            dir.path() + "/fsf.bin --val-fraction 0.1");
+  ASSERT_EQ(tok.exit_code, 0) << tok.output;
+  std::string common = "train --model tiny-gpt --data " + dir.path() + "/fsf_train.bin --val-data " + dir.path() +
+                       "/fsf_val.bin --batch 4 --seq-len 32 --threads 1 --checkpoint " + dir.path() + "/ckpt --log " +
+                       dir.path() + "/log.jsonl";
+  CommandResult first = alloy(common + " --steps 3");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("step     3/3"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("validation loss"), std::string::npos) << first.output;
+  CommandResult resumed = alloy(common + " --steps 5 --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("steps 4..5"), std::string::npos) << resumed.output;
+  const std::string log = testing::read_text(dir.path() + "/log.jsonl");
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 5);
+}
+
+TEST(Cli, TrainBadInputExitsTwo) {
+  CommandResult missing = alloy("train --model tiny-gpt --data /no/such/tokens.bin --steps 1");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("/no/such/tokens.bin"), std::string::npos) << missing.output;
+  CommandResult recompute = alloy("train --model tiny-gpt --data x.bin --recompute sometimes");
+  EXPECT_EQ(recompute.exit_code, 2) << recompute.output;
+  EXPECT_NE(recompute.output.find("recompute"), std::string::npos) << recompute.output;
+}
+
 TEST(Cli, CorruptedFilesNeverCrashTheBinary) {
   // A sample of whole-process runs; the in-process mutation test covers thousands more.
   std::mt19937_64 rng(7);

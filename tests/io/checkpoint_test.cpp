@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 // A model's flat parameter buffer and its optimizer's m and v, with named views into them.
 struct Buffers {
   std::vector<float> params, m, v;
-  std::vector<TensorView> model, optimizer;
+  std::vector<TensorRef> model, optimizer;
 
   explicit Buffers(float base) : params(14), m(14), v(14) {
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -237,18 +237,18 @@ TEST(Checkpoint, TensorNamesAndShapesMustMatch) {
   const std::string weights = dir + "/model.safetensors";
   const std::string fp = "gpt2-tiny:cfg=1a2b3c";
 
-  std::vector<TensorView> fewer = {b.model[0]};
+  std::vector<TensorRef> fewer = {b.model[0]};
   Error extra = error_of([&] { checkpoint_load(dir, fp, fewer, b.optimizer); });
   EXPECT_EQ(extra.where().file, weights);
   EXPECT_EQ(extra.where().field, "ln_f.weight");
 
-  std::vector<TensorView> more = b.model;
+  std::vector<TensorRef> more = b.model;
   more.push_back({"lm_head.weight", {2}, b.params.data()});
   Error missing = error_of([&] { checkpoint_load(dir, fp, more, b.optimizer); });
   EXPECT_EQ(missing.where().field, "lm_head.weight");
   EXPECT_ERROR_SAYS(missing, "missing");
 
-  std::vector<TensorView> optimizer = b.optimizer;
+  std::vector<TensorRef> optimizer = b.optimizer;
   optimizer[1].shape = {1, 2};
   Error shape = error_of([&] { checkpoint_load(dir, fp, b.model, optimizer); });
   EXPECT_EQ(shape.where().file, dir + "/optimizer.safetensors");

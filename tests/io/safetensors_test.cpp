@@ -14,7 +14,7 @@ using test::error_of;
 
 struct Tensors {
   std::vector<float> storage;
-  std::vector<TensorView> views;
+  std::vector<TensorRef> views;
 };
 
 // Three tensors in one flat buffer, as the runtime lays them out: (3, 4), (5), ().
@@ -71,7 +71,7 @@ TEST(Safetensors, ByteLayoutFollowsTheFormat) {
     EXPECT_EQ(entry.at("shape").get<std::vector<std::int64_t>>(), view.shape);
     auto begin = entry.at("data_offsets")[0].get<std::uint64_t>();
     auto end = entry.at("data_offsets")[1].get<std::uint64_t>();
-    auto numel = static_cast<std::uint64_t>(tensor_view_numel(view));
+    auto numel = static_cast<std::uint64_t>(tensor_ref_numel(view));
     ASSERT_EQ(end - begin, numel * 4);
     EXPECT_EQ(std::memcmp(bytes.data() + data_begin + begin, view.data, numel * 4), 0) << view.name;
   }
@@ -94,7 +94,7 @@ TEST(Safetensors, PyTorchReadsWhatAlloyWrites) {
     const auto& tensor = result.at("tensors").at(view.name);
     EXPECT_EQ(tensor.at("shape").get<std::vector<std::int64_t>>(), view.shape);
     auto values = tensor.at("values").get<std::vector<double>>();
-    ASSERT_EQ(static_cast<std::int64_t>(values.size()), tensor_view_numel(view));
+    ASSERT_EQ(static_cast<std::int64_t>(values.size()), tensor_ref_numel(view));
     for (std::size_t i = 0; i < values.size(); ++i) {
       EXPECT_EQ(static_cast<float>(values[i]), view.data[i]) << view.name << "[" << i << "]";
     }
@@ -104,9 +104,9 @@ TEST(Safetensors, PyTorchReadsWhatAlloyWrites) {
 TEST(Safetensors, WriterRejectsDuplicateAndReservedNames) {
   test::ScratchDir dir;
   float value = 1.0f;
-  std::vector<TensorView> twice = {{"a", {1}, &value}, {"a", {1}, &value}};
+  std::vector<TensorRef> twice = {{"a", {1}, &value}, {"a", {1}, &value}};
   EXPECT_EQ(error_of([&] { safetensors_save(dir.file("d.safetensors"), twice, {}); }).where().field, "a");
-  std::vector<TensorView> reserved = {{"__metadata__", {1}, &value}};
+  std::vector<TensorRef> reserved = {{"__metadata__", {1}, &value}};
   error_of([&] { safetensors_save(dir.file("d.safetensors"), reserved, {}); });
   EXPECT_FALSE(std::filesystem::exists(dir.file("d.safetensors")));
 }

@@ -41,7 +41,7 @@ struct FileRecord {
 };
 
 // Writes one safetensors file into `dir`, charging its bytes to the fault budget.
-FileRecord file_save(const fs::path& path, std::span<const TensorView> tensors, const SafetensorsMetadata& metadata,
+FileRecord file_save(const fs::path& path, std::span<const TensorRef> tensors, const SafetensorsMetadata& metadata,
                      std::int64_t& fault_budget) {
   FileWriter writer(path.string(), fault_budget);
   safetensors_write(writer, tensors, metadata);
@@ -65,7 +65,7 @@ nlohmann::json manifest_build(const CheckpointState& state, const FileRecord& mo
           {"files", {{kCheckpointModelFile, record(model)}, {kCheckpointOptimizerFile, record(optimizer)}}}};
 }
 
-void dir_write_all(const fs::path& temp, std::span<const TensorView> model, std::span<const TensorView> optimizer,
+void dir_write_all(const fs::path& temp, std::span<const TensorRef> model, std::span<const TensorRef> optimizer,
                    const CheckpointState& state, std::int64_t fault_budget) {
   SafetensorsMetadata metadata = {
       {"format", "pt"}, {"alloy.fingerprint", state.fingerprint}, {"alloy.step", std::to_string(state.step)}};
@@ -150,7 +150,7 @@ CheckpointState state_from_manifest(const nlohmann::json& manifest, const fs::pa
 
 }  // namespace
 
-void checkpoint_save(const std::string& dir, std::span<const TensorView> model, std::span<const TensorView> optimizer,
+void checkpoint_save(const std::string& dir, std::span<const TensorRef> model, std::span<const TensorRef> optimizer,
                      const CheckpointState& state, const CheckpointSaveOptions& options) {
   fs::path target = dir_normalize(dir);
   std::error_code ec;
@@ -186,7 +186,7 @@ CheckpointState checkpoint_read_state(const std::string& dir) {
 }
 
 CheckpointState checkpoint_load(const std::string& dir, const std::string& expected_fingerprint,
-                                std::span<const TensorView> model, std::span<const TensorView> optimizer) {
+                                std::span<const TensorRef> model, std::span<const TensorRef> optimizer) {
   fs::path path = dir_resolve(dir);
   nlohmann::json manifest = manifest_read(path);
   CheckpointState state = state_from_manifest(manifest, path);

@@ -34,7 +34,7 @@ struct CheckpointSaveOptions {
 // places with the old checkpoint (`<dir>` -> `<dir>.prev` -> removed). Until the swap completes
 // the old checkpoint stays loadable; checkpoint_load falls back to `<dir>.prev` if a crash hit
 // between the two renames. Refuses to replace a non-empty `dir` that is not a checkpoint.
-void checkpoint_save(const std::string& dir, std::span<const TensorView> model, std::span<const TensorView> optimizer,
+void checkpoint_save(const std::string& dir, std::span<const TensorRef> model, std::span<const TensorRef> optimizer,
                      const CheckpointState& state, const CheckpointSaveOptions& options = {});
 
 // Reads only checkpoint.json (no tensors, no checksums).
@@ -45,6 +45,6 @@ CheckpointState checkpoint_read_state(const std::string& dir);
 // fingerprint other than `expected_fingerprint`, missing or extra tensor names, shape mismatch.
 // An empty `optimizer` skips the optimizer file (weights only, e.g. for evaluation).
 CheckpointState checkpoint_load(const std::string& dir, const std::string& expected_fingerprint,
-                                std::span<const TensorView> model, std::span<const TensorView> optimizer);
+                                std::span<const TensorRef> model, std::span<const TensorRef> optimizer);
 
 }  // namespace alloy

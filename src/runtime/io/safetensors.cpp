@@ -94,7 +94,7 @@ void entries_check_tiling(const std::string& path, const std::vector<Safetensors
 
 }  // namespace
 
-std::int64_t tensor_view_numel(const TensorView& view) {
+std::int64_t tensor_ref_numel(const TensorRef& view) {
   std::int64_t numel = 1;
   for (std::int64_t dim : view.shape) numel *= dim;
   return numel;
@@ -166,7 +166,7 @@ SafetensorsFile safetensors_open(const std::string& path) {
   return file;
 }
 
-void safetensors_read_into(const SafetensorsFile& file, std::span<const TensorView> views) {
+void safetensors_read_into(const SafetensorsFile& file, std::span<const TensorRef> views) {
   std::set<std::string> wanted;
   for (const auto& view : views) {
     wanted.insert(view.name);
@@ -190,7 +190,7 @@ void safetensors_read_into(const SafetensorsFile& file, std::span<const TensorVi
   for (const auto& view : views) file.entry_copy(*file.entry_find(view.name), view.data);
 }
 
-void safetensors_write(FileWriter& out, std::span<const TensorView> tensors, const SafetensorsMetadata& metadata) {
+void safetensors_write(FileWriter& out, std::span<const TensorRef> tensors, const SafetensorsMetadata& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   std::uint64_t offset = 0;
@@ -199,7 +199,7 @@ void safetensors_write(FileWriter& out, std::span<const TensorView> tensors, con
       throw Error("tensor name is reserved or used twice", io_where(out.path(), view.name),
                   "give every tensor a unique name");
     }
-    std::uint64_t count_bytes = static_cast<std::uint64_t>(tensor_view_numel(view)) * 4;
+    std::uint64_t count_bytes = static_cast<std::uint64_t>(tensor_ref_numel(view)) * 4;
     header[view.name] = {{"dtype", "F32"}, {"shape", view.shape}, {"data_offsets", {offset, offset + count_bytes}}};
     offset += count_bytes;
   }
@@ -210,11 +210,11 @@ void safetensors_write(FileWriter& out, std::span<const TensorView> tensors, con
   out.write(&header_bytes, 8);
   out.write(text.data(), text.size());
   for (const auto& view : tensors) {
-    out.write(view.data, static_cast<std::size_t>(tensor_view_numel(view)) * 4);
+    out.write(view.data, static_cast<std::size_t>(tensor_ref_numel(view)) * 4);
   }
 }
 
-void safetensors_save(const std::string& path, std::span<const TensorView> tensors,
+void safetensors_save(const std::string& path, std::span<const TensorRef> tensors,
                       const SafetensorsMetadata& metadata) {
   file_write_atomic(path, [&](FileWriter& out) { safetensors_write(out, tensors, metadata); });
 }

@@ -15,13 +15,13 @@ namespace alloy {
 
 // A named, non-owning view of a row-major float32 tensor in one of the caller's flat buffers.
 // Writers only read through `data`; loaders fill it.
-struct TensorView {
+struct TensorRef {
   std::string name;
   std::vector<std::int64_t> shape;
   float* data = nullptr;
 };
 
-std::int64_t tensor_view_numel(const TensorView& view);
+std::int64_t tensor_ref_numel(const TensorRef& view);
 // "[2, 3]"
 std::string shape_text(std::span<const std::int64_t> shape);
 
@@ -63,14 +63,14 @@ SafetensorsFile safetensors_open(const std::string& path);
 
 // Fills every view from the file. Errors name the file and tensor: a view with no tensor in the
 // file, a tensor in the file with no view, or a shape that differs.
-void safetensors_read_into(const SafetensorsFile& file, std::span<const TensorView> views);
+void safetensors_read_into(const SafetensorsFile& file, std::span<const TensorRef> views);
 
 // Streams a safetensors file into `out`, tensors in the order given. Names must be unique and
 // not "__metadata__".
-void safetensors_write(FileWriter& out, std::span<const TensorView> tensors, const SafetensorsMetadata& metadata);
+void safetensors_write(FileWriter& out, std::span<const TensorRef> tensors, const SafetensorsMetadata& metadata);
 
 // Writes `path` atomically (temporary file, fsync, rename).
-void safetensors_save(const std::string& path, std::span<const TensorView> tensors,
+void safetensors_save(const std::string& path, std::span<const TensorRef> tensors,
                       const SafetensorsMetadata& metadata);
 
 }  // namespace alloy

@@ -153,6 +153,11 @@ TEST(Checkpoint, CrashBetweenRenamesFallsBackToPrevious) {
   checkpoint_save(dir, old.model, old.optimizer, state_of(30));
   fs::rename(dir, dir + ".prev");  // where a crash between the two renames leaves things
   expect_loads(dir, old, 30);
+  CheckpointSaveOptions failing;
+  failing.fault_after_bytes = 100;
+  Buffers lost(5.0f);
+  error_of([&] { checkpoint_save(dir, lost.model, lost.optimizer, state_of(50), failing); });
+  expect_loads(dir, old, 30);
   Buffers newer(4.0f);
   checkpoint_save(dir, newer.model, newer.optimizer, state_of(40));
   expect_loads(dir, newer, 40);

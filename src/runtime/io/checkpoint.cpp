@@ -165,8 +165,12 @@ void checkpoint_save(const std::string& dir, std::span<const TensorRef> model, s
     fs::remove_all(temp);
     fs::create_directories(temp);
     dir_write_all(temp, model, optimizer, state, options.fault_after_bytes);
-    fs::remove_all(prev);
-    if (fs::exists(target)) fs::rename(target, prev);
+    // A stale `prev` goes only when `target` is complete; after a crash between the renames
+    // `prev` is the one good copy and stays until the new checkpoint is in place.
+    if (fs::exists(target)) {
+      fs::remove_all(prev);
+      fs::rename(target, prev);
+    }
     fs::rename(temp, target);
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(temp, ec);

@@ -145,9 +145,7 @@ void Simulator::build_lane(int lane) {
   const double host_link = cluster_.node_group(dev).host_link_bytes_per_second;
 
   int last_compute = -1, before_last_compute = -1, last_recv = -1, last_collective = -1, last_copy = -1;
-  int last_prefetch = -1;
   std::vector<int> pending_inputs;
-  std::vector<int> pending_gathers;  // ZeRO-3 buffers freed by the next compute
   std::map<std::pair<int, int>, int> activation_owner;  // (mb, chunk) -> forward task
   for (size_t i = 0; i < rs.ops.size(); ++i) {
     const ScheduleOp& op = rs.ops[i];
@@ -180,8 +178,6 @@ void Simulator::build_lane(int lane) {
         }
         if (op.kind == OpKind::OpKind_backward && op.block_begin == st.chunks[op.chunk].begin)
           tasks_[activation_owner[{op.micro_batch, op.chunk}]].frees.emplace_back(id, act);
-        for (int g : pending_gathers) tasks_[g].frees.emplace_back(id, static_cast<double>(rs.ops[tasks_[g].op_index].bytes));
-        pending_gathers.clear();
         before_last_compute = last_compute;
         last_compute = id;
         break;
@@ -211,9 +207,7 @@ void Simulator::build_lane(int lane) {
         if (op.kind == OpKind::OpKind_all_gather && op.micro_batch >= 0) {
           // Gathered one operation ahead at most: the buffer of the next compute only.
           add_dep(id, before_last_compute);
-          tasks_[id].alloc_bytes = static_cast<double>(op.bytes);
           pending_inputs.push_back(id);
-          pending_gathers.push_back(id);
         }
         last_collective = id;
         break;
@@ -226,22 +220,19 @@ void Simulator::build_lane(int lane) {
         if (op.kind == OpKind::OpKind_prefetch) {
           add_dep(id, before_last_compute);
           add_dep(id, last_recv);
-          tasks_[id].alloc_bytes = static_cast<double>(op.bytes);
           pending_inputs.push_back(id);
-          last_prefetch = id;
         } else {
           add_dep(id, last_compute);
-          if (last_prefetch >= 0) tasks_[last_prefetch].frees.emplace_back(id, static_cast<double>(rs.ops[tasks_[last_prefetch].op_index].bytes));
         }
         last_copy = id;
         break;
     }
     tasks_[id].remaining_seconds = tasks_[id].duration_seconds;
   }
-  // Model states, buffers and context stay resident; activations, gathers and prefetched
-  // weights come and go with the operations above.
-  static_bytes_[lane] = st.memory_total_bytes() - memory_term(st, "activations") - memory_term(st, "zero3_gather") -
-                        memory_term(st, "offload_window");
+  // Model states, buffers and context stay resident (the ZeRO-3 gather buffer and the offload
+  // window are reused by every gather and prefetch, as the cost model counts them); activations
+  // come and go with the micro-batches.
+  static_bytes_[lane] = st.memory_total_bytes() - memory_term(st, "activations");
 }
 
 // Receives wait for the sending lane's sends of the same tag (the representative's sends stand
@@ -369,7 +360,9 @@ void Simulator::finish(SimResult* out) {
     lane.memory.push_back({0, bytes});
     for (const auto& [when, delta] : changes) {
       bytes += delta;
-      lane.memory.push_back({when, bytes});
+      // Changes at one instant (a backward frees, the next forward allocates) form one sample.
+      if (lane.memory.back().seconds == when) lane.memory.back().bytes = bytes;
+      else lane.memory.push_back({when, bytes});
       if (bytes > lane.peak_memory_bytes + 1e-6) {
         lane.peak_memory_bytes = bytes;
         lane.peak_memory_seconds = when;

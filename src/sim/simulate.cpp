@@ -392,7 +392,8 @@ void Simulator::finish(SimResult* out) {
 }
 
 SimResult Simulator::run() {
-  plan_validate(plan_);
+  if (plan_.model_fingerprint.empty() && plan_.cluster_fingerprint.empty()) plan_validate(plan_);
+  else plan_validate_for(plan_, model_, cluster_);
   if (plan_.num_devices != static_cast<int>(cluster_.devices.size()))
     throw Error(fmt::format("the plan is for {} devices, cluster '{}' has {}", plan_.num_devices, cluster_.name,
                             cluster_.devices.size()),
@@ -433,6 +434,18 @@ const char* sim_stream_name(SimStream stream) {
 SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options) {
   Simulator sim(plan, model, cluster, options);
   return sim.run();
+}
+
+void sim_check_memory(const SimResult& result, const Plan& plan) {
+  for (const SimLane& lane : result.lanes) {
+    const double capacity = plan.stages[lane.stage].memory_capacity_bytes;
+    if (capacity > 0 && lane.peak_memory_bytes > capacity)
+      throw Error(fmt::format("stage {} ({}) peaks at {} at {:.3f} s in simulation, over its {} capacity",
+                              lane.stage, lane.device_type, units_format_bytes(lane.peak_memory_bytes),
+                              lane.peak_memory_seconds, units_format_bytes(capacity)),
+                  {"", fmt::format("stages[{}].memory", lane.stage)},
+                  "use more recomputation, ZeRO, offload or fewer micro-batches in flight; or re-run `alloy plan`");
+  }
 }
 
 std::string sim_render_text(const SimResult& result, const Plan& plan) {

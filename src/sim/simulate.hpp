@@ -74,9 +74,14 @@ struct SimResult {
   int64_t simulated_ops = 0;
 };
 
-// Throws alloy::Error when the plan is invalid or does not fit the cluster (device count).
+// Throws alloy::Error when the plan is invalid or made for another model or cluster
+// (fingerprints, when the plan has them, and the device count).
 SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster,
                    const SimOptions& options = {});
+
+// Throws alloy::Error naming the stage (field stages[s].memory) whose simulated peak exceeds
+// its device's capacity, e.g. for a hand-edited plan; plans without capacities pass.
+void sim_check_memory(const SimResult& result, const Plan& plan);
 
 // Aligned table for people: per stage busy, bubble, communication and peak memory.
 std::string sim_render_text(const SimResult& result, const Plan& plan);

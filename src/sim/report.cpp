@@ -197,6 +197,26 @@ std::string plan_table(const Plan& plan, const SimResult& result) {
   return html + "</table>\n";
 }
 
+// Where the step's longest dependency chain spends its time, per stage and kind of work.
+std::string critical_path(const SimResult& result) {
+  if (result.critical_path.empty()) return "";
+  std::vector<double> compute(result.lanes.size(), 0), communication(result.lanes.size(), 0);
+  for (const CriticalStep& c : result.critical_path) {
+    const double span = c.end_seconds - c.start_seconds;
+    (op_kind_is_compute(c.kind) ? compute : communication)[c.lane] += span;
+  }
+  const double step = result.step_seconds > 0 ? result.step_seconds : 1;
+  std::string html = fmt::format("<p>{} operations long. Share of the step per stage:</p>\n", result.critical_path.size());
+  html += "<table><tr><th>stage</th><th>device</th><th>compute</th><th>communication</th></tr>\n";
+  for (size_t l = 0; l < result.lanes.size(); ++l) {
+    if (compute[l] + communication[l] <= 0) continue;
+    html += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.1f}%</td><td>{:.1f}%</td></tr>\n", result.lanes[l].stage,
+                        html_escape(result.lanes[l].device_type), 100 * compute[l] / step,
+                        100 * communication[l] / step);
+  }
+  return html + "</table>\n";
+}
+
 std::string runner_ups(const Plan& plan) {
   if (plan.runner_ups.empty()) return "<p>No runner-ups were kept for this plan.</p>\n";
   std::string html = "<table><tr><th>layout</th><th>step</th><th>tokens/s</th><th>why it lost</th></tr>\n";
@@ -243,6 +263,7 @@ std::string report_html(const Plan& plan, const SimResult& result, const ReportO
   html += "<h2>Timeline of one step</h2>\n" + legend() + gantt(result, options);
   html += "<h2>Plan</h2>\n" + plan_table(plan, result);
   html += "<h2>Memory per device over the step</h2>\n" + memory_chart(plan, result);
+  html += "<h2>Critical path</h2>\n" + critical_path(result);
   html += "<h2>Runner-ups</h2>\n" + runner_ups(plan);
   if (!plan.notes.empty()) {
     html += "<h2>Notes</h2>\n<ul>";

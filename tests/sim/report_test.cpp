@@ -46,7 +46,7 @@ TEST(Report, IsOneSelfContainedPageWithEverySection) {
   const std::string html = report_html(r.plan, r.result);
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
   for (const char* part : {"<h1>test-gpt on one-node</h1>", "class=\"gantt\"", "class=\"memory\"", "<polyline",
-                           "bigger bubble", "forward", "backward", "send / recv", "all-reduce", "optimizer", "idle"})
+                           "bigger bubble", "Critical path", "forward", "backward", "send / recv", "all-reduce", "optimizer", "idle"})
     EXPECT_NE(html.find(part), std::string::npos) << part;
   EXPECT_NE(html.find(report_color(OpKind::OpKind_forward).hex), std::string::npos);
   EXPECT_NE(html.find(report_color(OpKind::OpKind_all_reduce).hex), std::string::npos);
@@ -55,7 +55,15 @@ TEST(Report, IsOneSelfContainedPageWithEverySection) {
   // One table row per stage plus the header.
   size_t rows = 0;
   for (size_t at = html.find("<tr>"); at != std::string::npos; at = html.find("<tr>", at + 1)) ++rows;
-  EXPECT_EQ(rows, 1 + r.plan.stages.size() + 1 + r.plan.runner_ups.size());
+  size_t critical_rows = 1;
+  for (size_t l = 0; l < r.result.lanes.size(); ++l)
+    for (const CriticalStep& c : r.result.critical_path)
+      if (c.lane == static_cast<int>(l) && c.end_seconds > c.start_seconds) {
+        ++critical_rows;
+        break;
+      }
+  EXPECT_GE(critical_rows, 2u);
+  EXPECT_EQ(rows, 1 + r.plan.stages.size() + critical_rows + 1 + r.plan.runner_ups.size());
 }
 
 // RGBA pixels of an 8-bit, non-interlaced PNG (RGB or RGBA), as Chromium writes them.

@@ -164,14 +164,30 @@ LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool 
   return {compute_seconds(type, train_->precision, work, false), compute_seconds(type, train_->precision, work, true)};
 }
 
-double CostModel::block_compute_seconds(int device_type, int tp, int64_t micro_batch, bool sp) const {
+double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const {
+  if (group.ranks <= 1 || bytes <= 0) return 0;
+  if (profile_) {
+    const std::string& name = cluster_->device_types[device_type].name;
+    const ProfiledCollective* measured = profile_->find_collective(name, op, group.ranks, group.nodes > 1);
+    if (measured) return measured->latency_seconds + bytes / measured->bandwidth_bytes_per_second;
+    std::lock_guard<std::mutex> lock(notes_mutex_);
+    notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
+                              collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));
+  }
+  return collective_seconds(op, bytes, group);
+}
+
+double CostModel::block_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sp) const {
   StageShape shape;
   shape.device_type = device_type;
   shape.tp = tp;
   shape.micro_batch = micro_batch;
-  const LayerTimes t = layer_times(shape, LayerKind::LayerKind_block, sp,
-                                   block_work(*model_, micro_batch, train_->seq_len, tp, sp, train_->precision));
-  return t.forward_seconds + t.backward_seconds;
+  shape.tp_group.ranks = tp;
+  shape.tp_group.concurrent_per_node = tp;
+  shape.tp_group.intra_node = type_links_[device_type];
+  shape.tp_group.network = cluster_->network;
+  const StageUnitCosts u = unit_costs(shape, sp);
+  return u.block.forward_seconds + u.block.backward_seconds;
 }
 
 StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
@@ -192,9 +208,9 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   const double hidden = hidden_state_bytes(m, b, s, p);
   double tp_collectives = 0;
   if (tp > 1) {
-    tp_collectives = sp ? collective_seconds(CollectiveOp::CollectiveOp_all_gather, hidden, shape.tp_group) +
-                              collective_seconds(CollectiveOp::CollectiveOp_reduce_scatter, hidden, shape.tp_group)
-                        : collective_seconds(CollectiveOp::CollectiveOp_all_reduce, hidden, shape.tp_group);
+    tp_collectives = sp ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, hidden, shape.tp_group) +
+                              group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, hidden, shape.tp_group)
+                        : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, hidden, shape.tp_group);
     tp_collectives *= 2.0;
   }
   u.block.forward_seconds += tp_collectives;
@@ -213,9 +229,9 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.offload_forward_seconds = std::max(0.0, fetch - compute_only.forward_seconds);
   u.offload_backward_seconds = std::max(0.0, 2.0 * fetch - compute_only.backward_seconds);
   if (shape.dp > 1) {
-    const double gather = collective_seconds(CollectiveOp::CollectiveOp_all_gather, u.block_parameters * e, shape.dp_group);
+    const double gather = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, u.block_parameters * e, shape.dp_group);
     const double scatter =
-        collective_seconds(CollectiveOp::CollectiveOp_reduce_scatter, u.block_parameters * e, shape.dp_group);
+        group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, u.block_parameters * e, shape.dp_group);
     u.zero3_forward_seconds = std::max(0.0, gather - compute_only.forward_seconds);
     u.zero3_backward_seconds = std::max(0.0, gather + scatter - compute_only.backward_seconds);
   }
@@ -224,7 +240,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.head = layer_times(shape, LayerKind::LayerKind_head, sp, head_work(m, b, s, tp, p));
   if (tp > 1) {
     // Vocabulary-parallel embedding all-reduces its output; the head all-reduces its input gradient.
-    const double ar = collective_seconds(CollectiveOp::CollectiveOp_all_reduce, hidden, shape.tp_group);
+    const double ar = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, hidden, shape.tp_group);
     u.embedding.forward_seconds += ar;
     u.head.backward_seconds += ar;
   }
@@ -271,8 +287,8 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
     // Gradient reduction overlaps the last backward; ZeRO-1/2 also re-gather updated weights.
     const double grad_bytes = params * e;
     const double reduce = c.zero == 0
-                              ? collective_seconds(CollectiveOp::CollectiveOp_all_reduce, grad_bytes, shape.dp_group)
-                              : collective_seconds(CollectiveOp::CollectiveOp_reduce_scatter, grad_bytes, shape.dp_group);
+                              ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, grad_bytes, shape.dp_group)
+                              : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, grad_bytes, shape.dp_group);
     // The window is the plain backward (recomputation and transfers excluded), so the exposed
     // sync depends on the stage's layers and shape only.
     const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
@@ -280,7 +296,7 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
     const double window = kGradientOverlapFraction * plain_backward;
     t.gradient_sync_seconds = std::max(0.0, reduce - window);
     if (c.zero >= 1)
-      t.gradient_sync_seconds += collective_seconds(CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
+      t.gradient_sync_seconds += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
   }
   const int states = optimizer_states(*train_);
   const bool master = train_->master_weights_fp32 && e < 4;

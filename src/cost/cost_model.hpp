@@ -121,9 +121,10 @@ class CostModel {
                                const StageChoice& choice, double micro_batches_in_flight,
                                bool has_next_stage) const;
 
-  // Forward plus backward compute of one block, collectives excluded: a lower bound on a
-  // block's time used to order and prune candidate layouts.
-  double block_compute_seconds(int device_type, int tp, int64_t micro_batch, bool sequence_parallel) const;
+  // Forward plus backward of one block with its tp collectives (which stay inside a node, so
+  // they do not depend on placement): a lower bound on a block's time, used to order and
+  // prune candidate layouts.
+  double block_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sequence_parallel) const;
 
   // Capacity of one device of a type, and the intra-node link of a type's nodes.
   double device_memory_bytes(int device_type) const;
@@ -133,6 +134,8 @@ class CostModel {
   std::vector<std::string> fallback_notes() const;
 
  private:
+  // A collective on a group of a device type: measured when the profile has it, else analytic.
+  double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const;
   LayerTimes layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const;
 
   const ModelSpec* model_;

@@ -8,9 +8,11 @@ namespace alloy {
 
 namespace {
 
+// Step time = m x bottleneck stage + the other stages' fill and drain / v + the bottleneck's
+// per-step overhead (equal to pipeline_step_seconds).
 struct StepParts {
-  double fill_seconds = 0;      // sum of stage times / v
-  double steady_seconds = 0;    // (m - 1/v) x bottleneck stage time
+  double work_seconds = 0;      // m x the bottleneck stage's time per micro-batch
+  double bubble_seconds = 0;    // the other stages' times / v
   double overhead_seconds = 0;  // the bottleneck stage's per-step overhead
   int bottleneck = 0;
 };
@@ -19,18 +21,22 @@ StepParts step_parts(const Plan& plan) {
   StepParts parts;
   const double a = plan.num_micro_batches - 1.0 / plan.virtual_chunks;
   double worst = -1;
+  double sum = 0;
+  double bottleneck_t = 0;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
     const double t = st.forward_seconds + st.backward_seconds;
-    parts.fill_seconds += t / plan.virtual_chunks;
+    sum += t;
     const double g = a * t + st.gradient_sync_seconds + st.optimizer_seconds;
     if (g > worst) {
       worst = g;
       parts.bottleneck = static_cast<int>(s);
-      parts.steady_seconds = a * t;
+      bottleneck_t = t;
       parts.overhead_seconds = st.gradient_sync_seconds + st.optimizer_seconds;
     }
   }
+  parts.work_seconds = plan.num_micro_batches * bottleneck_t;
+  parts.bubble_seconds = (sum - bottleneck_t) / plan.virtual_chunks;
   return parts;
 }
 
@@ -88,11 +94,20 @@ Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std
 }
 
 std::string plan_shape_summary(const Plan& plan) {
-  std::string out = fmt::format("{} stage{}: ", plan.stages.size(), plan.stages.size() == 1 ? "" : "s");
-  for (size_t s = 0; s < plan.stages.size(); ++s) {
+  std::string out = fmt::format("pp {}: ", plan.stages.size());
+  // Consecutive stages of the same type and shape are written once, with their count.
+  for (size_t s = 0; s < plan.stages.size();) {
     const PlanStage& st = plan.stages[s];
+    size_t e = s;
+    int layers = 0;
+    while (e < plan.stages.size() && plan.stages[e].device_type == st.device_type && plan.stages[e].tp == st.tp &&
+           plan.stages[e].dp == st.dp)
+      layers += plan.stages[e++].num_blocks();
     if (s > 0) out += " | ";
-    out += fmt::format("{} tp{} dp{} {}L", st.device_type, st.tp, st.dp, st.num_blocks());
+    out += fmt::format("{} tp{} dp{}", st.device_type, st.tp, st.dp);
+    if (e - s > 1) out += fmt::format(" x{}", e - s);
+    out += fmt::format(" {}L", layers);
+    s = e;
   }
   out += fmt::format("; {}", schedule_name(plan.schedule));
   if (plan.virtual_chunks > 1) out += fmt::format(" v{}", plan.virtual_chunks);
@@ -112,14 +127,17 @@ RunnerUp runner_up_explain(const Plan& best, const Plan& other, bool by_cost) {
   // Compare per token so different batch sizes are comparable.
   const double per_a = 1.0 / (best.global_batch_sequences * best.seq_len);
   const double per_b = 1.0 / (other.global_batch_sequences * other.seq_len);
-  const double d_steady = b.steady_seconds * per_b - a.steady_seconds * per_a;
-  const double d_fill = b.fill_seconds * per_b - a.fill_seconds * per_a;
+  const double d_steady = b.work_seconds * per_b - a.work_seconds * per_a;
+  const double d_fill = b.bubble_seconds * per_b - a.bubble_seconds * per_a;
   const double d_overhead = b.overhead_seconds * per_b - a.overhead_seconds * per_a;
   const PlanStage& slow = other.stages[b.bottleneck];
   std::string why;
   if (d_steady >= d_fill && d_steady >= d_overhead) {
-    why = fmt::format("{} stage {} is the bottleneck ({:.1f} ms per micro-batch", slow.device_type, b.bottleneck,
-                      (slow.forward_seconds + slow.backward_seconds) * 1e3);
+    const PlanStage& ours = best.stages[a.bottleneck];
+    why = fmt::format("{} stage {} is the bottleneck ({:.1f} ms per micro-batch of {} seq, vs {:.1f} ms of {}",
+                      slow.device_type, b.bottleneck, (slow.forward_seconds + slow.backward_seconds) * 1e3,
+                      other.micro_batch_sequences, (ours.forward_seconds + ours.backward_seconds) * 1e3,
+                      best.micro_batch_sequences);
     const int rc = recomputed_blocks(slow);
     if (rc > 0) why += fmt::format(", {} of {} layers recomputed", rc, slow.num_blocks());
     why += ")";

@@ -1,6 +1,7 @@
 #include "search/layouts.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 
@@ -46,6 +47,31 @@ std::vector<ShapeOption> shape_options(const TypePool& pool, const SearchOptions
 }
 
 int64_t lcm64(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
+
+// Smallest slowest-stage time over integer layer splits when a stage's time is its blocks
+// times its block time: every stage holds at least one chunk of v blocks. Returns a value no
+// larger than the true minimum (the largest time found infeasible, or the trivial bound).
+double integer_bottleneck_bound(const std::vector<std::pair<int, double>>& stages_and_block_seconds, int units, int v) {
+  double lo = 0;
+  double hi = 0;
+  for (const auto& [count, t] : stages_and_block_seconds) {
+    lo = std::max(lo, v * t);
+    hi = std::max(hi, units * v * t);
+  }
+  auto enough = [&](double cap) {
+    int64_t total = 0;
+    for (const auto& [count, t] : stages_and_block_seconds)
+      total += static_cast<int64_t>(count) * static_cast<int64_t>(std::floor(cap / (v * t)));
+    return total >= units;
+  };
+  if (enough(lo)) return lo;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    if (enough(mid)) hi = mid;
+    else lo = mid;
+  }
+  return lo;
+}
 
 }  // namespace
 
@@ -126,9 +152,9 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
     auto key = std::make_tuple(type, tp, b);
     auto it = block_seconds.find(key);
     if (it != block_seconds.end()) return it->second;
-    double t = cost.block_compute_seconds(type, tp, b, false);
-    if (tp > 1 && o.sequence_parallel.value_or(true)) t = std::min(t, cost.block_compute_seconds(type, tp, b, true));
-    if (o.sequence_parallel.has_value() && *o.sequence_parallel && tp > 1) t = cost.block_compute_seconds(type, tp, b, true);
+    double t = cost.block_seconds_bound(type, tp, b, false);
+    if (tp > 1 && o.sequence_parallel.value_or(true)) t = std::min(t, cost.block_seconds_bound(type, tp, b, true));
+    if (o.sequence_parallel.has_value() && *o.sequence_parallel && tp > 1) t = cost.block_seconds_bound(type, tp, b, true);
     block_seconds[key] = t;
     return t;
   };
@@ -167,8 +193,13 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
           if (micro % dp_lcm != 0) continue;
           if (o.num_micro_batches > 0 && m != o.num_micro_batches) continue;
           if (o.micro_batch_sequences > 0 && micro != o.micro_batch_sequences) continue;
-          double rate = 0;  // blocks per second summed over stages
-          for (const TypeGroup& g : groups) rate += g.stages / block_time(g.device_type, g.tp, micro / g.dp);
+          double fastest_block = 1e300;
+          std::vector<std::pair<int, double>> block_times;
+          for (const TypeGroup& g : groups) {
+            const double t = block_time(g.device_type, g.tp, micro / g.dp);
+            block_times.emplace_back(g.stages, t);
+            fastest_block = std::min(fastest_block, t);
+          }
           for (Schedule sched : schedules) {
             std::vector<int> vs = {1};
             if (sched == Schedule::Schedule_interleaved) vs = chunk_options;
@@ -187,7 +218,11 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
               s.schedule = sched;
               s.virtual_chunks = v;
               s.groups = groups;
-              s.lower_bound_seconds = m * layers / rate;
+              // Every stage's time is at least its blocks' time: the sum over stages is at least
+              // all layers at the fastest type's speed, the slowest stage at least the best
+              // integer split's.
+              s.bottleneck_bound_seconds = integer_bottleneck_bound(block_times, layers / v, v);
+              s.lower_bound_seconds = layers * fastest_block / v + (m - 1.0 / v) * s.bottleneck_bound_seconds;
               s.price_per_second = price;
               s.index = static_cast<int>(out.size());
               out.push_back(std::move(s));

@@ -26,6 +26,7 @@ struct Structure {
   int virtual_chunks = 1;
   std::vector<TypeGroup> groups;  // pipeline order
   double lower_bound_seconds = 0;  // no layer split of this structure is faster
+  double bottleneck_bound_seconds = 0;  // no split has a slowest stage faster (per micro-batch)
   double price_per_second = 0;     // of the devices it uses
   int index = 0;                   // enumeration order, for deterministic ties
 

@@ -68,7 +68,6 @@ struct SlotInfo {
   StageSlot slot;
   UnitKey unit_key;  // sp = 0
   std::vector<int> device_ids;
-  double block_seconds_bound = 0;
 };
 
 struct Solution {
@@ -130,10 +129,6 @@ class Searcher {
         k.sp = 1;
         if (sp_allowed) slot.unit[1] = unit(slot.shape, k);
         slot.capacity_bytes = cost_.device_memory_bytes(g.device_type);
-        double bound = kInfinity;
-        for (const StageUnitCosts* u : slot.unit)
-          if (u) bound = std::min(bound, u->block.forward_seconds + u->block.backward_seconds);
-        info.block_seconds_bound = bound;
         out.push_back(std::move(info));
       }
     }
@@ -168,6 +163,7 @@ class Searcher {
     std::vector<double> best((p + 1) * width, kInfinity);
     std::vector<int> take((p + 1) * width, 0);
     std::vector<const StageOption*> pick((p + 1) * width, nullptr);
+    if (option_table_.size() != static_cast<size_t>(p) * width) option_table_.assign(static_cast<size_t>(p) * width, nullptr);
     best[0] = 0;
     for (int st = 0; st < p; ++st) {
       const int remaining_after = p - st - 1;
@@ -178,7 +174,9 @@ class Searcher {
         const double base = best[st * width + j];
         if (base == kInfinity) continue;
         for (int k = k_lo; k <= k_hi && j + k + remaining_after <= units; ++k) {
-          const std::vector<StageOption>& set = options(slot_infos[st], k * v);
+          const std::vector<StageOption>*& cached = option_table_[st * width + k];
+          if (!cached) cached = &options(slot_infos[st], k * v);
+          const std::vector<StageOption>& set = *cached;
           if (set.empty()) break;  // more blocks need more memory
           const StageOption* found = nullptr;
           for (const StageOption& o : set)
@@ -214,11 +212,12 @@ class Searcher {
   // Exact best split for a structure: walk the bottleneck cap down from infinity, each time
   // solving the min-sum split under the cap; stop when no smaller cap can win.
   std::optional<Solution> solve(const Structure& s, std::vector<SlotInfo>& slot_infos, double threshold_seconds) {
+    option_table_.clear();
     const int v = s.virtual_chunks;
     const double a = s.micro_batches - 1.0 / v;
-    double rate = 0;
-    for (const SlotInfo& info : slot_infos) rate += 1.0 / info.block_seconds_bound;
-    const double bottleneck_bound = a * static_cast<double>(cost_.model().num_layers) / rate;
+    double slowest_stage_bound = 0;
+    refined_lower_bound(s, slot_infos, &slowest_stage_bound);
+    const double bottleneck_bound = a * slowest_stage_bound;
     std::optional<Solution> best;
     double cap = kInfinity;
     std::vector<int> blocks;
@@ -236,6 +235,52 @@ class Searcher {
       cap = std::nextafter(bottleneck, 0.0);
     }
     return best;
+  }
+
+  // A lower bound on the step time from the actual stages: each stage's time is at least its
+  // blocks' time plus its fixed part (boundary sends, embedding, head). Returns the bound and
+  // sets the matching bound on the slowest stage (per micro-batch).
+  double refined_lower_bound(const Structure& s, const std::vector<SlotInfo>& slot_infos, double* bottleneck) const {
+    const int v = s.virtual_chunks;
+    const int layers = static_cast<int>(cost_.model().num_layers);
+    const int units = layers / v;
+    const int p = static_cast<int>(slot_infos.size());
+    std::vector<double> per_block(p, kInfinity);
+    std::vector<double> fixed(p, kInfinity);
+    double fixed_sum = 0;
+    double fastest = kInfinity;
+    double lo = 0;
+    double hi = 0;
+    for (int i = 0; i < p; ++i) {
+      const StageSlot& slot = slot_infos[i].slot;
+      for (const StageUnitCosts* u : slot.unit) {
+        if (!u) continue;
+        per_block[i] = std::min(per_block[i], u->block.forward_seconds + u->block.backward_seconds);
+        double f = 2.0 * slot.chunks_sent * slot.boundary_seconds;
+        if (slot.has_embedding) f += u->embedding.forward_seconds + u->embedding.backward_seconds;
+        if (slot.has_head) f += u->head.forward_seconds + u->head.backward_seconds;
+        fixed[i] = std::min(fixed[i], f);
+      }
+      fixed_sum += fixed[i] + v * per_block[i];
+      fastest = std::min(fastest, per_block[i]);
+      lo = std::max(lo, fixed[i] + v * per_block[i]);
+      hi = std::max(hi, fixed[i] + units * v * per_block[i]);
+    }
+    auto enough = [&](double cap) {
+      int64_t total = 0;
+      for (int i = 0; i < p; ++i) total += static_cast<int64_t>(std::floor((cap - fixed[i]) / (v * per_block[i])));
+      return total >= units;
+    };
+    if (!enough(lo)) {
+      for (int i = 0; i < 60; ++i) {
+        const double mid = 0.5 * (lo + hi);
+        if (enough(mid)) hi = mid;
+        else lo = mid;
+      }
+    }
+    *bottleneck = lo;
+    const double sum = fixed_sum + (layers - p * v) * fastest;
+    return sum / v + (s.micro_batches - 1.0 / v) * lo;
   }
 
   // Memory the most frugal even split of a structure needs, as a multiple of capacity.
@@ -265,6 +310,7 @@ class Searcher {
  private:
   std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
   std::unordered_map<OptionKey, std::vector<StageOption>, KeyHash> option_sets_;
+  std::vector<const std::vector<StageOption>*> option_table_;  // (stage, units) of the structure in solve()
 };
 
 void check_inputs(const CostModel& cost, const SearchOptions& o) {
@@ -361,8 +407,13 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
       searcher.stats.pruned_by_bound += static_cast<int64_t>(order.size() - pos);
       break;
     }
-    ++searcher.stats.evaluated;
     std::vector<SlotInfo> slots = searcher.slots(s, pools);
+    double slowest_stage_bound = 0;
+    if (searcher.refined_lower_bound(s, slots, &slowest_stage_bound) * factor >= threshold) {
+      ++searcher.stats.pruned_by_refined_bound;
+      continue;
+    }
+    ++searcher.stats.evaluated;
     std::optional<Solution> solution = searcher.solve(s, slots, threshold / factor);
     if (!solution) {
       ++searcher.stats.infeasible;

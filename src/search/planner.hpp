@@ -41,6 +41,7 @@ struct SearchOptions {
 struct SearchStats {
   int64_t structures = 0;            // (batch, stage layout, micro-batching, schedule) candidates
   int64_t pruned_by_bound = 0;       // never evaluated: lower bound no better than the kept plans
+  int64_t pruned_by_refined_bound = 0;  // bound from the placed stages (boundary sends, head)
   int64_t evaluated = 0;
   int64_t infeasible = 0;            // evaluated, nothing fits in memory
   int64_t split_solves = 0;          // layer-split dynamic programs run

@@ -1,6 +1,7 @@
 #include "search/stage_options.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace alloy {
@@ -38,19 +39,20 @@ int min_selective(const Context& c, int lo, int hi, int full, int offloaded) {
   return lo;
 }
 
-// Cheapest recomputation (extra backward seconds) that fits with `offloaded` blocks offloaded.
-bool cheapest_recompute(const Context& c, int recompute_pin, int offloaded, int* selective, int* full) {
+double memory_bytes(const Context& c, int selective, int full, int offloaded) {
+  StageOption o;
+  o.zero = c.zero;
+  o.selective = selective;
+  o.full = full;
+  o.offloaded = offloaded;
+  return c.cost.stage_memory(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks), c.slot.in_flight,
+                             c.slot.has_next).total_bytes();
+}
+
+// Cheapest recomputation (extra backward seconds) that fits, trying every count of fully
+// recomputed blocks with a binary search on the selective count. Exact and slow.
+bool cheapest_recompute_search(const Context& c, int offloaded, int* selective, int* full) {
   const int n = c.blocks;
-  if (recompute_pin >= 0) {
-    *selective = recompute_pin == static_cast<int>(Recompute::Recompute_selective) ? n : 0;
-    *full = recompute_pin == static_cast<int>(Recompute::Recompute_full) ? n : 0;
-    return fits(c, *selective, *full, offloaded);
-  }
-  if (fits(c, 0, 0, offloaded)) {
-    *selective = 0;
-    *full = 0;
-    return true;
-  }
   const double r_sel = c.unit.recompute_selective_seconds;
   const double r_full = c.unit.recompute_full_seconds;
   double best = std::numeric_limits<double>::infinity();
@@ -66,6 +68,52 @@ bool cheapest_recompute(const Context& c, int recompute_pin, int offloaded, int*
     }
   }
   return best < std::numeric_limits<double>::infinity();
+}
+
+// Cheapest recomputation that fits with `offloaded` blocks offloaded. Once any block is
+// recomputed, memory is affine in the selective and full counts, so three evaluations give the
+// slopes and every full count is scored arithmetically; the winner is then checked exactly.
+bool cheapest_recompute(const Context& c, int recompute_pin, int offloaded, int* selective, int* full) {
+  const int n = c.blocks;
+  if (recompute_pin >= 0) {
+    *selective = recompute_pin == static_cast<int>(Recompute::Recompute_selective) ? n : 0;
+    *full = recompute_pin == static_cast<int>(Recompute::Recompute_full) ? n : 0;
+    return fits(c, *selective, *full, offloaded);
+  }
+  if (fits(c, 0, 0, offloaded)) {
+    *selective = 0;
+    *full = 0;
+    return true;
+  }
+  if (!fits(c, 0, n, offloaded)) return false;  // all-full is the most frugal
+  if (n < 2) return cheapest_recompute_search(c, offloaded, selective, full);
+  const double one_sel = memory_bytes(c, 1, 0, offloaded);
+  const double per_sel = one_sel - memory_bytes(c, 2, 0, offloaded);
+  const double base = one_sel + per_sel;  // intercept of the affine region
+  const double per_full = base - memory_bytes(c, 0, 1, offloaded);
+  if (per_sel <= 0 || per_full <= 0) return cheapest_recompute_search(c, offloaded, selective, full);
+  const double r_sel = c.unit.recompute_selective_seconds;
+  const double r_full = c.unit.recompute_full_seconds;
+  const double cap = c.slot.capacity_bytes;
+  double best = std::numeric_limits<double>::infinity();
+  for (int f = 0; f <= n; ++f) {
+    if (f * r_full >= best) break;
+    const double need = (base - f * per_full - cap) / per_sel;
+    const int sel = std::max(f == 0 ? 1 : 0, static_cast<int>(std::ceil(need - 1e-9)));
+    if (sel > n - f) continue;
+    const double extra = sel * r_sel + f * r_full;
+    if (extra < best) {
+      best = extra;
+      *selective = sel;
+      *full = f;
+    }
+  }
+  if (best == std::numeric_limits<double>::infinity()) return cheapest_recompute_search(c, offloaded, selective, full);
+  // Rounding at the capacity boundary: settle the winner on the exact memory.
+  while (*selective <= n - *full && !fits(c, *selective, *full, offloaded)) ++*selective;
+  if (*selective > n - *full) return cheapest_recompute_search(c, offloaded, selective, full);
+  while (*selective > (*full == 0 ? 1 : 0) && fits(c, *selective - 1, *full, offloaded)) --*selective;
+  return true;
 }
 
 StageOption option_timing(const Context& c, int selective, int full, int offloaded) {

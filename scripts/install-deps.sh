@@ -7,7 +7,8 @@ packages=(
   g++ cmake ninja-build pkg-config
   libopenblas-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
+  chromium
   "$@"
 )
 

@@ -8,6 +8,8 @@
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "search/planner.hpp"
+#include "sim/report.hpp"
+#include "sim/simulate.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 
@@ -26,6 +28,7 @@ struct PlanCommand {
   std::string layer_split;
   std::string device_order;
   std::string output;
+  std::string report;
   int64_t global_batch = 0;
   int sequence_parallel = -1;
   bool no_offload = false;
@@ -105,6 +108,11 @@ void run_plan(PlanCommand& c) {
     plan_save(result.plan, c.output);
     fmt::print("plan written to {}\n", c.output);
   }
+  if (!c.report.empty()) {
+    SimResult simulated = simulate(result.plan, model, cluster);
+    report_save(result.plan, simulated, c.report);
+    fmt::print("report written to {} (simulated step {})\n", c.report, units_format_seconds(simulated.step_seconds));
+  }
 }
 
 }  // namespace
@@ -119,6 +127,7 @@ void add_plan(CLI::App& app, int* exit_code) {
   cmd->add_option("--profile", c->profile, "Measured profile JSON (docs/profile-format.md)");
   cmd->add_option("--objective", c->objective, "throughput (tokens/s) or cost (price per token)")->capture_default_str();
   cmd->add_option("--output,-o", c->output, "Write the plan as JSON to this file");
+  cmd->add_option("--report", c->report, "Also simulate the plan and write an HTML report");
   cmd->add_option("--tp", c->search.tp, "Pin the tensor-parallel degree of every stage");
   cmd->add_option("--pp", c->search.pp, "Pin the number of pipeline stages");
   cmd->add_option("--dp", c->search.dp, "Pin the data-parallel degree of every stage");

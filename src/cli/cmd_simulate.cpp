@@ -3,7 +3,10 @@
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
+#include <cmath>
+
 #include "hw/catalog.hpp"
+#include "search/planner.hpp"
 #include "sim/report.hpp"
 #include "sim/simulate.hpp"
 #include "sim/trace.hpp"
@@ -26,6 +29,20 @@ void run_simulate(const SimulateCommand& c, bool print_table) {
   Plan plan = plan_load(c.plan);
   ModelSpec model = model_load(c.model.empty() ? plan.model_name : c.model);
   ClusterSpec cluster = cluster_load(c.cluster.empty() ? plan.cluster_name : c.cluster, catalog_builtin());
+  // Predictions in the file are not trusted: a hand-edited plan is re-priced from its choices.
+  plan_validate_for(plan, model, cluster, c.plan);
+  TrainSpec train;
+  train.seq_len = plan.seq_len;
+  train.global_batch_sequences = plan.global_batch_sequences;
+  train.precision = plan.precision;
+  CostModel cost(model, cluster, train);
+  const double saved_step_seconds = plan.step_seconds;
+  plan_evaluate(&plan, cost);
+  if (saved_step_seconds > 0 && std::abs(plan.step_seconds / saved_step_seconds - 1.0) > 1e-6) {
+    fmt::print("note: the plan's saved predictions differ from the cost model's for its choices "
+               "(step {} saved, {} now); using the cost model's\n",
+               units_format_seconds(saved_step_seconds), units_format_seconds(plan.step_seconds));
+  }
   SimResult result = simulate(plan, model, cluster);
   sim_check_memory(result, plan);
   if (print_table) {

@@ -7,6 +7,7 @@
 #include "cli/commands.hpp"
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
+#include "plan/export.hpp"
 #include "search/planner.hpp"
 #include "sim/report.hpp"
 #include "sim/simulate.hpp"
@@ -29,6 +30,7 @@ struct PlanCommand {
   std::string device_order;
   std::string output;
   std::string report;
+  std::string emit;
   int64_t global_batch = 0;
   int sequence_parallel = -1;
   bool no_offload = false;
@@ -108,6 +110,11 @@ void run_plan(PlanCommand& c) {
     plan_save(result.plan, c.output);
     fmt::print("plan written to {}\n", c.output);
   }
+  if (c.emit == "megatron") {
+    fmt::print("\nMegatron-LM arguments:\n{}", plan_export_render(plan_export_megatron(result.plan, model, train), "megatron"));
+  } else if (c.emit == "deepspeed") {
+    fmt::print("\nDeepSpeed configuration:\n{}", plan_export_render(plan_export_deepspeed(result.plan, model, train), "deepspeed"));
+  }
   if (!c.report.empty()) {
     SimResult simulated = simulate(result.plan, model, cluster);
     report_save(result.plan, simulated, c.report);
@@ -128,6 +135,8 @@ void add_plan(CLI::App& app, int* exit_code) {
   cmd->add_option("--objective", c->objective, "throughput (tokens/s) or cost (price per token)")->capture_default_str();
   cmd->add_option("--output,-o", c->output, "Write the plan as JSON to this file");
   cmd->add_option("--report", c->report, "Also simulate the plan and write an HTML report");
+  cmd->add_option("--emit", c->emit, "Also print the plan for another runtime: megatron or deepspeed")
+      ->check(CLI::IsMember({"megatron", "deepspeed"}));
   cmd->add_option("--tp", c->search.tp, "Pin the tensor-parallel degree of every stage");
   cmd->add_option("--pp", c->search.pp, "Pin the number of pipeline stages");
   cmd->add_option("--dp", c->search.dp, "Pin the data-parallel degree of every stage");

@@ -1,0 +1,83 @@
+// Device arena: exact byte accounting with a hard cap and a high-water mark.
+#include "runtime/arena.hpp"
+
+#include <cstdlib>
+#include <new>
+
+#include <fmt/format.h>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+namespace {
+
+std::string arena_mib(int64_t bytes) {
+  return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+}  // namespace
+
+Arena::Arena(int64_t capacity_bytes, std::string device_name)
+    : capacity_bytes_(capacity_bytes), device_name_(std::move(device_name)) {
+  if (capacity_bytes <= 0) {
+    throw Error(fmt::format("device arena capacity must be positive, got {} bytes", capacity_bytes),
+                {}, "give the device a positive memory cap");
+  }
+}
+
+Arena::~Arena() {
+  for (auto& [pointer, bytes] : live_) std::free(pointer);
+  trim();
+}
+
+void* Arena::allocate(int64_t bytes, const char* what) {
+  if (bytes < 0) throw Error(fmt::format("negative allocation of {} bytes for {}", bytes, what));
+  const int64_t rounded = arena_rounded_bytes(bytes == 0 ? 1 : bytes);
+  if (bytes_in_use_ + rounded > capacity_bytes_) {
+    throw Error(fmt::format("out of device memory on {}: {} requests {} ({} bytes) with {} in use "
+                            "of a {} capacity",
+                            device_name_, what, arena_mib(rounded), rounded,
+                            arena_mib(bytes_in_use_), arena_mib(capacity_bytes_)),
+                {}, "raise the device memory cap, or use recomputation or offload to need less");
+  }
+  void* pointer = nullptr;
+  auto cached = cached_.find(rounded);
+  if (cached != cached_.end()) {
+    pointer = cached->second;
+    cached_.erase(cached);
+  } else {
+    pointer = std::aligned_alloc(kArenaAlignmentBytes, static_cast<size_t>(rounded));
+    if (pointer == nullptr) {
+      trim();
+      pointer = std::aligned_alloc(kArenaAlignmentBytes, static_cast<size_t>(rounded));
+    }
+    if (pointer == nullptr) {
+      throw Error(fmt::format("host could not back {} of device arena for {}", arena_mib(rounded),
+                              what),
+                  {}, "lower the memory cap or free host memory");
+    }
+  }
+  live_.emplace(pointer, rounded);
+  bytes_in_use_ += rounded;
+  if (bytes_in_use_ > peak_bytes_) peak_bytes_ = bytes_in_use_;
+  return pointer;
+}
+
+void Arena::release(void* pointer) {
+  if (pointer == nullptr) return;
+  auto it = live_.find(pointer);
+  if (it == live_.end()) {
+    throw Error("release of a pointer that the device arena did not allocate (or released twice)");
+  }
+  bytes_in_use_ -= it->second;
+  cached_.emplace(it->second, pointer);
+  live_.erase(it);
+}
+
+void Arena::trim() {
+  for (auto& [bytes, pointer] : cached_) std::free(pointer);
+  cached_.clear();
+}
+
+}  // namespace alloy

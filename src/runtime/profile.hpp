@@ -1,0 +1,53 @@
+// Per-kernel wall-clock timers of the CPU runtime (perf is not available here): off by default,
+// a branch per kernel call when off. The benchmark and the trainer's progress line read them.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+
+namespace alloy {
+
+enum class KernelKind {
+  KernelKind_matmul,       // linear layers (forward and backward GEMMs)
+  KernelKind_attention,    // attention scores, softmax, context and their backward
+  KernelKind_norm,         // LayerNorm, RMSNorm
+  KernelKind_elementwise,  // GELU, SwiGLU, residual adds, RoPE
+  KernelKind_embedding,
+  KernelKind_loss,         // softmax cross-entropy
+  KernelKind_optimizer,    // gradient norm, clipping, AdamW
+  KernelKind_count,
+};
+
+const char* kernel_kind_name(KernelKind kind);
+
+struct KernelProfile {
+  std::array<double, static_cast<size_t>(KernelKind::KernelKind_count)> seconds{};      // wall
+  std::array<double, static_cast<size_t>(KernelKind::KernelKind_count)> cpu_seconds{};  // process
+  std::array<int64_t, static_cast<size_t>(KernelKind::KernelKind_count)> calls{};
+  double total_seconds() const;
+  double total_cpu_seconds() const;
+};
+
+void profile_enable(bool enabled);
+bool profile_enabled();
+void profile_reset();
+const KernelProfile& profile_read();
+
+// Adds the scope's wall and process CPU time to `kind` when profiling is on (CPU time is
+// robust to other load on the machine when the runtime uses one thread).
+class ProfileScope {
+ public:
+  explicit ProfileScope(KernelKind kind);
+  ~ProfileScope();
+  ProfileScope(const ProfileScope&) = delete;
+  ProfileScope& operator=(const ProfileScope&) = delete;
+
+ private:
+  KernelKind kind_;
+  bool active_;
+  std::chrono::steady_clock::time_point start_;
+  double cpu_start_seconds_ = 0.0;
+};
+
+}  // namespace alloy

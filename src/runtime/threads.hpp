@@ -1,0 +1,18 @@
+// Thread counts of the CPU runtime. One pool: OpenMP runs the parallel loops and splits every
+// GEMM into per-thread slices, each a single-threaded OpenBLAS call; so several MPI ranks on one
+// machine share its cores without oversubscription, and no idle pool spins against another.
+#pragma once
+
+namespace alloy {
+
+// ALLOY_THREADS when set, else cores / OMPI_COMM_WORLD_LOCAL_SIZE (ranks on this node), min 1.
+int runtime_default_threads();
+
+// Sets the OpenMP thread count to n (n < 1: runtime_default_threads()) and OpenBLAS to one
+// thread per caller, since the kernels parallelise GEMMs themselves.
+void runtime_set_threads(int n);
+
+// The count last set (runtime_default_threads() before any call).
+int runtime_threads();
+
+}  // namespace alloy

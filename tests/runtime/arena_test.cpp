@@ -1,0 +1,50 @@
+// The device arena: alignment, exact accounting, peak tracking and the capacity error.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "runtime/arena.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+TEST(Arena, AlignsAndCountsRoundedBytes) {
+  Arena arena(1 << 20);
+  void* a = arena.allocate(100, "a");
+  void* b = arena.allocate(64, "b");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % kArenaAlignmentBytes, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % kArenaAlignmentBytes, 0u);
+  EXPECT_EQ(arena.bytes_in_use(), 128 + 64);
+  arena.release(a);
+  EXPECT_EQ(arena.bytes_in_use(), 64);
+  EXPECT_EQ(arena.peak_bytes(), 192);
+  arena.reset_peak();
+  EXPECT_EQ(arena.peak_bytes(), 64);
+  void* c = arena.allocate(128, "c");  // reuses a's block
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(arena.peak_bytes(), 192);
+  arena.release(b);
+  arena.release(c);
+  EXPECT_EQ(arena.bytes_in_use(), 0);
+}
+
+TEST(Arena, OverCapacityThrowsWithNumbersAndHint) {
+  Arena arena(1000);
+  void* a = arena.allocate(600, "weights");
+  try {
+    arena.allocate(512, "activations");
+    FAIL() << "expected an out-of-memory error";
+  } catch (const Error& error) {
+    const std::string text = error.format();
+    EXPECT_NE(text.find("activations"), std::string::npos) << text;
+    EXPECT_NE(text.find("512 bytes"), std::string::npos) << text;
+    EXPECT_NE(text.find("recomputation"), std::string::npos) << text;
+  }
+  EXPECT_EQ(arena.bytes_in_use(), 640);  // the failed request left nothing behind
+  arena.release(a);
+  EXPECT_THROW(arena.release(a), Error);
+}
+
+}  // namespace
+}  // namespace alloy

@@ -191,6 +191,24 @@ TEST(Model, RecomputationLevelsGiveIdenticalGradients) {
   }
 }
 
+TEST(Model, LossScaleScalesEveryGradient) {
+  float loss = 0.0f;
+  const auto full = gradients_at(tiny_llama(), Recompute::Recompute_none, &loss);
+  const int B = 2, T = 12;
+  Arena arena(int64_t{1} << 28);
+  Model model(tiny_llama(), arena);
+  model_init_weights(model, 5);
+  auto inputs = token_batch(B * T, 256, 4);
+  auto targets = token_batch(B * T, 256, 5);
+  for (int micro = 0; micro < 2; micro++) {  // two accumulated halves of the same batch
+    model_forward(model, inputs.data(), targets.data(), B, T);
+    model_backward(model, 0.5f);
+  }
+  for (int64_t i = 0; i < model.num_parameters; i++) {
+    ASSERT_NEAR(model.grads[i], full[static_cast<size_t>(i)], 1e-6f + 1e-5f * std::fabs(full[static_cast<size_t>(i)])) << i;
+  }
+}
+
 TEST(Model, BadInputsAreClearErrors) {
   Arena arena(int64_t{1} << 28);
   Model model(tiny_gpt(), arena);

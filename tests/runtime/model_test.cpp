@@ -205,7 +205,8 @@ TEST(Model, LossScaleScalesEveryGradient) {
     model_backward(model, 0.5f);
   }
   for (int64_t i = 0; i < model.num_parameters; i++) {
-    ASSERT_NEAR(model.grads[i], full[static_cast<size_t>(i)], 1e-6f + 1e-5f * std::fabs(full[static_cast<size_t>(i)])) << i;
+    const float expected = full[static_cast<size_t>(i)];
+    ASSERT_NEAR(model.grads[i], expected, 1e-6f + 1e-5f * std::fabs(expected)) << i;
   }
 }
 

@@ -41,7 +41,8 @@ float crossentropy_forward(float* losses, float* lse, const float* logits, const
                            int N, int V) {
   ProfileScope profile(KernelKind::KernelKind_loss);
   double total = 0.0;
-#pragma omp parallel for schedule(static) if (int64_t{N} * V >= kParallelMinElements) reduction(+ : total)
+  const bool parallel = int64_t{N} * V >= kParallelMinElements;
+#pragma omp parallel for schedule(static) if (parallel) reduction(+ : total)
   for (int n = 0; n < N; n++) {
     const float* row = logits + static_cast<int64_t>(n) * V;
     lse[n] = log_sum_exp(row, V);

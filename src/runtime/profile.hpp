@@ -29,6 +29,10 @@ struct KernelProfile {
   double total_cpu_seconds() const;
 };
 
+// Measured GEMM throughput (FLOP/s) of matmul_forward on (n, n) x (n, n)^T at the current thread
+// setting, best of `repeats`: the peak that model FLOPs utilisation is reported against.
+double profile_gemm_flops(int n = 1024, int repeats = 3);
+
 void profile_enable(bool enabled);
 bool profile_enabled();
 void profile_reset();

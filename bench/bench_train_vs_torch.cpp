@@ -266,7 +266,12 @@ int main(int argc, char** argv) {
   // libgomp reads OMP_WAIT_POLICY when it loads, hence the re-run; PyTorch inherits the setting.
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
     setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv);
+    char path[4096];
+    const ssize_t length = readlink("/proc/self/exe", path, sizeof path - 1);
+    if (length > 0) {
+      path[length] = '\0';
+      execv(path, argv);  // returns only on failure: then run on with the default policy
+    }
   }
   try {
     return bench_main(argc, argv);

@@ -1,5 +1,5 @@
-// Per-kernel wall-clock timers of the CPU runtime (perf is not available here): off by default,
-// a branch per kernel call when off. The benchmark and the trainer's progress line read them.
+// Per-kernel timers (wall clock and process CPU time) of the CPU runtime, since perf is not
+// available here: off by default, a branch per kernel call when off. The benchmark and the trainer's progress line read them.
 #pragma once
 
 #include <array>

@@ -242,6 +242,7 @@ TEST(Kernels, GemmPeakMeasurementAndKernelTimers) {
   EXPECT_LT(flops, 1e13);
   profile_reset();
   profile_enable(true);
+  EXPECT_TRUE(profile_enabled());
   std::vector<float> x(64 * 8, 1.0f), w(8 * 8, 1.0f), out(64 * 8);
   matmul_forward(out.data(), x.data(), w.data(), nullptr, 64, 8, 8);
   profile_enable(false);
@@ -250,6 +251,10 @@ TEST(Kernels, GemmPeakMeasurementAndKernelTimers) {
   EXPECT_EQ(profile.calls[static_cast<size_t>(KernelKind::KernelKind_matmul)], 1);
   EXPECT_EQ(profile.calls[static_cast<size_t>(KernelKind::KernelKind_norm)], 0);
   EXPECT_GE(profile.seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)], 0.0);
+  EXPECT_DOUBLE_EQ(profile.total_seconds(),
+                   profile.seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)]);
+  EXPECT_DOUBLE_EQ(profile.total_cpu_seconds(),
+                   profile.cpu_seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)]);
 }
 
 TEST(Kernels, ThreadSettingIsHonoured) {

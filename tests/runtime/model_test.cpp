@@ -3,6 +3,7 @@
 // gradients, input errors, and loss going down under train_step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -138,6 +139,27 @@ TEST(Model, ActivationBytesMatchTheFormulaAtEveryRecomputeLevel) {
     }
     check_activation_bytes(spec, {Recompute::Recompute_full, Recompute::Recompute_selective});
   }
+}
+
+TEST(Model, RecomputeLevelsParseAndNameTheirTensors) {
+  EXPECT_EQ(recompute_parse("selective"), Recompute::Recompute_selective);
+  EXPECT_STREQ(recompute_name(recompute_parse("full")), "full");
+  EXPECT_THROW(recompute_parse("partial"), Error);
+  auto names = [](Recompute level) {
+    std::vector<std::string> result;
+    for (const ActivationTensor& t : block_activation_tensors(tiny_gpt(), 2, 8, level)) {
+      result.push_back(t.name);
+      EXPECT_EQ(t.bytes % kArenaAlignmentBytes, 0) << t.name;
+      EXPECT_GE(t.bytes, t.floats * 4) << t.name;
+    }
+    return result;
+  };
+  EXPECT_EQ(names(Recompute::Recompute_full), std::vector<std::string>{"output"});
+  const auto none = names(Recompute::Recompute_none);
+  const auto selective = names(Recompute::Recompute_selective);
+  EXPECT_EQ(none.size(), selective.size() + 2);
+  EXPECT_NE(std::find(none.begin(), none.end(), "attn.probs"), none.end());
+  EXPECT_EQ(std::find(selective.begin(), selective.end(), "attn.probs"), selective.end());
 }
 
 TEST(Model, OneBlockKeepsWhatItsLevelPromises) {

@@ -24,23 +24,6 @@ void add_norm(std::vector<ActivationTensor>& tensors, const ModelSpec& model, co
 
 }  // namespace
 
-const char* recompute_name(Recompute level) {
-  switch (level) {
-    case Recompute::Recompute_none: return "none";
-    case Recompute::Recompute_selective: return "selective";
-    case Recompute::Recompute_full: return "full";
-  }
-  return "?";
-}
-
-Recompute recompute_parse(const std::string& text) {
-  if (text == "none") return Recompute::Recompute_none;
-  if (text == "selective") return Recompute::Recompute_selective;
-  if (text == "full") return Recompute::Recompute_full;
-  throw Error(fmt::format("unknown recomputation level '{}'", text), {},
-              "use none, selective or full");
-}
-
 std::vector<ActivationTensor> block_activation_tensors(const ModelSpec& model, int64_t B,
                                                        int64_t T, Recompute level) {
   const int64_t N = B * T;

@@ -9,18 +9,9 @@
 #include <vector>
 
 #include "spec/model.hpp"
+#include "spec/parallel.hpp"
 
 namespace alloy {
-
-enum class Recompute {
-  Recompute_none,       // keep every intermediate of the block
-  Recompute_selective,  // drop attention probabilities and context; recompute them in backward
-  Recompute_full,       // keep only the block's output (the next block's input); recompute all
-};
-
-const char* recompute_name(Recompute level);
-// "none", "selective" or "full"; throws alloy::Error otherwise.
-Recompute recompute_parse(const std::string& text);
 
 struct ActivationTensor {
   std::string name;   // e.g. "attn.probs"

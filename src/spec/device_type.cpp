@@ -1,7 +1,8 @@
 #include "spec/device_type.hpp"
 
 #include <algorithm>
-#include <cctype>
+
+#include "spec/text.hpp"
 
 namespace alloy {
 
@@ -56,31 +57,10 @@ double DeviceType::peak_flops(Precision p) const {
   return flops * speed;
 }
 
-namespace {
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
-int edit_distance(const std::string& a, const std::string& b) {
-  std::vector<int> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    int diagonal = row[0];
-    row[0] = static_cast<int>(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      int above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-}  // namespace
 
 void DeviceCatalog::add(DeviceType type) {
-  type.name = lower(type.name);
-  for (auto& alias : type.aliases) alias = lower(alias);
+  type.name = text_lower(type.name);
+  for (auto& alias : type.aliases) alias = text_lower(alias);
   for (auto& existing : types_) {
     if (existing.name == type.name) {
       existing = std::move(type);
@@ -91,7 +71,7 @@ void DeviceCatalog::add(DeviceType type) {
 }
 
 const DeviceType* DeviceCatalog::find(const std::string& name) const {
-  const std::string key = lower(name);
+  const std::string key = text_lower(name);
   for (const auto& t : types_) {
     if (t.name == key) return &t;
     for (const auto& alias : t.aliases)
@@ -101,11 +81,11 @@ const DeviceType* DeviceCatalog::find(const std::string& name) const {
 }
 
 std::vector<std::string> DeviceCatalog::nearest_names(const std::string& name, int count) const {
-  const std::string key = lower(name);
+  const std::string key = text_lower(name);
   std::vector<std::pair<int, std::string>> scored;
   for (const auto& t : types_) {
-    int best = edit_distance(key, t.name);
-    for (const auto& alias : t.aliases) best = std::min(best, edit_distance(key, alias));
+    int best = text_edit_distance(key, t.name);
+    for (const auto& alias : t.aliases) best = std::min(best, text_edit_distance(key, alias));
     scored.emplace_back(best, t.name);
   }
   std::sort(scored.begin(), scored.end());

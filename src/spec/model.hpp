@@ -46,6 +46,15 @@ struct ModelParameterCounts {
 };
 ModelParameterCounts model_parameter_counts(const ModelSpec& model);
 
+// Matrix-multiply FLOPs per token for one sequence of `seq_len` tokens: 2 per weight of every
+// projection (LM head included, tied or not) plus QK^T and AV over the full sequence, the
+// accounting Megatron-LM uses for model FLOPs utilisation. Training = 3 x forward.
+struct ModelFlopsPerToken {
+  double forward = 0;
+  double training = 0;
+};
+ModelFlopsPerToken model_flops_per_token(const ModelSpec& model, int64_t seq_len);
+
 // Reads a model from a preset name (see examples/models/) or a path to a config.json or a
 // .yaml file. Throws alloy::Error naming the file and field on any problem.
 ModelSpec model_load(const std::string& name_or_path);

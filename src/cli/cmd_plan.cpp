@@ -1,0 +1,181 @@
+// `alloy plan` and `alloy explain`: search the fastest layout that fits and print why it won;
+// print the full breakdown of a saved plan.
+#include <sstream>
+
+#include <fmt/core.h>
+
+#include "cli/commands.hpp"
+#include "cost/profile.hpp"
+#include "hw/catalog.hpp"
+#include "plan/export.hpp"
+#include "search/planner.hpp"
+#include "sim/report.hpp"
+#include "sim/simulate.hpp"
+#include "spec/error.hpp"
+#include "spec/units.hpp"
+
+namespace alloy::cli {
+
+namespace {
+
+struct PlanCommand {
+  std::string model;
+  std::string cluster;
+  std::string train;
+  std::string profile;
+  std::string objective = "throughput";
+  std::string schedule;
+  std::string recompute;
+  std::string layer_split;
+  std::string device_order;
+  std::string output;
+  std::string report;
+  std::string emit;
+  int64_t global_batch = 0;
+  int sequence_parallel = -1;
+  bool no_offload = false;
+  SearchOptions search;
+};
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream s(text);
+  for (std::string item; std::getline(s, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::vector<int> parse_layer_split(const std::string& text) {
+  std::vector<int> out;
+  for (const auto& item : split_list(text)) {
+    size_t used = 0;
+    int value = 0;
+    try {
+      value = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || value <= 0) {
+      throw Error("cannot read '" + item + "' as a block count", {"", "--layer-split"},
+                  "give positive block counts per stage, e.g. --layer-split 10,10,12");
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
+SearchOptions search_options_from(PlanCommand& c) {
+  SearchOptions o = c.search;
+  o.objective = objective_from_name(c.objective);
+  if (!c.schedule.empty()) {
+    Schedule s;
+    if (!schedule_parse(c.schedule, &s)) {
+      throw Error("unknown schedule '" + c.schedule + "'", {"", "--schedule"}, "use gpipe, 1f1b or interleaved");
+    }
+    o.schedule = s;
+  }
+  if (!c.recompute.empty()) {
+    Recompute r;
+    if (!recompute_parse(c.recompute, &r)) {
+      throw Error("unknown recomputation '" + c.recompute + "'", {"", "--recompute"}, "use none, selective or full");
+    }
+    o.recompute = r;
+  }
+  if (c.sequence_parallel >= 0) o.sequence_parallel = c.sequence_parallel == 1;
+  o.allow_offload = !c.no_offload;
+  o.layer_split = parse_layer_split(c.layer_split);
+  o.device_order = split_list(c.device_order);
+  return o;
+}
+
+void run_plan(PlanCommand& c) {
+  ModelSpec model = model_load(c.model);
+  ClusterSpec cluster = cluster_load(c.cluster, catalog_builtin());
+  TrainSpec train;
+  if (!c.train.empty()) train = train_load(c.train);
+  if (c.global_batch > 0) train.global_batch_sequences = c.global_batch;
+  train_validate(train);
+  std::optional<Profile> profile;
+  if (!c.profile.empty()) profile = profile_load(c.profile);
+  CostModel cost(model, cluster, train, profile ? &*profile : nullptr);
+  SearchResult result = plan_search(cost, search_options_from(c));
+  fmt::print("{}", plan_render_text(result.plan));
+  const SearchStats& s = result.stats;
+  fmt::print("\nsearch: {} layouts considered, {} pruned by bound, {} evaluated ({} infeasible), {} split solves in {}\n",
+             s.structures, s.pruned_by_bound, s.evaluated, s.infeasible, s.split_solves,
+             units_format_seconds(s.seconds));
+  for (const auto& note : cost.fallback_notes()) fmt::print("note: {}\n", note);
+  if (!c.output.empty()) {
+    plan_save(result.plan, c.output);
+    fmt::print("plan written to {}\n", c.output);
+  }
+  if (c.emit == "megatron") {
+    fmt::print("\nMegatron-LM arguments:\n{}", plan_export_render(plan_export_megatron(result.plan, model, train), "megatron"));
+  } else if (c.emit == "deepspeed") {
+    fmt::print("\nDeepSpeed configuration:\n{}", plan_export_render(plan_export_deepspeed(result.plan, model, train), "deepspeed"));
+  }
+  if (!c.report.empty()) {
+    SimResult simulated = simulate(result.plan, model, cluster);
+    report_save(result.plan, simulated, c.report);
+    fmt::print("report written to {} (simulated step {})\n", c.report, units_format_seconds(simulated.step_seconds));
+  }
+}
+
+}  // namespace
+
+void add_plan(CLI::App& app, int* exit_code) {
+  auto c = std::make_shared<PlanCommand>();
+  CLI::App* cmd = app.add_subcommand("plan", "Search the fastest hybrid-parallel layout that fits, and explain it");
+  cmd->add_option("--model,-m", c->model, "Model preset or config path")->required();
+  cmd->add_option("--cluster,-c", c->cluster, "Cluster preset or .yaml path")->required();
+  cmd->add_option("--train,-t", c->train, "Training setup .yaml (sequence length, global batch, precision)");
+  cmd->add_option("--global-batch", c->global_batch, "Sequences per step (overrides the setup)");
+  cmd->add_option("--profile", c->profile, "Measured profile JSON (docs/profile-format.md)");
+  cmd->add_option("--objective", c->objective, "throughput (tokens/s) or cost (price per token)")->capture_default_str();
+  cmd->add_option("--output,-o", c->output, "Write the plan as JSON to this file");
+  cmd->add_option("--report", c->report, "Also simulate the plan and write an HTML report");
+  cmd->add_option("--emit", c->emit, "Also print the plan for another runtime: megatron or deepspeed")
+      ->check(CLI::IsMember({"megatron", "deepspeed"}));
+  cmd->add_option("--tp", c->search.tp, "Pin the tensor-parallel degree of every stage");
+  cmd->add_option("--pp", c->search.pp, "Pin the number of pipeline stages");
+  cmd->add_option("--dp", c->search.dp, "Pin the data-parallel degree of every stage");
+  cmd->add_option("--micro-batch", c->search.micro_batch_sequences, "Pin the micro-batch size (sequences)");
+  cmd->add_option("--num-micro-batches", c->search.num_micro_batches, "Pin the number of micro-batches");
+  cmd->add_option("--schedule", c->schedule, "Pin the schedule: gpipe, 1f1b, interleaved");
+  cmd->add_option("--chunks", c->search.virtual_chunks, "Model chunks per stage for the interleaved schedule");
+  cmd->add_option("--zero", c->search.zero, "Pin the ZeRO stage (0-3)");
+  cmd->add_option("--recompute", c->recompute, "Pin recomputation for every block: none, selective, full");
+  cmd->add_option("--sequence-parallel", c->sequence_parallel, "Pin sequence parallelism: 1 or 0");
+  cmd->add_flag("--no-offload", c->no_offload, "Never offload layers to host memory");
+  cmd->add_option("--layer-split", c->layer_split, "Pin blocks per stage in pipeline order, e.g. 10,10,12");
+  cmd->add_option("--device-order", c->device_order, "Pin device types in pipeline order, e.g. a100-80gb-sxm,v100-32gb");
+  cmd->add_option("--threads", c->search.threads, "Search threads (1 or 2)")->capture_default_str();
+  cmd->callback([c, exit_code]() {
+    run_plan(*c);
+    *exit_code = 0;
+  });
+}
+
+void add_explain(CLI::App& app, int* exit_code) {
+  struct Options {
+    std::string plan;
+    std::string model;
+    std::string cluster;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("explain", "Print the full breakdown of a saved plan");
+  cmd->add_option("plan", o->plan, "plan.json written by `alloy plan -o`")->required();
+  cmd->add_option("--model,-m", o->model, "Also check the plan against this model");
+  cmd->add_option("--cluster,-c", o->cluster, "Also check the plan against this cluster");
+  cmd->callback([o, exit_code]() {
+    Plan plan = plan_load(o->plan);
+    if (!o->model.empty() && !o->cluster.empty()) {
+      plan_validate_for(plan, model_load(o->model), cluster_load(o->cluster, catalog_builtin()), o->plan);
+    }
+    fmt::print("{}", plan_render_text(plan));
+    *exit_code = 0;
+  });
+}
+
+}  // namespace alloy::cli

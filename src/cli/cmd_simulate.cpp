@@ -1,0 +1,96 @@
+// `alloy simulate` and `alloy report`: replay a saved plan event by event, print where time goes,
+// and write a Chrome trace and a self-contained HTML report.
+#include <fmt/core.h>
+
+#include "cli/commands.hpp"
+#include <cmath>
+
+#include "hw/catalog.hpp"
+#include "search/planner.hpp"
+#include "sim/report.hpp"
+#include "sim/simulate.hpp"
+#include "sim/trace.hpp"
+#include "spec/error.hpp"
+#include "spec/units.hpp"
+
+namespace alloy::cli {
+
+namespace {
+
+struct SimulateCommand {
+  std::string plan;
+  std::string model;    // default: the plan's model name as a preset
+  std::string cluster;  // default: the plan's cluster name as a preset
+  std::string trace;
+  std::string report;
+};
+
+void run_simulate(const SimulateCommand& c, bool print_table) {
+  Plan plan = plan_load(c.plan);
+  ModelSpec model = model_load(c.model.empty() ? plan.model_name : c.model);
+  ClusterSpec cluster = cluster_load(c.cluster.empty() ? plan.cluster_name : c.cluster, catalog_builtin());
+  // Predictions in the file are not trusted: a hand-edited plan is re-priced from its choices.
+  plan_validate_for(plan, model, cluster, c.plan);
+  TrainSpec train;
+  train.seq_len = plan.seq_len;
+  train.global_batch_sequences = plan.global_batch_sequences;
+  train.precision = plan.precision;
+  CostModel cost(model, cluster, train);
+  const double saved_step_seconds = plan.step_seconds;
+  plan_evaluate(&plan, cost);
+  if (saved_step_seconds > 0 && std::abs(plan.step_seconds / saved_step_seconds - 1.0) > 1e-6) {
+    fmt::print("note: the plan's saved predictions differ from the cost model's for its choices "
+               "(step {} saved, {} now); using the cost model's\n",
+               units_format_seconds(saved_step_seconds), units_format_seconds(plan.step_seconds));
+  }
+  SimResult result = simulate(plan, model, cluster);
+  sim_check_memory(result, plan);
+  if (print_table) {
+    fmt::print("{}", sim_render_text(result, plan));
+    fmt::print("\nsimulated step {} against the planner's {} ({:+.1f}%), {} operations\n",
+               units_format_seconds(result.step_seconds), units_format_seconds(plan.step_seconds),
+               100.0 * (result.step_seconds / plan.step_seconds - 1.0), result.simulated_ops);
+  }
+  if (!c.trace.empty()) {
+    trace_save(result, plan, c.trace);
+    fmt::print("trace written to {} (open it in ui.perfetto.dev or chrome://tracing)\n", c.trace);
+  }
+  if (!c.report.empty()) {
+    report_save(plan, result, c.report);
+    fmt::print("report written to {}\n", c.report);
+  }
+}
+
+void add_plan_sources(CLI::App* cmd, SimulateCommand& c) {
+  cmd->add_option("--model,-m", c.model, "Model preset or path (default: the plan's model name)");
+  cmd->add_option("--cluster,-c", c.cluster, "Cluster preset or path (default: the plan's cluster name)");
+}
+
+}  // namespace
+
+void add_simulate(CLI::App& app, int* exit_code) {
+  auto c = std::make_shared<SimulateCommand>();
+  CLI::App* cmd = app.add_subcommand("simulate", "Replay a plan event by event; write its timeline");
+  cmd->add_option("--plan,-p", c->plan, "plan.json written by `alloy plan -o`")->required();
+  add_plan_sources(cmd, *c);
+  cmd->add_option("--trace", c->trace, "Write a Chrome trace (Perfetto) of the simulated step");
+  cmd->add_option("--report", c->report, "Write a self-contained HTML report");
+  cmd->callback([c, exit_code]() {
+    run_simulate(*c, true);
+    *exit_code = 0;
+  });
+}
+
+void add_report(CLI::App& app, int* exit_code) {
+  auto c = std::make_shared<SimulateCommand>();
+  CLI::App* cmd = app.add_subcommand("report", "Write an HTML report of a plan: table, timeline, memory, runner-ups");
+  cmd->add_option("plan", c->plan, "plan.json written by `alloy plan -o`")->required();
+  cmd->add_option("--output,-o", c->report, "HTML file to write")->required();
+  add_plan_sources(cmd, *c);
+  cmd->callback([c, exit_code]() {
+    run_simulate(*c, false);
+    *exit_code = 0;
+  });
+}
+
+}  // namespace alloy::cli

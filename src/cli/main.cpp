@@ -1,0 +1,37 @@
+// Entry point of the `alloy` binary: subcommand dispatch and the one place errors are printed.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "cli/commands.hpp"
+#include "spec/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"alloy: plan, simulate and run hybrid-parallel transformer training on heterogeneous clusters"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Print help for every subcommand");
+  int exit_code = 0;
+  alloy::cli::add_check(app, &exit_code);
+  alloy::cli::add_plan(app, &exit_code);
+  alloy::cli::add_explain(app, &exit_code);
+  alloy::cli::add_simulate(app, &exit_code);
+  alloy::cli::add_report(app, &exit_code);
+  alloy::cli::add_train(app, &exit_code);
+  alloy::cli::add_tokenize(app, &exit_code);
+  alloy::cli::add_unbuilt(app, "profile", "Measure this machine's compute and links for the planner", "#7", &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : alloy::kExitBadInput;
+  } catch (const alloy::Error& e) {
+    fmt::print(stderr, "alloy: error: {}\n", e.format());
+    return alloy::kExitBadInput;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "alloy: internal error: {}\n  please report this with the command that caused it\n", e.what());
+    return 1;
+  }
+  return exit_code;
+}

@@ -1,0 +1,115 @@
+#include "cost/comm.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace alloy {
+
+namespace {
+
+// Per-rank bandwidth and latency of the slowest hop a flat algorithm crosses.
+void flat_link(const GroupPlacement& g, double* bw, double* alpha) {
+  if (g.nodes <= 1) {
+    *bw = g.intra_node.bandwidth_bytes_per_second;
+    *alpha = g.intra_node.latency_seconds;
+    return;
+  }
+  const double net = g.network.bandwidth_bytes_per_second / std::max(1, g.concurrent_per_node);
+  *bw = std::min(net, g.intra_node.bandwidth_bytes_per_second > 0 ? g.intra_node.bandwidth_bytes_per_second : net);
+  *alpha = std::max(g.network.latency_seconds, g.intra_node.latency_seconds);
+}
+
+// Steps of `bytes / n` each: all-reduce 2(n-1), all-gather and reduce-scatter (n-1).
+double ring_seconds(CollectiveOp op, double bytes, int n, double bw, double alpha) {
+  if (n <= 1) return 0;
+  const int steps = op == CollectiveOp::CollectiveOp_all_reduce ? 2 * (n - 1) : n - 1;
+  return steps * (alpha + bytes / n / bw);
+}
+
+// Double binary tree, pipelined: latency grows with depth, bandwidth term about 2x the buffer.
+double tree_seconds(CollectiveOp op, double bytes, int n, double bw, double alpha) {
+  if (n <= 1) return 0;
+  const double depth = std::ceil(std::log2(static_cast<double>(n)));
+  const double passes = op == CollectiveOp::CollectiveOp_all_reduce ? 2.0 : 1.0;
+  return passes * (depth * alpha + bytes / bw);
+}
+
+}  // namespace
+
+const char* collective_algorithm_name(CollectiveAlgorithm a) {
+  switch (a) {
+    case CollectiveAlgorithm::CollectiveAlgorithm_ring: return "ring";
+    case CollectiveAlgorithm::CollectiveAlgorithm_tree: return "tree";
+    case CollectiveAlgorithm::CollectiveAlgorithm_hierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+double collective_seconds_with(CollectiveOp op, double bytes, const GroupPlacement& g, CollectiveAlgorithm a) {
+  if (g.ranks <= 1 || bytes <= 0) return 0;
+  double bw = 0;
+  double alpha = 0;
+  flat_link(g, &bw, &alpha);
+  switch (a) {
+    case CollectiveAlgorithm::CollectiveAlgorithm_ring: return ring_seconds(op, bytes, g.ranks, bw, alpha);
+    case CollectiveAlgorithm::CollectiveAlgorithm_tree: return tree_seconds(op, bytes, g.ranks, bw, alpha);
+    case CollectiveAlgorithm::CollectiveAlgorithm_hierarchical: {
+      // Reduce-scatter inside each node, the op across nodes on 1/r of the data, all-gather inside.
+      const int per_node = std::max(1, g.ranks / std::max(1, g.nodes));
+      const double intra_bw = g.intra_node.bandwidth_bytes_per_second;
+      const double intra_alpha = g.intra_node.latency_seconds;
+      const double net_bw = g.network.bandwidth_bytes_per_second / std::max(1, g.concurrent_per_node);
+      double t = 0;
+      const bool reduces = op != CollectiveOp::CollectiveOp_all_gather;
+      const bool gathers = op != CollectiveOp::CollectiveOp_reduce_scatter;
+      if (reduces) t += ring_seconds(CollectiveOp::CollectiveOp_reduce_scatter, bytes, per_node, intra_bw, intra_alpha);
+      t += ring_seconds(op, bytes / per_node, g.nodes, net_bw, g.network.latency_seconds);
+      if (gathers) t += ring_seconds(CollectiveOp::CollectiveOp_all_gather, bytes, per_node, intra_bw, intra_alpha);
+      return t;
+    }
+  }
+  return 0;
+}
+
+double collective_seconds(CollectiveOp op, double bytes, const GroupPlacement& g, CollectiveAlgorithm* chosen) {
+  CollectiveAlgorithm best = CollectiveAlgorithm::CollectiveAlgorithm_ring;
+  double best_seconds = collective_seconds_with(op, bytes, g, best);
+  auto consider = [&](CollectiveAlgorithm a) {
+    const double t = collective_seconds_with(op, bytes, g, a);
+    if (t < best_seconds) {
+      best_seconds = t;
+      best = a;
+    }
+  };
+  if (op == CollectiveOp::CollectiveOp_all_reduce) consider(CollectiveAlgorithm::CollectiveAlgorithm_tree);
+  if (g.nodes > 1 && g.ranks > g.nodes) consider(CollectiveAlgorithm::CollectiveAlgorithm_hierarchical);
+  if (chosen) *chosen = best;
+  return best_seconds;
+}
+
+const char* p2p_path_name(P2pPath path) {
+  switch (path) {
+    case P2pPath::P2pPath_intra_node: return "intra-node";
+    case P2pPath::P2pPath_network: return "network";
+    case P2pPath::P2pPath_host_staged: return "host-staged";
+  }
+  return "?";
+}
+
+double boundary_seconds(double bytes, const BoundaryLink& link) {
+  if (bytes <= 0) return 0;
+  const double lanes = std::max(1, link.lanes);
+  switch (link.path) {
+    case P2pPath::P2pPath_intra_node:
+      return link.intra_node.latency_seconds + bytes / lanes / link.intra_node.bandwidth_bytes_per_second;
+    case P2pPath::P2pPath_network:
+      return link.network.latency_seconds + bytes / link.aggregate_network_bytes_per_second;
+    case P2pPath::P2pPath_host_staged:
+      // Store and forward: device to host, across the network, host to device.
+      return link.network.latency_seconds + bytes / lanes / link.host_link_from_bytes_per_second +
+             bytes / link.aggregate_network_bytes_per_second + bytes / lanes / link.host_link_to_bytes_per_second;
+  }
+  return 0;
+}
+
+}  // namespace alloy

@@ -1,0 +1,379 @@
+#include "cost/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+namespace alloy {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
+// Share of the last micro-batch's backward that can hide bucketed gradient reduction.
+constexpr double kGradientOverlapFraction = 0.9;
+// Host memory bandwidth one device's share of a CPU optimizer step gets (offloaded layers).
+constexpr double kHostOptimizerBytesPerSecond = 20e9;
+// Latency assumed for an intra-node link that a cluster file gives without one.
+constexpr double kDefaultIntraNodeLatencySeconds = 5e-6;
+constexpr double kGpuContextBytes = 1.0 * kGiB;
+constexpr double kCpuContextBytes = 16.0 * kMiB;
+constexpr double kGpuWorkspaceBytes = 32.0 * kMiB;
+constexpr double kGpuAllocatorMarginFraction = 0.05;
+constexpr double kGradientBucketBytes = 2.0 * 64.0 * kMiB;
+constexpr double kNoHostLinkSeconds = 1e9;
+
+int optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
+
+double peak_efficiency(Precision p, bool is_cpu) {
+  if (is_cpu) return 0.85;
+  switch (p) {
+    case Precision::Precision_fp8: return 0.55;
+    case Precision::Precision_bf16:
+    case Precision::Precision_fp16: return 0.70;
+    case Precision::Precision_tf32: return 0.65;
+    case Precision::Precision_fp32: return 0.80;
+  }
+  return 0.7;
+}
+
+int distinct_nodes(const ClusterSpec& cluster, const std::vector<int>& ids) {
+  std::vector<int> nodes;
+  for (int id : ids) nodes.push_back(cluster.devices[id].node);
+  std::sort(nodes.begin(), nodes.end());
+  return static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+}
+
+int busiest_node_count(const ClusterSpec& cluster, const std::vector<int>& ids) {
+  std::map<int, int> per_node;
+  int best = 0;
+  for (int id : ids) best = std::max(best, ++per_node[cluster.devices[id].node]);
+  return best;
+}
+
+}  // namespace
+
+double MemoryBreakdown::total_bytes() const {
+  return parameters_bytes + gradients_bytes + master_weights_bytes + optimizer_states_bytes +
+         zero3_gather_bytes + offload_window_bytes + activations_bytes + workspace_bytes +
+         communication_buffers_bytes + framework_context_bytes + allocator_margin_bytes;
+}
+
+double compute_efficiency(Precision precision, double rows, double cols, bool is_cpu) {
+  const double half_rows = is_cpu ? 16.0 : 128.0;
+  const double half_cols = is_cpu ? 16.0 : 128.0;
+  return peak_efficiency(precision, is_cpu) * (rows / (rows + half_rows)) * (cols / (cols + half_cols));
+}
+
+double compute_seconds(const DeviceType& type, Precision precision, const LayerWork& work, bool backward) {
+  const double flops = backward ? work.backward_flops : work.forward_flops;
+  const double bytes = backward ? work.backward_bytes : work.forward_bytes;
+  const double eff = compute_efficiency(precision, work.matmul_rows, work.matmul_cols, type.is_cpu);
+  const double math = flops > 0 ? flops / (type.peak_flops(precision) * eff) : 0;
+  const double memory = bytes / (type.memory_bandwidth_bytes_per_second * (type.is_cpu ? type.speed : 1.0));
+  return std::max(math, memory);
+}
+
+CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                     const Profile* profile)
+    : model_(&model), cluster_(&cluster), train_(&train), profile_(profile) {
+  type_links_.resize(cluster.device_types.size());
+  std::vector<bool> seen(cluster.device_types.size(), false);
+  for (const NodeGroup& g : cluster.node_groups) {
+    if (g.device_type_index < 0 || g.device_type_index >= static_cast<int>(seen.size())) continue;
+    Link link = g.intra_node;
+    if (link.bandwidth_bytes_per_second <= 0)
+      link.bandwidth_bytes_per_second = cluster.device_types[g.device_type_index].intra_node_link_bytes_per_second;
+    if (link.latency_seconds <= 0) link.latency_seconds = kDefaultIntraNodeLatencySeconds;
+    Link& slot = type_links_[g.device_type_index];
+    if (!seen[g.device_type_index] || link.bandwidth_bytes_per_second < slot.bandwidth_bytes_per_second) slot = link;
+    seen[g.device_type_index] = true;
+  }
+}
+
+double CostModel::device_memory_bytes(int device_type) const {
+  return cluster_->device_types[device_type].memory_bytes;
+}
+
+Link CostModel::type_intra_node_link(int device_type) const { return type_links_[device_type]; }
+
+std::vector<std::string> CostModel::fallback_notes() const {
+  std::lock_guard<std::mutex> lock(notes_mutex_);
+  return {notes_.begin(), notes_.end()};
+}
+
+StageShape CostModel::stage_shape(const std::vector<int>& ids, int tp, int dp, int64_t micro_batch) const {
+  StageShape s;
+  s.device_type = cluster_->devices[ids.front()].device_type_index;
+  s.tp = tp;
+  s.dp = dp;
+  s.micro_batch = micro_batch;
+  const Link link = type_links_[s.device_type];
+  s.tp_group.ranks = tp;
+  s.tp_group.nodes = 1;
+  s.tp_group.concurrent_per_node = tp;
+  s.tp_group.intra_node = link;
+  s.tp_group.network = cluster_->network;
+  std::vector<int> dp_members;
+  for (int d = 0; d < dp; ++d) dp_members.push_back(ids[static_cast<size_t>(d) * tp]);
+  s.dp_group.ranks = dp;
+  s.dp_group.nodes = distinct_nodes(*cluster_, dp_members);
+  s.dp_group.concurrent_per_node = busiest_node_count(*cluster_, ids);
+  s.dp_group.intra_node = link;
+  s.dp_group.network = cluster_->network;
+  return s;
+}
+
+BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::vector<int>& to) const {
+  BoundaryLink b;
+  b.lanes = static_cast<int>(std::min(from.size(), to.size()));
+  std::vector<int> both = from;
+  both.insert(both.end(), to.begin(), to.end());
+  const Device& a = cluster_->devices[from.front()];
+  const Device& z = cluster_->devices[to.front()];
+  b.network = cluster_->network;
+  b.aggregate_network_bytes_per_second =
+      std::min(distinct_nodes(*cluster_, from), distinct_nodes(*cluster_, to)) * cluster_->network.bandwidth_bytes_per_second;
+  if (distinct_nodes(*cluster_, both) == 1) {
+    b.path = P2pPath::P2pPath_intra_node;
+    b.intra_node = type_links_[a.device_type_index];
+  } else if (cluster_->device_type(a).vendor != cluster_->device_type(z).vendor) {
+    b.path = P2pPath::P2pPath_host_staged;
+    b.host_link_from_bytes_per_second = cluster_->node_group(a).host_link_bytes_per_second;
+    b.host_link_to_bytes_per_second = cluster_->node_group(z).host_link_bytes_per_second;
+  } else {
+    b.path = P2pPath::P2pPath_network;
+  }
+  return b;
+}
+
+LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const {
+  const DeviceType& type = cluster_->device_types[shape.device_type];
+  if (profile_) {
+    if (profile_->model_name == model_->name) {
+      const ProfiledLayer* measured = profile_->find_layer(type.name, kind, static_cast<int>(shape.micro_batch),
+                                                           static_cast<int>(train_->seq_len), shape.tp, sp);
+      if (measured) return {measured->forward_seconds, measured->backward_seconds};
+    }
+    std::lock_guard<std::mutex> lock(notes_mutex_);
+    notes_.insert(fmt::format("{} {} micro-batch {} seq {} tp {}{}: not in profile, analytic model used", type.name,
+                              layer_kind_name(kind), shape.micro_batch, train_->seq_len, shape.tp, sp ? " sp" : ""));
+  }
+  return {compute_seconds(type, train_->precision, work, false), compute_seconds(type, train_->precision, work, true)};
+}
+
+double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const {
+  if (group.ranks <= 1 || bytes <= 0) return 0;
+  if (profile_) {
+    const std::string& name = cluster_->device_types[device_type].name;
+    const ProfiledCollective* measured = profile_->find_collective(name, op, group.ranks, group.nodes > 1);
+    if (measured) return measured->latency_seconds + bytes / measured->bandwidth_bytes_per_second;
+    std::lock_guard<std::mutex> lock(notes_mutex_);
+    notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
+                              collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));
+  }
+  return collective_seconds(op, bytes, group);
+}
+
+double CostModel::block_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sp) const {
+  StageShape shape;
+  shape.device_type = device_type;
+  shape.tp = tp;
+  shape.micro_batch = micro_batch;
+  shape.tp_group.ranks = tp;
+  shape.tp_group.concurrent_per_node = tp;
+  shape.tp_group.intra_node = type_links_[device_type];
+  shape.tp_group.network = cluster_->network;
+  const StageUnitCosts u = unit_costs(shape, sp);
+  return u.block.forward_seconds + u.block.backward_seconds;
+}
+
+StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
+  const ModelSpec& m = *model_;
+  const Precision p = train_->precision;
+  const int64_t b = shape.micro_batch;
+  const int64_t s = train_->seq_len;
+  const double e = precision_bytes(p);
+  const int tp = shape.tp;
+  StageUnitCosts u;
+  u.sequence_parallel = sp;
+
+  const LayerWork block = block_work(m, b, s, tp, sp, p);
+  u.block = layer_times(shape, LayerKind::LayerKind_block, sp, block);
+  const LayerTimes compute_only = u.block;
+  // Two tp collectives on the hidden state in forward, two in backward (all-reduce, or
+  // all-gather plus reduce-scatter under sequence parallelism: the same ring volume).
+  const double hidden = hidden_state_bytes(m, b, s, p);
+  double tp_collectives = 0;
+  if (tp > 1) {
+    tp_collectives = sp ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, hidden, shape.tp_group) +
+                              group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, hidden, shape.tp_group)
+                        : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, hidden, shape.tp_group);
+    tp_collectives *= 2.0;
+  }
+  u.block.forward_seconds += tp_collectives;
+  u.block.backward_seconds += tp_collectives;
+  const double selective_share = block.forward_flops > 0 ? block.selective_flops / block.forward_flops : 0;
+  u.recompute_selective_seconds = compute_only.forward_seconds * selective_share;
+  u.recompute_full_seconds = u.block.forward_seconds;
+
+  u.block_parameters = static_cast<double>(block_parameters(m)) / tp;
+  double host_link = 0;
+  for (const NodeGroup& g : cluster_->node_groups)
+    if (g.device_type_index == shape.device_type && (host_link == 0 || g.host_link_bytes_per_second < host_link))
+      host_link = g.host_link_bytes_per_second;
+  // Without a host link offloading is impossible: a prohibitive cost keeps the planner away.
+  const double fetch = host_link > 0 ? u.block_parameters * e / host_link : kNoHostLinkSeconds;
+  u.offload_forward_seconds = std::max(0.0, fetch - compute_only.forward_seconds);
+  u.offload_backward_seconds = std::max(0.0, 2.0 * fetch - compute_only.backward_seconds);
+  if (shape.dp > 1) {
+    const double gather = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, u.block_parameters * e, shape.dp_group);
+    const double scatter =
+        group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, u.block_parameters * e, shape.dp_group);
+    u.zero3_forward_seconds = std::max(0.0, gather - compute_only.forward_seconds);
+    u.zero3_backward_seconds = std::max(0.0, gather + scatter - compute_only.backward_seconds);
+  }
+
+  u.embedding = layer_times(shape, LayerKind::LayerKind_embedding, sp, embedding_work(m, b, s, tp, p));
+  u.head = layer_times(shape, LayerKind::LayerKind_head, sp, head_work(m, b, s, tp, p));
+  if (tp > 1) {
+    // Vocabulary-parallel embedding all-reduces its output; the head all-reduces its input gradient.
+    const double ar = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, hidden, shape.tp_group);
+    u.embedding.forward_seconds += ar;
+    u.head.backward_seconds += ar;
+  }
+  u.embedding_parameters = static_cast<double>(embedding_parameters(m)) / tp;
+  u.head_parameters = static_cast<double>(head_parameters(m, true)) / tp;
+
+  for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
+    u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p);
+  u.embedding_activation_bytes = embedding_activation_bytes(m, b, s, tp, sp, p);
+  u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p);
+  u.boundary_bytes = hidden_state_bytes(m, b * shape.dp, s, p);
+  return u;
+}
+
+StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
+                                    double boundary_send_seconds, int chunks_sent) const {
+  StageTiming t;
+  const double n = c.blocks;
+  t.forward_seconds = n * u.block.forward_seconds + c.offloaded * u.offload_forward_seconds;
+  t.backward_seconds = n * u.block.backward_seconds + c.selective * u.recompute_selective_seconds +
+                       c.full * u.recompute_full_seconds + c.offloaded * u.offload_backward_seconds;
+  if (c.zero == 3) {
+    t.forward_seconds += n * u.zero3_forward_seconds;
+    t.backward_seconds += n * u.zero3_backward_seconds;
+  }
+  if (c.has_embedding) {
+    t.forward_seconds += u.embedding.forward_seconds;
+    t.backward_seconds += u.embedding.backward_seconds;
+  }
+  if (c.has_head) {
+    t.forward_seconds += u.head.forward_seconds;
+    t.backward_seconds += u.head.backward_seconds;
+  }
+  // Activations go forward, their gradients come back: one send each way per chunk.
+  t.forward_seconds += chunks_sent * boundary_send_seconds;
+  t.backward_seconds += chunks_sent * boundary_send_seconds;
+
+  const double e = precision_bytes(train_->precision);
+  const double params = n * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
+                        (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
+                                                              : static_cast<double>(head_parameters(*model_, false)) / shape.tp)
+                                    : 0);
+  if (shape.dp > 1 && c.zero < 3) {
+    // Gradient reduction overlaps the last backward; ZeRO-1/2 also re-gather updated weights.
+    const double grad_bytes = params * e;
+    const double reduce = c.zero == 0
+                              ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, grad_bytes, shape.dp_group)
+                              : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, grad_bytes, shape.dp_group);
+    // The window is the plain backward (recomputation and transfers excluded), so the exposed
+    // sync depends on the stage's layers and shape only.
+    const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
+                                  (c.has_head ? u.head.backward_seconds : 0);
+    const double window = kGradientOverlapFraction * plain_backward;
+    t.gradient_sync_seconds = std::max(0.0, reduce - window);
+    if (c.zero >= 1)
+      t.gradient_sync_seconds += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
+  }
+  const int states = optimizer_states(*train_);
+  const bool master = train_->master_weights_fp32 && e < 4;
+  const double bytes_per_update = 8.0 * states + e + (master ? 8.0 + e : 2.0 * e);
+  const double shard = c.zero >= 1 ? shape.dp : 1;
+  const double offloaded_params = c.offloaded * u.block_parameters;
+  const DeviceType& type = cluster_->device_types[shape.device_type];
+  t.optimizer_seconds = (params - offloaded_params) / shard * bytes_per_update / type.memory_bandwidth_bytes_per_second +
+                        offloaded_params / shard * bytes_per_update / kHostOptimizerBytesPerSecond;
+  return t;
+}
+
+MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
+                                        double in_flight, bool has_next_stage) const {
+  MemoryBreakdown mem;
+  const double e = precision_bytes(train_->precision);
+  const bool master = train_->master_weights_fp32 && e < 4;
+  const int states = optimizer_states(*train_);
+  const double head_params = c.head_holds_lm_matrix ? u.head_parameters
+                                                    : static_cast<double>(head_parameters(*model_, false)) / shape.tp;
+  const double resident_blocks = c.blocks - c.offloaded;
+  const double params = resident_blocks * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
+                        (c.has_head ? head_params : 0);
+  const double dp = shape.dp;
+  mem.parameters_bytes = params * e / (c.zero >= 3 ? dp : 1.0);
+  mem.gradients_bytes = params * e / (c.zero >= 2 ? dp : 1.0);
+  mem.master_weights_bytes = master ? params * 4.0 / (c.zero >= 1 ? dp : 1.0) : 0;
+  mem.optimizer_states_bytes = params * 4.0 * states / (c.zero >= 1 ? dp : 1.0);
+  if (c.zero >= 3 && dp > 1) mem.zero3_gather_bytes = 2.0 * u.block_parameters * e;
+  if (c.offloaded > 0) mem.offload_window_bytes = std::min(c.offloaded, 2) * u.block_parameters * e * 2.0;
+  const double offloaded_params = c.offloaded * u.block_parameters;
+  mem.host_offload_bytes = offloaded_params * (2.0 * e + (master ? 4.0 : 0) + 4.0 * states);
+
+  const int none = c.blocks - c.selective - c.full;
+  const double per_micro_batch = none * u.block_activation_bytes[0] + c.selective * u.block_activation_bytes[1] +
+                                 c.full * u.block_activation_bytes[2] +
+                                 (c.has_embedding ? u.embedding_activation_bytes : 0) +
+                                 (c.has_head ? u.head_activation_bytes : 0);
+  mem.activations_bytes = in_flight * per_micro_batch;
+
+  const DeviceType& type = cluster_->device_types[shape.device_type];
+  // Recomputing a block rebuilds its full activations for the duration of its backward.
+  const double transient = (c.selective + c.full) > 0 ? u.block_activation_bytes[0] : 0;
+  mem.workspace_bytes = (type.is_cpu ? 0 : kGpuWorkspaceBytes) + transient;
+  const double hidden_per_replica = u.boundary_bytes / dp;
+  if (shape.dp > 1 && c.zero < 3) mem.communication_buffers_bytes += kGradientBucketBytes;
+  if (shape.tp > 1) mem.communication_buffers_bytes += hidden_per_replica;
+  if (has_next_stage) mem.communication_buffers_bytes += 2.0 * hidden_per_replica / shape.tp;
+  mem.framework_context_bytes = type.is_cpu ? kCpuContextBytes : kGpuContextBytes;
+  if (!type.is_cpu)
+    mem.allocator_margin_bytes =
+        kGpuAllocatorMarginFraction * (mem.activations_bytes + mem.workspace_bytes + mem.communication_buffers_bytes);
+  return mem;
+}
+
+double schedule_micro_batches_in_flight(Schedule schedule, int stages, int stage, int micro_batches, int v) {
+  switch (schedule) {
+    case Schedule::Schedule_gpipe: return micro_batches;
+    case Schedule::Schedule_1f1b: return std::min(micro_batches, stages - stage);
+    case Schedule::Schedule_interleaved: {
+      // Megatron's interleaved warm-up: 2(p - s - 1) + (v - 1)p chunk forwards, plus the one in
+      // the steady state; each chunk holds 1/v of the stage's activations.
+      const int chunks = std::min(micro_batches * v, 2 * (stages - stage - 1) + (v - 1) * stages + 1);
+      return static_cast<double>(chunks) / v;
+    }
+  }
+  return micro_batches;
+}
+
+double pipeline_step_seconds(const std::vector<double>& t, const std::vector<double>& overhead, int m, int v) {
+  double sum = 0;
+  double steady = 0;
+  for (size_t s = 0; s < t.size(); ++s) {
+    sum += t[s];
+    steady = std::max(steady, (m - 1.0 / v) * t[s] + overhead[s]);
+  }
+  return sum / v + steady;
+}
+
+}  // namespace alloy

@@ -1,0 +1,161 @@
+// The cost model: time and memory of a pipeline stage on its devices for one micro-batch and
+// one optimizer step, from the analytic roofline (or a measured profile) and the communication
+// model. Both the planner and plan evaluation go through these functions, so they agree.
+#pragma once
+
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cost/comm.hpp"
+#include "cost/layer_cost.hpp"
+#include "cost/profile.hpp"
+#include "spec/cluster.hpp"
+#include "spec/model.hpp"
+#include "spec/parallel.hpp"
+#include "spec/train.hpp"
+
+namespace alloy {
+
+// Fraction of peak a matrix product of M rows by N columns reaches at a precision
+// (the analytic efficiency curve; a profile replaces it for measured shapes).
+double compute_efficiency(Precision precision, double rows, double cols, bool is_cpu);
+// Roofline: max(flops / (peak x efficiency), bytes / memory bandwidth).
+double compute_seconds(const DeviceType& type, Precision precision, const LayerWork& work, bool backward);
+
+// A stage's devices as the cost model sees them.
+struct StageShape {
+  int device_type = 0;
+  int tp = 1;
+  int dp = 1;
+  int64_t micro_batch = 1;       // sequences per replica per micro-batch
+  GroupPlacement tp_group;       // always inside one node
+  GroupPlacement dp_group;
+};
+
+// Seconds of one layer for one micro-batch on one device, collectives included.
+struct LayerTimes {
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+};
+
+// Costs of a (stage shape, sequence parallelism) pair that do not depend on the layer choices.
+struct StageUnitCosts {
+  bool sequence_parallel = false;
+  LayerTimes block;
+  LayerTimes embedding;
+  LayerTimes head;
+  double recompute_selective_seconds = 0;  // extra backward time of one block
+  double recompute_full_seconds = 0;
+  double offload_forward_seconds = 0;      // exposed weight prefetch of one offloaded block
+  double offload_backward_seconds = 0;     // exposed prefetch and gradient write-back
+  double zero3_forward_seconds = 0;        // exposed per-micro-batch gathers of one block
+  double zero3_backward_seconds = 0;
+  double block_parameters = 0;             // per device (divided by tp)
+  double embedding_parameters = 0;
+  double head_parameters = 0;
+  double block_activation_bytes[3] = {0, 0, 0};  // by Recompute
+  double embedding_activation_bytes = 0;
+  double head_activation_bytes = 0;
+  double boundary_bytes = 0;               // one hidden state of the whole micro-batch
+};
+
+// What a stage runs: layer counts by choice. Blocks are identical, so counts define the cost.
+struct StageChoice {
+  int blocks = 0;
+  int selective = 0;   // blocks under selective recompute
+  int full = 0;        // blocks under full recompute
+  int offloaded = 0;   // blocks whose weights and optimizer state live in host memory
+  int zero = 0;        // ZeRO stage 0-3
+  bool has_embedding = false;
+  bool has_head = false;
+  bool head_holds_lm_matrix = true;
+};
+
+struct StageTiming {
+  double forward_seconds = 0;       // per micro-batch, all chunks, stage-boundary sends included
+  double backward_seconds = 0;      // per micro-batch, recomputation and exposed transfers included
+  double gradient_sync_seconds = 0;  // per step, exposed after overlap with the last backward
+  double optimizer_seconds = 0;      // per step
+  double step_overhead_seconds() const { return gradient_sync_seconds + optimizer_seconds; }
+  double per_micro_batch_seconds() const { return forward_seconds + backward_seconds; }
+};
+
+// Memory of one device of a stage, every term named.
+struct MemoryBreakdown {
+  double parameters_bytes = 0;
+  double gradients_bytes = 0;
+  double master_weights_bytes = 0;
+  double optimizer_states_bytes = 0;
+  double zero3_gather_bytes = 0;        // full weights of the layers being gathered
+  double offload_window_bytes = 0;      // resident prefetch window of offloaded layers
+  double activations_bytes = 0;         // all micro-batches in flight
+  double workspace_bytes = 0;           // library workspace and recomputation transients
+  double communication_buffers_bytes = 0;
+  double framework_context_bytes = 0;   // e.g. the CUDA context
+  double allocator_margin_bytes = 0;    // fragmentation reserve
+  double host_offload_bytes = 0;        // kept in host memory, not counted in total
+  double total_bytes() const;
+};
+
+class CostModel {
+ public:
+  CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+            const Profile* profile = nullptr);
+
+  const ModelSpec& model() const { return *model_; }
+  const ClusterSpec& cluster() const { return *cluster_; }
+  const TrainSpec& train() const { return *train_; }
+
+  // The stage's groups from the device ids it uses (ranks ordered tp fastest, then dp).
+  StageShape stage_shape(const std::vector<int>& device_ids, int tp, int dp, int64_t micro_batch) const;
+  // The path between two adjacent stages.
+  BoundaryLink boundary_link(const std::vector<int>& from_devices, const std::vector<int>& to_devices) const;
+
+  StageUnitCosts unit_costs(const StageShape& shape, bool sequence_parallel) const;
+  // chunks_sent: boundary sends per micro-batch (v, or v-1 for the last stage when interleaved).
+  StageTiming stage_timing(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
+                           double boundary_send_seconds, int chunks_sent) const;
+  MemoryBreakdown stage_memory(const StageShape& shape, const StageUnitCosts& unit,
+                               const StageChoice& choice, double micro_batches_in_flight,
+                               bool has_next_stage) const;
+
+  // Forward plus backward of one block with its tp collectives (which stay inside a node, so
+  // they do not depend on placement): a lower bound on a block's time, used to order and
+  // prune candidate layouts.
+  double block_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sequence_parallel) const;
+
+  // Capacity of one device of a type, and the intra-node link of a type's nodes.
+  double device_memory_bytes(int device_type) const;
+  Link type_intra_node_link(int device_type) const;
+
+  // Shapes where a profile was given but had no measurement, so the analytic model was used.
+  std::vector<std::string> fallback_notes() const;
+
+ private:
+  // A collective on a group of a device type: measured when the profile has it, else analytic.
+  double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const;
+  LayerTimes layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const;
+
+  const ModelSpec* model_;
+  const ClusterSpec* cluster_;
+  const TrainSpec* train_;
+  const Profile* profile_;
+  std::vector<Link> type_links_;
+  mutable std::mutex notes_mutex_;
+  mutable std::set<std::string> notes_;
+};
+
+// Micro-batches whose activations a stage holds at its peak under a schedule; for interleaved
+// schedules in units of whole-stage activations (chunks held / v).
+double schedule_micro_batches_in_flight(Schedule schedule, int stages, int stage, int micro_batches,
+                                        int virtual_chunks);
+
+// Step time of a pipeline from per-stage times: fill and drain over the sum of the stages, the
+// steady state on each stage, and its per-step overhead after its last backward.
+double pipeline_step_seconds(const std::vector<double>& per_micro_batch_seconds,
+                             const std::vector<double>& step_overhead_seconds, int micro_batches,
+                             int virtual_chunks);
+
+}  // namespace alloy

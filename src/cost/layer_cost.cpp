@@ -1,0 +1,163 @@
+#include "cost/layer_cost.hpp"
+
+namespace alloy {
+
+namespace {
+
+int64_t query_width(const ModelSpec& m) { return m.num_heads * m.head_dim; }
+int64_t kv_width(const ModelSpec& m) { return m.num_kv_heads * m.head_dim; }
+bool is_llama(const ModelSpec& m) { return m.family == ModelFamily::ModelFamily_llama; }
+int mlp_matrices(const ModelSpec& m) { return is_llama(m) ? 3 : 2; }
+
+// Weights that take part in matrix products inside one block.
+int64_t block_matmul_parameters(const ModelSpec& m) {
+  const int64_t c = m.hidden_size;
+  const int64_t attention = c * query_width(m) + 2 * c * kv_width(m) + query_width(m) * c;
+  return attention + mlp_matrices(m) * c * m.ffn_hidden_size;
+}
+
+}  // namespace
+
+int64_t block_parameters(const ModelSpec& m) {
+  const int64_t c = m.hidden_size;
+  const int64_t f = m.ffn_hidden_size;
+  int64_t params = block_matmul_parameters(m);
+  if (m.qkv_bias) params += query_width(m) + 2 * kv_width(m);
+  if (m.linear_bias) params += c + (is_llama(m) ? 2 * f + c : f + c);
+  params += 2 * (m.norm_bias ? 2 * c : c);
+  return params;
+}
+
+int64_t embedding_parameters(const ModelSpec& m) {
+  int64_t params = m.vocab_size * m.hidden_size;
+  if (m.family == ModelFamily::ModelFamily_gpt2) params += m.max_seq_len * m.hidden_size;
+  return params;
+}
+
+int64_t head_parameters(const ModelSpec& m, bool holds_lm_matrix) {
+  const int64_t norm = m.norm_bias ? 2 * m.hidden_size : m.hidden_size;
+  return norm + (holds_lm_matrix ? m.vocab_size * m.hidden_size : 0);
+}
+
+LayerWork block_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                     bool sequence_parallel, Precision precision) {
+  const double e = precision_bytes(precision);
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  const double c = static_cast<double>(m.hidden_size);
+  const double f = static_cast<double>(m.ffn_hidden_size);
+  const double heads = static_cast<double>(m.num_heads);
+  const double scores = static_cast<double>(micro_batch) * heads * static_cast<double>(seq_len) *
+                        static_cast<double>(seq_len);  // (b, Hq, s, s)
+  const double matmul_flops = 2.0 * tokens * static_cast<double>(block_matmul_parameters(m));
+  // Q K^T and scores x V: 2 products of (s x D) by (D x s) per head.
+  const double attention_flops = 4.0 * tokens * static_cast<double>(seq_len) * static_cast<double>(query_width(m));
+  const double elementwise_share = sequence_parallel ? 1.0 / tp : 1.0;
+
+  LayerWork w;
+  w.forward_flops = (matmul_flops + attention_flops) / tp;
+  // Weights read once, hidden-sized tensors (norms, residuals, projections) read and written a
+  // few times, the score matrix written and read by the softmax.
+  const double weight_bytes = static_cast<double>(block_parameters(m)) * e / tp;
+  const double hidden_traffic = tokens * (8.0 * c * elementwise_share + (4.0 * f + 4.0 * c) / tp) * e;
+  const double score_traffic = 3.0 * scores * e / tp;
+  w.forward_bytes = weight_bytes + hidden_traffic + score_traffic;
+  w.backward_flops = 2.0 * w.forward_flops;
+  w.backward_bytes = 2.0 * w.forward_bytes;
+  w.selective_flops = attention_flops / tp;
+  w.selective_bytes = score_traffic + tokens * 3.0 * static_cast<double>(query_width(m)) * e / tp;
+  w.matmul_rows = tokens;
+  w.matmul_cols = c / tp;
+  return w;
+}
+
+LayerWork embedding_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                         Precision precision) {
+  const double e = precision_bytes(precision);
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  LayerWork w;
+  // A gather of rows: no FLOPs worth counting, traffic of the output (and the position add).
+  w.forward_bytes = 3.0 * tokens * static_cast<double>(m.hidden_size) * e;
+  w.backward_bytes = 2.0 * w.forward_bytes + static_cast<double>(embedding_parameters(m)) * e / tp;
+  w.matmul_rows = tokens;
+  w.matmul_cols = static_cast<double>(m.hidden_size);
+  return w;
+}
+
+LayerWork head_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                    Precision precision) {
+  const double e = precision_bytes(precision);
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  const double c = static_cast<double>(m.hidden_size);
+  const double v = static_cast<double>(m.vocab_size);
+  LayerWork w;
+  w.forward_flops = 2.0 * tokens * c * v / tp;
+  // Logits written in the compute precision, read back by an fp32 softmax cross-entropy.
+  w.forward_bytes = v * c * e / tp + tokens * v * (e + 4.0) / tp + tokens * c * e;
+  w.backward_flops = 2.0 * w.forward_flops;
+  w.backward_bytes = 2.0 * w.forward_bytes;
+  w.matmul_rows = tokens;
+  w.matmul_cols = v / tp;
+  return w;
+}
+
+double model_flops_per_sequence(const ModelSpec& m, int64_t seq_len) {
+  const double s = static_cast<double>(seq_len);
+  const double per_block = 2.0 * s * static_cast<double>(block_matmul_parameters(m)) +
+                           4.0 * s * s * static_cast<double>(query_width(m));
+  const double head = 2.0 * s * static_cast<double>(m.hidden_size) * static_cast<double>(m.vocab_size);
+  return 3.0 * (per_block * static_cast<double>(m.num_layers) + head);
+}
+
+double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                              bool sequence_parallel, Recompute recompute, Precision precision) {
+  const double e = precision_bytes(precision);
+  const double sb = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  const double c = static_cast<double>(m.hidden_size);
+  const double f = static_cast<double>(m.ffn_hidden_size);
+  const double q = static_cast<double>(query_width(m));
+  const double kv = static_cast<double>(kv_width(m));
+  const double scores = static_cast<double>(micro_batch) * static_cast<double>(m.num_heads) *
+                        static_cast<double>(seq_len) * static_cast<double>(seq_len);
+  const bool dropout = m.family == ModelFamily::ModelFamily_gpt2;
+  // Tensors at the tp region boundaries are replicated unless sequence parallelism splits them.
+  const double boundary_share = sequence_parallel ? 1.0 / tp : 1.0;
+
+  if (recompute == Recompute::Recompute_full) return sb * c * e * boundary_share;
+
+  // Replicated across tp without sequence parallelism: two norm inputs, the attention and MLP
+  // inputs, and the two dropout masks (1 byte per element).
+  double boundary = sb * c * e * 4.0;
+  if (dropout) boundary += 2.0 * sb * c;
+  // Split across tp: Q, K, V, the attention output projection input and the MLP intermediates
+  // (GELU: its input and output; SwiGLU: gate, up and their product).
+  const double mlp_tensors = is_llama(m) ? 3.0 : 2.0;
+  const double inner = sb * (q + 2.0 * kv + q + mlp_tensors * f) * e;
+  double stored = boundary * boundary_share + inner / tp;
+  if (recompute == Recompute::Recompute_none) {
+    // Softmax output, plus (GPT-2) the attention dropout mask and its output.
+    const double score_bytes = dropout ? (2.0 * e + 1.0) : e;
+    stored += scores * score_bytes / tp;
+  }
+  return stored;
+}
+
+double embedding_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                                  bool sequence_parallel, Precision precision) {
+  const double out = hidden_state_bytes(m, micro_batch, seq_len, precision);
+  return sequence_parallel ? out / tp : out;
+}
+
+double head_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                             Precision precision) {
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  // Final norm input, logits in the compute precision and their fp32 softmax for the loss.
+  return hidden_state_bytes(m, micro_batch, seq_len, precision) +
+         tokens * static_cast<double>(m.vocab_size) * (precision_bytes(precision) + 4.0) / tp;
+}
+
+double hidden_state_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Precision precision) {
+  return static_cast<double>(micro_batch) * static_cast<double>(seq_len) *
+         static_cast<double>(m.hidden_size) * precision_bytes(precision);
+}
+
+}  // namespace alloy

@@ -1,0 +1,59 @@
+// Analytic arithmetic of one model layer (embedding, decoder block, head): parameters, FLOPs,
+// memory traffic and stored activations, per tensor-parallel degree and sequence-parallel mode.
+#pragma once
+
+#include <cstdint>
+
+#include "spec/device_type.hpp"
+#include "spec/model.hpp"
+#include "spec/parallel.hpp"
+
+namespace alloy {
+
+// Parameters of one decoder block, of the embedding (token + learned positions) and of the
+// head (final norm, plus the LM head matrix when untied or when it lives on another stage).
+int64_t block_parameters(const ModelSpec& model);
+int64_t embedding_parameters(const ModelSpec& model);
+int64_t head_parameters(const ModelSpec& model, bool holds_lm_matrix);
+
+// Work of one layer for one micro-batch on one device of a tp group (already divided by tp).
+struct LayerWork {
+  double forward_flops = 0;
+  double forward_bytes = 0;        // device-memory traffic of the forward pass
+  double backward_flops = 0;       // input and weight gradients
+  double backward_bytes = 0;
+  double selective_flops = 0;      // extra forward work recomputed under selective recompute
+  double selective_bytes = 0;
+  double matmul_rows = 0;          // M of the dominant matrix products (tokens on the device)
+  double matmul_cols = 0;          // N of the dominant matrix products (per tp rank)
+};
+
+// micro_batch: sequences per replica; seq_len: tokens per sequence.
+LayerWork block_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
+                     bool sequence_parallel, Precision precision);
+LayerWork embedding_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
+                         Precision precision);
+LayerWork head_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
+                    Precision precision);
+
+// Model FLOPs of one sequence through forward and backward (no recomputation), all layers.
+double model_flops_per_sequence(const ModelSpec& model, int64_t seq_len);
+
+// Bytes of activations one block keeps between its forward and backward for one micro-batch,
+// on one device. The single place that defines activation memory: GPU runs follow the
+// Megatron-LM accounting (arXiv 2205.05198, sbh(34 + 5as/h) at 16 bits without recompute),
+// generalised to grouped-query attention and SwiGLU; fp32 runs scale element sizes.
+double block_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
+                              bool sequence_parallel, Recompute recompute, Precision precision);
+// Activations kept by the embedding (its output) and by the head (logits for the loss).
+double embedding_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len,
+                                  int tp, bool sequence_parallel, Precision precision);
+double head_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
+                             Precision precision);
+
+// Bytes of one hidden-state tensor (micro_batch, seq_len, hidden) in the compute precision:
+// what crosses a pipeline stage boundary and what tp collectives move.
+double hidden_state_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len,
+                          Precision precision);
+
+}  // namespace alloy

@@ -1,0 +1,165 @@
+#include "cost/profile.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr int kProfileVersion = 1;
+
+const json& require(const json& object, const char* key, const std::string& path, const std::string& field) {
+  if (!object.is_object() || !object.contains(key))
+    throw Error(std::string("missing required field '") + key + "'", {path, field}, "see docs/profile-format.md");
+  return object.at(key);
+}
+
+double positive_number(const json& object, const char* key, const std::string& path, const std::string& field) {
+  const json& v = require(object, key, path, field);
+  const std::string where = field + "." + key;
+  if (!v.is_number() || v.get<double>() <= 0)
+    throw Error("must be a positive number", {path, where}, "measured values are seconds or bytes per second");
+  return v.get<double>();
+}
+
+int positive_int(const json& object, const char* key, const std::string& path, const std::string& field) {
+  const json& v = require(object, key, path, field);
+  if (!v.is_number_integer() || v.get<int>() <= 0)
+    throw Error("must be a positive integer", {path, field + "." + key});
+  return v.get<int>();
+}
+
+LayerKind parse_layer_kind(const json& v, const std::string& path, const std::string& field) {
+  for (LayerKind k : {LayerKind::LayerKind_embedding, LayerKind::LayerKind_block, LayerKind::LayerKind_head})
+    if (v.is_string() && v.get<std::string>() == layer_kind_name(k)) return k;
+  throw Error("unknown layer kind " + v.dump(), {path, field}, "use embedding, block or head");
+}
+
+CollectiveOp parse_op(const json& v, const std::string& path, const std::string& field) {
+  for (CollectiveOp op : {CollectiveOp::CollectiveOp_all_reduce, CollectiveOp::CollectiveOp_all_gather,
+                          CollectiveOp::CollectiveOp_reduce_scatter})
+    if (v.is_string() && v.get<std::string>() == collective_op_name(op)) return op;
+  throw Error("unknown collective " + v.dump(), {path, field}, "use all_reduce, all_gather or reduce_scatter");
+}
+
+}  // namespace
+
+const char* layer_kind_name(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::LayerKind_embedding: return "embedding";
+    case LayerKind::LayerKind_block: return "block";
+    case LayerKind::LayerKind_head: return "head";
+  }
+  return "?";
+}
+
+const char* collective_op_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::CollectiveOp_all_reduce: return "all_reduce";
+    case CollectiveOp::CollectiveOp_all_gather: return "all_gather";
+    case CollectiveOp::CollectiveOp_reduce_scatter: return "reduce_scatter";
+  }
+  return "?";
+}
+
+const ProfiledLayer* Profile::find_layer(const std::string& device_type, LayerKind kind, int micro_batch,
+                                         int seq_len, int tp, bool sequence_parallel) const {
+  auto it = device_types.find(device_type);
+  if (it == device_types.end()) return nullptr;
+  for (const auto& l : it->second.layers)
+    if (l.kind == kind && l.micro_batch == micro_batch && l.seq_len == seq_len && l.tp == tp &&
+        l.sequence_parallel == sequence_parallel)
+      return &l;
+  return nullptr;
+}
+
+const ProfiledCollective* Profile::find_collective(const std::string& device_type, CollectiveOp op,
+                                                   int group_size, bool spans_nodes) const {
+  auto it = device_types.find(device_type);
+  if (it == device_types.end()) return nullptr;
+  for (const auto& c : it->second.collectives)
+    if (c.op == op && c.group_size == group_size && c.spans_nodes == spans_nodes) return &c;
+  return nullptr;
+}
+
+Profile profile_parse(const std::string& json_text, const std::string& path) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw Error(std::string("not valid JSON: ") + e.what(), {path, ""}, "see docs/profile-format.md");
+  }
+  Profile profile;
+  profile.source_path = path;
+  const json& version = require(root, "version", path, "");
+  if (!version.is_number_integer() || version.get<int>() != kProfileVersion)
+    throw Error("unsupported profile version " + version.dump(), {path, "version"},
+                "this Alloy reads version " + std::to_string(kProfileVersion));
+  const json& model = require(root, "model", path, "");
+  if (!model.is_string()) throw Error("must be a model name", {path, "model"});
+  profile.model_name = model.get<std::string>();
+  const json& types = require(root, "device_types", path, "");
+  if (!types.is_object()) throw Error("must be an object keyed by device type", {path, "device_types"});
+  for (const auto& [type_name, entry] : types.items()) {
+    const std::string base = "device_types." + type_name;
+    DeviceProfile dp;
+    if (entry.contains("layers")) {
+      const json& layers = entry.at("layers");
+      if (!layers.is_array()) throw Error("must be a list", {path, base + ".layers"});
+      for (size_t i = 0; i < layers.size(); ++i) {
+        const std::string field = base + ".layers[" + std::to_string(i) + "]";
+        const json& l = layers[i];
+        ProfiledLayer pl;
+        pl.kind = parse_layer_kind(require(l, "layer", path, field), path, field + ".layer");
+        pl.micro_batch = positive_int(l, "micro_batch", path, field);
+        pl.seq_len = positive_int(l, "seq_len", path, field);
+        pl.tp = positive_int(l, "tp", path, field);
+        pl.sequence_parallel = l.value("sequence_parallel", false);
+        pl.forward_seconds = positive_number(l, "forward_seconds", path, field);
+        pl.backward_seconds = positive_number(l, "backward_seconds", path, field);
+        dp.layers.push_back(pl);
+      }
+    }
+    if (entry.contains("collectives")) {
+      const json& collectives = entry.at("collectives");
+      if (!collectives.is_array()) throw Error("must be a list", {path, base + ".collectives"});
+      for (size_t i = 0; i < collectives.size(); ++i) {
+        const std::string field = base + ".collectives[" + std::to_string(i) + "]";
+        const json& c = collectives[i];
+        ProfiledCollective pc;
+        pc.op = parse_op(require(c, "op", path, field), path, field + ".op");
+        pc.group_size = positive_int(c, "group_size", path, field);
+        const json& placement = require(c, "placement", path, field);
+        if (placement == "intra_node") pc.spans_nodes = false;
+        else if (placement == "inter_node") pc.spans_nodes = true;
+        else throw Error("unknown placement " + placement.dump(), {path, field + ".placement"},
+                         "use intra_node or inter_node");
+        pc.bandwidth_bytes_per_second = positive_number(c, "bandwidth_bytes_per_second", path, field);
+        const json& latency = require(c, "latency_seconds", path, field);
+        if (!latency.is_number() || latency.get<double>() < 0)
+          throw Error("must be a number >= 0", {path, field + ".latency_seconds"});
+        pc.latency_seconds = latency.get<double>();
+        dp.collectives.push_back(pc);
+      }
+    }
+    profile.device_types[type_name] = std::move(dp);
+  }
+  return profile;
+}
+
+Profile profile_load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot open profile", {path, ""}, "check the path given to --profile");
+  std::stringstream text;
+  text << in.rdbuf();
+  return profile_parse(text.str(), path);
+}
+
+}  // namespace alloy

@@ -1,0 +1,55 @@
+// Measured profiles (`--profile`): layer times and collective performance per device type,
+// read from JSON (format in docs/profile-format.md). Replaces the analytic curve where measured.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace alloy {
+
+enum class LayerKind { LayerKind_embedding, LayerKind_block, LayerKind_head };
+const char* layer_kind_name(LayerKind kind);
+
+enum class CollectiveOp { CollectiveOp_all_reduce, CollectiveOp_all_gather, CollectiveOp_reduce_scatter };
+const char* collective_op_name(CollectiveOp op);
+
+struct ProfiledLayer {
+  LayerKind kind = LayerKind::LayerKind_block;
+  int micro_batch = 0;  // sequences per replica
+  int seq_len = 0;
+  int tp = 1;
+  bool sequence_parallel = false;
+  double forward_seconds = 0;
+  double backward_seconds = 0;  // without recomputation
+};
+
+struct ProfiledCollective {
+  CollectiveOp op = CollectiveOp::CollectiveOp_all_reduce;
+  int group_size = 0;
+  bool spans_nodes = false;                 // placement: "intra_node" or "inter_node"
+  double bandwidth_bytes_per_second = 0;    // algorithm bandwidth: buffer bytes / (time - latency)
+  double latency_seconds = 0;
+};
+
+struct DeviceProfile {
+  std::vector<ProfiledLayer> layers;
+  std::vector<ProfiledCollective> collectives;
+};
+
+struct Profile {
+  std::string source_path;
+  std::string model_name;                           // layer times hold for this model only
+  std::map<std::string, DeviceProfile> device_types;  // by device type name (lower case)
+
+  const ProfiledLayer* find_layer(const std::string& device_type, LayerKind kind, int micro_batch,
+                                  int seq_len, int tp, bool sequence_parallel) const;
+  const ProfiledCollective* find_collective(const std::string& device_type, CollectiveOp op,
+                                            int group_size, bool spans_nodes) const;
+};
+
+// Reads and validates a profile; throws alloy::Error naming the file and the field.
+Profile profile_load(const std::string& path);
+Profile profile_parse(const std::string& json_text, const std::string& source_path);
+
+}  // namespace alloy

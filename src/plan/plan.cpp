@@ -1,0 +1,206 @@
+#include "plan/plan.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+namespace {
+
+std::string fnv1a_hex(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+[[noreturn]] void fail(const std::string& source, const std::string& field, const std::string& what,
+                       const std::string& hint = {}) {
+  throw Error(what, {source, field}, hint);
+}
+
+std::string stage_field(size_t s, const char* name) { return fmt::format("stages[{}].{}", s, name); }
+
+}  // namespace
+
+int PlanStage::num_blocks() const {
+  int n = 0;
+  for (const LayerRange& r : chunks) n += r.size();
+  return n;
+}
+
+double PlanStage::memory_total_bytes() const {
+  double total = 0;
+  for (const MemoryTerm& t : memory)
+    if (t.name != "host_offload") total += t.bytes;
+  return total;
+}
+
+int Plan::num_used_devices() const {
+  int n = 0;
+  for (const PlanStage& s : stages) n += static_cast<int>(s.device_ids.size());
+  return n;
+}
+
+std::string model_fingerprint(const ModelSpec& m) {
+  return fnv1a_hex(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(m.family), m.num_layers,
+                               m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size,
+                               m.vocab_size, m.max_seq_len, m.tied_embeddings, m.qkv_bias, m.linear_bias,
+                               m.norm_bias));
+}
+
+std::string cluster_fingerprint(const ClusterSpec& c) {
+  std::string text = fmt::format("net {} {}|", c.network.bandwidth_bytes_per_second, c.network.latency_seconds);
+  for (const DeviceType& t : c.device_types)
+    text += fmt::format("type {} {} {} {} {}|", t.name, t.peak_flops_bf16, t.peak_flops_fp32, t.memory_bytes, t.speed);
+  for (const NodeGroup& g : c.node_groups)
+    text += fmt::format("group {} {} {} {} {}|", g.count, g.devices_per_node, g.device_type_index,
+                        g.intra_node.bandwidth_bytes_per_second, g.host_link_bytes_per_second);
+  return fnv1a_hex(text);
+}
+
+void plan_validate(const Plan& plan, const std::string& source) {
+  if (plan.version != kPlanVersion)
+    fail(source, "version", fmt::format("unsupported plan version {}", plan.version),
+         fmt::format("this Alloy reads version {}; re-run `alloy plan`", kPlanVersion));
+  if (plan.num_layers <= 0) fail(source, "num_layers", "must be positive");
+  if (plan.stages.empty()) fail(source, "stages", "a plan needs at least one stage");
+  if (plan.num_micro_batches <= 0) fail(source, "num_micro_batches", "must be positive");
+  if (plan.micro_batch_sequences <= 0) fail(source, "micro_batch_sequences", "must be positive");
+  if (plan.micro_batch_sequences * plan.num_micro_batches != plan.global_batch_sequences)
+    fail(source, "global_batch_sequences",
+         fmt::format("{} is not micro_batch_sequences x num_micro_batches = {} x {}", plan.global_batch_sequences,
+                     plan.micro_batch_sequences, plan.num_micro_batches));
+  if (plan.virtual_chunks < 1) fail(source, "virtual_chunks", "must be at least 1");
+  if ((plan.schedule == Schedule::Schedule_interleaved) != (plan.virtual_chunks > 1))
+    fail(source, "virtual_chunks", "the interleaved schedule needs virtual_chunks >= 2, the others exactly 1");
+
+  std::vector<int> device_owner;
+  int next_layer = 0;
+  const size_t p = plan.stages.size();
+  for (size_t s = 0; s < p; ++s) {
+    const PlanStage& st = plan.stages[s];
+    if (st.tp < 1) fail(source, stage_field(s, "tp"), "must be at least 1");
+    if (st.dp < 1) fail(source, stage_field(s, "dp"), "must be at least 1");
+    if (st.zero < 0 || st.zero > 3) fail(source, stage_field(s, "zero"), "ZeRO stage must be 0, 1, 2 or 3");
+    if (st.sequence_parallel && st.tp < 2)
+      fail(source, stage_field(s, "sequence_parallel"), "sequence parallelism needs tp >= 2");
+    if (static_cast<int>(st.device_ids.size()) != st.tp * st.dp)
+      fail(source, stage_field(s, "device_ids"),
+           fmt::format("has {} devices but tp x dp = {} x {}", st.device_ids.size(), st.tp, st.dp));
+    if (static_cast<int>(st.chunks.size()) != plan.virtual_chunks)
+      fail(source, stage_field(s, "chunks"),
+           fmt::format("has {} chunks, the schedule has {} per stage", st.chunks.size(), plan.virtual_chunks));
+    if (plan.micro_batch_sequences % st.dp != 0)
+      fail(source, stage_field(s, "dp"),
+           fmt::format("micro-batch of {} sequences does not split over dp {}", plan.micro_batch_sequences, st.dp));
+    if (static_cast<int>(st.recompute.size()) != st.num_blocks())
+      fail(source, stage_field(s, "recompute"),
+           fmt::format("has {} entries for {} blocks", st.recompute.size(), st.num_blocks()));
+    if (static_cast<int>(st.offload.size()) != st.num_blocks())
+      fail(source, stage_field(s, "offload"),
+           fmt::format("has {} entries for {} blocks", st.offload.size(), st.num_blocks()));
+    if (st.has_embedding != (s == 0))
+      fail(source, stage_field(s, "has_embedding"), "the embedding belongs to the first stage only");
+    if (st.has_head != (s + 1 == p)) fail(source, stage_field(s, "has_head"), "the head belongs to the last stage only");
+    for (int id : st.device_ids) {
+      if (id < 0 || id >= plan.num_devices)
+        fail(source, stage_field(s, "device_ids"),
+             fmt::format("device {} is outside the cluster's 0..{}", id, plan.num_devices - 1));
+      if (device_owner.size() <= static_cast<size_t>(id)) device_owner.resize(id + 1, -1);
+      if (device_owner[id] >= 0)
+        fail(source, stage_field(s, "device_ids"),
+             fmt::format("device {} is already used by stage {}", id, device_owner[id]));
+      device_owner[id] = static_cast<int>(s);
+    }
+  }
+  // Pipeline order: chunk 0 of every stage, then chunk 1, ...; each starts where the last ended.
+  for (int c = 0; c < plan.virtual_chunks; ++c) {
+    for (size_t s = 0; s < p; ++s) {
+      const LayerRange& r = plan.stages[s].chunks[c];
+      const std::string field = fmt::format("stages[{}].chunks[{}]", s, c);
+      if (r.size() <= 0) fail(source, field, fmt::format("empty layer range [{}, {})", r.begin, r.end));
+      if (r.begin != next_layer)
+        fail(source, field,
+             fmt::format("starts at layer {} but layer {} is the next one in pipeline order", r.begin, next_layer),
+             "every layer must be in exactly one stage, contiguously");
+      next_layer = r.end;
+    }
+  }
+  if (next_layer != plan.num_layers)
+    fail(source, "stages", fmt::format("layers cover [0, {}) but the model has {}", next_layer, plan.num_layers));
+}
+
+void plan_validate_for(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const std::string& source) {
+  plan_validate(plan, source);
+  if (plan.model_fingerprint != model_fingerprint(model))
+    fail(source, "model_fingerprint",
+         fmt::format("the plan is for model '{}', not for '{}' (architectures differ)", plan.model_name, model.name),
+         "re-run `alloy plan` for this model");
+  if (plan.cluster_fingerprint != cluster_fingerprint(cluster))
+    fail(source, "cluster_fingerprint",
+         fmt::format("the plan is for cluster '{}', not for '{}' (devices or links differ)", plan.cluster_name,
+                     cluster.name),
+         "re-run `alloy plan` for this cluster");
+  if (plan.num_devices != static_cast<int>(cluster.devices.size()))
+    fail(source, "num_devices", fmt::format("plan expects {} devices, cluster has {}", plan.num_devices,
+                                            cluster.devices.size()));
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    for (size_t i = 0; i < st.device_ids.size(); ++i) {
+      const Device& d = cluster.devices[st.device_ids[i]];
+      if (cluster.device_type(d).name != st.device_type)
+        fail(source, stage_field(s, "device_ids"),
+             fmt::format("device {} is a {}, the stage is {}", d.id, cluster.device_type(d).name, st.device_type));
+      const Device& leader = cluster.devices[st.device_ids[i - i % st.tp]];
+      if (d.node != leader.node)
+        fail(source, stage_field(s, "device_ids"),
+             fmt::format("tp group of device {} spans nodes {} and {}", d.id, leader.node, d.node),
+             "tensor parallelism must stay inside one node");
+    }
+  }
+}
+
+std::vector<RankInfo> plan_rank_map(const Plan& plan) {
+  std::vector<RankInfo> ranks;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    for (int d = 0; d < st.dp; ++d)
+      for (int t = 0; t < st.tp; ++t) {
+        RankInfo r;
+        r.rank = static_cast<int>(ranks.size());
+        r.device_id = st.device_ids[static_cast<size_t>(d) * st.tp + t];
+        r.stage = static_cast<int>(s);
+        r.tp_rank = t;
+        r.dp_rank = d;
+        ranks.push_back(r);
+      }
+  }
+  return ranks;
+}
+
+std::vector<int> plan_tp_group(const Plan& plan, int rank) {
+  const std::vector<RankInfo> map = plan_rank_map(plan);
+  const RankInfo& me = map.at(rank);
+  std::vector<int> group;
+  for (const RankInfo& r : map)
+    if (r.stage == me.stage && r.dp_rank == me.dp_rank) group.push_back(r.rank);
+  return group;
+}
+
+std::vector<int> plan_dp_group(const Plan& plan, int rank) {
+  const std::vector<RankInfo> map = plan_rank_map(plan);
+  const RankInfo& me = map.at(rank);
+  std::vector<int> group;
+  for (const RankInfo& r : map)
+    if (r.stage == me.stage && r.tp_rank == me.tp_rank) group.push_back(r.rank);
+  return group;
+}
+
+}  // namespace alloy

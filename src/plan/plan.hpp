@@ -1,0 +1,140 @@
+// Plan: the contract between the planner, the simulator and the runtime. Which devices run
+// which layers with which parallel shape, and what the cost model predicts for it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "spec/cluster.hpp"
+#include "spec/device_type.hpp"
+#include "spec/model.hpp"
+#include "spec/parallel.hpp"
+#include "spec/train.hpp"
+
+namespace alloy {
+
+inline constexpr int kPlanVersion = 1;
+
+// Decoder blocks [begin, end) of one model chunk.
+struct LayerRange {
+  int begin = 0;
+  int end = 0;
+  int size() const { return end - begin; }
+};
+
+// One named term of a device's memory (parameters, activations, framework context, ...).
+struct MemoryTerm {
+  std::string name;
+  double bytes = 0;
+};
+
+struct PlanStage {
+  std::string device_type;        // type name; every device of the stage has this type
+  std::vector<int> device_ids;    // tp * dp ids, rank order: tp fastest, then dp
+  int tp = 1;
+  int dp = 1;
+  int zero = 0;                   // ZeRO stage 0-3
+  bool sequence_parallel = false;
+  std::vector<LayerRange> chunks;  // one per virtual chunk (1 unless interleaved)
+  bool has_embedding = false;      // first stage
+  bool has_head = false;           // last stage (final norm and LM head)
+  std::vector<Recompute> recompute;  // per block of the stage, chunks in order
+  std::vector<bool> offload;         // per block: weights and optimizer state in host memory
+
+  // Predictions of the cost model.
+  double forward_seconds = 0;        // per micro-batch, all chunks
+  double backward_seconds = 0;       // per micro-batch, recomputation included
+  double gradient_sync_seconds = 0;  // per step, exposed part
+  double optimizer_seconds = 0;      // per step
+  double micro_batches_in_flight = 0;
+  std::vector<MemoryTerm> memory;    // per device
+  double memory_capacity_bytes = 0;
+
+  int num_blocks() const;
+  double memory_total_bytes() const;
+};
+
+// A layout that lost, kept to explain the choice.
+struct RunnerUp {
+  std::string shape;        // e.g. "pp 2 (a100 tp2 dp2 | v100 tp1 dp4), 1f1b, m 16"
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  std::string reason;       // why it lost, e.g. "v100 stage is the bottleneck: +14%"
+};
+
+struct Plan {
+  int version = kPlanVersion;
+  std::string model_name;
+  std::string model_fingerprint;
+  int num_layers = 0;
+  std::string cluster_name;
+  std::string cluster_fingerprint;
+  int num_devices = 0;          // devices in the cluster (the plan may use fewer)
+  std::string objective = "throughput";
+
+  int64_t seq_len = 0;
+  int64_t global_batch_sequences = 0;
+  int64_t micro_batch_sequences = 0;   // one micro-batch across all replicas of a stage
+  int num_micro_batches = 0;
+  Schedule schedule = Schedule::Schedule_1f1b;
+  int virtual_chunks = 1;
+  Precision precision = Precision::Precision_bf16;
+
+  std::vector<PlanStage> stages;
+
+  // Predictions for one optimizer step.
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;               // model FLOPs / (step time x summed peak of used devices)
+  double hfu = 0;               // counting recomputation
+  double bubble_fraction = 0;
+  double price_per_million_tokens = 0;  // 0 when the cluster has no prices
+  std::vector<RunnerUp> runner_ups;
+  std::vector<std::string> notes;
+
+  int num_used_devices() const;
+};
+
+// Stable hashes of what a plan depends on: the architecture (not the file path), the
+// cluster's devices and links.
+std::string model_fingerprint(const ModelSpec& model);
+std::string cluster_fingerprint(const ClusterSpec& cluster);
+
+// Internal consistency: every layer in exactly one stage, every device at most once, degrees
+// that multiply to the stage's devices, batch sizes that divide. Throws alloy::Error naming
+// the stage and field; `source` names the file (or "" for a plan built in memory).
+void plan_validate(const Plan& plan, const std::string& source = "");
+// Also checks the plan against the model and cluster it will run on (fingerprints, device
+// types, tp groups inside one node).
+void plan_validate_for(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster,
+                       const std::string& source = "");
+
+std::string plan_to_json(const Plan& plan);
+// Parses and validates (plan_validate). Throws alloy::Error naming file and field.
+Plan plan_from_json(const std::string& json_text, const std::string& source = "");
+Plan plan_load(const std::string& path);
+void plan_save(const Plan& plan, const std::string& path);
+
+// Global ranks: stages in pipeline order; inside a stage tp fastest, then dp (Megatron's
+// tp-dp-pp order).
+struct RankInfo {
+  int rank = 0;
+  int device_id = 0;
+  int stage = 0;
+  int tp_rank = 0;
+  int dp_rank = 0;
+};
+std::vector<RankInfo> plan_rank_map(const Plan& plan);
+// Ranks of the groups `rank` belongs to, ascending.
+std::vector<int> plan_tp_group(const Plan& plan, int rank);
+std::vector<int> plan_dp_group(const Plan& plan, int rank);
+
+struct RenderOptions {
+  bool show_memory_terms = true;
+  bool show_runner_ups = true;
+};
+// Aligned text tables for people (`alloy plan`, `alloy explain`).
+std::string plan_render_text(const Plan& plan, const RenderOptions& options = {});
+
+}  // namespace alloy

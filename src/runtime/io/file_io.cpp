@@ -1,0 +1,202 @@
+// Read-only memory maps, atomic writes and checksums for runtime I/O (see file_io.hpp).
+#include "runtime/io/file_io.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+static_assert(std::endian::native == std::endian::little, "crc32_update loads little-endian words");
+
+namespace {
+std::string errno_text(int errno_value) { return std::strerror(errno_value); }
+}  // namespace
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)), data_(other.data_), size_bytes_(other.size_bytes_) {
+  other.data_ = nullptr;
+  other.size_bytes_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) munmap(const_cast<std::byte*>(data_), size_bytes_);
+    path_ = std::move(other.path_);
+    data_ = other.data_;
+    size_bytes_ = other.size_bytes_;
+    other.data_ = nullptr;
+    other.size_bytes_ = 0;
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) munmap(const_cast<std::byte*>(data_), size_bytes_);
+}
+
+MappedFile mapped_file_open(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    throw Error(what + " not found", io_where(path), "check the path");
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    throw Error(what + " is a directory, expected a file", io_where(path), "pass the path of the file itself");
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw Error("cannot open " + what + ": " + errno_text(errno), io_where(path), "check the file's permissions");
+  }
+  struct stat info {};
+  if (fstat(fd, &info) != 0) {
+    int saved = errno;
+    ::close(fd);
+    throw Error("cannot stat " + what + ": " + errno_text(saved), io_where(path));
+  }
+  MappedFile mapped;
+  mapped.path_ = path;
+  mapped.size_bytes_ = static_cast<std::size_t>(info.st_size);
+  if (mapped.size_bytes_ > 0) {
+    void* address = mmap(nullptr, mapped.size_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (address == MAP_FAILED) {
+      int saved = errno;
+      ::close(fd);
+      mapped.size_bytes_ = 0;
+      throw Error("cannot map " + what + ": " + errno_text(saved), io_where(path));
+    }
+    mapped.data_ = static_cast<const std::byte*>(address);
+  }
+  ::close(fd);
+  return mapped;
+}
+
+FileWriter::FileWriter(const std::string& path, std::int64_t fault_after_bytes)
+    : path_(path), fault_after_bytes_(fault_after_bytes) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot create file", errno);
+}
+
+FileWriter::~FileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void FileWriter::fail(const std::string& what, int errno_value) {
+  throw Error(what + ": " + errno_text(errno_value), io_where(path_),
+              "check free disk space and write permission of the directory");
+}
+
+void FileWriter::write(const void* data, std::size_t count_bytes) {
+  const auto* bytes = static_cast<const std::byte*>(data);
+  checksum_ = crc32_update(checksum_, {bytes, count_bytes});
+  std::size_t done = 0;
+  while (done < count_bytes) {
+    std::size_t chunk = count_bytes - done;
+    if (fault_after_bytes_ >= 0) {
+      auto budget = static_cast<std::uint64_t>(fault_after_bytes_);
+      if (written_bytes_ >= budget) fail("write failed", ENOSPC);
+      chunk = std::min<std::size_t>(chunk, budget - written_bytes_);
+    }
+    ssize_t n = ::write(fd_, bytes + done, chunk);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("write failed", errno);
+    }
+    done += static_cast<std::size_t>(n);
+    written_bytes_ += static_cast<std::uint64_t>(n);
+  }
+}
+
+void FileWriter::patch(std::size_t offset_bytes, const void* data, std::size_t count_bytes) {
+  ssize_t n = ::pwrite(fd_, data, count_bytes, static_cast<off_t>(offset_bytes));
+  if (n < 0 || static_cast<std::size_t>(n) != count_bytes) fail("write failed", errno);
+}
+
+void FileWriter::close_synced() {
+  if (fsync(fd_) != 0) fail("fsync failed", errno);
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("close failed", errno);
+}
+
+void directory_sync(const std::string& path) {
+  int fd = ::open(path.empty() ? "." : path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // best effort: some file systems refuse to open directories
+  fsync(fd);
+  ::close(fd);
+}
+
+void file_write_atomic(const std::string& path, const std::function<void(FileWriter&)>& write_body) {
+  std::filesystem::path target(path);
+  std::string temp = path + ".tmp-" + std::to_string(getpid());
+  try {
+    FileWriter writer(temp);
+    write_body(writer);
+    writer.close_synced();
+    if (std::rename(temp.c_str(), path.c_str()) != 0) {
+      throw Error("cannot rename " + temp + " into place: " + errno_text(errno), io_where(path));
+    }
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(temp, ec);
+    throw;
+  }
+  directory_sync(target.parent_path().string());
+}
+
+namespace {
+
+using Crc32Tables = std::array<std::array<std::uint32_t, 256>, 8>;
+
+// tables[k][b]: the CRC of byte b followed by k zero bytes (reflected polynomial 0xEDB88320).
+Crc32Tables crc32_tables_build() {
+  Crc32Tables tables{};
+  for (std::uint32_t b = 0; b < 256; ++b) {
+    std::uint32_t crc = b;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1u) ? 0xEDB88320u : 0u);
+    tables[0][b] = crc;
+  }
+  for (std::size_t k = 1; k < 8; ++k) {
+    for (std::size_t b = 0; b < 256; ++b) {
+      tables[k][b] = (tables[k - 1][b] >> 8) ^ tables[0][tables[k - 1][b] & 0xffu];
+    }
+  }
+  return tables;
+}
+
+}  // namespace
+
+std::uint32_t crc32_update(std::uint32_t crc, std::span<const std::byte> bytes) {
+  static const Crc32Tables t = crc32_tables_build();
+  std::uint32_t c = ~crc;
+  const std::byte* p = bytes.data();
+  std::size_t n = bytes.size();
+  for (; n >= 8; n -= 8, p += 8) {
+    std::uint32_t lo = 0;
+    std::uint32_t hi = 0;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= c;
+    c = t[7][lo & 0xffu] ^ t[6][(lo >> 8) & 0xffu] ^ t[5][(lo >> 16) & 0xffu] ^ t[4][lo >> 24] ^ t[3][hi & 0xffu] ^
+        t[2][(hi >> 8) & 0xffu] ^ t[1][(hi >> 16) & 0xffu] ^ t[0][hi >> 24];
+  }
+  for (; n > 0; --n, ++p) c = (c >> 8) ^ t[0][(c ^ static_cast<std::uint32_t>(*p)) & 0xffu];
+  return ~c;
+}
+
+std::string checksum_hex(std::uint32_t checksum) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", checksum);
+  return text;
+}
+
+}  // namespace alloy

@@ -1,0 +1,155 @@
+#include "search/explain.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace alloy {
+
+namespace {
+
+// Step time = m x bottleneck stage + the other stages' fill and drain / v + the bottleneck's
+// per-step overhead (equal to pipeline_step_seconds).
+struct StepParts {
+  double work_seconds = 0;      // m x the bottleneck stage's time per micro-batch
+  double bubble_seconds = 0;    // the other stages' times / v
+  double overhead_seconds = 0;  // the bottleneck stage's per-step overhead
+  int bottleneck = 0;
+};
+
+StepParts step_parts(const Plan& plan) {
+  StepParts parts;
+  const double a = plan.num_micro_batches - 1.0 / plan.virtual_chunks;
+  double worst = -1;
+  double sum = 0;
+  double bottleneck_t = 0;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    const double t = st.forward_seconds + st.backward_seconds;
+    sum += t;
+    const double g = a * t + st.gradient_sync_seconds + st.optimizer_seconds;
+    if (g > worst) {
+      worst = g;
+      parts.bottleneck = static_cast<int>(s);
+      bottleneck_t = t;
+      parts.overhead_seconds = st.gradient_sync_seconds + st.optimizer_seconds;
+    }
+  }
+  parts.work_seconds = plan.num_micro_batches * bottleneck_t;
+  parts.bubble_seconds = (sum - bottleneck_t) / plan.virtual_chunks;
+  return parts;
+}
+
+int recomputed_blocks(const PlanStage& st) {
+  int n = 0;
+  for (Recompute r : st.recompute) n += r != Recompute::Recompute_none;
+  return n;
+}
+
+}  // namespace
+
+Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std::vector<int>>& device_ids,
+                const std::vector<int>& blocks, const std::vector<StageOption>& options, Objective objective) {
+  Plan plan;
+  plan_set_identity(&plan, cost, objective);
+  plan.global_batch_sequences = s.global_batch;
+  plan.micro_batch_sequences = s.micro_batch_sequences();
+  plan.num_micro_batches = s.micro_batches;
+  plan.schedule = s.schedule;
+  plan.virtual_chunks = s.virtual_chunks;
+  const int p = static_cast<int>(blocks.size());
+  size_t stage = 0;
+  for (const TypeGroup& g : s.groups) {
+    for (int j = 0; j < g.stages; ++j, ++stage) {
+      PlanStage st;
+      st.device_type = cost.cluster().device_types[g.device_type].name;
+      st.device_ids = device_ids[stage];
+      st.tp = g.tp;
+      st.dp = g.dp;
+      const StageOption& o = options[stage];
+      st.zero = o.zero;
+      st.sequence_parallel = o.sequence_parallel;
+      st.has_embedding = stage == 0;
+      st.has_head = static_cast<int>(stage) == p - 1;
+      const int n = blocks[stage];
+      for (int b = 0; b < n; ++b) {
+        st.recompute.push_back(b < o.full ? Recompute::Recompute_full
+                                          : (b < o.full + o.selective ? Recompute::Recompute_selective
+                                                                      : Recompute::Recompute_none));
+        st.offload.push_back(b < o.offloaded);
+      }
+      plan.stages.push_back(std::move(st));
+    }
+  }
+  // Chunk c of every stage in pipeline order, then chunk c + 1.
+  int next = 0;
+  for (int c = 0; c < s.virtual_chunks; ++c)
+    for (int st = 0; st < p; ++st) {
+      const int size = blocks[st] / s.virtual_chunks;
+      plan.stages[st].chunks.push_back({next, next + size});
+      next += size;
+    }
+  plan_evaluate(&plan, cost);
+  return plan;
+}
+
+std::string plan_shape_summary(const Plan& plan) {
+  std::string out = fmt::format("pp {}: ", plan.stages.size());
+  // Consecutive stages of the same type and shape are written once, with their count.
+  for (size_t s = 0; s < plan.stages.size();) {
+    const PlanStage& st = plan.stages[s];
+    size_t e = s;
+    int layers = 0;
+    while (e < plan.stages.size() && plan.stages[e].device_type == st.device_type && plan.stages[e].tp == st.tp &&
+           plan.stages[e].dp == st.dp)
+      layers += plan.stages[e++].num_blocks();
+    if (s > 0) out += " | ";
+    out += fmt::format("{} tp{} dp{}", st.device_type, st.tp, st.dp);
+    if (e - s > 1) out += fmt::format(" x{}", e - s);
+    out += fmt::format(" {}L", layers);
+    s = e;
+  }
+  out += fmt::format("; {}", schedule_name(plan.schedule));
+  if (plan.virtual_chunks > 1) out += fmt::format(" v{}", plan.virtual_chunks);
+  out += fmt::format(", {} x {} seq", plan.num_micro_batches, plan.micro_batch_sequences);
+  return out;
+}
+
+RunnerUp runner_up_explain(const Plan& best, const Plan& other, bool by_cost) {
+  RunnerUp r;
+  r.shape = plan_shape_summary(other);
+  r.step_seconds = other.step_seconds;
+  r.tokens_per_second = other.tokens_per_second;
+  const double gap = by_cost ? other.price_per_million_tokens / best.price_per_million_tokens - 1.0
+                             : best.tokens_per_second / other.tokens_per_second - 1.0;
+  const StepParts a = step_parts(best);
+  const StepParts b = step_parts(other);
+  // Compare per token so different batch sizes are comparable.
+  const double per_a = 1.0 / (best.global_batch_sequences * best.seq_len);
+  const double per_b = 1.0 / (other.global_batch_sequences * other.seq_len);
+  const double d_steady = b.work_seconds * per_b - a.work_seconds * per_a;
+  const double d_fill = b.bubble_seconds * per_b - a.bubble_seconds * per_a;
+  const double d_overhead = b.overhead_seconds * per_b - a.overhead_seconds * per_a;
+  const PlanStage& slow = other.stages[b.bottleneck];
+  std::string why;
+  if (d_steady >= d_fill && d_steady >= d_overhead) {
+    const PlanStage& ours = best.stages[a.bottleneck];
+    why = fmt::format("{} stage {} is the bottleneck ({:.1f} ms per micro-batch of {} seq, vs {:.1f} ms of {}",
+                      slow.device_type, b.bottleneck, (slow.forward_seconds + slow.backward_seconds) * 1e3,
+                      other.micro_batch_sequences, (ours.forward_seconds + ours.backward_seconds) * 1e3,
+                      best.micro_batch_sequences);
+    const int rc = recomputed_blocks(slow);
+    if (rc > 0) why += fmt::format(", {} of {} layers recomputed", rc, slow.num_blocks());
+    why += ")";
+  } else if (d_fill >= d_overhead) {
+    why = fmt::format("longer pipeline fill and drain (bubble {:.0f}% vs {:.0f}%)", other.bubble_fraction * 100,
+                      best.bubble_fraction * 100);
+  } else {
+    why = fmt::format("exposed gradient sync and optimizer step on {} stage {} ({:.1f} ms vs {:.1f} ms)",
+                      slow.device_type, b.bottleneck, b.overhead_seconds * 1e3, a.overhead_seconds * 1e3);
+  }
+  r.reason = fmt::format("{}: +{:.0f}%{}", why, gap * 100, by_cost ? " price per token" : "");
+  return r;
+}
+
+}  // namespace alloy

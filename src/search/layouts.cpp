@@ -1,0 +1,241 @@
+#include "search/layouts.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+namespace {
+
+// Global batches to try: the given one, or up to 32 evenly spaced values in [min, max].
+std::vector<int64_t> batch_candidates(const TrainSpec& train) {
+  if (train.min_global_batch <= 0 || train.max_global_batch <= 0) return {train.global_batch_sequences};
+  const int64_t lo = train.min_global_batch;
+  const int64_t hi = std::max(lo, train.max_global_batch);
+  const int64_t stride = std::max<int64_t>(1, (hi - lo + 31) / 32);
+  std::vector<int64_t> out;
+  for (int64_t g = hi; g >= lo; g -= stride) out.push_back(g);
+  return out;
+}
+
+struct ShapeOption {
+  int tp = 1;
+  int stages = 1;
+  int dp = 1;
+};
+
+std::vector<ShapeOption> shape_options(const TypePool& pool, const SearchOptions& o, int max_stages) {
+  std::vector<ShapeOption> out;
+  const int n = static_cast<int>(pool.device_ids.size());
+  for (int tp = 1; tp <= pool.devices_per_node; tp *= 2) {
+    if (pool.devices_per_node % tp != 0 || n % tp != 0) continue;
+    if (o.tp > 0 && tp != o.tp) continue;
+    for (int k = 1; k <= std::min(n / tp, max_stages); ++k) {
+      if ((n / tp) % k != 0) continue;
+      const int dp = n / tp / k;
+      if (o.dp > 0 && dp != o.dp) continue;
+      out.push_back({tp, k, dp});
+    }
+  }
+  return out;
+}
+
+int64_t lcm64(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
+
+// Smallest slowest-stage time over integer layer splits when a stage's time is its blocks
+// times its block time: every stage holds at least one chunk of v blocks. Returns a value no
+// larger than the true minimum (the largest time found infeasible, or the trivial bound).
+double integer_bottleneck_bound(const std::vector<std::pair<int, double>>& stages_and_block_seconds, int units, int v) {
+  double lo = 0;
+  double hi = 0;
+  for (const auto& [count, t] : stages_and_block_seconds) {
+    lo = std::max(lo, v * t);
+    hi = std::max(hi, units * v * t);
+  }
+  auto enough = [&](double cap) {
+    int64_t total = 0;
+    for (const auto& [count, t] : stages_and_block_seconds)
+      total += static_cast<int64_t>(count) * static_cast<int64_t>(std::floor(cap / (v * t)));
+    return total >= units;
+  };
+  if (enough(lo)) return lo;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    if (enough(mid)) hi = mid;
+    else lo = mid;
+  }
+  return lo;
+}
+
+}  // namespace
+
+int Structure::num_stages() const {
+  int p = 0;
+  for (const TypeGroup& g : groups) p += g.stages;
+  return p;
+}
+
+std::vector<TypePool> type_pools(const ClusterSpec& cluster) {
+  std::vector<TypePool> pools(cluster.device_types.size());
+  std::vector<int> quantum(cluster.device_types.size(), 0);
+  for (size_t t = 0; t < pools.size(); ++t) pools[t].device_type = static_cast<int>(t);
+  for (const Device& d : cluster.devices) pools[d.device_type_index].device_ids.push_back(d.id);
+  for (const NodeGroup& g : cluster.node_groups)
+    if (g.device_type_index >= 0 && g.count > 0)
+      quantum[g.device_type_index] = std::gcd(quantum[g.device_type_index], g.devices_per_node);
+  std::vector<TypePool> out;
+  for (size_t t = 0; t < pools.size(); ++t) {
+    if (pools[t].device_ids.empty()) continue;
+    std::sort(pools[t].device_ids.begin(), pools[t].device_ids.end());
+    pools[t].devices_per_node = std::max(1, quantum[t]);
+    out.push_back(pools[t]);
+  }
+  return out;
+}
+
+std::string structure_layout_key(const Structure& s, const ClusterSpec& cluster) {
+  std::string key;
+  for (const TypeGroup& g : s.groups) {
+    if (!key.empty()) key += " | ";
+    key += fmt::format("{} tp{} dp{} x{}", cluster.device_types[g.device_type].name, g.tp, g.dp, g.stages);
+  }
+  return key;
+}
+
+std::vector<Structure> structures_enumerate(const CostModel& cost, const std::vector<TypePool>& pools,
+                                            const SearchOptions& o) {
+  const ClusterSpec& cluster = cost.cluster();
+  const int layers = static_cast<int>(cost.model().num_layers);
+  const std::vector<int64_t> batches = batch_candidates(cost.train());
+
+  // Pipeline orders of device types: the pinned one, or every ordered subset.
+  std::vector<std::vector<int>> orders;  // indices into pools
+  if (!o.device_order.empty()) {
+    std::vector<int> order;
+    for (const std::string& name : o.device_order) {
+      int found = -1;
+      for (size_t i = 0; i < pools.size(); ++i)
+        if (cluster.device_types[pools[i].device_type].name == name) found = static_cast<int>(i);
+      if (found < 0) throw Error("device type '" + name + "' is not in the cluster", {"", "device_order"},
+                                 "name the cluster's device types, in pipeline order");
+      order.push_back(found);
+    }
+    orders.push_back(order);
+  } else {
+    const int n = static_cast<int>(pools.size());
+    for (int mask = 1; mask < (1 << n); ++mask) {
+      std::vector<int> members;
+      for (int i = 0; i < n; ++i)
+        if (mask & (1 << i)) members.push_back(i);
+      do orders.push_back(members);
+      while (std::next_permutation(members.begin(), members.end()));
+    }
+  }
+
+  std::vector<std::vector<ShapeOption>> shapes(pools.size());
+  for (size_t i = 0; i < pools.size(); ++i) shapes[i] = shape_options(pools[i], o, layers);
+
+  std::vector<Schedule> schedules;
+  if (o.schedule) schedules.push_back(*o.schedule);
+  else schedules = {Schedule::Schedule_1f1b, Schedule::Schedule_interleaved};  // GPipe: same time, more memory
+  std::vector<int> chunk_options = o.virtual_chunks > 0 ? std::vector<int>{o.virtual_chunks} : std::vector<int>{2, 4};
+
+  // Lower bound per (type, tp, per-replica batch): compute-only block time, best sp mode.
+  std::map<std::tuple<int, int, int64_t>, double> block_seconds;
+  auto block_time = [&](int type, int tp, int64_t b) {
+    auto key = std::make_tuple(type, tp, b);
+    auto it = block_seconds.find(key);
+    if (it != block_seconds.end()) return it->second;
+    double t = cost.block_seconds_bound(type, tp, b, false);
+    if (tp > 1 && o.sequence_parallel.value_or(true)) t = std::min(t, cost.block_seconds_bound(type, tp, b, true));
+    if (o.sequence_parallel.has_value() && *o.sequence_parallel && tp > 1) t = cost.block_seconds_bound(type, tp, b, true);
+    block_seconds[key] = t;
+    return t;
+  };
+
+  std::vector<double> pool_price(pools.size(), 0);
+  for (size_t i = 0; i < pools.size(); ++i)
+    for (int id : pools[i].device_ids)
+      pool_price[i] += cluster.node_group(cluster.devices[id]).price_per_device_hour / 3600.0;
+
+  std::vector<Structure> out;
+  std::vector<TypeGroup> groups;
+  for (int64_t batch : batches) {
+    for (const std::vector<int>& order : orders) {
+      // Odometer over each type's shape options.
+      std::vector<size_t> pick(order.size(), 0);
+      bool empty = false;
+      for (int idx : order) empty = empty || shapes[idx].empty();
+      if (empty) continue;
+      while (true) {
+        groups.clear();
+        int stages = 0;
+        int64_t dp_lcm = 1;
+        double price = 0;
+        for (size_t g = 0; g < order.size(); ++g) {
+          const ShapeOption& so = shapes[order[g]][pick[g]];
+          groups.push_back({pools[order[g]].device_type, so.tp, so.stages, so.dp});
+          stages += so.stages;
+          dp_lcm = lcm64(dp_lcm, so.dp);
+        }
+        for (int idx : order) price += pool_price[idx];
+        const bool stages_ok = stages <= layers && (o.pp == 0 || stages == o.pp) &&
+                               (o.layer_split.empty() || static_cast<int>(o.layer_split.size()) == stages);
+        for (int m = 1; stages_ok && m <= batch; ++m) {
+          if (batch % m != 0) continue;
+          const int64_t micro = batch / m;
+          if (micro % dp_lcm != 0) continue;
+          if (o.num_micro_batches > 0 && m != o.num_micro_batches) continue;
+          if (o.micro_batch_sequences > 0 && micro != o.micro_batch_sequences) continue;
+          double fastest_block = 1e300;
+          std::vector<std::pair<int, double>> block_times;
+          for (const TypeGroup& g : groups) {
+            const double t = block_time(g.device_type, g.tp, micro / g.dp);
+            block_times.emplace_back(g.stages, t);
+            fastest_block = std::min(fastest_block, t);
+          }
+          for (Schedule sched : schedules) {
+            std::vector<int> vs = {1};
+            if (sched == Schedule::Schedule_interleaved) vs = chunk_options;
+            for (int v : vs) {
+              if (sched == Schedule::Schedule_interleaved) {
+                if (stages < 2 || v < 2 || layers % v != 0 || stages * v > layers || m % stages != 0) continue;
+                if (!o.layer_split.empty()) {
+                  bool divisible = true;
+                  for (int n : o.layer_split) divisible = divisible && n % v == 0;
+                  if (!divisible) continue;
+                }
+              }
+              Structure s;
+              s.global_batch = batch;
+              s.micro_batches = m;
+              s.schedule = sched;
+              s.virtual_chunks = v;
+              s.groups = groups;
+              // Every stage's time is at least its blocks' time: the sum over stages is at least
+              // all layers at the fastest type's speed, the slowest stage at least the best
+              // integer split's.
+              s.bottleneck_bound_seconds = integer_bottleneck_bound(block_times, layers / v, v);
+              s.lower_bound_seconds = layers * fastest_block / v + (m - 1.0 / v) * s.bottleneck_bound_seconds;
+              s.price_per_second = price;
+              s.index = static_cast<int>(out.size());
+              out.push_back(std::move(s));
+            }
+          }
+        }
+        size_t g = 0;
+        while (g < pick.size() && ++pick[g] == shapes[order[g]].size()) pick[g++] = 0;
+        if (g == pick.size()) break;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace alloy

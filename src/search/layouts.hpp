@@ -1,0 +1,53 @@
+// Candidate layouts for the planner: which device types form the pipeline in which order,
+// each type's (tp, stages, dp), and the batch, micro-batching and schedule around them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cost/cost_model.hpp"
+#include "search/planner.hpp"
+
+namespace alloy {
+
+// One device type's share of the pipeline: `stages` consecutive stages, each tp x dp devices.
+struct TypeGroup {
+  int device_type = 0;
+  int tp = 1;
+  int stages = 1;
+  int dp = 1;
+};
+
+struct Structure {
+  int64_t global_batch = 0;
+  int micro_batches = 1;
+  Schedule schedule = Schedule::Schedule_1f1b;
+  int virtual_chunks = 1;
+  std::vector<TypeGroup> groups;  // pipeline order
+  double lower_bound_seconds = 0;  // no layer split of this structure is faster
+  double bottleneck_bound_seconds = 0;  // no split has a slowest stage faster (per micro-batch)
+  double price_per_second = 0;     // of the devices it uses
+  int index = 0;                   // enumeration order, for deterministic ties
+
+  int num_stages() const;
+  int64_t micro_batch_sequences() const { return global_batch / micro_batches; }
+};
+
+// Device ids per type, ascending (node-major), and the tp quantum (gcd of devices per node).
+struct TypePool {
+  int device_type = 0;
+  std::vector<int> device_ids;
+  int devices_per_node = 1;
+};
+std::vector<TypePool> type_pools(const ClusterSpec& cluster);
+
+// Every structure the options allow, with lower bounds. Throws alloy::Error when the pins
+// leave nothing (batch not divisible as pinned, tp that no node allows, ...).
+std::vector<Structure> structures_enumerate(const CostModel& cost, const std::vector<TypePool>& pools,
+                                            const SearchOptions& options);
+
+// "a100-80gb-sxm tp2 dp2 x2 | v100-32gb tp1 dp4 x1": the layout without batching.
+std::string structure_layout_key(const Structure& s, const ClusterSpec& cluster);
+
+}  // namespace alloy

@@ -1,0 +1,473 @@
+// The planner's main loop: enumerate structures best-bound first, solve each one's layer split
+// and per-stage choices exactly (dynamic programming on the bottleneck), keep the best and the
+// runner-ups, explain them.
+#include "search/planner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "search/explain.hpp"
+#include "search/layouts.hpp"
+#include "search/stage_options.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+
+namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct UnitKey {
+  int type, tp, dp, dp_nodes, concurrent, sp;
+  int64_t micro_batch;
+  bool operator==(const UnitKey&) const = default;
+};
+
+struct OptionKey {
+  UnitKey unit;
+  double in_flight, boundary_seconds;
+  int blocks, chunks_sent, flags;
+  bool operator==(const OptionKey&) const = default;
+};
+
+struct KeyHash {
+  static size_t mix(size_t h, uint64_t v) { return (h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2))); }
+  static uint64_t bits(double d) {
+    uint64_t b;
+    std::memcpy(&b, &d, sizeof b);
+    return b;
+  }
+  size_t operator()(const UnitKey& k) const {
+    size_t h = 0;
+    for (int64_t v : {int64_t(k.type), int64_t(k.tp), int64_t(k.dp), int64_t(k.dp_nodes), int64_t(k.concurrent),
+                      int64_t(k.sp), k.micro_batch})
+      h = mix(h, static_cast<uint64_t>(v));
+    return h;
+  }
+  size_t operator()(const OptionKey& k) const {
+    size_t h = (*this)(k.unit);
+    h = mix(h, bits(k.in_flight));
+    h = mix(h, bits(k.boundary_seconds));
+    h = mix(h, static_cast<uint64_t>(k.blocks) * 131 + k.chunks_sent * 7 + k.flags);
+    return h;
+  }
+};
+
+// A stage with its key parts, inside one structure.
+struct SlotInfo {
+  StageSlot slot;
+  UnitKey unit_key;  // sp = 0
+  std::vector<int> device_ids;
+};
+
+struct Solution {
+  int structure = -1;
+  double step_seconds = kInfinity;
+  double score = kInfinity;
+  std::vector<int> blocks;  // per stage
+  std::vector<StageOption> options;
+};
+
+class Searcher {
+ public:
+  Searcher(const CostModel& cost, const SearchOptions& options) : cost_(cost), options_(options) {
+    pins_.zero = options.zero;
+    pins_.sequence_parallel = options.sequence_parallel ? (*options.sequence_parallel ? 1 : 0) : -1;
+    pins_.recompute = options.recompute ? static_cast<int>(*options.recompute) : -1;
+    pins_.allow_offload = options.allow_offload;
+  }
+
+  const StageUnitCosts* unit(const StageShape& shape, UnitKey key) {
+    auto it = units_.find(key);
+    if (it == units_.end()) it = units_.emplace(key, cost_.unit_costs(shape, key.sp == 1)).first;
+    return &it->second;
+  }
+
+  const std::vector<StageOption>& options(const SlotInfo& info, int blocks) {
+    OptionKey key{info.unit_key, info.slot.in_flight, info.slot.boundary_seconds, blocks, info.slot.chunks_sent,
+                  (info.slot.has_embedding ? 1 : 0) | (info.slot.has_head ? 2 : 0) |
+                      (info.slot.head_holds_lm_matrix ? 4 : 0) | (info.slot.has_next ? 8 : 0)};
+    auto it = option_sets_.find(key);
+    if (it != option_sets_.end()) return it->second;
+    ++stats.stage_option_sets;
+    std::vector<StageOption> set;
+    stage_options(cost_, info.slot, blocks, pins_, &set);
+    return option_sets_.emplace(key, std::move(set)).first->second;
+  }
+
+  std::vector<SlotInfo> slots(const Structure& s, const std::vector<TypePool>& pools) {
+    const int p = s.num_stages();
+    const int64_t micro = s.micro_batch_sequences();
+    std::vector<SlotInfo> out;
+    for (const TypeGroup& g : s.groups) {
+      const TypePool* pool = nullptr;
+      for (const TypePool& tp : pools)
+        if (tp.device_type == g.device_type) pool = &tp;
+      const int size = g.tp * g.dp;
+      for (int j = 0; j < g.stages; ++j) {
+        SlotInfo info;
+        info.device_ids.assign(pool->device_ids.begin() + static_cast<size_t>(j) * size,
+                               pool->device_ids.begin() + static_cast<size_t>(j + 1) * size);
+        StageSlot& slot = info.slot;
+        slot.shape = cost_.stage_shape(info.device_ids, g.tp, g.dp, micro / g.dp);
+        info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
+                         0, micro / g.dp};
+        const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0;
+        const bool plain_allowed = pins_.sequence_parallel != 1 || g.tp == 1;
+        UnitKey k = info.unit_key;
+        if (plain_allowed) slot.unit[0] = unit(slot.shape, k);
+        k.sp = 1;
+        if (sp_allowed) slot.unit[1] = unit(slot.shape, k);
+        slot.capacity_bytes = cost_.device_memory_bytes(g.device_type);
+        out.push_back(std::move(info));
+      }
+    }
+    for (int i = 0; i < p; ++i) {
+      StageSlot& slot = out[i].slot;
+      slot.in_flight = schedule_micro_batches_in_flight(s.schedule, p, i, s.micro_batches, s.virtual_chunks);
+      slot.has_next = p > 1;
+      slot.has_embedding = i == 0;
+      slot.has_head = i == p - 1;
+      slot.head_holds_lm_matrix = !(cost_.model().tied_embeddings && p == 1);
+      const int next = (i + 1) % p;
+      if (next != i && (i + 1 < p || s.virtual_chunks > 1)) {
+        const StageUnitCosts* u = slot.unit[0] ? slot.unit[0] : slot.unit[1];
+        slot.boundary_seconds =
+            boundary_seconds(u->boundary_bytes, cost_.boundary_link(out[i].device_ids, out[next].device_ids));
+        slot.chunks_sent = i + 1 < p ? s.virtual_chunks : s.virtual_chunks - 1;
+      }
+    }
+    return out;
+  }
+
+  // Minimum total per-micro-batch time over layer splits whose every stage keeps
+  // (m - 1/v) t + u <= cap. Fills blocks and options; false when nothing fits.
+  bool split_min_sum(const Structure& s, std::vector<SlotInfo>& slot_infos, double cap, std::vector<int>* blocks,
+                     std::vector<StageOption>* chosen, double* sum) {
+    ++stats.split_solves;
+    const int p = static_cast<int>(slot_infos.size());
+    const int v = s.virtual_chunks;
+    const int units = static_cast<int>(cost_.model().num_layers) / v;
+    const double a = s.micro_batches - 1.0 / v;
+    const size_t width = static_cast<size_t>(units) + 1;
+    std::vector<double> best((p + 1) * width, kInfinity);
+    std::vector<int> take((p + 1) * width, 0);
+    std::vector<const StageOption*> pick((p + 1) * width, nullptr);
+    if (option_table_.size() != static_cast<size_t>(p) * width) option_table_.assign(static_cast<size_t>(p) * width, nullptr);
+    best[0] = 0;
+    for (int st = 0; st < p; ++st) {
+      const int remaining_after = p - st - 1;
+      int k_lo = 1;
+      int k_hi = units;
+      if (!options_.layer_split.empty()) k_lo = k_hi = options_.layer_split[st] / v;
+      for (int j = 0; j + remaining_after < units; ++j) {
+        const double base = best[st * width + j];
+        if (base == kInfinity) continue;
+        for (int k = k_lo; k <= k_hi && j + k + remaining_after <= units; ++k) {
+          const std::vector<StageOption>*& cached = option_table_[st * width + k];
+          if (!cached) cached = &options(slot_infos[st], k * v);
+          const std::vector<StageOption>& set = *cached;
+          if (set.empty()) break;  // more blocks need more memory
+          const StageOption* found = nullptr;
+          for (const StageOption& o : set)
+            if (a * o.t + o.u <= cap) {
+              found = &o;
+              break;
+            }
+          if (!found) continue;
+          const size_t cell = (st + 1) * width + j + k;
+          const double total = base + found->t;
+          if (total < best[cell]) {
+            best[cell] = total;
+            take[cell] = k;
+            pick[cell] = found;
+          }
+        }
+      }
+    }
+    if (best[p * width + units] == kInfinity) return false;
+    blocks->assign(p, 0);
+    chosen->assign(p, StageOption{});
+    int j = units;
+    for (int st = p; st > 0; --st) {
+      const size_t cell = st * width + j;
+      (*blocks)[st - 1] = take[cell] * v;
+      (*chosen)[st - 1] = *pick[cell];
+      j -= take[cell];
+    }
+    *sum = best[p * width + units];
+    return true;
+  }
+
+  // Exact best split for a structure: walk the bottleneck cap down from infinity, each time
+  // solving the min-sum split under the cap; stop when no smaller cap can win.
+  std::optional<Solution> solve(const Structure& s, std::vector<SlotInfo>& slot_infos, double threshold_seconds) {
+    option_table_.clear();
+    const int v = s.virtual_chunks;
+    const double a = s.micro_batches - 1.0 / v;
+    double slowest_stage_bound = 0;
+    refined_lower_bound(s, slot_infos, &slowest_stage_bound);
+    const double bottleneck_bound = a * slowest_stage_bound;
+    std::optional<Solution> best;
+    double cap = kInfinity;
+    std::vector<int> blocks;
+    std::vector<StageOption> chosen;
+    while (true) {
+      double sum = 0;
+      if (!split_min_sum(s, slot_infos, cap, &blocks, &chosen, &sum)) break;
+      double bottleneck = 0;
+      for (const StageOption& o : chosen) bottleneck = std::max(bottleneck, a * o.t + o.u);
+      const double step = sum / v + bottleneck;
+      if (!best || step < best->step_seconds) {
+        best = Solution{s.index, step, step, blocks, chosen};
+      }
+      if (sum / v + bottleneck_bound >= std::min(best->step_seconds, threshold_seconds)) break;
+      cap = std::nextafter(bottleneck, 0.0);
+    }
+    return best;
+  }
+
+  // A lower bound on the step time from the actual stages: each stage's time is at least its
+  // blocks' time plus its fixed part (boundary sends, embedding, head). Returns the bound and
+  // sets the matching bound on the slowest stage (per micro-batch).
+  double refined_lower_bound(const Structure& s, const std::vector<SlotInfo>& slot_infos, double* bottleneck) const {
+    const int v = s.virtual_chunks;
+    const int layers = static_cast<int>(cost_.model().num_layers);
+    const int units = layers / v;
+    const int p = static_cast<int>(slot_infos.size());
+    std::vector<double> per_block(p, kInfinity);
+    std::vector<double> fixed(p, kInfinity);
+    double fixed_sum = 0;
+    double fastest = kInfinity;
+    double lo = 0;
+    double hi = 0;
+    for (int i = 0; i < p; ++i) {
+      const StageSlot& slot = slot_infos[i].slot;
+      for (const StageUnitCosts* u : slot.unit) {
+        if (!u) continue;
+        per_block[i] = std::min(per_block[i], u->block.forward_seconds + u->block.backward_seconds);
+        double f = 2.0 * slot.chunks_sent * slot.boundary_seconds;
+        if (slot.has_embedding) f += u->embedding.forward_seconds + u->embedding.backward_seconds;
+        if (slot.has_head) f += u->head.forward_seconds + u->head.backward_seconds;
+        fixed[i] = std::min(fixed[i], f);
+      }
+      fixed_sum += fixed[i] + v * per_block[i];
+      fastest = std::min(fastest, per_block[i]);
+      lo = std::max(lo, fixed[i] + v * per_block[i]);
+      hi = std::max(hi, fixed[i] + units * v * per_block[i]);
+    }
+    auto enough = [&](double cap) {
+      int64_t total = 0;
+      for (int i = 0; i < p; ++i) total += static_cast<int64_t>(std::floor((cap - fixed[i]) / (v * per_block[i])));
+      return total >= units;
+    };
+    if (!enough(lo)) {
+      for (int i = 0; i < 60; ++i) {
+        const double mid = 0.5 * (lo + hi);
+        if (enough(mid)) hi = mid;
+        else lo = mid;
+      }
+    }
+    *bottleneck = lo;
+    const double sum = fixed_sum + (layers - p * v) * fastest;
+    return sum / v + (s.micro_batches - 1.0 / v) * lo;
+  }
+
+  // Memory the most frugal even split of a structure needs, as a multiple of capacity.
+  double frugal_memory_ratio(const Structure& s, std::vector<SlotInfo>& slot_infos, double* bytes, int* type) {
+    const int p = static_cast<int>(slot_infos.size());
+    const int v = s.virtual_chunks;
+    const int units = static_cast<int>(cost_.model().num_layers) / v;
+    double worst = 0;
+    for (int st = 0; st < p; ++st) {
+      const int k = units / p + (st < units % p ? 1 : 0);
+      const double need = stage_min_memory_bytes(cost_, slot_infos[st].slot, k * v, pins_);
+      const double ratio = need / slot_infos[st].slot.capacity_bytes;
+      if (ratio > worst) {
+        worst = ratio;
+        *bytes = need;
+        *type = slot_infos[st].slot.shape.device_type;
+      }
+    }
+    return worst;
+  }
+
+  SearchStats stats;
+  const CostModel& cost_;
+  const SearchOptions& options_;
+  OptionPins pins_;
+
+ private:
+  std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
+  std::unordered_map<OptionKey, std::vector<StageOption>, KeyHash> option_sets_;
+  std::vector<const std::vector<StageOption>*> option_table_;  // (stage, units) of the structure in solve()
+};
+
+void check_inputs(const CostModel& cost, const SearchOptions& o) {
+  const ClusterSpec& cluster = cost.cluster();
+  const TrainSpec& train = cost.train();
+  const int layers = static_cast<int>(cost.model().num_layers);
+  if (cluster.devices.empty())
+    throw Error("the cluster has no devices", {cluster.source_path, "nodes"}, "add at least one node with devices");
+  if (layers <= 0) throw Error("the model has no layers", {cost.model().source_path, "num_layers"});
+  if (train.global_batch_sequences <= 0)
+    throw Error("global batch must be positive", {train.source_path, "global_batch"});
+  if (o.objective == Objective::Objective_cost) {
+    for (const NodeGroup& g : cluster.node_groups)
+      if (g.price_per_device_hour <= 0)
+        throw Error("objective 'cost' needs a price for every node group; '" + g.name + "' has none",
+                    {cluster.source_path, "nodes.price_per_device_hour"},
+                    "add price_per_device_hour to each node group, or use --objective throughput");
+  }
+  const int64_t batch = train.global_batch_sequences;
+  const bool fixed_batch = train.min_global_batch <= 0 || train.max_global_batch <= 0;
+  if (fixed_batch && o.num_micro_batches > 0 && batch % o.num_micro_batches != 0)
+    throw Error(fmt::format("global batch of {} sequences is not divisible by {} micro-batches", batch,
+                            o.num_micro_batches),
+                {train.source_path, "global_batch"}, "choose a micro-batch count that divides the global batch");
+  if (fixed_batch && o.micro_batch_sequences > 0 && batch % o.micro_batch_sequences != 0)
+    throw Error(fmt::format("global batch of {} sequences is not divisible into micro-batches of {}", batch,
+                            o.micro_batch_sequences),
+                {train.source_path, "global_batch"}, "choose a micro-batch size that divides the global batch");
+  if (fixed_batch && o.micro_batch_sequences > 0 && o.num_micro_batches > 0 &&
+      o.micro_batch_sequences * o.num_micro_batches != batch)
+    throw Error(fmt::format("micro-batch {} x {} micro-batches is not the global batch {}", o.micro_batch_sequences,
+                            o.num_micro_batches, batch),
+                {train.source_path, "global_batch"}, "pin only one of the two, or make them multiply to the batch");
+  if (fixed_batch && o.dp > 0 && batch % o.dp != 0)
+    throw Error(fmt::format("global batch of {} sequences does not split over dp {}", batch, o.dp),
+                {train.source_path, "global_batch"}, "choose a dp that divides the global batch");
+  if (o.tp > 0 && (o.tp & (o.tp - 1)) != 0)
+    throw Error(fmt::format("tp {} is not a power of two", o.tp), {"", "tp"}, "use 1, 2, 4, 8, ...");
+  if (o.zero > 3) throw Error(fmt::format("ZeRO stage {} does not exist", o.zero), {"", "zero"}, "use 0, 1, 2 or 3");
+  if (!o.layer_split.empty()) {
+    int total = 0;
+    for (int n : o.layer_split) {
+      if (n <= 0) throw Error("every stage needs at least one layer", {"", "layer_split"});
+      total += n;
+    }
+    if (total != layers)
+      throw Error(fmt::format("layer split covers {} layers, the model has {}", total, layers), {"", "layer_split"},
+                  "give one count per stage, summing to the model's layers");
+    if (o.pp > 0 && static_cast<int>(o.layer_split.size()) != o.pp)
+      throw Error(fmt::format("layer split has {} stages but pp is {}", o.layer_split.size(), o.pp), {"", "layer_split"});
+  }
+  if (o.threads < 1 || o.threads > 2) throw Error("threads must be 1 or 2", {"", "threads"});
+}
+
+}  // namespace
+
+SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  check_inputs(cost, options);
+  const ClusterSpec& cluster = cost.cluster();
+  const std::vector<TypePool> pools = type_pools(cluster);
+  std::vector<Structure> structures = structures_enumerate(cost, pools, options);
+  if (structures.empty())
+    throw Error("no layout matches the pinned choices on this cluster", {"", ""},
+                "check that tp divides the devices per node, that tp x dp x pp uses each device type fully, and "
+                "that the batch divides into the pinned micro-batches and dp");
+  const bool by_cost = options.objective == Objective::Objective_cost;
+  const double tokens = static_cast<double>(cost.train().seq_len);
+  auto score_factor = [&](const Structure& s) {
+    return by_cost ? s.price_per_second / (static_cast<double>(s.global_batch) * tokens) * 1e6
+                   : 1.0 / (static_cast<double>(s.global_batch) * tokens);  // seconds per token
+  };
+  std::vector<int> order(structures.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::sort(order.begin(), order.end(), [&](int x, int y) {
+    const double bx = structures[x].lower_bound_seconds * score_factor(structures[x]);
+    const double by = structures[y].lower_bound_seconds * score_factor(structures[y]);
+    if (bx != by) return bx < by;
+    return x < y;
+  });
+
+  Searcher searcher(cost, options);
+  searcher.stats.structures = static_cast<int64_t>(structures.size());
+  const size_t keep = static_cast<size_t>(std::max(0, options.runner_ups)) + 1;
+  std::vector<std::pair<std::string, Solution>> kept;  // distinct layouts, best score first
+  double frugal_ratio = kInfinity;
+  double frugal_bytes = 0;
+  int frugal_type = 0;
+  for (size_t pos = 0; pos < order.size(); ++pos) {
+    const Structure& s = structures[order[pos]];
+    const double factor = score_factor(s);
+    const double threshold = kept.size() < keep ? kInfinity : kept.back().second.score;
+    if (s.lower_bound_seconds * factor >= threshold) {
+      searcher.stats.pruned_by_bound += static_cast<int64_t>(order.size() - pos);
+      break;
+    }
+    std::vector<SlotInfo> slots = searcher.slots(s, pools);
+    double slowest_stage_bound = 0;
+    if (searcher.refined_lower_bound(s, slots, &slowest_stage_bound) * factor >= threshold) {
+      ++searcher.stats.pruned_by_refined_bound;
+      continue;
+    }
+    ++searcher.stats.evaluated;
+    std::optional<Solution> solution = searcher.solve(s, slots, threshold / factor);
+    if (!solution) {
+      ++searcher.stats.infeasible;
+      double bytes = 0;
+      int type = 0;
+      const double ratio = searcher.frugal_memory_ratio(s, slots, &bytes, &type);
+      if (ratio < frugal_ratio) {
+        frugal_ratio = ratio;
+        frugal_bytes = bytes;
+        frugal_type = type;
+      }
+      continue;
+    }
+    solution->score = solution->step_seconds * factor;
+    const std::string key = structure_layout_key(s, cluster);
+    auto same = std::find_if(kept.begin(), kept.end(), [&](const auto& e) { return e.first == key; });
+    if (same != kept.end()) {
+      if (same->second.score <= solution->score) continue;
+      kept.erase(same);
+    }
+    auto at = std::find_if(kept.begin(), kept.end(), [&](const auto& e) { return solution->score < e.second.score; });
+    kept.insert(at, {key, *solution});
+    if (kept.size() > keep) kept.pop_back();
+  }
+
+  if (kept.empty()) {
+    const DeviceType& type = cluster.device_types[frugal_type];
+    std::string hint = "add devices";
+    if (options.recompute && *options.recompute != Recompute::Recompute_full) hint += ", allow full recomputation";
+    if (!options.allow_offload) hint += ", allow offload to host memory";
+    if (options.zero >= 0 && options.zero < 3) hint += ", allow ZeRO-3";
+    if (options.micro_batch_sequences > 1 || options.num_micro_batches > 0) hint += ", use a smaller micro-batch";
+    if (options.tp > 0 || options.pp > 0 || options.dp > 0) hint += ", unpin tp/pp/dp";
+    throw Error(fmt::format("nothing fits in device memory: the most frugal layout needs {:.1f} GiB per {} device, "
+                            "which has {:.1f} GiB",
+                            frugal_bytes / kGiB, type.name, type.memory_bytes / kGiB),
+                {cluster.source_path, ""}, hint + ", or train a smaller model or shorter sequences");
+  }
+
+  std::vector<Plan> plans;
+  for (const auto& [key, sol] : kept) {
+    const Structure& s = structures[sol.structure];
+    std::vector<std::vector<int>> device_ids;
+    for (const SlotInfo& info : searcher.slots(s, pools)) device_ids.push_back(info.device_ids);
+    plans.push_back(plan_build(cost, s, device_ids, sol.blocks, sol.options, options.objective));
+  }
+  SearchResult result;
+  result.plan = std::move(plans.front());
+  for (size_t i = 1; i < plans.size(); ++i)
+    result.plan.runner_ups.push_back(runner_up_explain(result.plan, plans[i], by_cost));
+  for (const std::string& note : cost.fallback_notes()) result.plan.notes.push_back(note);
+  searcher.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  result.stats = searcher.stats;
+  return result;
+}
+
+}  // namespace alloy

@@ -1,0 +1,212 @@
+#include "search/stage_options.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace alloy {
+
+namespace {
+
+struct Context {
+  const CostModel& cost;
+  const StageSlot& slot;
+  const StageUnitCosts& unit;
+  int blocks;
+  int zero;
+};
+
+bool fits(const Context& c, int selective, int full, int offloaded) {
+  StageOption o;
+  o.zero = c.zero;
+  o.selective = selective;
+  o.full = full;
+  o.offloaded = offloaded;
+  const StageChoice choice = stage_choice_of(c.slot, o, c.blocks);
+  return c.cost.stage_memory(c.slot.shape, c.unit, choice, c.slot.in_flight, c.slot.has_next).total_bytes() <=
+         c.slot.capacity_bytes;
+}
+
+// Smallest number of selective blocks in [lo, hi] that fits, given `full` and `offloaded`;
+// memory falls as blocks move from none to selective. -1 when even `hi` does not fit.
+int min_selective(const Context& c, int lo, int hi, int full, int offloaded) {
+  if (lo > hi || !fits(c, hi, full, offloaded)) return -1;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (fits(c, mid, full, offloaded)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+double memory_bytes(const Context& c, int selective, int full, int offloaded) {
+  StageOption o;
+  o.zero = c.zero;
+  o.selective = selective;
+  o.full = full;
+  o.offloaded = offloaded;
+  return c.cost.stage_memory(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks), c.slot.in_flight,
+                             c.slot.has_next).total_bytes();
+}
+
+// Cheapest recomputation (extra backward seconds) that fits, trying every count of fully
+// recomputed blocks with a binary search on the selective count. Exact and slow.
+bool cheapest_recompute_search(const Context& c, int offloaded, int* selective, int* full) {
+  const int n = c.blocks;
+  const double r_sel = c.unit.recompute_selective_seconds;
+  const double r_full = c.unit.recompute_full_seconds;
+  double best = std::numeric_limits<double>::infinity();
+  for (int f = 0; f <= n; ++f) {
+    if (f * r_full >= best) break;
+    const int sel = min_selective(c, f == 0 ? 1 : 0, n - f, f, offloaded);
+    if (sel < 0) continue;
+    const double extra = sel * r_sel + f * r_full;
+    if (extra < best) {
+      best = extra;
+      *selective = sel;
+      *full = f;
+    }
+  }
+  return best < std::numeric_limits<double>::infinity();
+}
+
+// Cheapest recomputation that fits with `offloaded` blocks offloaded. Once any block is
+// recomputed, memory is affine in the selective and full counts, so three evaluations give the
+// slopes and every full count is scored arithmetically; the winner is then checked exactly.
+bool cheapest_recompute(const Context& c, int recompute_pin, int offloaded, int* selective, int* full) {
+  const int n = c.blocks;
+  if (recompute_pin >= 0) {
+    *selective = recompute_pin == static_cast<int>(Recompute::Recompute_selective) ? n : 0;
+    *full = recompute_pin == static_cast<int>(Recompute::Recompute_full) ? n : 0;
+    return fits(c, *selective, *full, offloaded);
+  }
+  if (fits(c, 0, 0, offloaded)) {
+    *selective = 0;
+    *full = 0;
+    return true;
+  }
+  if (!fits(c, 0, n, offloaded)) return false;  // all-full is the most frugal
+  if (n < 2) return cheapest_recompute_search(c, offloaded, selective, full);
+  const double one_sel = memory_bytes(c, 1, 0, offloaded);
+  const double per_sel = one_sel - memory_bytes(c, 2, 0, offloaded);
+  const double base = one_sel + per_sel;  // intercept of the affine region
+  const double per_full = base - memory_bytes(c, 0, 1, offloaded);
+  if (per_sel <= 0 || per_full <= 0) return cheapest_recompute_search(c, offloaded, selective, full);
+  const double r_sel = c.unit.recompute_selective_seconds;
+  const double r_full = c.unit.recompute_full_seconds;
+  const double cap = c.slot.capacity_bytes;
+  double best = std::numeric_limits<double>::infinity();
+  for (int f = 0; f <= n; ++f) {
+    if (f * r_full >= best) break;
+    const double need = (base - f * per_full - cap) / per_sel;
+    const int sel = std::max(f == 0 ? 1 : 0, static_cast<int>(std::ceil(need - 1e-9)));
+    if (sel > n - f) continue;
+    const double extra = sel * r_sel + f * r_full;
+    if (extra < best) {
+      best = extra;
+      *selective = sel;
+      *full = f;
+    }
+  }
+  if (best == std::numeric_limits<double>::infinity()) return cheapest_recompute_search(c, offloaded, selective, full);
+  // Rounding at the capacity boundary: settle the winner on the exact memory.
+  while (*selective <= n - *full && !fits(c, *selective, *full, offloaded)) ++*selective;
+  if (*selective > n - *full) return cheapest_recompute_search(c, offloaded, selective, full);
+  while (*selective > (*full == 0 ? 1 : 0) && fits(c, *selective - 1, *full, offloaded)) --*selective;
+  return true;
+}
+
+StageOption option_timing(const Context& c, int selective, int full, int offloaded) {
+  StageOption o;
+  o.zero = c.zero;
+  o.sequence_parallel = c.unit.sequence_parallel;
+  o.selective = selective;
+  o.full = full;
+  o.offloaded = offloaded;
+  const StageTiming t = c.cost.stage_timing(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks),
+                                            c.slot.boundary_seconds, c.slot.chunks_sent);
+  o.t = t.per_micro_batch_seconds();
+  o.u = t.step_overhead_seconds();
+  return o;
+}
+
+std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
+  if (pins.zero >= 0) return {pins.zero};
+  // With one replica every ZeRO stage is the same layout: keep 0.
+  if (slot.shape.dp == 1) return {0};
+  return {0, 1, 2, 3};
+}
+
+}  // namespace
+
+StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, int blocks) {
+  StageChoice c;
+  c.blocks = blocks;
+  c.selective = option.selective;
+  c.full = option.full;
+  c.offloaded = option.offloaded;
+  c.zero = option.zero;
+  c.has_embedding = slot.has_embedding;
+  c.has_head = slot.has_head;
+  c.head_holds_lm_matrix = slot.head_holds_lm_matrix;
+  return c;
+}
+
+void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
+                   std::vector<StageOption>* out) {
+  out->clear();
+  std::vector<StageOption> points;
+  for (int sp = 0; sp < 2; ++sp) {
+    if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
+    for (int zero : zero_levels(slot, pins)) {
+      const Context c{cost, slot, *slot.unit[sp], blocks, zero};
+      const int max_offloaded = pins.allow_offload ? blocks : 0;
+      double best_t = std::numeric_limits<double>::infinity();
+      double previous_u = -1;
+      for (int off = 0; off <= max_offloaded; ++off) {
+        // Offload only adds time per block; once that alone exceeds the fastest option found,
+        // every further count is dominated (its overhead does not fall either, checked below).
+        const StageOption plain = option_timing(c, 0, 0, off);
+        if (plain.t >= best_t && plain.u >= previous_u) break;
+        int sel = 0;
+        int full = 0;
+        if (cheapest_recompute(c, pins.recompute, off, &sel, &full)) {
+          const StageOption o = option_timing(c, sel, full, off);
+          points.push_back(o);
+          best_t = std::min(best_t, o.t);
+          previous_u = o.u;
+          if (sel == 0 && full == 0 && pins.recompute < 0) {
+            // Fits without recomputation: more offload helps only if it lowers the overhead.
+            if (off == max_offloaded || option_timing(c, 0, 0, off + 1).u >= o.u) break;
+          }
+        }
+      }
+    }
+  }
+  std::sort(points.begin(), points.end(), [](const StageOption& a, const StageOption& b) {
+    if (a.t != b.t) return a.t < b.t;
+    return a.u < b.u;
+  });
+  for (const StageOption& o : points)
+    if (out->empty() || o.u < out->back().u) out->push_back(o);
+}
+
+double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int sp = 0; sp < 2; ++sp) {
+    if (!slot.unit[sp]) continue;
+    for (int zero : zero_levels(slot, pins)) {
+      StageOption o;
+      o.zero = zero;
+      o.full = pins.recompute >= 0 && pins.recompute != static_cast<int>(Recompute::Recompute_full) ? 0 : blocks;
+      o.selective = pins.recompute == static_cast<int>(Recompute::Recompute_selective) ? blocks : 0;
+      o.offloaded = pins.allow_offload ? blocks : 0;
+      const StageChoice choice = stage_choice_of(slot, o, blocks);
+      best = std::min(best, cost.stage_memory(slot.shape, *slot.unit[sp], choice, slot.in_flight, slot.has_next).total_bytes());
+    }
+  }
+  return best;
+}
+
+}  // namespace alloy
+

@@ -1,0 +1,465 @@
+// Event simulation of one optimizer step: a task graph from the lanes' schedules, replayed in
+// time order; transfers progress at the rate their most loaded link allows (processor sharing).
+#include "sim/simulate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <queue>
+
+#include <fmt/format.h>
+
+#include "cost/comm.hpp"
+#include "spec/error.hpp"
+#include "spec/units.hpp"
+#include "util/table.hpp"
+
+namespace alloy {
+
+namespace {
+
+// Links of one lane's device that transfers share: fabric and network, each direction, and
+// the host link for offload copies.
+enum Resource { kIntraTx, kIntraRx, kNetTx, kNetRx, kHostIn, kHostOut, kNumResources };
+
+struct Task {
+  int lane = 0;
+  int op_index = 0;
+  OpKind kind = OpKind::OpKind_forward;
+  SimStream stream = SimStream::SimStream_compute;
+  double duration_seconds = 0;   // compute: fixed; transfers: alone on their links
+  double remaining_seconds = 0;  // transfers: work left at full rate
+  std::vector<int> resources;    // global resource ids
+  int unmet = 0;
+  std::vector<int> dependents;
+  int critical_pred = -1;
+  double start = -1;
+  double end = -1;
+  double alloc_bytes = 0;        // allocated when the task starts
+  std::vector<std::pair<int, double>> frees;  // (task whose end frees it, bytes)
+};
+
+double memory_term(const PlanStage& st, const char* name) {
+  for (const MemoryTerm& t : st.memory)
+    if (t.name == name) return t.bytes;
+  return 0;
+}
+
+int distinct_nodes(const ClusterSpec& cluster, const std::vector<int>& ids) {
+  std::vector<int> nodes;
+  for (int id : ids) nodes.push_back(cluster.devices[id].node);
+  std::sort(nodes.begin(), nodes.end());
+  return static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
+}
+
+int busiest_node_count(const ClusterSpec& cluster, const std::vector<int>& ids) {
+  std::map<int, int> per_node;
+  int best = 0;
+  for (int id : ids) best = std::max(best, ++per_node[cluster.devices[id].node]);
+  return best;
+}
+
+class Simulator {
+ public:
+  Simulator(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options)
+      : plan_(plan), model_(model), cluster_(cluster), options_(options) {}
+
+  SimResult run();
+
+ private:
+  void build_lane(int lane);
+  void link_lane(int lane);
+  double transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const;
+  double collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const;
+  void add_dep(int task, int on) {
+    if (on < 0) return;
+    tasks_[task].unmet++;
+    tasks_[on].dependents.push_back(task);
+  }
+  void replay();
+  void finish(SimResult* out);
+
+  const Plan& plan_;
+  const ModelSpec& model_;
+  const ClusterSpec& cluster_;
+  const SimOptions& options_;
+  std::vector<RankInfo> rank_map_;
+  std::vector<RankSchedule> lanes_;
+  std::vector<int> lane_first_task_;
+  std::vector<Task> tasks_;
+  // (lane, tag, recv kind) -> sends of that lane with the tag
+  std::map<std::tuple<int, int, int>, std::vector<int>> sends_by_tag_;
+  std::vector<double> static_bytes_;
+};
+
+double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const {
+  const PlanStage& from = plan_.stages[lane];
+  const RankInfo& peer = rank_map_.at(op.peer);
+  const Device& a = cluster_.devices[lanes_[lane].device_id];
+  const Device& b = cluster_.devices[peer.device_id];
+  const int peer_lane = peer.stage;
+  BoundaryLink link;
+  link.intra_node = cluster_.node_group(a).intra_node;
+  link.network = cluster_.network;
+  if (a.node == b.node) {
+    link.path = P2pPath::P2pPath_intra_node;
+    resources->assign({lane * kNumResources + kIntraTx, peer_lane * kNumResources + kIntraRx});
+  } else {
+    // Every device of the stage on this node sends at the same time, sharing the node's network.
+    const int concurrent = busiest_node_count(cluster_, from.device_ids);
+    link.aggregate_network_bytes_per_second = cluster_.network.bandwidth_bytes_per_second / concurrent;
+    link.path = cluster_.device_type(a).vendor == cluster_.device_type(b).vendor ? P2pPath::P2pPath_network
+                                                                                 : P2pPath::P2pPath_host_staged;
+    link.host_link_from_bytes_per_second = cluster_.node_group(a).host_link_bytes_per_second;
+    link.host_link_to_bytes_per_second = cluster_.node_group(b).host_link_bytes_per_second;
+    resources->assign({lane * kNumResources + kNetTx, peer_lane * kNumResources + kNetRx});
+  }
+  return boundary_seconds(static_cast<double>(op.bytes), link);
+}
+
+double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const {
+  const PlanStage& st = plan_.stages[lane];
+  std::vector<int> group;
+  for (int d = 0; d < st.dp; ++d) group.push_back(st.device_ids[static_cast<size_t>(d) * st.tp]);
+  GroupPlacement g;
+  g.ranks = st.dp;
+  g.nodes = distinct_nodes(cluster_, group);
+  g.concurrent_per_node = busiest_node_count(cluster_, st.device_ids);
+  g.intra_node = cluster_.node_group(cluster_.devices[lanes_[lane].device_id]).intra_node;
+  g.network = cluster_.network;
+  const bool network = g.nodes > 1;
+  resources->assign({lane * kNumResources + (network ? kNetTx : kIntraTx), lane * kNumResources + (network ? kNetRx : kIntraRx)});
+  const CollectiveOp cop = op.kind == OpKind::OpKind_all_reduce       ? CollectiveOp::CollectiveOp_all_reduce
+                           : op.kind == OpKind::OpKind_reduce_scatter ? CollectiveOp::CollectiveOp_reduce_scatter
+                                                                      : CollectiveOp::CollectiveOp_all_gather;
+  return collective_seconds(cop, static_cast<double>(op.bytes), g);
+}
+
+void Simulator::build_lane(int lane) {
+  const RankSchedule& rs = lanes_[lane];
+  const PlanStage& st = plan_.stages[lane];
+  const double blocks = std::max(1, st.num_blocks());
+  const double in_flight = st.micro_batches_in_flight > 0 ? st.micro_batches_in_flight : 0;
+  const double activation_per_mb = in_flight > 0 ? memory_term(st, "activations") / in_flight : 0;
+  const Device& dev = cluster_.devices[rs.device_id];
+  const double host_link = cluster_.node_group(dev).host_link_bytes_per_second;
+
+  int last_compute = -1, before_last_compute = -1, last_recv = -1, last_collective = -1, last_copy = -1;
+  std::vector<int> pending_inputs;
+  std::map<std::pair<int, int>, int> activation_owner;  // (mb, chunk) -> forward task
+  for (size_t i = 0; i < rs.ops.size(); ++i) {
+    const ScheduleOp& op = rs.ops[i];
+    const int id = static_cast<int>(tasks_.size());
+    tasks_.emplace_back();
+    Task& t = tasks_.back();
+    t.lane = lane;
+    t.op_index = static_cast<int>(i);
+    t.kind = op.kind;
+    const double share = (op.block_end - op.block_begin) / blocks;
+    switch (op.kind) {
+      case OpKind::OpKind_forward:
+      case OpKind::OpKind_backward:
+      case OpKind::OpKind_optimizer: {
+        t.stream = SimStream::SimStream_compute;
+        t.duration_seconds = op.kind == OpKind::OpKind_forward    ? st.forward_seconds * share
+                             : op.kind == OpKind::OpKind_backward ? st.backward_seconds * share
+                                                                  : st.optimizer_seconds;
+        add_dep(id, last_compute);
+        for (int in : pending_inputs) add_dep(id, in);
+        pending_inputs.clear();
+        if (op.kind == OpKind::OpKind_optimizer) {
+          add_dep(id, last_collective);
+          add_dep(id, last_copy);
+        }
+        const double act = activation_per_mb * (st.chunks[op.chunk].size() / blocks);
+        if (op.kind == OpKind::OpKind_forward) {
+          tasks_[id].alloc_bytes += act;
+          activation_owner[{op.micro_batch, op.chunk}] = id;
+        }
+        if (op.kind == OpKind::OpKind_backward && op.block_begin == st.chunks[op.chunk].begin)
+          tasks_[activation_owner[{op.micro_batch, op.chunk}]].frees.emplace_back(id, act);
+        before_last_compute = last_compute;
+        last_compute = id;
+        break;
+      }
+      case OpKind::OpKind_send_activation:
+      case OpKind::OpKind_send_gradient:
+        t.stream = SimStream::SimStream_send;
+        t.duration_seconds = transfer_seconds(lane, op, &t.resources);
+        add_dep(id, last_compute);
+        add_dep(id, last_recv);
+        sends_by_tag_[{lane, op.tag, static_cast<int>(op.kind)}].push_back(id);
+        break;
+      case OpKind::OpKind_recv_activation:
+      case OpKind::OpKind_recv_gradient:
+        t.stream = SimStream::SimStream_recv;
+        pending_inputs.push_back(id);
+        last_recv = id;
+        break;
+      case OpKind::OpKind_all_reduce:
+      case OpKind::OpKind_reduce_scatter:
+      case OpKind::OpKind_all_gather:
+        t.stream = SimStream::SimStream_collective;
+        t.duration_seconds = collective_alone_seconds(lane, op, &t.resources);
+        add_dep(id, last_collective);
+        add_dep(id, last_recv);
+        if (op.kind != OpKind::OpKind_all_gather || op.micro_batch < 0) add_dep(id, last_compute);
+        if (op.kind == OpKind::OpKind_all_gather && op.micro_batch >= 0) {
+          // Gathered one operation ahead at most: the buffer of the next compute only.
+          add_dep(id, before_last_compute);
+          pending_inputs.push_back(id);
+        }
+        last_collective = id;
+        break;
+      case OpKind::OpKind_prefetch:
+      case OpKind::OpKind_evict:
+        t.stream = SimStream::SimStream_copy;
+        t.duration_seconds = host_link > 0 ? static_cast<double>(op.bytes) / host_link : 0;
+        t.resources.assign({lane * kNumResources + (op.kind == OpKind::OpKind_prefetch ? kHostIn : kHostOut)});
+        add_dep(id, last_copy);
+        if (op.kind == OpKind::OpKind_prefetch) {
+          add_dep(id, before_last_compute);
+          add_dep(id, last_recv);
+          pending_inputs.push_back(id);
+        } else {
+          add_dep(id, last_compute);
+        }
+        last_copy = id;
+        break;
+    }
+    tasks_[id].remaining_seconds = tasks_[id].duration_seconds;
+  }
+  // Model states, buffers and context stay resident (the ZeRO-3 gather buffer and the offload
+  // window are reused by every gather and prefetch, as the cost model counts them); activations
+  // come and go with the micro-batches.
+  static_bytes_[lane] = st.memory_total_bytes() - memory_term(st, "activations");
+}
+
+// Receives wait for the sending lane's sends of the same tag (the representative's sends stand
+// for those of its replicas, which run at the same times).
+void Simulator::link_lane(int lane) {
+  const RankSchedule& rs = lanes_[lane];
+  for (size_t i = 0; i < rs.ops.size(); ++i) {
+    const ScheduleOp& op = rs.ops[i];
+    if (!op_kind_is_recv(op.kind)) continue;
+    const int from_lane = rank_map_.at(op.peer).stage;
+    const OpKind send_kind = op.kind == OpKind::OpKind_recv_activation ? OpKind::OpKind_send_activation
+                                                                       : OpKind::OpKind_send_gradient;
+    const auto it = sends_by_tag_.find({from_lane, op.tag, static_cast<int>(send_kind)});
+    if (it == sends_by_tag_.end())
+      throw Error(fmt::format("stage {} receives tag {} that stage {} never sends", lane, op.tag, from_lane),
+                  {"", fmt::format("stages[{}]", lane)}, "run schedule_check on the full schedule");
+    for (int send : it->second) add_dep(lane_first_task_[lane] + static_cast<int>(i), send);
+  }
+}
+
+void Simulator::replay() {
+  using Event = std::pair<double, int>;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> ends;
+  std::vector<int> active;
+  std::vector<int> load(lanes_.size() * kNumResources, 0);
+  std::vector<int> ready;
+  for (size_t i = 0; i < tasks_.size(); ++i)
+    if (tasks_[i].unmet == 0) ready.push_back(static_cast<int>(i));
+  double now = 0;
+  size_t done = 0;
+  auto complete = [&](int id) {
+    Task& t = tasks_[id];
+    t.end = now;
+    ++done;
+    for (int d : t.dependents) {
+      tasks_[d].critical_pred = id;
+      if (--tasks_[d].unmet == 0) ready.push_back(d);
+    }
+  };
+  while (done < tasks_.size()) {
+    while (!ready.empty()) {
+      const int id = ready.back();
+      ready.pop_back();
+      Task& t = tasks_[id];
+      t.start = now;
+      if (t.resources.empty() || t.duration_seconds <= 0) {
+        ends.push({now + t.duration_seconds, id});
+      } else {
+        active.push_back(id);
+        for (int r : t.resources) ++load[r];
+      }
+    }
+    double next = ends.empty() ? INFINITY : ends.top().first;
+    for (int id : active) {
+      int worst = 1;
+      for (int r : tasks_[id].resources) worst = std::max(worst, load[r]);
+      next = std::min(next, now + tasks_[id].remaining_seconds * worst);
+    }
+    if (!std::isfinite(next))
+      throw Error("the schedule stalls: operations wait for each other", {"", "schedule"},
+                  "run schedule_check on the full schedule to find the rank and operation");
+    const double dt = next - now;
+    for (int id : active) {
+      int worst = 1;
+      for (int r : tasks_[id].resources) worst = std::max(worst, load[r]);
+      tasks_[id].remaining_seconds -= dt / worst;
+    }
+    now = next;
+    const double eps = 1e-12 * std::max(1.0, now);
+    std::vector<int> finished;
+    for (size_t k = 0; k < active.size();) {
+      if (tasks_[active[k]].remaining_seconds <= eps) {
+        finished.push_back(active[k]);
+        for (int r : tasks_[active[k]].resources) --load[r];
+        active[k] = active.back();
+        active.pop_back();
+      } else {
+        ++k;
+      }
+    }
+    while (!ends.empty() && ends.top().first <= now + eps) {
+      finished.push_back(ends.top().second);
+      ends.pop();
+    }
+    std::sort(finished.begin(), finished.end());
+    for (int id : finished) complete(id);
+  }
+}
+
+void Simulator::finish(SimResult* out) {
+  const int num_lanes = static_cast<int>(lanes_.size());
+  double step = 0;
+  int last = -1;
+  for (size_t i = 0; i < tasks_.size(); ++i)
+    if (tasks_[i].end >= step) {
+      step = tasks_[i].end;
+      last = static_cast<int>(i);
+    }
+  out->step_seconds = step;
+  out->simulated_ops = static_cast<int64_t>(tasks_.size());
+  for (int l = 0; l < num_lanes; ++l) {
+    const PlanStage& st = plan_.stages[l];
+    SimLane lane;
+    lane.rank = lanes_[l].rank;
+    lane.stage = l;
+    lane.device_id = lanes_[l].device_id;
+    lane.device_type = st.device_type;
+    lane.represented_ranks = st.tp * st.dp;
+    lane.static_memory_bytes = static_bytes_[l];
+    std::vector<std::pair<double, double>> changes;  // (time, delta)
+    for (int id = lane_first_task_[l]; id < lane_first_task_[l + 1]; ++id) {
+      const Task& t = tasks_[id];
+      if (t.stream == SimStream::SimStream_compute) lane.busy_seconds += t.end - t.start;
+      if (t.stream == SimStream::SimStream_send || t.stream == SimStream::SimStream_collective ||
+          t.stream == SimStream::SimStream_copy)
+        lane.communication_seconds += t.end - t.start;
+      if (t.alloc_bytes > 0) changes.emplace_back(t.start, t.alloc_bytes);
+      for (const auto& [by, bytes] : t.frees) changes.emplace_back(tasks_[by].end, -bytes);
+    }
+    std::stable_sort(changes.begin(), changes.end(), [](const auto& a, const auto& b) {
+      return a.first < b.first || (a.first == b.first && a.second < b.second);
+    });
+    double bytes = lane.static_memory_bytes;
+    lane.peak_memory_bytes = bytes;
+    lane.memory.push_back({0, bytes});
+    for (const auto& [when, delta] : changes) {
+      bytes += delta;
+      // Changes at one instant (a backward frees, the next forward allocates) form one sample.
+      if (lane.memory.back().seconds == when) lane.memory.back().bytes = bytes;
+      else lane.memory.push_back({when, bytes});
+      if (bytes > lane.peak_memory_bytes + 1e-6) {
+        lane.peak_memory_bytes = bytes;
+        lane.peak_memory_seconds = when;
+      }
+    }
+    lane.memory.push_back({step, bytes});
+    lane.idle_seconds = step - lane.busy_seconds;
+    lane.bubble_fraction = step > 0 ? lane.idle_seconds / step : 0;
+    out->lanes.push_back(std::move(lane));
+  }
+  for (int id = last; id >= 0; id = tasks_[id].critical_pred) {
+    const Task& t = tasks_[id];
+    out->critical_path.push_back({t.lane, t.op_index, t.kind, lanes_[t.lane].ops[t.op_index].micro_batch, t.start, t.end});
+  }
+  std::reverse(out->critical_path.begin(), out->critical_path.end());
+  if (options_.record_intervals) {
+    out->intervals.reserve(tasks_.size());
+    for (const Task& t : tasks_) {
+      const ScheduleOp& op = lanes_[t.lane].ops[t.op_index];
+      SimInterval iv{t.lane, t.stream, t.kind, t.op_index, op.micro_batch, op.chunk, t.start, t.end};
+      // A receive shows when its data was in flight: from its send's start to arrival.
+      if (t.stream == SimStream::SimStream_recv && t.critical_pred >= 0) iv.start_seconds = tasks_[t.critical_pred].start;
+      out->intervals.push_back(iv);
+    }
+  }
+  out->schedules = std::move(lanes_);
+}
+
+SimResult Simulator::run() {
+  if (plan_.model_fingerprint.empty() && plan_.cluster_fingerprint.empty()) plan_validate(plan_);
+  else plan_validate_for(plan_, model_, cluster_);
+  if (plan_.num_devices != static_cast<int>(cluster_.devices.size()))
+    throw Error(fmt::format("the plan is for {} devices, cluster '{}' has {}", plan_.num_devices, cluster_.name,
+                            cluster_.devices.size()),
+                {"", "num_devices"}, "simulate the plan on the cluster it was made for");
+  rank_map_ = plan_rank_map(plan_);
+  const int num_lanes = static_cast<int>(plan_.stages.size());
+  int first = 0;
+  for (int s = 0; s < num_lanes; ++s) {
+    lanes_.push_back(schedule_build_rank(plan_, model_, first, options_.schedule));
+    first += plan_.stages[s].tp * plan_.stages[s].dp;
+  }
+  static_bytes_.assign(num_lanes, 0);
+  for (int l = 0; l < num_lanes; ++l) {
+    lane_first_task_.push_back(static_cast<int>(tasks_.size()));
+    build_lane(l);
+  }
+  lane_first_task_.push_back(static_cast<int>(tasks_.size()));
+  for (int l = 0; l < num_lanes; ++l) link_lane(l);
+  replay();
+  SimResult out;
+  finish(&out);
+  return out;
+}
+
+}  // namespace
+
+const char* sim_stream_name(SimStream stream) {
+  switch (stream) {
+    case SimStream::SimStream_compute: return "compute";
+    case SimStream::SimStream_send: return "send";
+    case SimStream::SimStream_recv: return "recv";
+    case SimStream::SimStream_collective: return "collective";
+    case SimStream::SimStream_copy: return "copy";
+  }
+  return "?";
+}
+
+SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options) {
+  Simulator sim(plan, model, cluster, options);
+  return sim.run();
+}
+
+void sim_check_memory(const SimResult& result, const Plan& plan) {
+  for (const SimLane& lane : result.lanes) {
+    const double capacity = plan.stages[lane.stage].memory_capacity_bytes;
+    if (capacity > 0 && lane.peak_memory_bytes > capacity)
+      throw Error(fmt::format("stage {} ({}) peaks at {} at {:.3f} s in simulation, over its {} capacity",
+                              lane.stage, lane.device_type, units_format_bytes(lane.peak_memory_bytes),
+                              lane.peak_memory_seconds, units_format_bytes(capacity)),
+                  {"", fmt::format("stages[{}].memory", lane.stage)},
+                  "use more recomputation, ZeRO, offload or fewer micro-batches in flight; or re-run `alloy plan`");
+  }
+}
+
+std::string sim_render_text(const SimResult& result, const Plan& plan) {
+  std::string out = fmt::format("simulated step: {:.4f} s (cost model: {:.4f} s, {:+.1f}%)\n", result.step_seconds,
+                                plan.step_seconds,
+                                plan.step_seconds > 0 ? 100.0 * (result.step_seconds / plan.step_seconds - 1) : 0.0);
+  TextTable table({"stage", "rank", "device", "ranks>", "busy s>", "bubble>", "comm s>", "peak memory>", "at s>"});
+  for (const SimLane& l : result.lanes)
+    table.add_row({std::to_string(l.stage), std::to_string(l.rank), l.device_type, std::to_string(l.represented_ranks),
+                   fmt::format("{:.4f}", l.busy_seconds), fmt::format("{:.1f}%", 100 * l.bubble_fraction),
+                   fmt::format("{:.4f}", l.communication_seconds), units_format_bytes(l.peak_memory_bytes),
+                   fmt::format("{:.4f}", l.peak_memory_seconds)});
+  out += table.render();
+  return out;
+}
+
+}  // namespace alloy

@@ -1,0 +1,122 @@
+#include "spec/describe.hpp"
+
+#include <map>
+
+#include <fmt/format.h>
+
+#include "spec/units.hpp"
+#include "util/table.hpp"
+
+namespace alloy {
+
+ModelStateBytes model_state_bytes(int64_t parameters, Precision precision, int optimizer_states) {
+  const double n = static_cast<double>(parameters);
+  ModelStateBytes b;
+  b.weights = n * precision_bytes(precision);
+  b.gradients = n * precision_bytes(precision);
+  b.master_weights = precision_bytes(precision) < 4 ? 4.0 * n : 0.0;
+  b.optimizer_states = 4.0 * n * optimizer_states;
+  return b;
+}
+
+std::string model_describe(const ModelSpec& m, int64_t seq_len, int optimizer_states) {
+  const ModelParameterCounts counts = model_parameter_counts(m);
+  const ModelFlopsPerToken flops = model_flops_per_token(m, seq_len);
+  std::string out = fmt::format("Model {} ({} family, model_type {}{})\n", m.name, model_family_name(m.family),
+                                m.model_type, m.source_path.empty() ? "" : ", from " + m.source_path);
+  out += fmt::format("  {} layers, hidden {}, {} heads ({} key/value, head dim {}), ffn {}, vocab {}, max seq {}\n",
+                     m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size,
+                     m.vocab_size, m.max_seq_len);
+  out += fmt::format("  embeddings {}, biases {}, norm eps {:g}{}\n\n", m.tied_embeddings ? "tied" : "untied",
+                     m.linear_bias ? "everywhere" : (m.qkv_bias ? "on q/k/v only" : "none"), m.norm_eps,
+                     m.family == ModelFamily::ModelFamily_llama ? fmt::format(", rope theta {:g}", m.rope_theta) : "");
+
+  TextTable params({"parameters", "count>", ""});
+  params.add_row({"embedding", text_thousands(counts.embedding), ""});
+  params.add_row({"per block", text_thousands(counts.per_block), fmt::format("x {} blocks", m.num_layers)});
+  params.add_row({"final norm", text_thousands(counts.final_norm), ""});
+  params.add_row({"lm head", text_thousands(counts.lm_head), m.tied_embeddings ? "tied to embedding" : ""});
+  params.add_row({"total", text_thousands(counts.total), units_format_count(static_cast<double>(counts.total))});
+  out += params.render() + "\n";
+
+  out += fmt::format("  FLOPs per token at sequence {}: forward {}, training (forward + backward) {}\n\n", seq_len,
+                     units_format_flop_count(flops.forward), units_format_flop_count(flops.training));
+
+  TextTable states({"model states", "weights>", "+ gradients>", "+ master fp32>", "+ optimizer>", "total>", "bytes/param>"});
+  for (Precision p : {Precision::Precision_fp32, Precision::Precision_bf16, Precision::Precision_fp8}) {
+    ModelStateBytes b = model_state_bytes(counts.total, p, optimizer_states);
+    states.add_row({precision_name(p), units_format_bytes(b.weights), units_format_bytes(b.gradients),
+                    b.master_weights > 0 ? units_format_bytes(b.master_weights) : "-",
+                    units_format_bytes(b.optimizer_states), units_format_bytes(b.total()),
+                    fmt::format("{:g}", b.total() / static_cast<double>(counts.total))});
+  }
+  out += states.render();
+  out += fmt::format("  (optimizer: {} fp32 state(s) per parameter; no sharding, before activations)\n",
+                     optimizer_states);
+  return out;
+}
+
+namespace {
+std::string peak_or_dash(double flops) { return flops > 0 ? units_format_flops(flops) : "-"; }
+}  // namespace
+
+std::string cluster_describe(const ClusterSpec& c) {
+  std::string out = fmt::format("Cluster {} (from {}): {} nodes, {} devices, {} device type{}\n\n", c.name,
+                                c.source_path, c.num_nodes, c.devices.size(), c.device_types.size(),
+                                c.device_types.size() == 1 ? "" : "s");
+  TextTable groups({"node group", "nodes>", "dev/node>", "device type", "intra-node link", "host memory/node>",
+                    "host link>", "price/dev-h>"});
+  for (const auto& g : c.node_groups) {
+    groups.add_row({g.name, std::to_string(g.count), std::to_string(g.devices_per_node),
+                    c.device_types[g.device_type_index].name,
+                    fmt::format("{} {} {}", g.intra_node.kind, units_format_bandwidth(g.intra_node.bandwidth_bytes_per_second),
+                                units_format_seconds(g.intra_node.latency_seconds)),
+                    units_format_bytes(g.host_memory_bytes), units_format_bandwidth(g.host_link_bytes_per_second),
+                    g.price_per_device_hour > 0 ? fmt::format("${:.2f}", g.price_per_device_hour) : "-"});
+  }
+  out += groups.render() + "\n";
+
+  std::map<int, int> count_by_type;
+  for (const auto& d : c.devices) count_by_type[d.device_type_index]++;
+  TextTable types({"device type", "vendor", "count>", "memory>", "mem bw>", "fp32>", "tf32>", "bf16>", "fp16>", "fp8>", "speed>"});
+  for (const auto& [index, count] : count_by_type) {
+    const DeviceType& t = c.device_types[index];
+    types.add_row({t.name, t.vendor, std::to_string(count), units_format_bytes(t.memory_bytes),
+                   units_format_bandwidth(t.memory_bandwidth_bytes_per_second), peak_or_dash(t.peak_flops_fp32 * t.speed),
+                   peak_or_dash(t.peak_flops_tf32 * t.speed), peak_or_dash(t.peak_flops_bf16 * t.speed),
+                   peak_or_dash(t.peak_flops_fp16 * t.speed), peak_or_dash(t.peak_flops_fp8 * t.speed),
+                   fmt::format("{:g}", t.speed)});
+  }
+  out += types.render() + "\n";
+
+  TextTable totals({"aggregate", "value>"});
+  for (Precision p : {Precision::Precision_fp32, Precision::Precision_tf32, Precision::Precision_bf16,
+                      Precision::Precision_fp16, Precision::Precision_fp8}) {
+    double sum = 0;
+    for (const auto& d : c.devices) sum += c.device_type(d).peak_flops(p);
+    totals.add_row({fmt::format("peak {} (dense)", precision_name(p)), units_format_flops(sum)});
+  }
+  double device_memory = 0, host_memory = 0;
+  for (const auto& d : c.devices) device_memory += c.device_type(d).memory_bytes;
+  for (const auto& g : c.node_groups) host_memory += g.host_memory_bytes * g.count;
+  totals.add_row({"device memory", units_format_bytes(device_memory)});
+  totals.add_row({"host memory", units_format_bytes(host_memory)});
+  out += totals.render();
+  out += "  (a device without a precision counts at the next wider mode it has, e.g. fp8 -> bf16 -> fp32)\n\n";
+  out += fmt::format("  network between nodes: {} {} per node, latency {}\n", c.network.kind,
+                     units_format_bandwidth(c.network.bandwidth_bytes_per_second),
+                     units_format_seconds(c.network.latency_seconds));
+  return out;
+}
+
+std::string train_describe(const TrainSpec& t) {
+  return fmt::format(
+      "Training setup (from {}): sequence {}, global batch {} sequences ({} tokens), {} compute{}, {} optimizer,\n"
+      "  {} steps, lr {:g} -> {:g} (warm-up {}), weight decay {:g}, grad clip {:g}, seed {}\n",
+      t.source_path.empty() ? "defaults" : t.source_path, t.seq_len, t.global_batch_sequences,
+      text_thousands(t.global_batch_sequences * t.seq_len), precision_name(t.precision),
+      t.master_weights_fp32 && t.precision != Precision::Precision_fp32 ? " with fp32 master weights" : "",
+      t.optimizer, t.steps, t.learning_rate, t.min_learning_rate, t.warmup_steps, t.weight_decay, t.grad_clip, t.seed);
+}
+
+}  // namespace alloy

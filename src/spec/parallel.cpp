@@ -1,0 +1,43 @@
+#include "spec/parallel.hpp"
+
+namespace alloy {
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::Recompute_none: return "none";
+    case Recompute::Recompute_selective: return "selective";
+    case Recompute::Recompute_full: return "full";
+  }
+  return "?";
+}
+
+bool recompute_parse(const std::string& text, Recompute* out) {
+  for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full}) {
+    if (text == recompute_name(r)) {
+      *out = r;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::Schedule_gpipe: return "gpipe";
+    case Schedule::Schedule_1f1b: return "1f1b";
+    case Schedule::Schedule_interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+bool schedule_parse(const std::string& text, Schedule* out) {
+  for (Schedule s : {Schedule::Schedule_gpipe, Schedule::Schedule_1f1b, Schedule::Schedule_interleaved}) {
+    if (text == schedule_name(s)) {
+      *out = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace alloy

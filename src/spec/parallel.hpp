@@ -1,0 +1,26 @@
+// The vocabulary of parallel-training choices shared by the cost model, the plan and the
+// runtime: recomputation levels and pipeline schedules, with their names for files and people.
+#pragma once
+
+#include <string>
+
+namespace alloy {
+
+enum class Recompute {
+  Recompute_none,       // keep every activation of the layer
+  Recompute_selective,  // drop the attention scores, recompute the attention core in backward
+  Recompute_full,       // keep only the layer input, recompute the whole layer in backward
+};
+
+enum class Schedule {
+  Schedule_gpipe,        // all forwards, then all backwards
+  Schedule_1f1b,         // PipeDream-flush: warm-up, one forward one backward, cool-down
+  Schedule_interleaved,  // interleaved 1F1B with v model chunks per stage
+};
+
+const char* recompute_name(Recompute r);
+bool recompute_parse(const std::string& text, Recompute* out);
+const char* schedule_name(Schedule s);
+bool schedule_parse(const std::string& text, Schedule* out);
+
+}  // namespace alloy

@@ -1,0 +1,84 @@
+#include "spec/train.hpp"
+
+#include "spec/error.hpp"
+#include "spec/field_reader.hpp"
+
+namespace alloy {
+
+int train_optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
+
+TrainSpec train_load(const std::string& path) {
+  FieldReader r(spec_file_parse(path), path);
+  r.reject_unknown({"seq_len", "global_batch", "global_batch_tokens", "min_global_batch", "max_global_batch",
+                    "precision", "master_weights_fp32", "optimizer", "steps", "learning_rate",
+                    "min_learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
+                    "grad_clip", "seed"});
+  TrainSpec t;
+  t.source_path = path;
+  t.seq_len = r.get_int("seq_len", t.seq_len);
+  if (t.seq_len <= 0) r.fail("seq_len", "sequence length must be positive", "write e.g. `seq_len: 2048`");
+  if (r.has("global_batch") && r.has("global_batch_tokens")) {
+    r.fail("global_batch_tokens", "give the global batch either in sequences or in tokens, not both",
+           "remove global_batch or global_batch_tokens");
+  }
+  if (r.has("global_batch_tokens")) {
+    int64_t tokens = r.get_int("global_batch_tokens");
+    if (tokens <= 0 || tokens % t.seq_len != 0) {
+      r.fail("global_batch_tokens",
+             std::to_string(tokens) + " tokens is not a positive multiple of seq_len " + std::to_string(t.seq_len),
+             "use a multiple of seq_len, or give `global_batch` in sequences");
+    }
+    t.global_batch_sequences = tokens / t.seq_len;
+  } else {
+    t.global_batch_sequences = r.get_int("global_batch", t.global_batch_sequences);
+  }
+  t.min_global_batch = r.get_int("min_global_batch", 0);
+  t.max_global_batch = r.get_int("max_global_batch", 0);
+  std::string precision = r.get_string("precision", precision_name(t.precision));
+  if (!precision_parse(precision, &t.precision)) {
+    r.fail("precision", "unknown precision '" + precision + "'", "use one of fp32, tf32, bf16, fp16, fp8");
+  }
+  t.master_weights_fp32 = r.get_bool("master_weights_fp32", t.master_weights_fp32);
+  t.optimizer = r.get_string("optimizer", t.optimizer);
+  t.steps = r.get_int("steps", t.steps);
+  t.learning_rate = r.get_double("learning_rate", t.learning_rate);
+  t.min_learning_rate = r.get_double("min_learning_rate", t.min_learning_rate);
+  t.warmup_steps = r.get_int("warmup_steps", t.warmup_steps);
+  t.weight_decay = r.get_double("weight_decay", t.weight_decay);
+  t.beta1 = r.get_double("beta1", t.beta1);
+  t.beta2 = r.get_double("beta2", t.beta2);
+  t.adam_eps = r.get_double("adam_eps", t.adam_eps);
+  t.grad_clip = r.get_double("grad_clip", t.grad_clip);
+  t.seed = static_cast<uint64_t>(r.get_int("seed", static_cast<int64_t>(t.seed)));
+  train_validate(t);
+  return t;
+}
+
+void train_validate(const TrainSpec& t) {
+  auto bad = [&](const char* field, const std::string& what, const std::string& hint) {
+    throw Error(what, {t.source_path, field}, hint);
+  };
+  if (t.seq_len <= 0) bad("seq_len", "sequence length must be positive", "write e.g. `seq_len: 2048`");
+  if (t.global_batch_sequences <= 0) bad("global_batch", "global batch must be positive", "write e.g. `global_batch: 512`");
+  if (t.min_global_batch < 0 || t.max_global_batch < 0 ||
+      (t.max_global_batch > 0 && t.min_global_batch > t.max_global_batch)) {
+    bad("min_global_batch", "the batch range must satisfy 0 < min_global_batch <= max_global_batch",
+        "set both, e.g. min_global_batch: 256 and max_global_batch: 1024");
+  }
+  if (t.optimizer != "adamw" && t.optimizer != "sgd") {
+    bad("optimizer", "unknown optimizer '" + t.optimizer + "'", "use adamw or sgd");
+  }
+  if (t.steps <= 0) bad("steps", "steps must be positive", "write e.g. `steps: 1000`");
+  if (!(t.learning_rate > 0) || !(t.min_learning_rate >= 0) || t.min_learning_rate > t.learning_rate) {
+    bad("learning_rate", "need 0 <= min_learning_rate <= learning_rate and learning_rate > 0",
+        "write e.g. learning_rate: 3e-4 and min_learning_rate: 3e-5");
+  }
+  if (t.warmup_steps < 0) bad("warmup_steps", "warm-up steps must not be negative", "write e.g. `warmup_steps: 100`");
+  if (t.weight_decay < 0) bad("weight_decay", "weight decay must not be negative", "write e.g. `weight_decay: 0.1`");
+  if (!(t.beta1 >= 0 && t.beta1 < 1)) bad("beta1", "beta1 must be in [0, 1)", "write e.g. `beta1: 0.9`");
+  if (!(t.beta2 >= 0 && t.beta2 < 1)) bad("beta2", "beta2 must be in [0, 1)", "write e.g. `beta2: 0.95`");
+  if (!(t.adam_eps > 0)) bad("adam_eps", "adam_eps must be positive", "write e.g. `adam_eps: 1e-8`");
+  if (t.grad_clip < 0) bad("grad_clip", "grad_clip must not be negative (0 disables clipping)", "write e.g. `grad_clip: 1.0`");
+}
+
+}  // namespace alloy

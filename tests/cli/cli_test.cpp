@@ -1,0 +1,166 @@
+// The alloy binary as a user runs it: help, check on every shipped example, exit codes and
+// messages for bad input, and commands not built yet.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "../common/test_util.hpp"
+#include "spec/cluster.hpp"
+#include "spec/model.hpp"
+
+namespace alloy {
+namespace {
+
+using testing::CommandResult;
+using testing::run_command;
+using testing::TempDir;
+
+CommandResult alloy(const std::string& args) { return run_command(std::string(ALLOY_BINARY) + " " + args); }
+
+TEST(Cli, HelpForEverySubcommand) {
+  for (const char* cmd : {"check", "plan", "simulate", "train", "profile", "explain"}) {
+    CommandResult r = alloy(std::string(cmd) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << cmd;
+  }
+}
+
+TEST(Cli, CheckEveryShippedModel) {
+  for (const auto& name : model_preset_names()) {
+    CommandResult r = alloy("check --model " + name);
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    EXPECT_NE(r.output.find("check: OK"), std::string::npos) << name;
+  }
+}
+
+TEST(Cli, CheckEveryShippedCluster) {
+  for (const auto& name : cluster_preset_names()) {
+    CommandResult r = alloy("check --cluster " + name);
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    EXPECT_NE(r.output.find("aggregate"), std::string::npos) << name;
+  }
+}
+
+TEST(Cli, CheckPrintsCountsAndPeaks) {
+  CommandResult r = alloy("check --model llama-2-7b --cluster a100-v100 --train " + std::string(ALLOY_SOURCE_DIR) +
+                          "/examples/train/llama-pretrain.yaml");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("6,738,415,616"), std::string::npos);
+  EXPECT_NE(r.output.find("FLOPs per token"), std::string::npos);
+  EXPECT_NE(r.output.find("peak bf16"), std::string::npos);
+  EXPECT_NE(r.output.find("infiniband"), std::string::npos);
+}
+
+struct BadInput {
+  const char* name;
+  const char* file;
+  const char* text;
+  const char* expect;  // text the message must contain
+};
+
+const BadInput kBadInputs[] = {
+    {"malformed json", "m.json", "{\"model_type\": \"gpt2\",, }", "malformed JSON"},
+    {"unknown model type", "m.json", "{\"model_type\": \"gpt-2\"}", "did you mean"},
+    {"heads do not divide", "m.yaml", "family: gpt2\nlayers: 2\nhidden_size: 100\nheads: 3\nvocab_size: 10\nmax_seq_len: 8\n",
+     "not divisible"},
+    {"kv heads", "m.yaml",
+     "family: llama\nlayers: 2\nhidden_size: 64\nheads: 4\nkv_heads: 3\nvocab_size: 10\nmax_seq_len: 8\n",
+     "do not divide"},
+    {"zero layers", "m.yaml", "family: gpt2\nlayers: 0\nhidden_size: 64\nheads: 4\nvocab_size: 10\nmax_seq_len: 8\n",
+     "positive"},
+};
+
+TEST(Cli, BadModelInputExitsTwoWithMessage) {
+  TempDir dir;
+  for (const auto& bad : kBadInputs) {
+    std::string path = dir.write(bad.file, bad.text);
+    CommandResult r = alloy("check --model " + path);
+    EXPECT_EQ(r.exit_code, 2) << bad.name << "\n" << r.output;
+    EXPECT_NE(r.output.find(bad.expect), std::string::npos) << bad.name << "\n" << r.output;
+    EXPECT_NE(r.output.find(path), std::string::npos) << bad.name << "\n" << r.output;
+    EXPECT_LE(std::count(r.output.begin(), r.output.end(), '\n'), 2) << r.output;
+  }
+}
+
+TEST(Cli, BadClusterInputExitsTwoWithMessage) {
+  TempDir dir;
+  struct Case {
+    const char* text;
+    const char* expect;
+  } cases[] = {
+      {"nodes:\n  - {device: a100-80gb-sx, devices_per_node: 8}\n", "a100-80gb-sxm"},
+      {"nodes:\n  - {device: a100-80gb-sxm, devices_per_node: 8, host_memory: -4GiB}\n", "non-negative"},
+      {"nodes: [\n", "malformed YAML"},
+      {"nodes: []\n", "no nodes"},
+      {"nodes:\n  - {device: cpu, devices_per_node: 0}\n", "devices per node"},
+  };
+  for (const auto& c : cases) {
+    std::string path = dir.write("c.yaml", c.text);
+    CommandResult r = alloy("check --cluster " + path);
+    EXPECT_EQ(r.exit_code, 2) << c.text << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.text << "\n" << r.output;
+  }
+}
+
+TEST(Cli, MissingFileAndUnknownPreset) {
+  CommandResult missing = alloy("check --model /no/such/config.json");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.output.find("cannot open"), std::string::npos) << missing.output;
+  CommandResult preset = alloy("check --cluster a100-v10");
+  EXPECT_EQ(preset.exit_code, 2);
+  EXPECT_NE(preset.output.find("a100-v100"), std::string::npos) << preset.output;
+}
+
+TEST(Cli, SequenceLongerThanModelIsRefused) {
+  TempDir dir;
+  std::string train = dir.write("t.yaml", "seq_len: 4096\nglobal_batch: 8\n");
+  CommandResult r = alloy("check --model gpt2 --train " + train);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("seq_len"), std::string::npos) << r.output;
+}
+
+TEST(Cli, TokenizeThenTrainThenResume) {
+  TempDir dir;
+  CommandResult tok = alloy("tokenize " + std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt -o " +
+                            dir.path() + "/fsf.bin --val-fraction 0.1");
+  ASSERT_EQ(tok.exit_code, 0) << tok.output;
+  std::string common = "train --model tiny-gpt --data " + dir.path() + "/fsf_train.bin --val-data " + dir.path() +
+                       "/fsf_val.bin --batch 4 --seq-len 32 --threads 1 --checkpoint " + dir.path() + "/ckpt --log " +
+                       dir.path() + "/log.jsonl";
+  CommandResult first = alloy(common + " --steps 3");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("step     3/3"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("validation loss"), std::string::npos) << first.output;
+  CommandResult resumed = alloy(common + " --steps 5 --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("steps 4..5"), std::string::npos) << resumed.output;
+  const std::string log = testing::read_text(dir.path() + "/log.jsonl");
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 5);
+}
+
+TEST(Cli, TrainBadInputExitsTwo) {
+  CommandResult missing = alloy("train --model tiny-gpt --data /no/such/tokens.bin --steps 1");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("/no/such/tokens.bin"), std::string::npos) << missing.output;
+  CommandResult recompute = alloy("train --model tiny-gpt --data x.bin --recompute sometimes");
+  EXPECT_EQ(recompute.exit_code, 2) << recompute.output;
+  EXPECT_NE(recompute.output.find("recompute"), std::string::npos) << recompute.output;
+}
+
+TEST(Cli, CorruptedFilesNeverCrashTheBinary) {
+  // A sample of whole-process runs; the in-process mutation test covers thousands more.
+  std::mt19937_64 rng(7);
+  std::string base = testing::read_text(std::string(ALLOY_SOURCE_DIR) + "/examples/clusters/a100-v100.yaml");
+  TempDir dir;
+  for (int i = 0; i < 40; ++i) {
+    std::string text = base;
+    for (int k = 0; k < 3; ++k) text[rng() % text.size()] = static_cast<char>(32 + rng() % 95);
+    std::string path = dir.write("c.yaml", text);
+    CommandResult r = alloy("check --cluster " + path);
+    EXPECT_EQ(r.signal, 0) << r.output;
+    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 2) << r.exit_code << "\n" << r.output << "\n" << text;
+  }
+}
+
+}  // namespace
+}  // namespace alloy

@@ -1,0 +1,232 @@
+// Cost model: parameter counts against published sizes, the Megatron activation formula,
+// collective algorithms, boundary paths, memory by ZeRO stage and recomputation, profiles.
+#include <gtest/gtest.h>
+
+#include "../support/specs.hpp"
+#include "cost/cost_model.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+int64_t total_parameters(const ModelSpec& m) {
+  return embedding_parameters(m) + m.num_layers * block_parameters(m) + head_parameters(m, !m.tied_embeddings);
+}
+
+TEST(LayerCost, ParameterCountsMatchPublishedModels) {
+  // GPT-2 small: 124,439,808 parameters (tied head); LLaMA-2-7B: 6,738,415,616 (untied head).
+  EXPECT_EQ(total_parameters(testing::gpt2("gpt2", 12, 768, 12, 50257, 1024)), 124439808);
+  EXPECT_EQ(total_parameters(testing::llama2_7b()), 6738415616);
+  // LLaMA-3-70B with grouped-query attention: 70,553,706,496.
+  EXPECT_EQ(total_parameters(testing::llama3_70b()), 70553706496);
+}
+
+TEST(LayerCost, ActivationsFollowMegatronFormula) {
+  // GPT-style block, 16-bit, no tp: s*b*h*(34 + 5*a*s/h) bytes.
+  const ModelSpec m = testing::gpt2("gpt", 2, 1024, 16, 1000, 2048);
+  const double s = 2048, b = 2, h = 1024, a = 16;
+  const double none = block_activation_bytes(m, 2, 2048, 1, false, Recompute::Recompute_none, Precision::Precision_bf16);
+  EXPECT_DOUBLE_EQ(none, s * b * h * (34 + 5 * a * s / h));
+  // Selective drops the attention-score term; full keeps the block input only.
+  EXPECT_DOUBLE_EQ(block_activation_bytes(m, 2, 2048, 1, false, Recompute::Recompute_selective, Precision::Precision_bf16),
+                   s * b * h * 34);
+  EXPECT_DOUBLE_EQ(block_activation_bytes(m, 2, 2048, 1, false, Recompute::Recompute_full, Precision::Precision_bf16),
+                   2 * s * b * h);
+  // tp t without sequence parallelism: sbh(10 + 24/t + 5as/(ht)); with it everything / t.
+  const double t = 4;
+  EXPECT_DOUBLE_EQ(block_activation_bytes(m, 2, 2048, 4, false, Recompute::Recompute_none, Precision::Precision_bf16),
+                   s * b * h * (10 + 24 / t + 5 * a * s / (h * t)));
+  EXPECT_DOUBLE_EQ(block_activation_bytes(m, 2, 2048, 4, true, Recompute::Recompute_none, Precision::Precision_bf16),
+                   s * b * h * (34 + 5 * a * s / h) / t);
+}
+
+TEST(LayerCost, GroupedQueryAttentionStoresLessThanMultiHead) {
+  ModelSpec mha = testing::llama("mha", 2, 4096, 32, 32, 11008, 32000);
+  ModelSpec gqa = mha;
+  gqa.num_kv_heads = 8;
+  const auto bytes = [](const ModelSpec& m) {
+    return block_activation_bytes(m, 1, 4096, 1, false, Recompute::Recompute_selective, Precision::Precision_bf16);
+  };
+  EXPECT_LT(bytes(gqa), bytes(mha));
+  EXPECT_LT(block_parameters(gqa), block_parameters(mha));
+}
+
+TEST(Comm, RingAllReduceMatchesTextbookFormula) {
+  GroupPlacement g;
+  g.ranks = 8;
+  g.intra_node = {"nvlink", 100e9, 1e-6};
+  const double bytes = 1e9;
+  EXPECT_NEAR(collective_seconds_with(CollectiveOp::CollectiveOp_all_reduce, bytes, g,
+                                      CollectiveAlgorithm::CollectiveAlgorithm_ring),
+              2 * 7 * (1e-6 + bytes / 8 / 100e9), 1e-12);
+  // Small messages: the tree's log-depth latency wins.
+  CollectiveAlgorithm chosen;
+  collective_seconds(CollectiveOp::CollectiveOp_all_reduce, 1024, g, &chosen);
+  EXPECT_EQ(chosen, CollectiveAlgorithm::CollectiveAlgorithm_tree);
+}
+
+TEST(Comm, HierarchicalBeatsFlatRingAcrossNodes) {
+  GroupPlacement g;
+  g.ranks = 32;
+  g.nodes = 4;
+  g.concurrent_per_node = 8;
+  g.intra_node = {"nvlink", 300e9, 2e-6};
+  g.network = {"infiniband", 25e9, 5e-6};
+  CollectiveAlgorithm chosen;
+  const double best = collective_seconds(CollectiveOp::CollectiveOp_all_reduce, 4e9, g, &chosen);
+  EXPECT_EQ(chosen, CollectiveAlgorithm::CollectiveAlgorithm_hierarchical);
+  EXPECT_LT(best, collective_seconds_with(CollectiveOp::CollectiveOp_all_reduce, 4e9, g,
+                                          CollectiveAlgorithm::CollectiveAlgorithm_ring));
+  // Spanning nodes costs more than staying inside one.
+  GroupPlacement inside = g;
+  inside.ranks = 8;
+  inside.nodes = 1;
+  EXPECT_LT(collective_seconds(CollectiveOp::CollectiveOp_all_reduce, 4e9, inside), best);
+}
+
+TEST(Comm, BoundaryPathFollowsPlacementAndVendor) {
+  const ClusterSpec c = testing::cluster("mixed", {testing::a100_80(), testing::mi250x(), testing::v100_32()},
+                                         {{0, 2, 4}, {1, 1, 4}, {2, 1, 4}});
+  const ModelSpec m = testing::llama2_7b();
+  const TrainSpec t = testing::train(2048, 8);
+  CostModel cost(m, c, t);
+  EXPECT_EQ(cost.boundary_link({0, 1}, {2, 3}).path, P2pPath::P2pPath_intra_node);
+  EXPECT_EQ(cost.boundary_link({0, 1}, {4, 5}).path, P2pPath::P2pPath_network);
+  EXPECT_EQ(cost.boundary_link({4, 5}, {12, 13}).path, P2pPath::P2pPath_network);   // a100 -> v100
+  EXPECT_EQ(cost.boundary_link({4, 5}, {8, 9}).path, P2pPath::P2pPath_host_staged);  // nvidia -> amd
+  const double bytes = 256e6;
+  const double intra = boundary_seconds(bytes, cost.boundary_link({0, 1}, {2, 3}));
+  const double net = boundary_seconds(bytes, cost.boundary_link({4, 5}, {12, 13}));
+  const double staged = boundary_seconds(bytes, cost.boundary_link({4, 5}, {8, 9}));
+  EXPECT_LT(intra, net);
+  EXPECT_LT(net, staged);
+}
+
+class StageCost : public ::testing::Test {
+ protected:
+  ModelSpec model = testing::llama2_7b();
+  ClusterSpec cluster = testing::cluster("a100x8", {testing::a100_80()}, {{0, 1, 8}});
+  TrainSpec train = testing::train(4096, 64);
+  CostModel cost{model, cluster, train};
+
+  MemoryBreakdown memory(int zero, int selective, int full, int offloaded, int dp = 8) {
+    std::vector<int> ids;
+    for (int i = 0; i < dp; ++i) ids.push_back(i);
+    const StageShape shape = cost.stage_shape(ids, 1, dp, 1);
+    const StageUnitCosts unit = cost.unit_costs(shape, false);
+    StageChoice c;
+    c.blocks = 32;
+    c.selective = selective;
+    c.full = full;
+    c.offloaded = offloaded;
+    c.zero = zero;
+    c.has_embedding = c.has_head = true;
+    return cost.stage_memory(shape, unit, c, 1, false);
+  }
+};
+
+TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
+  const MemoryBreakdown z0 = memory(0, 0, 0, 0), z1 = memory(1, 0, 0, 0), z2 = memory(2, 0, 0, 0),
+                        z3 = memory(3, 0, 0, 0);
+  // Mixed precision with Adam: 2 + 2 + 4 + 8 bytes per parameter.
+  EXPECT_DOUBLE_EQ(z0.optimizer_states_bytes, 4 * z0.parameters_bytes);
+  EXPECT_DOUBLE_EQ(z0.master_weights_bytes, 2 * z0.parameters_bytes);
+  EXPECT_DOUBLE_EQ(z1.optimizer_states_bytes, z0.optimizer_states_bytes / 8);
+  EXPECT_DOUBLE_EQ(z1.gradients_bytes, z0.gradients_bytes);
+  EXPECT_DOUBLE_EQ(z2.gradients_bytes, z0.gradients_bytes / 8);
+  EXPECT_DOUBLE_EQ(z3.parameters_bytes, z0.parameters_bytes / 8);
+  EXPECT_GT(z3.zero3_gather_bytes, 0);
+  EXPECT_LT(z3.total_bytes(), z2.total_bytes());
+  EXPECT_LT(z2.total_bytes(), z1.total_bytes());
+  EXPECT_LT(z1.total_bytes(), z0.total_bytes());
+}
+
+TEST_F(StageCost, RecomputeAndOffloadTradeMemoryForTime) {
+  EXPECT_LT(memory(0, 32, 0, 0).activations_bytes, memory(0, 0, 0, 0).activations_bytes);
+  EXPECT_LT(memory(0, 0, 32, 0).activations_bytes, memory(0, 32, 0, 0).activations_bytes);
+  const MemoryBreakdown off = memory(0, 0, 0, 32);
+  EXPECT_LT(off.total_bytes(), memory(0, 0, 0, 0).total_bytes());
+  EXPECT_GT(off.host_offload_bytes, 0);
+  EXPECT_GT(off.offload_window_bytes, 0);
+  EXPECT_GT(memory(0, 0, 0, 0).framework_context_bytes, 0);
+
+  const StageShape shape = cost.stage_shape({0, 1, 2, 3, 4, 5, 6, 7}, 1, 8, 1);
+  const StageUnitCosts unit = cost.unit_costs(shape, false);
+  StageChoice plain;
+  plain.blocks = 32;
+  StageChoice full = plain;
+  full.full = 32;
+  EXPECT_GT(cost.stage_timing(shape, unit, full, 0, 0).backward_seconds,
+            cost.stage_timing(shape, unit, plain, 0, 0).backward_seconds);
+  EXPECT_GT(unit.recompute_full_seconds, unit.recompute_selective_seconds);
+}
+
+TEST_F(StageCost, SlowerDeviceTakesLonger) {
+  ClusterSpec mixed = testing::cluster("av", {testing::a100_80(), testing::v100_32()}, {{0, 1, 1}, {1, 1, 1}});
+  CostModel c2(model, mixed, train);
+  const StageUnitCosts fast = c2.unit_costs(c2.stage_shape({0}, 1, 1, 1), false);
+  const StageUnitCosts slow = c2.unit_costs(c2.stage_shape({1}, 1, 1, 1), false);
+  EXPECT_GT(slow.block.forward_seconds, 2 * fast.block.forward_seconds);
+}
+
+TEST(Schedule, MicroBatchesInFlight) {
+  EXPECT_EQ(schedule_micro_batches_in_flight(Schedule::Schedule_gpipe, 4, 0, 16, 1), 16);
+  EXPECT_EQ(schedule_micro_batches_in_flight(Schedule::Schedule_1f1b, 4, 0, 16, 1), 4);
+  EXPECT_EQ(schedule_micro_batches_in_flight(Schedule::Schedule_1f1b, 4, 3, 16, 1), 1);
+  EXPECT_EQ(schedule_micro_batches_in_flight(Schedule::Schedule_1f1b, 4, 0, 2, 1), 2);
+  // Interleaved holds more chunks on the first stage, each 1/v of the stage.
+  EXPECT_GT(schedule_micro_batches_in_flight(Schedule::Schedule_interleaved, 4, 0, 16, 2), 4);
+  // Uniform pipeline: (m - 1 + p) t with v = 1, (m + (p - 1)/v) t interleaved.
+  EXPECT_DOUBLE_EQ(pipeline_step_seconds({1, 1, 1, 1}, {0, 0, 0, 0}, 8, 1), 11);
+  EXPECT_DOUBLE_EQ(pipeline_step_seconds({1, 1, 1, 1}, {0, 0, 0, 0}, 8, 2), 9.5);
+}
+
+TEST(Profile, ParsesAndReplacesMeasuredShapes) {
+  const std::string text = R"({"version": 1, "model": "llama-2-7b", "device_types": {"a100-80": {
+      "layers": [{"layer": "block", "micro_batch": 1, "seq_len": 4096, "tp": 1,
+                  "forward_seconds": 0.5, "backward_seconds": 1.0}],
+      "collectives": [{"op": "all_reduce", "group_size": 8, "placement": "intra_node",
+                       "bandwidth_bytes_per_second": 1e11, "latency_seconds": 1e-5},
+                      {"op": "all_gather", "group_size": 8, "placement": "intra_node",
+                       "bandwidth_bytes_per_second": 1e9, "latency_seconds": 0.25}]}}})";
+  const Profile profile = profile_parse(text, "p.json");
+  ASSERT_NE(profile.find_layer("a100-80", LayerKind::LayerKind_block, 1, 4096, 1, false), nullptr);
+  EXPECT_NE(profile.find_collective("a100-80", CollectiveOp::CollectiveOp_all_reduce, 8, false), nullptr);
+
+  const ModelSpec m = testing::llama2_7b();
+  const ClusterSpec c = testing::cluster("a100x8", {testing::a100_80()}, {{0, 1, 8}});
+  const TrainSpec t = testing::train(4096, 8);
+  CostModel measured(m, c, t, &profile);
+  const StageUnitCosts u = measured.unit_costs(measured.stage_shape({0}, 1, 1, 1), false);
+  EXPECT_DOUBLE_EQ(u.block.forward_seconds, 0.5);
+  EXPECT_DOUBLE_EQ(u.block.backward_seconds, 1.0);
+  // A measured collective replaces the alpha-beta model for its group size and placement.
+  const StageShape dp8 = measured.stage_shape({0, 1, 2, 3, 4, 5, 6, 7}, 1, 8, 1);
+  StageChoice one;
+  one.blocks = 1;
+  one.zero = 1;  // reduce-scatter hidden under the backward, the weight all-gather exposed
+  const StageTiming timing = measured.stage_timing(dp8, measured.unit_costs(dp8, false), one, 0, 0);
+  const double grad_bytes = 2.0 * block_parameters(m);
+  EXPECT_NEAR(timing.gradient_sync_seconds, 0.25 + grad_bytes / 1e9, 1e-9);
+  // Shapes it did not measure fall back to the analytic model and say so.
+  measured.unit_costs(measured.stage_shape({0, 1}, 1, 2, 2), false);
+  EXPECT_FALSE(measured.fallback_notes().empty());
+}
+
+TEST(Profile, BadFilesNameTheField) {
+  try {
+    profile_parse(R"({"version": 1, "model": "x", "device_types": {"a": {"layers": [{"layer": "block",
+        "micro_batch": 1, "seq_len": 8, "tp": 1, "forward_seconds": -1, "backward_seconds": 1}]}}})",
+                  "bad.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, "device_types.a.layers[0].forward_seconds");
+    EXPECT_EQ(e.where().file, "bad.json");
+  }
+  EXPECT_THROW(profile_parse(R"({"version": 7, "model": "x", "device_types": {}})", "v.json"), Error);
+  EXPECT_THROW(profile_parse("{not json", "j.json"), Error);
+  EXPECT_THROW(profile_load("/nonexistent/profile.json"), Error);
+}
+
+}  // namespace
+}  // namespace alloy

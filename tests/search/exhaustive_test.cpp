@@ -1,0 +1,281 @@
+// Issue 3, "done when" 1: on random small problems (<= 8 devices of <= 2 types, <= 8 layers,
+// every dimension enabled), an exhaustive search written here agrees with the planner.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <cstdio>
+#include <random>
+#include <set>
+
+#include "../support/specs.hpp"
+#include "search/planner.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+using testing::GroupSpec;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Point {
+  double t;
+  double u;
+};
+
+// Brute force over: ordered subsets of device types; per type every (tp | devices per node,
+// stages, dp) using all its devices; every micro-batch count; GPipe, 1F1B and interleaved
+// (v = 2, 4); every contiguous layer split; per stage every ZeRO stage, sequence parallelism,
+// and every number of selective, full-recompute and offloaded blocks.
+class Exhaustive {
+ public:
+  explicit Exhaustive(const CostModel& cost) : cost_(cost) {}
+
+  double best() {
+    const ClusterSpec& c = cost_.cluster();
+    std::vector<int> types;
+    for (size_t t = 0; t < c.device_types.size(); ++t) types.push_back(static_cast<int>(t));
+    double best = kInf;
+    for (int mask = 1; mask < (1 << types.size()); ++mask) {
+      std::vector<int> chosen;
+      for (size_t i = 0; i < types.size(); ++i)
+        if (mask & (1 << i)) chosen.push_back(types[i]);
+      do best = std::min(best, over_shapes(chosen, 0, {}));
+      while (std::next_permutation(chosen.begin(), chosen.end()));
+    }
+    return best;
+  }
+
+ private:
+  struct Group {
+    int type, tp, stages, dp;
+  };
+
+  std::vector<int> ids_of(int type) const {
+    std::vector<int> ids;
+    for (const Device& d : cost_.cluster().devices)
+      if (d.device_type_index == type) ids.push_back(d.id);
+    return ids;
+  }
+
+  int per_node(int type) const {
+    int q = 0;
+    for (const NodeGroup& g : cost_.cluster().node_groups)
+      if (g.device_type_index == type) q = q == 0 ? g.devices_per_node : std::min(q, g.devices_per_node);
+    return q;
+  }
+
+  double over_shapes(const std::vector<int>& order, size_t at, std::vector<Group> groups) {
+    if (at == order.size()) return over_batching(groups);
+    const int type = order[at];
+    const int n = static_cast<int>(ids_of(type).size());
+    double best = kInf;
+    for (int tp = 1; tp <= per_node(type); tp *= 2) {
+      if (per_node(type) % tp != 0 || n % tp != 0) continue;
+      for (int k = 1; k <= n / tp; ++k) {
+        if ((n / tp) % k != 0) continue;
+        groups.push_back({type, tp, k, n / tp / k});
+        best = std::min(best, over_shapes(order, at + 1, groups));
+        groups.pop_back();
+      }
+    }
+    return best;
+  }
+
+  double over_batching(const std::vector<Group>& groups) {
+    const int layers = static_cast<int>(cost_.model().num_layers);
+    const int64_t batch = cost_.train().global_batch_sequences;
+    int p = 0;
+    for (const Group& g : groups) p += g.stages;
+    if (p > layers) return kInf;
+    double best = kInf;
+    for (int m = 1; m <= batch; ++m) {
+      if (batch % m != 0) continue;
+      bool divides = true;
+      for (const Group& g : groups) divides = divides && (batch / m) % g.dp == 0;
+      if (!divides) continue;
+      for (Schedule sched : {Schedule::Schedule_gpipe, Schedule::Schedule_1f1b, Schedule::Schedule_interleaved}) {
+        for (int v : sched == Schedule::Schedule_interleaved ? std::vector<int>{2, 4} : std::vector<int>{1}) {
+          if (v > 1 && (p < 2 || layers % v != 0 || p * v > layers || m % p != 0)) continue;
+          best = std::min(best, over_splits(groups, p, m, sched, v));
+        }
+      }
+    }
+    return best;
+  }
+
+  double over_splits(const std::vector<Group>& groups, int p, int m, Schedule sched, int v) {
+    const int64_t micro = cost_.train().global_batch_sequences / m;
+    // Stage devices: consecutive slices of each type's ids.
+    std::vector<std::vector<int>> stage_ids;
+    std::vector<const Group*> stage_group;
+    for (const Group& g : groups) {
+      const std::vector<int> ids = ids_of(g.type);
+      for (int j = 0; j < g.stages; ++j) {
+        stage_ids.emplace_back(ids.begin() + j * g.tp * g.dp, ids.begin() + (j + 1) * g.tp * g.dp);
+        stage_group.push_back(&g);
+      }
+    }
+    const int units = static_cast<int>(cost_.model().num_layers) / v;
+    std::vector<int> split(p, 1);
+    double best = kInf;
+    std::function<void(int, int)> rec = [&](int s, int left) {
+      if (s == p - 1) {
+        split[s] = left;
+        std::vector<std::vector<Point>> fronts(p);
+        for (int i = 0; i < p; ++i) {
+          fronts[i] = stage_front(stage_ids, *stage_group[i], i, p, m, sched, v, micro, split[i] * v);
+          if (fronts[i].empty()) return;
+        }
+        std::vector<double> t(p), u(p);
+        std::function<void(int)> combine = [&](int i) {
+          if (i == p) {
+            best = std::min(best, pipeline_step_seconds(t, u, m, v));
+            return;
+          }
+          for (const Point& pt : fronts[i]) {
+            t[i] = pt.t;
+            u[i] = pt.u;
+            combine(i + 1);
+          }
+        };
+        combine(0);
+        return;
+      }
+      for (int k = 1; k <= left - (p - 1 - s); ++k) {
+        split[s] = k;
+        rec(s + 1, left - k);
+      }
+    };
+    rec(0, units);
+    return best;
+  }
+
+  std::vector<Point> stage_front(const std::vector<std::vector<int>>& stage_ids, const Group& g, int s, int p, int m,
+                                 Schedule sched, int v, int64_t micro, int blocks) {
+    const StageShape shape = cost_.stage_shape(stage_ids[s], g.tp, g.dp, micro / g.dp);
+    const int next = (s + 1) % p;
+    double send = 0;
+    int chunks_sent = 0;
+    std::vector<Point> all;
+    for (int sp = 0; sp <= (g.tp > 1 ? 1 : 0); ++sp) {
+      const StageUnitCosts unit = cost_.unit_costs(shape, sp == 1);
+      if (next != s && (s + 1 < p || v > 1)) {
+        send = boundary_seconds(unit.boundary_bytes, cost_.boundary_link(stage_ids[s], stage_ids[next]));
+        chunks_sent = s + 1 < p ? v : v - 1;
+      }
+      const double in_flight = schedule_micro_batches_in_flight(sched, p, s, m, v);
+      for (int zero = 0; zero <= 3; ++zero)
+        for (int full = 0; full <= blocks; ++full)
+          for (int sel = 0; sel + full <= blocks; ++sel)
+            for (int off = 0; off <= blocks; ++off) {
+              StageChoice c;
+              c.blocks = blocks;
+              c.selective = sel;
+              c.full = full;
+              c.offloaded = off;
+              c.zero = zero;
+              c.has_embedding = s == 0;
+              c.has_head = s == p - 1;
+              c.head_holds_lm_matrix = !(cost_.model().tied_embeddings && p == 1);
+              const MemoryBreakdown mem = cost_.stage_memory(shape, unit, c, in_flight, p > 1);
+              if (mem.total_bytes() > cost_.device_memory_bytes(shape.device_type)) continue;
+              const StageTiming timing = cost_.stage_timing(shape, unit, c, send, chunks_sent);
+              all.push_back({timing.per_micro_batch_seconds(), timing.step_overhead_seconds()});
+            }
+    }
+    std::sort(all.begin(), all.end(), [](const Point& a, const Point& b) { return a.t != b.t ? a.t < b.t : a.u < b.u; });
+    std::vector<Point> front;
+    for (const Point& pt : all)
+      if (front.empty() || pt.u < front.back().u) front.push_back(pt);
+    return front;
+  }
+
+  const CostModel& cost_;
+};
+
+struct Problem {
+  ModelSpec model;
+  ClusterSpec cluster;
+  TrainSpec train;
+};
+
+Problem random_problem(std::mt19937& rng) {
+  auto pick = [&](std::vector<int> values) { return values[std::uniform_int_distribution<size_t>(0, values.size() - 1)(rng)]; };
+  Problem pr;
+  const int hidden = pick({256, 512, 1024});
+  const int heads = pick({4, 8});
+  const bool is_llama = pick({0, 1}) == 1;
+  const int layers = pick({2, 3, 4, 4, 6, 8});
+  if (is_llama) pr.model = testing::llama("toy-llama", layers, hidden, heads, heads / pick({1, 2}), hidden * 3, pick({512, 2048}));
+  else pr.model = testing::gpt2("toy-gpt", layers, hidden, heads, pick({512, 2048}), 1024);
+  pr.train = testing::train(pick({256, 512, 1024}), pick({4, 8, 16, 32}));
+
+  // Memory: the GPU context plus a budget from tight (needs recompute, offload, ZeRO) to ample.
+  auto shrink = [&](DeviceType t) {
+    t.memory_bytes = 1024.0 * 1024 * 1024 + std::uniform_real_distribution<double>(40, 800)(rng) * 1024 * 1024;
+    return t;
+  };
+  const int two_types = pick({0, 1, 1});
+  std::vector<DeviceType> types = {shrink(testing::a100_80())};
+  std::vector<GroupSpec> groups;
+  if (two_types) {
+    types.push_back(shrink(pick({0, 1}) ? testing::v100_32() : testing::mi250x()));
+    const int per_a = pick({1, 2, 4});
+    const int per_b = pick({1, 2});
+    groups.push_back({0, pick({1, 2}), per_a});
+    groups.push_back({1, pick({1, 2}), per_b});
+    while (groups[0].nodes * groups[0].per_node + groups[1].nodes * groups[1].per_node > 8) groups[0].nodes = 1, groups[0].per_node /= 2;
+  } else {
+    groups.push_back({0, pick({1, 2}), pick({1, 2, 4})});
+  }
+  pr.cluster = testing::cluster("toy", types, groups, pick({0, 1}) ? 25e9 : 3e9);
+  return pr;
+}
+
+TEST(Exhaustive, PlannerMatchesBruteForceOnRandomSmallProblems) {
+  std::mt19937 rng(20241129);
+  int feasible = 0;
+  int with_recompute_or_offload = 0;
+  int heterogeneous = 0;
+  for (int trial = 0; trial < 32; ++trial) {
+    Problem pr = random_problem(rng);
+    CostModel cost(pr.model, pr.cluster, pr.train);
+    const double brute = Exhaustive(cost).best();
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << pr.model.name << " L" << pr.model.num_layers
+                                      << " devices " << pr.cluster.devices.size() << " batch "
+                                      << pr.train.global_batch_sequences);
+    if (brute == kInf) {
+      EXPECT_THROW(plan_search(cost, {}), Error);
+      continue;
+    }
+    ++feasible;
+    const SearchResult r = plan_search(cost, {});
+    EXPECT_NEAR(r.plan.step_seconds, brute, 1e-9 * brute);
+    EXPECT_LE(plan_memory_ratio(r.plan), 1.0);
+    plan_validate_for(r.plan, pr.model, pr.cluster);
+    std::set<std::string> types;
+    for (const PlanStage& s : r.plan.stages) {
+      types.insert(s.device_type);
+      for (size_t i = 0; i < s.recompute.size(); ++i)
+        if (s.recompute[i] != Recompute::Recompute_none || s.offload[i]) {
+          ++with_recompute_or_offload;
+          break;
+        }
+    }
+    heterogeneous += types.size() > 1;
+  }
+  std::printf("feasible %d, recompute or offload %d, heterogeneous %d\n", feasible, with_recompute_or_offload,
+              heterogeneous);
+  // The random problems must exercise the space, not only its easy corner.
+  EXPECT_GE(feasible, 20);
+  EXPECT_GE(with_recompute_or_offload, 3);
+  EXPECT_GE(heterogeneous, 3);
+}
+
+}  // namespace
+}  // namespace alloy

@@ -1,0 +1,74 @@
+// Simulating the planner's own plans: their full schedules pass the checker, the simulated
+// memory peak is the cost model's, and the step time difference is reported per schedule.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "../support/specs.hpp"
+#include "cost/cost_model.hpp"
+#include "plan/schedule.hpp"
+#include "search/planner.hpp"
+#include "sim/simulate.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+struct Planned {
+  ModelSpec model;
+  ClusterSpec cluster;
+  Plan plan;
+};
+
+Planned planned(Schedule schedule) {
+  Planned p;
+  p.model = testing::gpt2("toy-gpt", 8, 512, 8, 2048, 1024);
+  p.cluster = testing::cluster("toy", {testing::a100_80(), testing::v100_32()}, {{0, 1, 4}, {1, 1, 4}});
+  const TrainSpec train = testing::train(512, 32);
+  CostModel cost(p.model, p.cluster, train);
+  SearchOptions options;
+  options.schedule = schedule;
+  options.pp = 2;
+  options.num_micro_batches = 8;
+  p.plan = plan_search(cost, options).plan;
+  return p;
+}
+
+TEST(PlannerAgreement, PlannerPlansCheckAndPeakWhereTheCostModelSays) {
+  for (Schedule kind : {Schedule::Schedule_gpipe, Schedule::Schedule_1f1b, Schedule::Schedule_interleaved}) {
+    const Planned p = planned(kind);
+    SCOPED_TRACE(schedule_name(kind));
+    EXPECT_NO_THROW(schedule_check(schedule_build(p.plan, p.model)));
+    const SimResult r = simulate(p.plan, p.model, p.cluster);
+    std::printf("%-12s simulated %.5f s, cost model %.5f s, difference %+.2f%%\n", schedule_name(kind), r.step_seconds,
+                p.plan.step_seconds, 100.0 * (r.step_seconds / p.plan.step_seconds - 1));
+    EXPECT_NEAR(r.step_seconds / p.plan.step_seconds, 1.0, 0.25);
+    for (const SimLane& lane : r.lanes) {
+      const PlanStage& st = p.plan.stages[lane.stage];
+      EXPECT_NEAR(lane.peak_memory_bytes / st.memory_total_bytes(), 1.0, 0.01) << "stage " << lane.stage;
+    }
+    EXPECT_NO_THROW(sim_check_memory(r, p.plan));
+  }
+}
+
+TEST(PlannerAgreement, RefusesPlansForAnotherModelAndPlansOverMemory) {
+  Planned p = planned(Schedule::Schedule_1f1b);
+  ModelSpec other = p.model;
+  other.hidden_size = 768;
+  EXPECT_THROW(simulate(p.plan, other, p.cluster), Error);
+  // A hand edit: twice the activations on stage 1 no longer fits.
+  Plan edited = p.plan;
+  for (MemoryTerm& t : edited.stages[1].memory)
+    if (t.name == "activations") t.bytes += edited.stages[1].memory_capacity_bytes;
+  const SimResult r = simulate(edited, p.model, p.cluster);
+  try {
+    sim_check_memory(r, edited);
+    FAIL() << "expected the edited plan to be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, "stages[1].memory");
+    EXPECT_NE(e.message().find("stage 1"), std::string::npos) << e.message();
+  }
+}
+
+}  // namespace
+}  // namespace alloy

@@ -1,0 +1,268 @@
+// The step schedule: compute order of each pipeline schedule, transfers split and joined by
+// sample range, gradient buckets, ZeRO and offload operations, and the deadlock checker.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "plan/schedule.hpp"
+#include "plans.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+using testing::hand_plan;
+using testing::model_with_layers;
+using testing::StageSpec;
+
+struct Item {
+  bool forward;
+  int mb;
+  int chunk;
+};
+
+// Compute operations of a rank, with bucket pieces of one backward folded into one item.
+std::vector<Item> compute_items(const RankSchedule& rs) {
+  std::vector<Item> items;
+  for (const ScheduleOp& op : rs.ops) {
+    if (op.kind != OpKind::OpKind_forward && op.kind != OpKind::OpKind_backward) continue;
+    if (op.bucket > 0) continue;
+    items.push_back({op.kind == OpKind::OpKind_forward, op.micro_batch, op.chunk});
+  }
+  return items;
+}
+
+Plan uniform_plan(int p, int m, Schedule schedule, int v = 1, int dp = 1, int tp = 1, int zero = 0) {
+  std::vector<StageSpec> specs(p, StageSpec{tp, dp, zero, 2});
+  return hand_plan(model_with_layers(2 * p * v), p * tp * dp, specs, m, dp * 2, schedule, v);
+}
+
+TEST(Schedule, OneForwardOneBackwardWarmsUpByDistanceToTheEnd) {
+  for (int m : {2, 3, 6}) {
+    const int p = 4;
+    const Plan plan = uniform_plan(p, m, Schedule::Schedule_1f1b);
+    const StepSchedule sched = schedule_build(plan, model_with_layers(2 * p));
+    for (int s = 0; s < p; ++s) {
+      const std::vector<Item> items = compute_items(sched.ranks[s]);
+      ASSERT_EQ(items.size(), static_cast<size_t>(2 * m));
+      int leading_forwards = 0;
+      while (leading_forwards < 2 * m && items[leading_forwards].forward) ++leading_forwards;
+      EXPECT_EQ(leading_forwards, std::min(p - s - 1, m) + (p - s - 1 < m ? 1 : 0)) << "stage " << s << " m " << m;
+      // Steady state: forwards and backwards alternate until the forwards run out.
+      int next_forward = 0, next_backward = 0;
+      for (const Item& it : items) {
+        if (it.forward) EXPECT_EQ(it.mb, next_forward++);
+        else EXPECT_EQ(it.mb, next_backward++);
+        EXPECT_LE(next_backward, next_forward);
+        EXPECT_LE(next_forward - next_backward, p - s) << "more micro-batches in flight than 1F1B allows";
+      }
+    }
+  }
+}
+
+TEST(Schedule, GpipeRunsEveryForwardBeforeAnyBackward) {
+  const Plan plan = uniform_plan(3, 5, Schedule::Schedule_gpipe);
+  const StepSchedule sched = schedule_build(plan, model_with_layers(6));
+  for (const RankSchedule& rs : sched.ranks) {
+    const std::vector<Item> items = compute_items(rs);
+    ASSERT_EQ(items.size(), 10u);
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(items[i].forward, i < 5);
+  }
+}
+
+TEST(Schedule, InterleavedRunsEveryChunkOfEveryMicroBatchInOrder) {
+  for (int m : {4, 6, 8}) {
+    const int p = 2, v = 3;
+    const Plan plan = uniform_plan(p, m, Schedule::Schedule_interleaved, v);
+    const StepSchedule sched = schedule_build(plan, model_with_layers(2 * p * v));
+    for (const RankSchedule& rs : sched.ranks) {
+      std::map<std::pair<int, int>, int> forwards, backwards;
+      std::map<int, int> last_forward_chunk, last_backward_chunk;
+      for (const Item& it : compute_items(rs)) {
+        if (it.forward) {
+          ++forwards[{it.mb, it.chunk}];
+          EXPECT_EQ(it.chunk, last_forward_chunk.count(it.mb) ? last_forward_chunk[it.mb] + 1 : 0);
+          last_forward_chunk[it.mb] = it.chunk;
+        } else {
+          ++backwards[{it.mb, it.chunk}];
+          EXPECT_EQ(it.chunk, last_backward_chunk.count(it.mb) ? last_backward_chunk[it.mb] - 1 : v - 1);
+          EXPECT_EQ((forwards[{it.mb, it.chunk}]), 1) << "backward before forward";
+          last_backward_chunk[it.mb] = it.chunk;
+        }
+      }
+      EXPECT_EQ(forwards.size(), static_cast<size_t>(m * v));
+      EXPECT_EQ(backwards.size(), static_cast<size_t>(m * v));
+    }
+  }
+}
+
+TEST(Schedule, EveryScheduleAndShapePassesTheChecker) {
+  int checked = 0;
+  for (Schedule kind : {Schedule::Schedule_gpipe, Schedule::Schedule_1f1b, Schedule::Schedule_interleaved})
+    for (int p : {1, 2, 3, 4})
+      for (int m : {1, 2, 3, 4, 5, 8})
+        for (int zero : {0, 3}) {
+          const int v = kind == Schedule::Schedule_interleaved ? 2 : 1;
+          if (v > 1 && p == 1) continue;
+          // Mixed shapes: the data-parallel degree changes between stages, tp too.
+          std::vector<StageSpec> specs;
+          for (int s = 0; s < p; ++s) specs.push_back(StageSpec{s % 2 == 0 ? 1 : 2, s % 2 == 0 ? 2 : 1, zero, 1});
+          const Plan plan = hand_plan(model_with_layers(p * v), 4 * p, specs, m, 2, kind, v);
+          const StepSchedule sched = schedule_build(plan, model_with_layers(p * v));
+          EXPECT_NO_THROW(schedule_check(sched)) << schedule_name(kind) << " p " << p << " m " << m << " zero " << zero;
+          ++checked;
+        }
+  EXPECT_GT(checked, 100);
+}
+
+TEST(Schedule, StagesWithDifferentDataParallelismSplitAndJoinBySamples) {
+  // Stage 0: dp 2 (ranks 0, 1); stage 1: tp 2 (ranks 2, 3). A micro-batch holds 4 samples.
+  const ModelSpec model = model_with_layers(2);
+  const Plan plan = hand_plan(model, 4, {StageSpec{1, 2, 0, 1}, StageSpec{2, 1, 0, 1}}, 3, 4, Schedule::Schedule_1f1b);
+  const StepSchedule sched = schedule_build(plan, model);
+  const int64_t sample_bytes = plan.seq_len * model.hidden_size * 2;
+  std::set<std::pair<int, int64_t>> got;
+  for (const ScheduleOp& op : sched.ranks[3].ops)
+    if (op.kind == OpKind::OpKind_recv_activation && op.micro_batch == 1) {
+      got.insert({op.peer, op.sample_begin});
+      EXPECT_EQ(op.sample_end - op.sample_begin, 2);
+      EXPECT_EQ(op.bytes, 2 * sample_bytes);
+    }
+  EXPECT_EQ(got, (std::set<std::pair<int, int64_t>>{{0, 4}, {1, 6}}));
+  // Gradients come back from one tp rank each, and each replica gets only its own samples.
+  int gradient_recvs = 0;
+  for (const ScheduleOp& op : sched.ranks[1].ops)
+    if (op.kind == OpKind::OpKind_recv_gradient) {
+      ++gradient_recvs;
+      EXPECT_EQ(op.peer, 2);
+      EXPECT_EQ(op.sample_begin, op.micro_batch * 4 + 2);
+    }
+  EXPECT_EQ(gradient_recvs, 3);
+  EXPECT_NO_THROW(schedule_check(sched));
+}
+
+int64_t sum_bytes(const RankSchedule& rs, OpKind kind, bool per_step_only) {
+  int64_t total = 0;
+  for (const ScheduleOp& op : rs.ops)
+    if (op.kind == kind && (!per_step_only || op.micro_batch < 0)) total += op.bytes;
+  return total;
+}
+
+TEST(Schedule, GradientBucketsCoverTheStageAndFollowZero) {
+  const ModelSpec model = model_with_layers(8);
+  for (int zero : {0, 1, 2, 3}) {
+    const Plan plan = hand_plan(model, 8, {StageSpec{1, 4, zero, 4}, StageSpec{1, 4, zero, 4}}, 4, 8, Schedule::Schedule_1f1b);
+    ScheduleOptions options;
+    options.bucket_bytes = 1;  // one bucket per block
+    const StepSchedule sched = schedule_build(plan, model, options);
+    EXPECT_NO_THROW(schedule_check(sched));
+    for (int s = 0; s < 2; ++s) {
+      const RankSchedule& rs = sched.ranks[s * 4];
+      const int64_t stage_bytes = schedule_parameter_bytes(plan, model, s, s * 4, s * 4 + 4);
+      const OpKind reduce = zero <= 1 ? OpKind::OpKind_all_reduce : OpKind::OpKind_reduce_scatter;
+      EXPECT_EQ(sum_bytes(rs, reduce, false), stage_bytes) << "zero " << zero;
+      EXPECT_EQ(sum_bytes(rs, zero <= 1 ? OpKind::OpKind_reduce_scatter : OpKind::OpKind_all_reduce, false), 0);
+      int buckets = 0;
+      for (const ScheduleOp& op : rs.ops) buckets += op.kind == reduce;
+      EXPECT_EQ(buckets, 4);
+      // Post-step parameter gathers for ZeRO 1 and 2; per-use gathers for ZeRO-3.
+      EXPECT_EQ(sum_bytes(rs, OpKind::OpKind_all_gather, true), zero == 1 || zero == 2 ? stage_bytes : 0);
+      int use_gathers = 0;
+      for (const ScheduleOp& op : rs.ops) use_gathers += op.kind == OpKind::OpKind_all_gather && op.micro_batch >= 0;
+      EXPECT_EQ(use_gathers, zero == 3 ? 2 * 4 : 0);
+    }
+  }
+  EXPECT_GT(schedule_parameter_bytes(hand_plan(model, 8, {StageSpec{1, 4, 0, 4}, StageSpec{1, 4, 0, 4}}, 4, 8,
+                                               Schedule::Schedule_1f1b),
+                                     model, 0, 0, 1),
+            schedule_parameter_bytes(hand_plan(model, 8, {StageSpec{1, 4, 0, 4}, StageSpec{1, 4, 0, 4}}, 4, 8,
+                                               Schedule::Schedule_1f1b),
+                                     model, 0, 1, 2))
+      << "the first block of stage 0 carries the embedding";
+}
+
+TEST(Schedule, OffloadedBlocksArePrefetchedAndEvictedAroundTheirCompute) {
+  const ModelSpec model = model_with_layers(4);
+  StageSpec offloading{1, 1, 0, 2};
+  offloading.offloaded_blocks = 1;
+  const Plan plan = hand_plan(model, 2, {offloading, StageSpec{1, 1, 0, 2}}, 3, 1, Schedule::Schedule_1f1b);
+  const StepSchedule sched = schedule_build(plan, model);
+  const std::vector<ScheduleOp>& ops = sched.ranks[0].ops;
+  int pairs = 0;
+  for (size_t i = 0; i + 2 < ops.size(); ++i)
+    if (ops[i].kind == OpKind::OpKind_prefetch) {
+      EXPECT_TRUE(ops[i + 1].kind == OpKind::OpKind_forward || ops[i + 1].kind == OpKind::OpKind_backward);
+      EXPECT_EQ(ops[i + 2].kind, OpKind::OpKind_evict);
+      EXPECT_EQ(ops[i].bytes, schedule_parameter_bytes(plan, model, 0, 0, 1));
+      EXPECT_EQ(ops[i + 2].bytes, ops[i + 1].kind == OpKind::OpKind_backward ? ops[i].bytes : 0);
+      ++pairs;
+    }
+  EXPECT_EQ(pairs, 6);
+  for (const ScheduleOp& op : sched.ranks[1].ops) EXPECT_NE(op.kind, OpKind::OpKind_prefetch);
+}
+
+std::string check_message(const StepSchedule& sched) {
+  try {
+    schedule_check(sched);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ScheduleCheck, RejectsAReceiveMovedBeforeTheSendThatFeedsIt) {
+  const ModelSpec model = model_with_layers(2);
+  const Plan plan = hand_plan(model, 2, {StageSpec{}, StageSpec{}}, 2, 1, Schedule::Schedule_gpipe);
+  StepSchedule sched = schedule_build(plan, model);
+  ASSERT_EQ(check_message(sched), "");
+  // Rank 0 now waits for the first gradient before sending its first activation.
+  std::vector<ScheduleOp>& ops = sched.ranks[0].ops;
+  auto recv = std::find_if(ops.begin(), ops.end(), [](const ScheduleOp& o) { return o.kind == OpKind::OpKind_recv_gradient; });
+  ASSERT_NE(recv, ops.end());
+  const ScheduleOp moved = *recv;
+  ops.erase(recv);
+  ops.insert(ops.begin(), moved);
+  const std::string msg = check_message(sched);
+  EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 0 op 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("recv_gradient mb 0"), std::string::npos) << msg;
+}
+
+TEST(ScheduleCheck, RejectsASendWithoutItsReceiveAndMismatchedBytes) {
+  const ModelSpec model = model_with_layers(2);
+  const Plan plan = hand_plan(model, 2, {StageSpec{}, StageSpec{}}, 2, 1, Schedule::Schedule_1f1b);
+  StepSchedule sched = schedule_build(plan, model);
+  std::vector<ScheduleOp>& ops = sched.ranks[1].ops;
+  const auto recv = std::find_if(ops.begin(), ops.end(), [](const ScheduleOp& o) { return o.kind == OpKind::OpKind_recv_activation; });
+  ASSERT_NE(recv, ops.end());
+  StepSchedule changed = sched;
+  changed.ranks[1].ops[recv - ops.begin()].bytes += 2;
+  std::string msg = check_message(changed);
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not match its send on rank 0"), std::string::npos) << msg;
+  ops.erase(recv);
+  msg = check_message(sched);
+  EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("send_activation mb 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no matching receive on rank 1"), std::string::npos) << msg;
+}
+
+TEST(ScheduleCheck, RejectsCollectivesThatDifferInsideTheGroup) {
+  const ModelSpec model = model_with_layers(2);
+  const Plan plan = hand_plan(model, 2, {StageSpec{1, 2, 0, 2}}, 2, 2, Schedule::Schedule_1f1b);
+  StepSchedule sched = schedule_build(plan, model);
+  ASSERT_EQ(check_message(sched), "");
+  for (ScheduleOp& op : sched.ranks[1].ops)
+    if (op.kind == OpKind::OpKind_all_reduce) {
+      op.kind = OpKind::OpKind_reduce_scatter;
+      break;
+    }
+  const std::string msg = check_message(sched);
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("differs from rank 0"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace alloy

@@ -1,0 +1,67 @@
+// Cluster specs: presets expand into devices on the right nodes; inline types; train setups.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "hw/catalog.hpp"
+#include "spec/cluster.hpp"
+#include "spec/error.hpp"
+#include "spec/train.hpp"
+
+namespace alloy {
+namespace {
+
+TEST(ClusterSpec, EveryPresetLoads) {
+  std::vector<std::string> names = cluster_preset_names();
+  ASSERT_GE(names.size(), 8u);
+  for (const auto& name : names) {
+    ClusterSpec c = cluster_load(name, catalog_builtin());
+    EXPECT_FALSE(c.devices.empty()) << name;
+    EXPECT_GT(c.num_nodes, 0) << name;
+  }
+}
+
+TEST(ClusterSpec, DevicesExpandInNodeOrder) {
+  ClusterSpec c = cluster_load("a100-v100", catalog_builtin());
+  ASSERT_EQ(c.devices.size(), 32u);
+  EXPECT_EQ(c.num_nodes, 4);
+  EXPECT_EQ(c.device_types.size(), 2u);
+  for (size_t i = 0; i < c.devices.size(); ++i) {
+    const Device& d = c.devices[i];
+    EXPECT_EQ(d.id, static_cast<int>(i));
+    EXPECT_EQ(d.node, static_cast<int>(i / 8));
+    EXPECT_EQ(d.local_index, static_cast<int>(i % 8));
+    EXPECT_EQ(c.device_type(d).name, i < 16 ? c.device_types[0].name : c.device_types[1].name);
+  }
+  EXPECT_DOUBLE_EQ(c.network.bandwidth_bytes_per_second, 100e9);  // 800 Gb/s per node
+  EXPECT_DOUBLE_EQ(c.node_groups[1].price_per_device_hour, 0.80);
+}
+
+TEST(ClusterSpec, ThousandDevicesOfThreeTypes) {
+  ClusterSpec c = cluster_load("hetero-1024", catalog_builtin());
+  EXPECT_EQ(c.devices.size(), 1024u);
+  EXPECT_EQ(c.device_types.size(), 3u);
+}
+
+TEST(ClusterSpec, InlineCpuTypesCarrySpeedAndMemory) {
+  ClusterSpec c = cluster_load("local-cpu-4", catalog_builtin());
+  ASSERT_EQ(c.devices.size(), 4u);
+  const DeviceType& fast = c.device_type(c.devices[0]);
+  const DeviceType& slow = c.device_type(c.devices[3]);
+  EXPECT_TRUE(fast.is_cpu && slow.is_cpu);
+  EXPECT_DOUBLE_EQ(slow.speed, 0.5);
+  EXPECT_DOUBLE_EQ(slow.memory_bytes, 1.0 * (1ull << 30));
+  EXPECT_DOUBLE_EQ(slow.peak_flops(Precision::Precision_fp32), 0.5 * fast.peak_flops(Precision::Precision_fp32));
+  EXPECT_EQ(c.network.kind, "shm");
+}
+
+TEST(TrainSpec, TokensBecomeSequences) {
+  TrainSpec t = train_load(std::string(ALLOY_SOURCE_DIR) + "/examples/train/llama-pretrain.yaml");
+  EXPECT_EQ(t.seq_len, 2048);
+  EXPECT_EQ(t.global_batch_sequences, 2048);
+  EXPECT_EQ(t.precision, Precision::Precision_bf16);
+  EXPECT_EQ(train_optimizer_states(t), 2);
+}
+
+}  // namespace
+}  // namespace alloy

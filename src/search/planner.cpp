@@ -234,7 +234,7 @@ class Searcher {
     const double a = s.micro_batches - 1.0 / v;
     double slowest_stage_bound = 0;
     refined_lower_bound(s, slot_infos, &slowest_stage_bound);
-    const double bottleneck_bound = a * slowest_stage_bound;
+    double bottleneck_bound = a * slowest_stage_bound;
     std::optional<Solution> best;
     double cap = kInfinity;
     std::vector<int> blocks;
@@ -242,6 +242,9 @@ class Searcher {
     while (true) {
       double sum = 0;
       if (!split_min_sum(s, slot_infos, cap, &blocks, &chosen, &sum)) break;
+      // The first solve filled every (stage, count) option set: the exact smallest
+      // bottleneck over all splits bounds every later one.
+      if (cap == kInfinity) bottleneck_bound = std::max(bottleneck_bound, min_bottleneck(s, slot_infos));
       double bottleneck = 0;
       for (const StageOption& o : chosen) bottleneck = std::max(bottleneck, a * o.t + o.u);
       const double step = sum / v + bottleneck;
@@ -252,6 +255,32 @@ class Searcher {
       cap = std::nextafter(bottleneck, 0.0);
     }
     return best;
+  }
+
+  // Smallest possible max over stages of (m - 1/v) t + u, over every split, from the option
+  // sets the last split_min_sum visited (min-max dynamic program).
+  double min_bottleneck(const Structure& s, const std::vector<SlotInfo>& slot_infos) const {
+    const int p = static_cast<int>(slot_infos.size());
+    const int v = s.virtual_chunks;
+    const int units = static_cast<int>(cost_.model().num_layers) / v;
+    const double a = s.micro_batches - 1.0 / v;
+    const size_t width = static_cast<size_t>(units) + 1;
+    std::vector<double> worst((p + 1) * width, kInfinity);
+    worst[0] = 0;
+    for (int st = 0; st < p; ++st)
+      for (int j = 0; j < units; ++j) {
+        if (worst[st * width + j] == kInfinity) continue;
+        for (int k = 1; j + k <= units; ++k) {
+          const std::vector<StageOption>* set = option_table_[st * width + k];
+          if (!set) continue;       // not a count this structure allows (pinned split)
+          if (set->empty()) break;  // more blocks need more memory
+          double g = kInfinity;
+          for (const StageOption& o : *set) g = std::min(g, a * o.t + o.u);
+          double& cell = worst[(st + 1) * width + j + k];
+          cell = std::min(cell, std::max(worst[st * width + j], g));
+        }
+      }
+    return worst[p * width + units];
   }
 
   // A lower bound on the step time from the actual stages: each stage's time is at least its

@@ -120,7 +120,14 @@ class Searcher {
         info.device_ids.assign(pool->device_ids.begin() + static_cast<size_t>(j) * size,
                                pool->device_ids.begin() + static_cast<size_t>(j + 1) * size);
         StageSlot& slot = info.slot;
-        slot.shape = cost_.stage_shape(info.device_ids, g.tp, g.dp, micro / g.dp);
+        // Stages start at multiples of their size in the type's devices: first id, tp, dp
+        // identify the placement.
+        const int64_t shape_key = (static_cast<int64_t>(info.device_ids.front()) * 4096 + g.tp) * 65536 + g.dp;
+        auto cached = shapes_.find(shape_key);
+        if (cached == shapes_.end())
+          cached = shapes_.emplace(shape_key, cost_.stage_shape(info.device_ids, g.tp, g.dp, 1)).first;
+        slot.shape = cached->second;
+        slot.shape.micro_batch = micro / g.dp;
         info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
                          0, micro / g.dp};
         const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0;
@@ -355,6 +362,7 @@ class Searcher {
 
  private:
   std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
+  std::unordered_map<int64_t, StageShape> shapes_;  // placement of (first device, tp, dp)
   std::unordered_map<OptionKey, std::vector<StageOption>, KeyHash> option_sets_;
   std::vector<const std::vector<StageOption>*> option_table_;  // (stage, units) of the structure in solve()
 };
@@ -435,10 +443,17 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     order[i] = static_cast<int>(i);
     bound[i] = structures[i].lower_bound_seconds * score_factor(structures[i]);
   }
-  std::sort(order.begin(), order.end(), [&](int x, int y) {
-    if (bound[x] != bound[y]) return bound[x] < bound[y];
-    return x < y;
-  });
+  // Best bound first; usually a small prefix is visited, so pop from a heap instead of sorting.
+  const auto later = [&](int x, int y) {
+    if (bound[x] != bound[y]) return bound[x] > bound[y];
+    return x > y;
+  };
+  std::make_heap(order.begin(), order.end(), later);
+  size_t heap_size = order.size();
+  auto next_structure = [&]() {
+    std::pop_heap(order.begin(), order.begin() + heap_size, later);
+    return order[--heap_size];
+  };
 
   // Structures are visited in rounds of a few, best bound first; within a round every
   // structure sees the threshold the round started with, so one or two threads (each with its
@@ -474,18 +489,17 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     return out;
   };
   constexpr size_t kRound = 8;
-  size_t pos = 0;
-  while (pos < order.size()) {
+  while (heap_size > 0) {
     const double threshold = kept.size() < keep ? kInfinity : kept.back().second.score;
     std::vector<int> round;
-    while (pos < order.size() && round.size() < kRound) {
-      const Structure& s = structures[order[pos]];
-      if (bound[s.index] >= threshold) {
-        stats.pruned_by_bound += static_cast<int64_t>(order.size() - pos);
-        pos = order.size();
+    while (heap_size > 0 && round.size() < kRound) {
+      const int next = next_structure();
+      if (bound[next] >= threshold) {
+        stats.pruned_by_bound += static_cast<int64_t>(heap_size) + 1;
+        heap_size = 0;
         break;
       }
-      round.push_back(order[pos++]);
+      round.push_back(next);
     }
     std::vector<Outcome> outcomes(round.size());
     auto work = [&](int thread) {

@@ -110,7 +110,7 @@ class Searcher {
     const int p = s.num_stages();
     const int64_t micro = s.micro_batch_sequences();
     std::vector<SlotInfo> out;
-    for (const TypeGroup& g : s.groups) {
+    for (const TypeGroup& g : *s.groups) {
       const TypePool* pool = nullptr;
       for (const TypePool& tp : pools)
         if (tp.device_type == g.device_type) pool = &tp;

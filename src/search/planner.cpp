@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -356,11 +355,11 @@ class Searcher {
   }
 
   SearchStats stats;
+
+ private:
   const CostModel& cost_;
   const SearchOptions& options_;
   OptionPins pins_;
-
- private:
   std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
   std::unordered_map<int64_t, StageShape> shapes_;  // placement of (first device, tp, dp)
   std::unordered_map<OptionKey, std::vector<StageOption>, KeyHash> option_sets_;

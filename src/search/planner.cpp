@@ -167,15 +167,19 @@ class Searcher {
     const int units = static_cast<int>(cost_.model().num_layers) / v;
     const double a = s.micro_batches - 1.0 / v;
     const size_t width = static_cast<size_t>(units) + 1;
-    std::vector<double> best((p + 1) * width, kInfinity);
-    std::vector<int> take((p + 1) * width, 0);
-    std::vector<const StageOption*> pick((p + 1) * width, nullptr);
+    std::vector<double>& best = scratch_.best;
+    best.assign((p + 1) * width, kInfinity);
+    std::vector<int>& take = scratch_.take;
+    take.assign((p + 1) * width, 0);
+    std::vector<const StageOption*>& pick = scratch_.pick;
+    pick.assign((p + 1) * width, nullptr);
     if (option_table_.size() != static_cast<size_t>(p) * width) option_table_.assign(static_cast<size_t>(p) * width, nullptr);
     best[0] = 0;
     // Per stage, the fastest option under the cap for each layer count. A stage with more
     // blocks is dominated option by option by one with fewer (less memory, time and
     // overhead), so the first count without an option under the cap ends the list.
-    std::vector<const StageOption*> under_cap(static_cast<size_t>(p) * width, nullptr);
+    std::vector<const StageOption*>& under_cap = scratch_.under_cap;
+    under_cap.assign(static_cast<size_t>(p) * width, nullptr);
     std::vector<int> k_max(p + 1, 0);
     for (int st = 0; st < p; ++st) {
       const int k_first = options_.layer_split.empty() ? 1 : options_.layer_split[st] / v;
@@ -364,6 +368,13 @@ class Searcher {
   std::unordered_map<int64_t, StageShape> shapes_;  // placement of (first device, tp, dp)
   std::unordered_map<OptionKey, std::vector<StageOption>, KeyHash> option_sets_;
   std::vector<const std::vector<StageOption>*> option_table_;  // (stage, units) of the structure in solve()
+  // Tables of split_min_sum, kept between calls to save allocations.
+  struct Scratch {
+    std::vector<double> best;
+    std::vector<int> take;
+    std::vector<const StageOption*> pick;
+    std::vector<const StageOption*> under_cap;
+  } scratch_;
 };
 
 void check_inputs(const CostModel& cost, const SearchOptions& o) {

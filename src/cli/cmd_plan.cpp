@@ -10,6 +10,7 @@
 #include "plan/export.hpp"
 #include "search/planner.hpp"
 #include "sim/report.hpp"
+#include "sim/rerank.hpp"
 #include "sim/simulate.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
@@ -34,6 +35,7 @@ struct PlanCommand {
   int64_t global_batch = 0;
   int sequence_parallel = -1;
   bool no_offload = false;
+  bool no_rerank = false;
   SearchOptions search;
 };
 
@@ -99,7 +101,9 @@ void run_plan(PlanCommand& c) {
   std::optional<Profile> profile;
   if (!c.profile.empty()) profile = profile_load(c.profile);
   CostModel cost(model, cluster, train, profile ? &*profile : nullptr);
-  SearchResult result = plan_search(cost, search_options_from(c));
+  SearchOptions options = search_options_from(c);
+  SearchResult result = plan_search(cost, options);
+  if (!c.no_rerank) plan_rerank_by_simulation(&result, cost, options.objective);
   fmt::print("{}", plan_render_text(result.plan));
   const SearchStats& s = result.stats;
   fmt::print("\nsearch: {} layouts considered, {} pruned by bound, {} evaluated ({} infeasible), {} split solves in {}\n",
@@ -148,6 +152,8 @@ void add_plan(CLI::App& app, int* exit_code) {
   cmd->add_option("--recompute", c->recompute, "Pin recomputation for every block: none, selective, full");
   cmd->add_option("--sequence-parallel", c->sequence_parallel, "Pin sequence parallelism: 1 or 0");
   cmd->add_flag("--no-offload", c->no_offload, "Never offload layers to host memory");
+  cmd->add_flag("--no-simulate", c->no_rerank,
+                "Rank candidates by the analytic formula alone (default: the best few are re-ranked by simulation)");
   cmd->add_option("--layer-split", c->layer_split, "Pin blocks per stage in pipeline order, e.g. 10,10,12");
   cmd->add_option("--device-order", c->device_order, "Pin device types in pipeline order, e.g. a100-80gb-sxm,v100-32gb");
   cmd->add_option("--threads", c->search.threads, "Search threads (1 or 2)")->capture_default_str();

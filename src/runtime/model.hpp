@@ -110,8 +110,9 @@ const TensorView& model_view(const Model& model, const std::string& name);
 // until model_backward. Throws alloy::Error for a token id >= V or T > max_seq_len.
 float model_forward(Model& model, const int32_t* inputs, const int32_t* targets, int B, int T);
 
-// Adds the gradients of the last forward's mean loss into model.grads and frees its activations.
-void model_backward(Model& model);
+// Adds the gradients of loss_scale * (the last forward's mean loss) into model.grads and frees
+// its activations. loss_scale = 1 / k averages k accumulated micro-batches.
+void model_backward(Model& model, float loss_scale = 1.0f);
 
 void model_zero_grad(Model& model);
 

@@ -278,7 +278,7 @@ float model_forward(Model& model, const int32_t* inputs, const int32_t* targets,
   return crossentropy_forward(h.losses, h.lse, h.logits, targets, d.N, d.V);
 }
 
-void model_backward(Model& model) {
+void model_backward(Model& model, float loss_scale) {
   if (!model.has_activations) {
     throw Error("model_backward called without a preceding model_forward");
   }
@@ -289,7 +289,7 @@ void model_backward(Model& model) {
   const float* last = model.blocks[static_cast<size_t>(L - 1)].out;
 
   crossentropy_backward_inplace(h.logits, h.lse, model.targets.data(), d.N, d.V,
-                                1.0f / static_cast<float>(d.N));
+                                loss_scale / static_cast<float>(d.N));
   float* dlnf = take_zeroed(model, NC, "d final_norm.out");
   matmul_backward(dlnf, model.gradients.lm_head, nullptr, h.logits, h.lnf, model.weights.lm_head,
                   d.N, d.C, d.V);

@@ -3,6 +3,11 @@
 
 #include <time.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "runtime/cpu/matmul.hpp"
+
 namespace alloy {
 
 namespace {
@@ -42,6 +47,19 @@ double KernelProfile::total_cpu_seconds() const {
   double total = 0.0;
   for (double s : cpu_seconds) total += s;
   return total;
+}
+
+double profile_gemm_flops(int n, int repeats) {
+  const size_t elements = static_cast<size_t>(n) * n;
+  std::vector<float> a(elements, 0.5f), b(elements, 0.25f), c(elements);
+  double best_seconds = 0.0;
+  for (int r = 0; r < std::max(1, repeats); r++) {
+    const auto start = std::chrono::steady_clock::now();
+    matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n);
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    if (r == 0 || elapsed.count() < best_seconds) best_seconds = elapsed.count();
+  }
+  return 2.0 * n * static_cast<double>(n) * n / best_seconds;
 }
 
 void profile_enable(bool enabled) { g_enabled = enabled; }

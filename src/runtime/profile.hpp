@@ -1,5 +1,5 @@
-// Per-kernel wall-clock timers of the CPU runtime (perf is not available here): off by default,
-// a branch per kernel call when off. The benchmark and the trainer's progress line read them.
+// Per-kernel timers (wall clock and process CPU time) of the CPU runtime, since perf is not
+// available here: off by default, a branch per kernel call when off. The benchmark and the trainer's progress line read them.
 #pragma once
 
 #include <array>
@@ -28,6 +28,10 @@ struct KernelProfile {
   double total_seconds() const;
   double total_cpu_seconds() const;
 };
+
+// Measured GEMM throughput (FLOP/s) of matmul_forward on (n, n) x (n, n)^T at the current thread
+// setting, best of `repeats`: the peak that model FLOPs utilisation is reported against.
+double profile_gemm_flops(int n = 1024, int repeats = 3);
 
 void profile_enable(bool enabled);
 bool profile_enabled();

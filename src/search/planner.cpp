@@ -578,6 +578,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     plans.push_back(plan_build(cost, s, device_ids, sol.blocks, sol.options, options.objective));
   }
   SearchResult result;
+  result.candidates = plans;
   result.plan = std::move(plans.front());
   for (size_t i = 1; i < plans.size(); ++i)
     result.plan.runner_ups.push_back(runner_up_explain(result.plan, plans[i], by_cost));

@@ -52,6 +52,7 @@ struct SearchStats {
 struct SearchResult {
   Plan plan;
   SearchStats stats;
+  std::vector<Plan> candidates;  // the chosen plan and its runner-ups as full plans, best first
 };
 
 // Throws alloy::Error when nothing fits (with the memory needed and what would help), when the

@@ -30,7 +30,8 @@ TEST(Arena, AlignsAndCountsRoundedBytes) {
 }
 
 TEST(Arena, OverCapacityThrowsWithNumbersAndHint) {
-  Arena arena(1000);
+  Arena arena(1000, "cpu:3");
+  EXPECT_EQ(arena.device_name(), "cpu:3");
   void* a = arena.allocate(600, "weights");
   try {
     arena.allocate(512, "activations");
@@ -40,10 +41,14 @@ TEST(Arena, OverCapacityThrowsWithNumbersAndHint) {
     EXPECT_NE(text.find("activations"), std::string::npos) << text;
     EXPECT_NE(text.find("512 bytes"), std::string::npos) << text;
     EXPECT_NE(text.find("recomputation"), std::string::npos) << text;
+    EXPECT_NE(text.find("cpu:3"), std::string::npos) << text;
   }
   EXPECT_EQ(arena.bytes_in_use(), 640);  // the failed request left nothing behind
   arena.release(a);
   EXPECT_THROW(arena.release(a), Error);
+  arena.trim();  // cached blocks go back to the system; accounting is unchanged
+  EXPECT_EQ(arena.bytes_in_use(), 0);
+  EXPECT_THROW(Arena(0), Error);
 }
 
 }  // namespace

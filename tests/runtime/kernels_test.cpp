@@ -10,6 +10,7 @@
 #include "runtime/cpu/loss.hpp"
 #include "runtime/cpu/matmul.hpp"
 #include "runtime/cpu/norm.hpp"
+#include "runtime/profile.hpp"
 #include "runtime/threads.hpp"
 #include "gradcheck.hpp"
 
@@ -232,6 +233,28 @@ TEST(Kernels, CrossEntropyForwardAndBackward) {
   };
   expect_gradient_matches("crossentropy dlogits", logits, dlogits, loss, 1e-2, 2e-3,
                           logits.size());
+}
+
+TEST(Kernels, GemmPeakMeasurementAndKernelTimers) {
+  runtime_set_threads(1);
+  const double flops = profile_gemm_flops(128, 2);
+  EXPECT_GT(flops, 1e8);  // any CPU of this decade does 0.1 GFLOP/s in fp32
+  EXPECT_LT(flops, 1e13);
+  profile_reset();
+  profile_enable(true);
+  EXPECT_TRUE(profile_enabled());
+  std::vector<float> x(64 * 8, 1.0f), w(8 * 8, 1.0f), out(64 * 8);
+  matmul_forward(out.data(), x.data(), w.data(), nullptr, 64, 8, 8);
+  profile_enable(false);
+  matmul_forward(out.data(), x.data(), w.data(), nullptr, 64, 8, 8);  // not counted
+  const KernelProfile& profile = profile_read();
+  EXPECT_EQ(profile.calls[static_cast<size_t>(KernelKind::KernelKind_matmul)], 1);
+  EXPECT_EQ(profile.calls[static_cast<size_t>(KernelKind::KernelKind_norm)], 0);
+  EXPECT_GE(profile.seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)], 0.0);
+  EXPECT_DOUBLE_EQ(profile.total_seconds(),
+                   profile.seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)]);
+  EXPECT_DOUBLE_EQ(profile.total_cpu_seconds(),
+                   profile.cpu_seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)]);
 }
 
 TEST(Kernels, ThreadSettingIsHonoured) {

@@ -4,7 +4,9 @@
 
 // Partial redundancy elimination turns exp_fast's clamps into branches that stop the `omp simd`
 // loops from vectorising (GCC 12, -O2); this file's kernels are faster without it.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-tree-pre")
+#endif
 
 #include <algorithm>
 

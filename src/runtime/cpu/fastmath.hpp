@@ -41,6 +41,8 @@ inline constexpr int64_t kElementwiseChunk = 4096;
   return p * std::bit_cast<float>((exponent + 127) << 23);
 }
 
-[[gnu::always_inline]] inline float tanh_fast(float x) { return 1.0f - 2.0f / (exp_fast(2.0f * x) + 1.0f); }
+[[gnu::always_inline]] inline float tanh_fast(float x) {
+  return 1.0f - 2.0f / (exp_fast(2.0f * x) + 1.0f);
+}
 
 }  // namespace alloy

@@ -4,7 +4,9 @@
 
 // Partial redundancy elimination turns exp_fast's clamps into branches that stop the `omp simd`
 // loops from vectorising (GCC 12, -O2); this file's kernels are faster without it.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-tree-pre")
+#endif
 
 #include <cmath>
 
@@ -41,7 +43,8 @@ float crossentropy_forward(float* losses, float* lse, const float* logits, const
                            int N, int V) {
   ProfileScope profile(KernelKind::KernelKind_loss);
   double total = 0.0;
-#pragma omp parallel for schedule(static) if (int64_t{N} * V >= kParallelMinElements) reduction(+ : total)
+  const bool parallel = int64_t{N} * V >= kParallelMinElements;
+#pragma omp parallel for schedule(static) if (parallel) reduction(+ : total)
   for (int n = 0; n < N; n++) {
     const float* row = logits + static_cast<int64_t>(n) * V;
     lse[n] = log_sum_exp(row, V);

@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace alloy {
 
@@ -38,7 +39,7 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
       float beta = 0.0f;
       if (b != nullptr) {
         for (int n = 0; n < end - begin; n++) {
-          for (int o = 0; o < OC; o++) rows[static_cast<int64_t>(n) * OC + o] = b[o];
+          std::memcpy(rows + static_cast<int64_t>(n) * OC, b, static_cast<size_t>(OC) * 4);
         }
         beta = 1.0f;
       }
@@ -72,6 +73,7 @@ void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const
       if (db != nullptr) {
         for (int n = 0; n < N; n++) {
           const float* row = dout + static_cast<int64_t>(n) * OC;
+#pragma omp simd
           for (int o = begin; o < end; o++) db[o] += row[o];
         }
       }

@@ -2,7 +2,9 @@
 #include "runtime/cpu/optimizer.hpp"
 
 // sqrt may not set errno here (AdamW's v is never negative): lets the update loop vectorise.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-math-errno")
+#endif
 
 #include "runtime/cpu/fastmath.hpp"
 #include "runtime/cpu/parallel.hpp"

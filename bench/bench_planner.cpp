@@ -1,6 +1,6 @@
 // Planner benchmark (issue 3, "done when" 2-4): search time on the reference problems, the
 // ratio to the best Megatron-style uniform layout, and the gain from using every device type.
-// Clusters and models are built in code to match the shipped examples.
+// Models and clusters are the shipped examples (examples/), plus a few built from the catalog.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "../tests/support/specs.hpp"
+#include "hw/catalog.hpp"
 #include "search/baselines.hpp"
 #include "search/explain.hpp"
 #include "search/planner.hpp"
@@ -29,26 +30,33 @@ struct Case {
   double target_seconds = 0;
 };
 
+// A shipped example cluster, with the catalog's device types.
+ClusterSpec shipped(const std::string& name) { return cluster_load(name, catalog_builtin()); }
+
+DeviceType catalog_type(const std::string& name) {
+  const DeviceType* t = catalog_builtin().find(name);
+  if (!t) throw Error("device type '" + name + "' is not in the catalog");
+  return *t;
+}
+
 std::vector<Case> speed_cases() {
-  using namespace testing;
+  using testing::train;
   std::vector<Case> cases;
-  cases.push_back({"llama-2-7b, 8 x a100-80", llama2_7b(), cluster("a100x8", {a100_80()}, {{0, 1, 8}}, 25e9),
-                   train(2048, 16), 0.05});
-  cases.push_back({"gpt-neo-2.7b, 16 a100-40 + 16 v100-16", gpt_neo_2_7b(),
-                   cluster("a100-v100-32", {a100_40(), v100_16()}, {{0, 2, 8}, {1, 4, 4}}, 12.5e9), train(2048, 64),
-                   0.05});
-  cases.push_back({"gpt-neo-2.7b, 32 a100-40 + 96 v100-16", gpt_neo_2_7b(),
-                   cluster("a100-v100-128", {a100_40(), v100_16()}, {{0, 4, 8}, {1, 24, 4}}, 12.5e9),
-                   train(2048, 256), 0.1});
-  cases.push_back({"llama-3-70b, 1024 gpus of 3 types", llama3_70b(),
-                   cluster("three-type-1024", {h100(), a100_80(), mi250x()}, {{0, 32, 8}, {1, 48, 8}, {2, 48, 8}},
-                           50e9),
-                   train(4096, 1024), 1.0});
-  ModelSpec eighty = llama3_70b();
+  cases.push_back({"llama-2-7b, a100-8", model_load("llama-2-7b"), shipped("a100-8"), train(2048, 16), 0.05});
+  cases.push_back({"gpt-neo-2.7b-like, a100-40-v100-16-32", model_load("gpt-neo-2.7b-like"),
+                   shipped("a100-40-v100-16-32"), train(2048, 64), 0.05});
+  cases.push_back({"gpt-neo-2.7b-like, a100-40-v100-16-128", model_load("gpt-neo-2.7b-like"),
+                   shipped("a100-40-v100-16-128"), train(2048, 256), 0.1});
+  cases.push_back({"llama-3-70b, hetero-1024", model_load("llama-3-70b"), shipped("hetero-1024"), train(4096, 1024),
+                   1.0});
+  ModelSpec eighty = model_load("llama-3-70b");
   eighty.name = "80-layer";
+  // Not shipped: 4096 GPUs of four types, 128 nodes of 8 each, built here from the catalog.
   cases.push_back({"80-layer model, 4096 gpus of 4 types", eighty,
-                   cluster("four-type-4096", {h100(), a100_80(), mi250x(), v100_32()},
-                           {{0, 128, 8}, {1, 128, 8}, {2, 128, 8}, {3, 128, 8}}, 50e9),
+                   testing::cluster("four-type-4096",
+                                    {catalog_type("h100-sxm"), catalog_type("a100-80gb-sxm"), catalog_type("mi250x"),
+                                     catalog_type("v100-32gb")},
+                                    {{0, 128, 8}, {1, 128, 8}, {2, 128, 8}, {3, 128, 8}}, 50e9),
                    train(4096, 2048), 5.0});
   return cases;
 }
@@ -96,25 +104,23 @@ struct Example {
 std::vector<Example> homogeneous_examples() {
   using namespace testing;
   return {
-      {"llama-2-7b on 8 a100-80", llama2_7b(), cluster("a100x8", {a100_80()}, {{0, 1, 8}}), train(4096, 64)},
-      {"llama-2-7b on 16 a100-40", llama2_7b(), cluster("a100-40x16", {a100_40()}, {{0, 2, 8}}, 25e9), train(4096, 128)},
-      {"gpt-neo-2.7b on 32 v100-16", gpt_neo_2_7b(), cluster("v100x32", {v100_16()}, {{0, 8, 4}}, 12.5e9), train(2048, 256)},
-      {"llama-3-70b on 64 h100", llama3_70b(), cluster("h100x64", {h100()}, {{0, 8, 8}}, 50e9), train(4096, 256)},
+      {"llama-2-7b on a100-8 (shipped)", model_load("llama-2-7b"), shipped("a100-8"), train(4096, 64)},
+      {"llama-2-7b on 16 a100-40", model_load("llama-2-7b"),
+       cluster("a100-40x16", {catalog_type("a100-40gb-sxm")}, {{0, 2, 8}}, 25e9), train(4096, 128)},
+      {"gpt-neo-2.7b-like on 32 v100-16", model_load("gpt-neo-2.7b-like"),
+       cluster("v100x32", {catalog_type("v100-16gb")}, {{0, 8, 4}}, 12.5e9), train(2048, 256)},
+      {"llama-3-70b on 64 h100", model_load("llama-3-70b"), cluster("h100x64", {catalog_type("h100-sxm")}, {{0, 8, 8}}, 50e9),
+       train(4096, 256)},
   };
 }
 
 std::vector<Example> heterogeneous_examples() {
-  using namespace testing;
+  using testing::train;
   return {
-      {"a100-v100: llama-2-7b, 8 a100-80 + 8 v100-32", llama2_7b(),
-       cluster("a100-v100", {a100_80(), v100_32()}, {{0, 1, 8}, {1, 1, 8}}, 25e9), train(4096, 256)},
-      {"h100-a100-l4: llama-2-7b, 8 + 8 + 8", llama2_7b(),
-       cluster("h100-a100-l4", {h100(), a100_80(), l4()}, {{0, 1, 8}, {1, 1, 8}, {2, 1, 8}}, 25e9), train(4096, 256)},
-      {"mi250x-a100: llama-2-7b, 8 + 8", llama2_7b(),
-       cluster("mi250x-a100", {mi250x(), a100_80()}, {{0, 1, 8}, {1, 1, 8}}, 25e9), train(4096, 256)},
-      {"three-type 1024: llama-3-70b", llama3_70b(),
-       cluster("three-type-1024", {h100(), a100_80(), mi250x()}, {{0, 32, 8}, {1, 48, 8}, {2, 48, 8}}, 50e9),
-       train(4096, 1024)},
+      {"a100-v100: llama-2-7b", model_load("llama-2-7b"), shipped("a100-v100"), train(4096, 256)},
+      {"h100-a100-l4: llama-2-7b", model_load("llama-2-7b"), shipped("h100-a100-l4"), train(4096, 256)},
+      {"mi250x-a100: llama-2-7b", model_load("llama-2-7b"), shipped("mi250x-a100"), train(4096, 256)},
+      {"hetero-1024: llama-3-70b", model_load("llama-3-70b"), shipped("hetero-1024"), train(4096, 1024)},
   };
 }
 

@@ -59,7 +59,7 @@ Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std
   plan.virtual_chunks = s.virtual_chunks;
   const int p = static_cast<int>(blocks.size());
   size_t stage = 0;
-  for (const TypeGroup& g : s.groups) {
+  for (const TypeGroup& g : *s.groups) {
     for (int j = 0; j < g.stages; ++j, ++stage) {
       PlanStage st;
       st.device_type = cost.cluster().device_types[g.device_type].name;

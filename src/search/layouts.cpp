@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <unordered_map>
 #include <numeric>
 
@@ -81,7 +82,7 @@ double integer_bottleneck_bound(const std::vector<std::pair<int, double>>& stage
 
 int Structure::num_stages() const {
   int p = 0;
-  for (const TypeGroup& g : groups) p += g.stages;
+  for (const TypeGroup& g : *groups) p += g.stages;
   return p;
 }
 
@@ -105,7 +106,7 @@ std::vector<TypePool> type_pools(const ClusterSpec& cluster) {
 
 std::string structure_layout_key(const Structure& s, const ClusterSpec& cluster) {
   std::string key;
-  for (const TypeGroup& g : s.groups) {
+  for (const TypeGroup& g : *s.groups) {
     if (!key.empty()) key += " | ";
     key += fmt::format("{} tp{} dp{} x{}", cluster.device_types[g.device_type].name, g.tp, g.dp, g.stages);
   }
@@ -194,6 +195,8 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
         for (int idx : order) price += pool_price[idx];
         const bool stages_ok = stages <= layers && (o.pp == 0 || stages == o.pp) &&
                                (o.layer_split.empty() || static_cast<int>(o.layer_split.size()) == stages);
+        // One copy of the layout, shared by its batching and schedule variants.
+        const auto shared_groups = std::make_shared<const std::vector<TypeGroup>>(groups);
         for (int m : divisors) {
           if (!stages_ok) break;
           const int64_t micro = batch / m;
@@ -224,7 +227,7 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
               s.micro_batches = m;
               s.schedule = sched;
               s.virtual_chunks = v;
-              s.groups = groups;
+              s.groups = shared_groups;
               // Every stage's time is at least its blocks' time: the sum over stages is at least
               // all layers at the fastest type's speed, the slowest stage at least the best
               // integer split's.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,7 @@ struct Structure {
   int micro_batches = 1;
   Schedule schedule = Schedule::Schedule_1f1b;
   int virtual_chunks = 1;
-  std::vector<TypeGroup> groups;  // pipeline order
+  std::shared_ptr<const std::vector<TypeGroup>> groups;  // pipeline order, shared across variants
   double lower_bound_seconds = 0;  // no layer split of this structure is faster
   double bottleneck_bound_seconds = 0;  // no split has a slowest stage faster (per micro-batch)
   double price_per_second = 0;     // of the devices it uses

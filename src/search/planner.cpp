@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -110,7 +109,7 @@ class Searcher {
     const int p = s.num_stages();
     const int64_t micro = s.micro_batch_sequences();
     std::vector<SlotInfo> out;
-    for (const TypeGroup& g : s.groups) {
+    for (const TypeGroup& g : *s.groups) {
       const TypePool* pool = nullptr;
       for (const TypePool& tp : pools)
         if (tp.device_type == g.device_type) pool = &tp;
@@ -120,7 +119,14 @@ class Searcher {
         info.device_ids.assign(pool->device_ids.begin() + static_cast<size_t>(j) * size,
                                pool->device_ids.begin() + static_cast<size_t>(j + 1) * size);
         StageSlot& slot = info.slot;
-        slot.shape = cost_.stage_shape(info.device_ids, g.tp, g.dp, micro / g.dp);
+        // Stages start at multiples of their size in the type's devices: first id, tp, dp
+        // identify the placement.
+        const int64_t shape_key = (static_cast<int64_t>(info.device_ids.front()) * 4096 + g.tp) * 65536 + g.dp;
+        auto cached = shapes_.find(shape_key);
+        if (cached == shapes_.end())
+          cached = shapes_.emplace(shape_key, cost_.stage_shape(info.device_ids, g.tp, g.dp, 1)).first;
+        slot.shape = cached->second;
+        slot.shape.micro_batch = micro / g.dp;
         info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
                          0, micro / g.dp};
         const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0;
@@ -161,15 +167,19 @@ class Searcher {
     const int units = static_cast<int>(cost_.model().num_layers) / v;
     const double a = s.micro_batches - 1.0 / v;
     const size_t width = static_cast<size_t>(units) + 1;
-    std::vector<double> best((p + 1) * width, kInfinity);
-    std::vector<int> take((p + 1) * width, 0);
-    std::vector<const StageOption*> pick((p + 1) * width, nullptr);
+    std::vector<double>& best = scratch_.best;
+    best.assign((p + 1) * width, kInfinity);
+    std::vector<int>& take = scratch_.take;
+    take.assign((p + 1) * width, 0);
+    std::vector<const StageOption*>& pick = scratch_.pick;
+    pick.assign((p + 1) * width, nullptr);
     if (option_table_.size() != static_cast<size_t>(p) * width) option_table_.assign(static_cast<size_t>(p) * width, nullptr);
     best[0] = 0;
     // Per stage, the fastest option under the cap for each layer count. A stage with more
     // blocks is dominated option by option by one with fewer (less memory, time and
     // overhead), so the first count without an option under the cap ends the list.
-    std::vector<const StageOption*> under_cap(static_cast<size_t>(p) * width, nullptr);
+    std::vector<const StageOption*>& under_cap = scratch_.under_cap;
+    under_cap.assign(static_cast<size_t>(p) * width, nullptr);
     std::vector<int> k_max(p + 1, 0);
     for (int st = 0; st < p; ++st) {
       const int k_first = options_.layer_split.empty() ? 1 : options_.layer_split[st] / v;
@@ -234,7 +244,7 @@ class Searcher {
     const double a = s.micro_batches - 1.0 / v;
     double slowest_stage_bound = 0;
     refined_lower_bound(s, slot_infos, &slowest_stage_bound);
-    const double bottleneck_bound = a * slowest_stage_bound;
+    double bottleneck_bound = a * slowest_stage_bound;
     std::optional<Solution> best;
     double cap = kInfinity;
     std::vector<int> blocks;
@@ -242,6 +252,9 @@ class Searcher {
     while (true) {
       double sum = 0;
       if (!split_min_sum(s, slot_infos, cap, &blocks, &chosen, &sum)) break;
+      // The first solve filled every (stage, count) option set: the exact smallest
+      // bottleneck over all splits bounds every later one.
+      if (cap == kInfinity) bottleneck_bound = std::max(bottleneck_bound, min_bottleneck(s, slot_infos));
       double bottleneck = 0;
       for (const StageOption& o : chosen) bottleneck = std::max(bottleneck, a * o.t + o.u);
       const double step = sum / v + bottleneck;
@@ -252,6 +265,32 @@ class Searcher {
       cap = std::nextafter(bottleneck, 0.0);
     }
     return best;
+  }
+
+  // Smallest possible max over stages of (m - 1/v) t + u, over every split, from the option
+  // sets the last split_min_sum visited (min-max dynamic program).
+  double min_bottleneck(const Structure& s, const std::vector<SlotInfo>& slot_infos) const {
+    const int p = static_cast<int>(slot_infos.size());
+    const int v = s.virtual_chunks;
+    const int units = static_cast<int>(cost_.model().num_layers) / v;
+    const double a = s.micro_batches - 1.0 / v;
+    const size_t width = static_cast<size_t>(units) + 1;
+    std::vector<double> worst((p + 1) * width, kInfinity);
+    worst[0] = 0;
+    for (int st = 0; st < p; ++st)
+      for (int j = 0; j < units; ++j) {
+        if (worst[st * width + j] == kInfinity) continue;
+        for (int k = 1; j + k <= units; ++k) {
+          const std::vector<StageOption>* set = option_table_[st * width + k];
+          if (!set) continue;       // not a count this structure allows (pinned split)
+          if (set->empty()) break;  // more blocks need more memory
+          double g = kInfinity;
+          for (const StageOption& o : *set) g = std::min(g, a * o.t + o.u);
+          double& cell = worst[(st + 1) * width + j + k];
+          cell = std::min(cell, std::max(worst[st * width + j], g));
+        }
+      }
+    return worst[p * width + units];
   }
 
   // A lower bound on the step time from the actual stages: each stage's time is at least its
@@ -320,14 +359,22 @@ class Searcher {
   }
 
   SearchStats stats;
+
+ private:
   const CostModel& cost_;
   const SearchOptions& options_;
   OptionPins pins_;
-
- private:
   std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
+  std::unordered_map<int64_t, StageShape> shapes_;  // placement of (first device, tp, dp)
   std::unordered_map<OptionKey, std::vector<StageOption>, KeyHash> option_sets_;
   std::vector<const std::vector<StageOption>*> option_table_;  // (stage, units) of the structure in solve()
+  // Tables of split_min_sum, kept between calls to save allocations.
+  struct Scratch {
+    std::vector<double> best;
+    std::vector<int> take;
+    std::vector<const StageOption*> pick;
+    std::vector<const StageOption*> under_cap;
+  } scratch_;
 };
 
 void check_inputs(const CostModel& cost, const SearchOptions& o) {
@@ -406,10 +453,17 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     order[i] = static_cast<int>(i);
     bound[i] = structures[i].lower_bound_seconds * score_factor(structures[i]);
   }
-  std::sort(order.begin(), order.end(), [&](int x, int y) {
-    if (bound[x] != bound[y]) return bound[x] < bound[y];
-    return x < y;
-  });
+  // Best bound first; usually a small prefix is visited, so pop from a heap instead of sorting.
+  const auto later = [&](int x, int y) {
+    if (bound[x] != bound[y]) return bound[x] > bound[y];
+    return x > y;
+  };
+  std::make_heap(order.begin(), order.end(), later);
+  size_t heap_size = order.size();
+  auto next_structure = [&]() {
+    std::pop_heap(order.begin(), order.begin() + heap_size, later);
+    return order[--heap_size];
+  };
 
   // Structures are visited in rounds of a few, best bound first; within a round every
   // structure sees the threshold the round started with, so one or two threads (each with its
@@ -445,18 +499,17 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     return out;
   };
   constexpr size_t kRound = 8;
-  size_t pos = 0;
-  while (pos < order.size()) {
+  while (heap_size > 0) {
     const double threshold = kept.size() < keep ? kInfinity : kept.back().second.score;
     std::vector<int> round;
-    while (pos < order.size() && round.size() < kRound) {
-      const Structure& s = structures[order[pos]];
-      if (bound[s.index] >= threshold) {
-        stats.pruned_by_bound += static_cast<int64_t>(order.size() - pos);
-        pos = order.size();
+    while (heap_size > 0 && round.size() < kRound) {
+      const int next = next_structure();
+      if (bound[next] >= threshold) {
+        stats.pruned_by_bound += static_cast<int64_t>(heap_size) + 1;
+        heap_size = 0;
         break;
       }
-      round.push_back(order[pos++]);
+      round.push_back(next);
     }
     std::vector<Outcome> outcomes(round.size());
     auto work = [&](int thread) {

@@ -1,5 +1,8 @@
 // Entry point of the `alloy` binary: subcommand dispatch and the one place errors are printed.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include <CLI/CLI.hpp>
@@ -8,7 +11,19 @@
 #include "cli/commands.hpp"
 #include "spec/error.hpp"
 
+namespace {
+// OpenMP's default spin-waiting lets idle threads steal the cores that several ranks (or other
+// programs) share on one machine; libgomp reads the policy only at start-up, so the binary
+// restarts itself once with a passive policy unless the user chose one.
+void ensure_passive_openmp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure; then run as we are
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  ensure_passive_openmp_wait(argv);
   CLI::App app{"alloy: plan, simulate and run hybrid-parallel transformer training on heterogeneous clusters"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Print help for every subcommand");

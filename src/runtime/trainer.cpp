@@ -9,11 +9,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "plan/plan.hpp"
 #include "runtime/arena.hpp"
-#include "runtime/cpu/matmul.hpp"
+#include "runtime/profile.hpp"
 #include "runtime/io/batch_loader.hpp"
 #include "runtime/io/checkpoint.hpp"
-#include "runtime/io/file_io.hpp"
 #include "runtime/io/token_file.hpp"
 #include "runtime/model.hpp"
 #include "runtime/threads.hpp"
@@ -114,24 +114,7 @@ void print_progress(const StepReport& r, int64_t total_steps) {
 
 }  // namespace
 
-double trainer_measure_gemm_flops() {
-  const int n = 512;
-  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), w(a.size(), 0.25f), out(a.size());
-  matmul_forward(out.data(), a.data(), w.data(), nullptr, n, n, n);  // warm-up
-  const int reps = 4;
-  auto start = Clock::now();
-  for (int i = 0; i < reps; ++i) matmul_forward(out.data(), a.data(), w.data(), nullptr, n, n, n);
-  double seconds = seconds_since(start);
-  return 2.0 * n * n * static_cast<double>(n) * reps / seconds;
-}
-
-std::string trainer_model_fingerprint(const ModelSpec& m) {
-  std::string text = fmt::format("{}:{}:{}:{}:{}:{}:{}:{}:{}:{}:{}:{}:{}", model_family_name(m.family), m.num_layers,
-                                 m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size,
-                                 m.vocab_size, m.max_seq_len, m.tied_embeddings, m.qkv_bias, m.linear_bias, m.norm_bias);
-  uint32_t crc = crc32_update(0, std::as_bytes(std::span<const char>(text.data(), text.size())));
-  return m.name + "@" + checksum_hex(crc);
-}
+std::string trainer_model_fingerprint(const ModelSpec& m) { return m.name + "@" + model_fingerprint(m); }
 
 TrainerResult trainer_run(const ModelSpec& spec, const TrainSpec& train, const TrainerOptions& o,
                           const std::function<void(const StepReport&)>& on_step) {
@@ -161,7 +144,7 @@ TrainerResult trainer_run(const ModelSpec& spec, const TrainSpec& train, const T
     result.first_step = state.step;
   }
 
-  result.gemm_peak_flops = trainer_measure_gemm_flops();
+  result.gemm_peak_flops = profile_gemm_flops(512, 4);
   const double flops_per_token = model_flops_per_token(spec, train.seq_len).training;
   const int B = static_cast<int>(batch), T = static_cast<int>(train.seq_len);
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());

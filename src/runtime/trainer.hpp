@@ -56,10 +56,6 @@ struct TrainerResult {
 TrainerResult trainer_run(const ModelSpec& model, const TrainSpec& train, const TrainerOptions& options,
                           const std::function<void(const StepReport&)>& on_step = {});
 
-// Measured sgemm rate of this rank with the current thread count (FLOP/s), from a few
-// square products; the MFU denominator on CPUs.
-double trainer_measure_gemm_flops();
-
 // Identifies a model architecture in checkpoints: name plus a hash of every size and flag.
 std::string trainer_model_fingerprint(const ModelSpec& model);
 

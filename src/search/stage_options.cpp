@@ -16,15 +16,18 @@ struct Context {
   int zero;
 };
 
-bool fits(const Context& c, int selective, int full, int offloaded) {
+double memory_bytes(const Context& c, int selective, int full, int offloaded) {
   StageOption o;
   o.zero = c.zero;
   o.selective = selective;
   o.full = full;
   o.offloaded = offloaded;
-  const StageChoice choice = stage_choice_of(c.slot, o, c.blocks);
-  return c.cost.stage_memory(c.slot.shape, c.unit, choice, c.slot.in_flight, c.slot.has_next).total_bytes() <=
-         c.slot.capacity_bytes;
+  return c.cost.stage_memory(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks), c.slot.in_flight,
+                             c.slot.has_next).total_bytes();
+}
+
+bool fits(const Context& c, int selective, int full, int offloaded) {
+  return memory_bytes(c, selective, full, offloaded) <= c.slot.capacity_bytes;
 }
 
 // Smallest number of selective blocks in [lo, hi] that fits, given `full` and `offloaded`;
@@ -39,15 +42,6 @@ int min_selective(const Context& c, int lo, int hi, int full, int offloaded) {
   return lo;
 }
 
-double memory_bytes(const Context& c, int selective, int full, int offloaded) {
-  StageOption o;
-  o.zero = c.zero;
-  o.selective = selective;
-  o.full = full;
-  o.offloaded = offloaded;
-  return c.cost.stage_memory(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks), c.slot.in_flight,
-                             c.slot.has_next).total_bytes();
-}
 
 // Cheapest recomputation (extra backward seconds) that fits, trying every count of fully
 // recomputed blocks with a binary search on the selective count. Exact and slow.

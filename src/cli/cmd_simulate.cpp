@@ -45,12 +45,7 @@ void run_simulate(const SimulateCommand& c, bool print_table) {
   }
   SimResult result = simulate(plan, model, cluster);
   sim_check_memory(result, plan);
-  if (print_table) {
-    fmt::print("{}", sim_render_text(result, plan));
-    fmt::print("\nsimulated step {} against the planner's {} ({:+.1f}%), {} operations\n",
-               units_format_seconds(result.step_seconds), units_format_seconds(plan.step_seconds),
-               100.0 * (result.step_seconds / plan.step_seconds - 1.0), result.simulated_ops);
-  }
+  if (print_table) fmt::print("{}", sim_render_text(result, plan));
   if (!c.trace.empty()) {
     trace_save(result, plan, c.trace);
     fmt::print("trace written to {} (open it in ui.perfetto.dev or chrome://tracing)\n", c.trace);

@@ -1,10 +1,14 @@
-// `alloy train` (one rank) and `alloy tokenize`: train a model on token files with progress,
-// JSON-lines logs, validation and checkpoints; turn any text into a byte-level token file.
+// `alloy train` (one rank, or every rank of a plan under mpirun) and `alloy tokenize`: train a
+// model on token files with progress, JSON-lines logs, validation and checkpoints; turn any
+// text into a byte-level token file.
 #include <algorithm>
 
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
+#include "hw/catalog.hpp"
+#include "plan/plan.hpp"
+#include "runtime/dist/dist_trainer.hpp"
 #include "runtime/io/tokenize.hpp"
 #include "runtime/trainer.hpp"
 #include "spec/error.hpp"
@@ -23,6 +27,10 @@ struct TrainCommand {
   std::string recompute = "none";
   std::string memory_cap;
   TrainerOptions options;
+  std::string plan;      // distributed: the plan every rank runs
+  std::string cluster;   // its cluster (default: the plan's cluster by name)
+  std::string trace;
+  std::string export_weights;
 };
 
 TrainSpec train_spec_from(const TrainCommand& c, const ModelSpec& model) {
@@ -63,9 +71,81 @@ void print_summary(const ModelSpec& model, const TrainSpec& train, const Trainer
              units_format_flops(r.gemm_peak_flops), units_format_bytes(static_cast<double>(r.peak_arena_bytes)));
 }
 
-void run_train(TrainCommand& c) {
+// Options that the plan decides (batch, sequence, recomputation) or that only one rank runs.
+void check_plan_options(const TrainCommand& c) {
+  auto refuse = [](bool given, const char* option, const char* why) {
+    if (given) throw Error(fmt::format("{} cannot be combined with --plan: {}", option, why), {"", option}, "drop it, or re-plan");
+  };
+  refuse(c.options.batch_size > 0, "--batch", "the plan fixes the global batch");
+  refuse(c.seq_len > 0, "--seq-len", "the plan fixes the sequence length");
+  refuse(c.recompute != "none", "--recompute", "the plan sets recomputation per layer");
+  refuse(!c.options.val_data.empty(), "--val-data", "validation runs on one rank only");
+}
+
+DistTrainOptions dist_options_from(const TrainCommand& c) {
+  DistTrainOptions o;
+  o.plan_path = c.plan;
+  o.train_data = c.options.train_data;
+  o.checkpoint_dir = c.options.checkpoint_dir;
+  o.checkpoint_every = c.options.checkpoint_every;
+  o.resume = c.options.resume;
+  o.log_path = c.options.log_path;
+  o.trace_path = c.trace;
+  o.export_path = c.export_weights;
+  o.threads = c.options.threads;
+  o.memory_cap_bytes = c.options.memory_cap_bytes;
+  o.progress = c.options.progress;
+  return o;
+}
+
+void print_dist_summary(const ModelSpec& model, const Plan& plan, const DistTrainResult& r, const DistTrainOptions& o) {
+  if (r.steps.empty()) {
+    fmt::print("nothing to do: the checkpoints are already at step {}\n", r.first_step);
+    return;
+  }
+  fmt::print("\ntrained {} on {} ranks ({} stages) for steps {}..{}: loss {:.4f} -> {:.4f}\n", model.name,
+             plan.num_used_devices(), plan.stages.size(), r.first_step + 1, r.steps.back().step, r.steps.front().loss,
+             r.steps.back().loss);
+  fmt::print("{}", dist_render_summary(r, plan));
+  if (!o.trace_path.empty()) fmt::print("trace of the last step: {} (open in https://ui.perfetto.dev)\n", o.trace_path);
+  if (!o.export_path.empty()) fmt::print("full weights: {}\n", o.export_path);
+}
+
+// Every rank runs this. Errors all ranks agreed on are printed by each and end it with exit 2;
+// an error on one rank alone ends the whole job through the communicator.
+void run_distributed(TrainCommand& c, const ModelSpec& model, int* exit_code) {
+  check_plan_options(c);
+  std::unique_ptr<Communicator> comm = communicator_mpi();
+  try {
+    Plan plan;
+    ClusterSpec cluster;
+    TrainSpec train;
+    dist_agree_on(*comm, [&] {
+      plan = plan_load(c.plan);
+      cluster = cluster_load(c.cluster.empty() ? plan.cluster_name : c.cluster, catalog_builtin());
+      train = train_spec_from(c, model);
+    });
+    const DistTrainOptions options = dist_options_from(c);
+    DistTrainResult result = dist_train_run(model, train, plan, cluster, *comm, options);
+    if (comm->rank() == 0) print_dist_summary(model, plan, result, options);
+    *exit_code = 0;
+  } catch (const AgreedError& e) {
+    fmt::print(stderr, "alloy: error: {}\n", e.format());
+    *exit_code = kExitBadInput;
+  } catch (const Error& e) {
+    comm->abort(e.format(), kExitBadInput);
+  } catch (const std::exception& e) {
+    comm->abort(fmt::format("internal error: {}", e.what()), 1);
+  }
+}
+
+void run_train(TrainCommand& c, int* exit_code) {
   if (c.model.empty()) throw Error("no model given", {"", "--model"}, "pass --model tiny-gpt (or a config path)");
   ModelSpec model = model_load(c.model);
+  if (!c.plan.empty()) {
+    run_distributed(c, model, exit_code);
+    return;
+  }
   if (c.seq_len > model.max_seq_len) {
     throw Error(fmt::format("sequence length {} is longer than model {} allows ({})", c.seq_len, model.name,
                             model.max_seq_len),
@@ -82,13 +162,16 @@ void run_train(TrainCommand& c) {
   }
   TrainerResult result = trainer_run(model, train, c.options);
   print_summary(model, train, result);
+  *exit_code = 0;
 }
 
 }  // namespace
 
 void add_train(CLI::App& app, int* exit_code) {
   auto c = std::make_shared<TrainCommand>();
-  CLI::App* cmd = app.add_subcommand("train", "Train a model on one rank (CPU, fp32) from llm.c token files");
+  CLI::App* cmd = app.add_subcommand("train",
+                                     "Train a model (CPU, fp32) from llm.c token files: on one rank, or on every rank "
+                                     "of a plan under mpirun (--plan)");
   cmd->add_option("--model,-m", c->model, "Model preset or config path (e.g. tiny-gpt)")->required();
   cmd->add_option("--data,-d", c->options.train_data, "Training token file (llm.c format; see `alloy tokenize`)")->required();
   cmd->add_option("--val-data", c->options.val_data, "Validation token file");
@@ -108,10 +191,11 @@ void add_train(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--memory-cap", c->memory_cap, "Arena capacity, e.g. 2GiB (training fails clearly above it)");
   cmd->add_flag("!--progress", c->options.progress, "--no-progress: no per-step line on stderr");
-  cmd->callback([c, exit_code]() {
-    run_train(*c);
-    *exit_code = 0;
-  });
+  cmd->add_option("--plan,-p", c->plan, "Run this plan: mpirun -np <devices the plan uses> alloy train --plan plan.json ...");
+  cmd->add_option("--cluster,-c", c->cluster, "The plan's cluster (preset or path; default: the plan's cluster name)");
+  cmd->add_option("--trace", c->trace, "With --plan: Chrome trace of the last step of every rank");
+  cmd->add_option("--export", c->export_weights, "With --plan: write the full trained weights (safetensors)");
+  cmd->callback([c, exit_code]() { run_train(*c, exit_code); });
 }
 
 void add_tokenize(CLI::App& app, int* exit_code) {

@@ -13,24 +13,6 @@ namespace alloy {
 
 namespace {
 
-// Builds the table of views in buffer order; offsets are resolved to pointers afterwards.
-class LayoutBuilder {
- public:
-  explicit LayoutBuilder(std::vector<TensorView>& views) : views_(views) {}
-  void add(const std::string& name, std::vector<int64_t> shape) {
-    int64_t numel = 1;
-    for (int64_t extent : shape) numel *= extent;
-    const bool decay = shape.size() == 2;
-    views_.push_back({name, std::move(shape), offset_, numel, decay});
-    offset_ += numel;
-  }
-  int64_t total() const { return offset_; }
-
- private:
-  std::vector<TensorView>& views_;
-  int64_t offset_ = 0;
-};
-
 void model_check_spec(const ModelSpec& spec) {
   const bool positive = spec.num_layers > 0 && spec.hidden_size > 0 && spec.num_heads > 0 &&
                         spec.num_kv_heads > 0 && spec.head_dim > 0 && spec.ffn_hidden_size > 0 &&
@@ -58,23 +40,25 @@ ModelTensors model_resolve(const Model& model, float* base) {
   ModelTensors tensors;
   tensors.token = at("embed.token");
   tensors.position = at("embed.position");
-  for (int64_t i = 0; i < model.spec.num_layers; i++) {
-    const std::string p = fmt::format("layers.{}.", i);
-    BlockTensors block;
-    block.attn_norm_w = at(p + "attn_norm.weight");
-    block.attn_norm_b = at(p + "attn_norm.bias");
-    block.qkv_w = at(p + "attn.qkv.weight");
-    block.qkv_b = at(p + "attn.qkv.bias");
-    block.out_w = at(p + "attn.out.weight");
-    block.out_b = at(p + "attn.out.bias");
-    block.mlp_norm_w = at(p + "mlp_norm.weight");
-    block.mlp_norm_b = at(p + "mlp_norm.bias");
-    block.up_w = model.spec.family == ModelFamily::ModelFamily_gpt2 ? at(p + "mlp.up.weight")
-                                                                   : at(p + "mlp.gate_up.weight");
-    block.up_b = at(p + "mlp.up.bias");
-    block.down_w = at(p + "mlp.down.weight");
-    block.down_b = at(p + "mlp.down.bias");
-    tensors.blocks.push_back(block);
+  tensors.blocks.resize(static_cast<size_t>(model.spec.num_layers));
+  for (const auto& [first, last] : model.shard.block_ranges) {
+    for (int i = first; i < last; i++) {
+      const std::string p = fmt::format("layers.{}.", i);
+      BlockTensors& block = tensors.blocks[static_cast<size_t>(i)];
+      block.attn_norm_w = at(p + "attn_norm.weight");
+      block.attn_norm_b = at(p + "attn_norm.bias");
+      block.qkv_w = at(p + "attn.qkv.weight");
+      block.qkv_b = at(p + "attn.qkv.bias");
+      block.out_w = at(p + "attn.out.weight");
+      block.out_b = at(p + "attn.out.bias");
+      block.mlp_norm_w = at(p + "mlp_norm.weight");
+      block.mlp_norm_b = at(p + "mlp_norm.bias");
+      block.up_w = model.spec.family == ModelFamily::ModelFamily_gpt2 ? at(p + "mlp.up.weight")
+                                                                     : at(p + "mlp.gate_up.weight");
+      block.up_b = at(p + "mlp.up.bias");
+      block.down_w = at(p + "mlp.down.weight");
+      block.down_b = at(p + "mlp.down.bias");
+    }
   }
   tensors.final_norm_w = at("final_norm.weight");
   tensors.final_norm_b = at("final_norm.bias");
@@ -109,41 +93,16 @@ bool ends_with(const std::string& text, const char* suffix) {
 
 }  // namespace
 
-Model::Model(const ModelSpec& model_spec, Arena& device_arena)
-    : spec(model_spec), arena(&device_arena) {
+Model::Model(const ModelSpec& model_spec, Arena& device_arena, const ModelShard& model_shard)
+    : spec(model_spec), shard(model_shard), arena(&device_arena) {
   model_check_spec(spec);
   runtime_threads();  // applies the thread policy (OpenBLAS single-threaded) if nobody has yet
-  const int64_t C = spec.hidden_size;
-  const int64_t D = spec.head_dim;
-  const int64_t qkv_rows = (spec.num_heads + 2 * spec.num_kv_heads) * D;
-  const int64_t F = spec.ffn_hidden_size;
-  const bool gpt2 = spec.family == ModelFamily::ModelFamily_gpt2;
-  LayoutBuilder layout(views);
-  layout.add("embed.token", {spec.vocab_size, C});
-  if (gpt2) layout.add("embed.position", {spec.max_seq_len, C});
-  for (int64_t i = 0; i < spec.num_layers; i++) {
-    const std::string p = fmt::format("layers.{}.", i);
-    layout.add(p + "attn_norm.weight", {C});
-    if (spec.norm_bias) layout.add(p + "attn_norm.bias", {C});
-    layout.add(p + "attn.qkv.weight", {qkv_rows, C});
-    if (spec.qkv_bias) layout.add(p + "attn.qkv.bias", {qkv_rows});
-    layout.add(p + "attn.out.weight", {C, spec.num_heads * D});
-    if (spec.linear_bias) layout.add(p + "attn.out.bias", {C});
-    layout.add(p + "mlp_norm.weight", {C});
-    if (spec.norm_bias) layout.add(p + "mlp_norm.bias", {C});
-    if (gpt2) {
-      layout.add(p + "mlp.up.weight", {F, C});
-      if (spec.linear_bias) layout.add(p + "mlp.up.bias", {F});
-    } else {
-      layout.add(p + "mlp.gate_up.weight", {2 * F, C});
-    }
-    layout.add(p + "mlp.down.weight", {C, F});
-    if (spec.linear_bias) layout.add(p + "mlp.down.bias", {C});
+  for (const ShardedTensor& t : shard_tensors(spec, shard)) {
+    int64_t numel = 1;
+    for (int64_t extent : t.local_shape) numel *= extent;
+    views.push_back({t.name, t.local_shape, num_parameters, numel, t.local_shape.size() == 2});
+    num_parameters += numel;
   }
-  layout.add("final_norm.weight", {C});
-  if (spec.norm_bias) layout.add("final_norm.bias", {C});
-  if (!spec.tied_embeddings) layout.add("lm_head.weight", {spec.vocab_size, C});
-  num_parameters = layout.total();
 
   params = arena->allocate_floats(num_parameters, "parameters");
   grads = arena->allocate_floats(num_parameters, "gradients");
@@ -155,25 +114,37 @@ Model::Model(const ModelSpec& model_spec, Arena& device_arena)
 }
 
 Model::~Model() {
-  model_release_activations(*this);
+  chunk_release(*this, pass);
   arena->release(grads);
   arena->release(params);
 }
 
 void model_init_weights(Model& model, uint64_t seed) {
+  // The full model's tensors draw from one stream in buffer order; a shard copies its slices.
   NormalRng rng(seed);
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(model.spec.num_layers));
-  for (const TensorView& view : model.views) {
-    float* data = model.params + view.offset;
-    if (view.shape.size() == 1) {
-      const bool norm_weight = ends_with(view.name, "norm.weight");
-      for (int64_t i = 0; i < view.numel; i++) data[i] = norm_weight ? 1.0f : 0.0f;
+  const std::vector<ShardedTensor> mine = shard_tensors(model.spec, model.shard);
+  std::vector<float> full;
+  for (const ShardedTensor& t : shard_tensors(model.spec, shard_full(model.spec))) {
+    const bool random = t.full_shape.size() == 2;
+    const bool residual = ends_with(t.name, "attn.out.weight") || ends_with(t.name, "mlp.down.weight");
+    const double stddev = residual ? residual_std : 0.02;
+    const float constant = ends_with(t.name, "norm.weight") ? 1.0f : 0.0f;
+    int64_t numel = 1;
+    for (int64_t extent : t.full_shape) numel *= extent;
+    size_t k = 0;
+    while (k < mine.size() && mine[k].name != t.name) k++;
+    if (k == mine.size()) {  // held by other ranks: keep the stream in step
+      if (random) for (int64_t i = 0; i < numel; i++) rng.next();
       continue;
     }
-    const bool residual = ends_with(view.name, "attn.out.weight") ||
-                          ends_with(view.name, "mlp.down.weight");
-    const double stddev = residual ? residual_std : 0.02;
-    for (int64_t i = 0; i < view.numel; i++) data[i] = static_cast<float>(stddev * rng.next());
+    full.resize(static_cast<size_t>(numel));
+    for (int64_t i = 0; i < numel; i++) full[i] = random ? static_cast<float>(stddev * rng.next()) : constant;
+    float* out = model.params + model.views[k].offset;
+    for (const ShardSegment& segment : mine[k].segments) {
+      std::memcpy(out, full.data() + segment.full_offset, static_cast<size_t>(segment.count) * sizeof(float));
+      out += segment.count;
+    }
   }
 }
 

@@ -1,6 +1,8 @@
-// The single-rank model: GPT-2 and LLaMA families built from a ModelSpec, with one flat
-// parameter buffer and one flat gradient buffer in the device arena, a table of named views, and
-// forward/backward passes whose activations live in the arena (per-layer recomputation).
+// The model of one rank: GPT-2 and LLaMA families built from a ModelSpec and a shard (all of it
+// on a single rank; some blocks, tensor-parallel slices, embedding and head on a rank of a
+// plan), with one flat parameter buffer and one flat gradient buffer in the device arena, a
+// table of named views, and forward/backward passes per chunk of blocks and micro-batch whose
+// activations live in the arena (per-layer recomputation).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 
 #include "runtime/activation_memory.hpp"
 #include "runtime/arena.hpp"
+#include "runtime/shard.hpp"
 #include "spec/model.hpp"
 
 namespace alloy {
@@ -16,7 +19,7 @@ namespace alloy {
 // A named tensor inside the flat parameter (and, at the same offset, gradient) buffer.
 struct TensorView {
   std::string name;             // e.g. "layers.0.attn.qkv.weight"
-  std::vector<int64_t> shape;   // rows = output features, row-major
+  std::vector<int64_t> shape;   // this rank's slice; rows = output features, row-major
   int64_t offset = 0;           // in floats from the start of the flat buffer
   int64_t numel = 0;
   bool weight_decay = false;    // 2-D weights decay; norms and biases do not
@@ -65,49 +68,93 @@ struct BlockActivations {
 };
 
 struct HeadActivations {
-  float* embedded = nullptr;   // (B, T, C) block 0's input
   float* lnf = nullptr;        // (B, T, C)
   float* lnf_mean = nullptr;   // (B, T), LayerNorm only
   float* lnf_rstd = nullptr;   // (B, T)
-  float* logits = nullptr;     // (B, T, V); dlogits after backward starts
+  float* logits = nullptr;     // (B, T, V / tp); dlogits after backward starts
   float* losses = nullptr;     // (B, T)
   float* lse = nullptr;        // (B, T)
 };
 
+// Blocking collectives over the tensor-parallel group of a sharded model.
+class TensorParallelOps {
+ public:
+  virtual ~TensorParallelOps() = default;
+  virtual void all_reduce_sum(float* data, int64_t count) = 0;
+  virtual void all_reduce_max(float* data, int64_t count) = 0;
+};
+
+// One micro-batch through one chunk of consecutive blocks [block_begin, block_end): what the
+// forward keeps until the backward.
+struct ChunkPass {
+  int B = 0;
+  int T = 0;
+  int block_begin = 0;
+  int block_end = 0;
+  bool embeds = false;           // starts from token ids (the pipeline's first chunk)
+  bool heads = false;            // ends in the loss (the pipeline's last chunk)
+  std::vector<int32_t> inputs;   // (B, T) when embeds
+  std::vector<int32_t> targets;  // (B, T) when heads
+  float* input = nullptr;        // (B, T, C): the embedding output or the received hidden state
+  std::vector<BlockActivations> blocks;  // block_end - block_begin
+  HeadActivations head;
+  float* gradient = nullptr;     // (B, T, C): dL/d(hidden state) between backward pieces
+  int backward_next = -1;        // blocks [block_begin, backward_next) still wait for backward
+  float loss = 0.0f;             // mean loss of the micro-batch's local tokens, when heads
+  bool active = false;
+};
+
 struct Model {
-  Model(const ModelSpec& spec, Arena& arena);
+  Model(const ModelSpec& spec, Arena& arena, const ModelShard& shard);
+  Model(const ModelSpec& spec, Arena& arena) : Model(spec, arena, shard_full(spec)) {}
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
   ModelSpec spec;
+  ModelShard shard;
   Arena* arena;
   std::vector<TensorView> views;
-  int64_t num_parameters = 0;
+  int64_t num_parameters = 0;  // on this rank
   float* params = nullptr;  // (num_parameters) in the arena
   float* grads = nullptr;   // (num_parameters) in the arena
-  ModelTensors weights;     // views into params
+  ModelTensors weights;     // views into params; blocks indexed by global layer (nullptr when elsewhere)
   ModelTensors gradients;   // the same views into grads
-  std::vector<Recompute> recompute;  // one per block, Recompute_none by default
+  std::vector<Recompute> recompute;  // one per global block, Recompute_none by default
+  TensorParallelOps* tp_ops = nullptr;  // set when shard.tp > 1
 
-  // Forward state, alive from model_forward until model_backward.
-  int B = 0;
-  int T = 0;
-  std::vector<int32_t> inputs;   // (B, T)
-  std::vector<int32_t> targets;  // (B, T)
-  std::vector<BlockActivations> blocks;
-  HeadActivations head;
-  bool has_activations = false;
+  ChunkPass pass;  // the single-rank passes (model_forward / model_backward)
 };
 
 // GPT-2 initialisation from a seeded deterministic RNG: weights normal(0, 0.02), residual
-// projections (attn.out, mlp.down) scaled by 1 / sqrt(2 L), norm weights 1, biases 0.
+// projections (attn.out, mlp.down) scaled by 1 / sqrt(2 L), norm weights 1, biases 0. Every
+// shard gets exactly its slice of the full model's initial weights.
 void model_init_weights(Model& model, uint64_t seed);
 
 const TensorView& model_view(const Model& model, const std::string& name);
 
-// inputs, targets: (B, T) token ids -> mean cross-entropy loss; logits stay in model.head.logits
-// until model_backward. Throws alloy::Error for a token id >= V or T > max_seq_len.
+// Starts `pass` through blocks [block_begin, block_end) for a micro-batch of (B, T) tokens.
+// embeds: the chunk starts from `inputs` (B, T); otherwise pass.input (B, T, C) is allocated here
+// for the caller to fill. heads: the chunk ends in the loss against `targets` (B, T).
+// Throws alloy::Error for a token id >= V or T > max_seq_len.
+void chunk_begin(Model& model, ChunkPass& pass, int block_begin, int block_end, bool embeds, bool heads,
+                 const int32_t* inputs, const int32_t* targets, int B, int T);
+// Runs the forward. Returns the chunk's output (B, T, C), alive until the chunk's backward, or
+// nullptr when the chunk heads (pass.loss then holds the mean loss of its tokens).
+const float* chunk_forward(Model& model, ChunkPass& pass);
+// The zeroed gradient buffer of the chunk's output (B, T, C), for the caller to fill before the
+// backward of a chunk that does not head.
+float* chunk_output_gradient(Model& model, ChunkPass& pass);
+// Backward of blocks [block_begin, block_end): the top piece first (block_end == the chunk's
+// end), then lower pieces down to the chunk's first block, adding loss_scale * d(mean loss)
+// into model.grads. Returns dL/d(chunk input) (B, T, C) after the lowest piece of a chunk that
+// does not embed (valid until chunk_release), nullptr otherwise.
+const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int block_end, float loss_scale);
+// Frees every buffer of the pass.
+void chunk_release(Model& model, ChunkPass& pass);
+
+// The single-rank model: inputs, targets: (B, T) token ids -> mean cross-entropy loss; logits
+// stay in model.pass.head.logits until model_backward.
 float model_forward(Model& model, const int32_t* inputs, const int32_t* targets, int B, int T);
 
 // Adds the gradients of loss_scale * (the last forward's mean loss) into model.grads and frees

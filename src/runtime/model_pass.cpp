@@ -1,5 +1,7 @@
-// Forward and backward passes of the single-rank model, block by block, with per-layer
-// recomputation. Every activation and workspace buffer comes from the device arena.
+// Forward and backward passes of a model chunk for one micro-batch, block by block, with
+// per-layer recomputation and tensor-parallel blocks (column- then row-parallel, one all-reduce
+// after each half forward and one before each norm backward). Every activation and workspace
+// buffer comes from the device arena.
 #include <cstring>
 
 #include <fmt/format.h>
@@ -11,69 +13,12 @@
 #include "runtime/cpu/matmul.hpp"
 #include "runtime/cpu/norm.hpp"
 #include "runtime/model.hpp"
+#include "runtime/model_internal.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
 
 namespace {
-
-// Sizes of one pass, in the kernels' int arguments.
-struct Dims {
-  int B, T, N, C, Hq, Hkv, D, R, F, V;
-  bool gpt2;
-};
-
-Dims model_dims(const Model& model) {
-  const ModelSpec& s = model.spec;
-  Dims d{};
-  d.B = model.B;
-  d.T = model.T;
-  d.N = model.B * model.T;
-  d.C = static_cast<int>(s.hidden_size);
-  d.Hq = static_cast<int>(s.num_heads);
-  d.Hkv = static_cast<int>(s.num_kv_heads);
-  d.D = static_cast<int>(s.head_dim);
-  d.R = (d.Hq + 2 * d.Hkv) * d.D;
-  d.F = static_cast<int>(s.ffn_hidden_size);
-  d.V = static_cast<int>(s.vocab_size);
-  d.gpt2 = s.family == ModelFamily::ModelFamily_gpt2;
-  return d;
-}
-
-float* take(Model& model, int64_t floats, const char* what) {
-  return model.arena->allocate_floats(floats, what);
-}
-
-float* take_zeroed(Model& model, int64_t floats, const char* what) {
-  float* buffer = model.arena->allocate_floats(floats, what);
-  std::memset(buffer, 0, static_cast<size_t>(floats) * sizeof(float));
-  return buffer;
-}
-
-void give(Model& model, float*& buffer) {
-  model.arena->release(buffer);
-  buffer = nullptr;
-}
-
-// LayerNorm for the GPT-2 family, RMSNorm for LLaMA (mean unused there).
-void norm_forward(const Model& model, const Dims& d, float* out, float* mean, float* rstd,
-                  const float* inp, const float* w, const float* b) {
-  const float eps = static_cast<float>(model.spec.norm_eps);
-  if (d.gpt2) {
-    layernorm_forward(out, mean, rstd, inp, w, b, d.N, d.C, eps);
-  } else {
-    rmsnorm_forward(out, rstd, inp, w, d.N, d.C, eps);
-  }
-}
-
-void norm_backward(const Dims& d, float* dinp, float* dw, float* db, const float* dout,
-                   const float* inp, const float* w, const float* mean, const float* rstd) {
-  if (d.gpt2) {
-    layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, d.N, d.C);
-  } else {
-    rmsnorm_backward(dinp, dw, dout, inp, w, rstd, d.N, d.C);
-  }
-}
 
 // Allocation order matches block_activation_tensors() so the arena's accounting is comparable.
 void allocate_attention_inputs(Model& model, const Dims& d, BlockActivations& a) {
@@ -106,7 +51,8 @@ void attention_half_forward(const Model& model, const Dims& d, const BlockTensor
     rope_forward(a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D, static_cast<float>(model.spec.rope_theta));
   }
   attention_forward(a.context, a.probs, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D);
-  matmul_forward(a.residual1, a.context, w.out_w, w.out_b, d.N, d.Hq * d.D, d.C);
+  matmul_forward(a.residual1, a.context, w.out_w, d.tp_rank == 0 ? w.out_b : nullptr, d.N, d.Hq * d.D, d.C);
+  tp_sum(model, a.residual1, int64_t{d.N} * d.C);
   residual_forward(a.residual1, a.residual1, x, int64_t{d.N} * d.C);
 }
 
@@ -122,7 +68,8 @@ void mlp_half_forward(const Model& model, const Dims& d, const BlockTensors& w,
     swiglu_forward(a.mlp_act, a.mlp_up, d.N, d.F);
   }
   if (with_output) {
-    matmul_forward(a.out, a.mlp_act, w.down_w, w.down_b, d.N, d.F, d.C);
+    matmul_forward(a.out, a.mlp_act, w.down_w, d.tp_rank == 0 ? w.down_b : nullptr, d.N, d.F, d.C);
+    tp_sum(model, a.out, int64_t{d.N} * d.C);
     residual_forward(a.out, a.out, a.residual1, int64_t{d.N} * d.C);
   }
 }
@@ -135,8 +82,8 @@ void release_block(Model& model, BlockActivations& a) {
   }
 }
 
-void block_forward(Model& model, const Dims& d, int layer, const float* x) {
-  BlockActivations& a = model.blocks[static_cast<size_t>(layer)];
+void block_forward(Model& model, ChunkPass& pass, const Dims& d, int layer, const float* x) {
+  BlockActivations& a = pass.blocks[static_cast<size_t>(layer - pass.block_begin)];
   const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
   const Recompute level = model.recompute[static_cast<size_t>(layer)];
   allocate_attention_inputs(model, d, a);
@@ -158,8 +105,8 @@ void block_forward(Model& model, const Dims& d, int layer, const float* x) {
 }
 
 // Rebuilds what the block's recomputation level dropped, from its input x.
-void block_recompute(Model& model, const Dims& d, int layer, const float* x) {
-  BlockActivations& a = model.blocks[static_cast<size_t>(layer)];
+void block_recompute(Model& model, ChunkPass& pass, const Dims& d, int layer, const float* x) {
+  BlockActivations& a = pass.blocks[static_cast<size_t>(layer - pass.block_begin)];
   const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
   switch (model.recompute[static_cast<size_t>(layer)]) {
     case Recompute::Recompute_none:
@@ -179,9 +126,9 @@ void block_recompute(Model& model, const Dims& d, int layer, const float* x) {
 }
 
 // dres: (B, T, C) holds dL/d(block output) on entry and dL/d(block input x) on exit.
-void block_backward(Model& model, const Dims& d, int layer, const float* x, float* dres) {
-  block_recompute(model, d, layer, x);
-  BlockActivations& a = model.blocks[static_cast<size_t>(layer)];
+void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, const float* x, float* dres) {
+  block_recompute(model, pass, d, layer, x);
+  BlockActivations& a = pass.blocks[static_cast<size_t>(layer - pass.block_begin)];
   const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
   const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
   const int64_t NC = int64_t{d.N} * d.C;
@@ -199,6 +146,7 @@ void block_backward(Model& model, const Dims& d, int layer, const float* x, floa
   float* dln = take_zeroed(model, NC, "d norm.out");
   matmul_backward(dln, g.up_w, g.up_b, dup, a.ln2, w.up_w, d.N, d.C, up_width);
   give(model, dup);
+  tp_sum(model, dln, NC);
   norm_backward(d, dres, g.mlp_norm_w, g.mlp_norm_b, dln, a.residual1, w.mlp_norm_w, a.ln2_mean,
                 a.ln2_rstd);
 
@@ -215,116 +163,102 @@ void block_backward(Model& model, const Dims& d, int layer, const float* x, floa
   std::memset(dln, 0, static_cast<size_t>(NC) * sizeof(float));
   matmul_backward(dln, g.qkv_w, g.qkv_b, dqkv, a.ln1, w.qkv_w, d.N, d.C, d.R);
   give(model, dqkv);
+  tp_sum(model, dln, NC);
   norm_backward(d, dres, g.attn_norm_w, g.attn_norm_b, dln, x, w.attn_norm_w, a.ln1_mean,
                 a.ln1_rstd);
   give(model, dln);
 }
 
-void model_check_inputs(const Model& model, const int32_t* inputs, const int32_t* targets, int B,
-                        int T) {
-  if (B < 1 || T < 1) {
-    throw Error(fmt::format("micro-batch must have B >= 1 and T >= 1, got B={} T={}", B, T));
-  }
-  if (T > model.spec.max_seq_len) {
-    throw Error(fmt::format("sequence length {} exceeds the model's maximum of {}", T,
-                            model.spec.max_seq_len),
-                {model.spec.source_path, "max_position_embeddings"},
-                "lower seq_len in the training config or use a model with longer positions");
-  }
-  const int64_t N = int64_t{B} * T;
-  for (int64_t i = 0; i < N; i++) {
-    for (const int32_t* ids : {inputs, targets}) {
-      if (ids[i] < 0 || ids[i] >= model.spec.vocab_size) {
-        throw Error(fmt::format("token id {} at batch row {}, position {} is outside the "
-                                "vocabulary [0, {})",
-                                ids[i], i / T, i % T, model.spec.vocab_size),
-                    {}, "tokenize with the model's tokenizer, or raise vocab_size");
-      }
-    }
-  }
+// Input of block `layer` of the pass: the chunk input for its first block, else the previous
+// block's output.
+const float* block_input(const ChunkPass& pass, int layer) {
+  return layer == pass.block_begin ? pass.input : pass.blocks[static_cast<size_t>(layer - 1 - pass.block_begin)].out;
 }
 
 }  // namespace
 
-float model_forward(Model& model, const int32_t* inputs, const int32_t* targets, int B, int T) {
-  model_check_inputs(model, inputs, targets, B, T);
-  model_release_activations(model);
-  model.B = B;
-  model.T = T;
+void chunk_begin(Model& model, ChunkPass& pass, int block_begin, int block_end, bool embeds, bool heads,
+                 const int32_t* inputs, const int32_t* targets, int B, int T) {
+  model_check_tokens(model, embeds ? inputs : nullptr, heads ? targets : nullptr, B, T);
+  chunk_release(model, pass);
+  pass.B = B;
+  pass.T = T;
+  pass.block_begin = block_begin;
+  pass.block_end = block_end;
+  pass.embeds = embeds;
+  pass.heads = heads;
   const int64_t N = int64_t{B} * T;
-  model.inputs.assign(inputs, inputs + N);
-  model.targets.assign(targets, targets + N);
-  model.blocks.assign(static_cast<size_t>(model.spec.num_layers), BlockActivations{});
-  model.has_activations = true;
-  const Dims d = model_dims(model);
-  HeadActivations& h = model.head;
+  if (embeds) pass.inputs.assign(inputs, inputs + N);
+  if (heads) pass.targets.assign(targets, targets + N);
+  pass.blocks.assign(static_cast<size_t>(block_end - block_begin), BlockActivations{});
+  pass.backward_next = block_end;
+  pass.active = true;
+  pass.input = take(model, N * model.spec.hidden_size, embeds ? "embedding output" : "stage input");
+}
 
-  h.embedded = take(model, N * d.C, "embedding output");
-  embedding_forward(h.embedded, inputs, model.weights.token, model.weights.position, B, T, d.C);
-  const float* x = h.embedded;
-  for (int layer = 0; layer < static_cast<int>(model.spec.num_layers); layer++) {
-    block_forward(model, d, layer, x);
-    x = model.blocks[static_cast<size_t>(layer)].out;
+const float* chunk_forward(Model& model, ChunkPass& pass) {
+  const Dims d = model_dims(model, pass);
+  if (pass.embeds) embedding_pass_forward(model, pass, d);
+  for (int layer = pass.block_begin; layer < pass.block_end; layer++) {
+    block_forward(model, pass, d, layer, block_input(pass, layer));
   }
-  h.lnf = take(model, N * d.C, "final_norm.out");
-  if (d.gpt2) h.lnf_mean = take(model, N, "final_norm.mean");
-  h.lnf_rstd = take(model, N, "final_norm.rstd");
-  h.logits = take(model, N * d.V, "logits");
-  h.losses = take(model, N, "losses");
-  h.lse = take(model, N, "lse");
-  norm_forward(model, d, h.lnf, h.lnf_mean, h.lnf_rstd, x, model.weights.final_norm_w,
-               model.weights.final_norm_b);
-  matmul_forward(h.logits, h.lnf, model.weights.lm_head, nullptr, d.N, d.C, d.V);
-  return crossentropy_forward(h.losses, h.lse, h.logits, targets, d.N, d.V);
+  const float* out = block_input(pass, pass.block_end);
+  if (!pass.heads) return out;
+  pass.loss = head_pass_forward(model, pass, d, out);
+  return nullptr;
+}
+
+float* chunk_output_gradient(Model& model, ChunkPass& pass) {
+  if (pass.gradient == nullptr) {
+    pass.gradient = take_zeroed(model, int64_t{pass.B} * pass.T * model.spec.hidden_size, "d residual");
+  }
+  return pass.gradient;
+}
+
+const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int block_end, float loss_scale) {
+  if (!pass.active || block_end != pass.backward_next || block_begin < pass.block_begin || block_begin > block_end) {
+    throw Error(fmt::format("backward of blocks [{}, {}) out of order: the pass expects blocks ending at {}",
+                            block_begin, block_end, pass.backward_next));
+  }
+  const Dims d = model_dims(model, pass);
+  if (block_end == pass.block_end && pass.heads) {
+    head_pass_backward(model, pass, d, block_input(pass, pass.block_end), loss_scale);
+  }
+  if (pass.gradient == nullptr) throw Error("chunk backward started without the gradient of its output");
+  for (int layer = block_end - 1; layer >= block_begin; layer--) {
+    block_backward(model, pass, d, layer, block_input(pass, layer), pass.gradient);
+    release_block(model, pass.blocks[static_cast<size_t>(layer - pass.block_begin)]);
+  }
+  pass.backward_next = block_begin;
+  if (block_begin != pass.block_begin) return nullptr;
+  if (!pass.embeds) return pass.gradient;
+  embedding_pass_backward(model, pass, d);
+  return nullptr;
+}
+
+void chunk_release(Model& model, ChunkPass& pass) {
+  if (!pass.active) return;
+  for (BlockActivations& a : pass.blocks) release_block(model, a);
+  head_pass_release(model, pass);
+  give(model, pass.input);
+  give(model, pass.gradient);
+  pass.active = false;
+}
+
+float model_forward(Model& model, const int32_t* inputs, const int32_t* targets, int B, int T) {
+  chunk_begin(model, model.pass, 0, static_cast<int>(model.spec.num_layers), true, true, inputs, targets, B, T);
+  chunk_forward(model, model.pass);
+  return model.pass.loss;
 }
 
 void model_backward(Model& model, float loss_scale) {
-  if (!model.has_activations) {
+  if (!model.pass.active) {
     throw Error("model_backward called without a preceding model_forward");
   }
-  const Dims d = model_dims(model);
-  HeadActivations& h = model.head;
-  const int64_t NC = int64_t{d.N} * d.C;
-  const int L = static_cast<int>(model.spec.num_layers);
-  const float* last = model.blocks[static_cast<size_t>(L - 1)].out;
-
-  crossentropy_backward_inplace(h.logits, h.lse, model.targets.data(), d.N, d.V,
-                                loss_scale / static_cast<float>(d.N));
-  float* dlnf = take_zeroed(model, NC, "d final_norm.out");
-  matmul_backward(dlnf, model.gradients.lm_head, nullptr, h.logits, h.lnf, model.weights.lm_head,
-                  d.N, d.C, d.V);
-  give(model, h.logits);
-  give(model, h.losses);
-  give(model, h.lse);
-  float* dres = take_zeroed(model, NC, "d residual");
-  norm_backward(d, dres, model.gradients.final_norm_w, model.gradients.final_norm_b, dlnf, last,
-                model.weights.final_norm_w, h.lnf_mean, h.lnf_rstd);
-  give(model, dlnf);
-  give(model, h.lnf);
-  give(model, h.lnf_mean);
-  give(model, h.lnf_rstd);
-
-  for (int layer = L - 1; layer >= 0; layer--) {
-    const float* x = layer == 0 ? h.embedded : model.blocks[static_cast<size_t>(layer - 1)].out;
-    block_backward(model, d, layer, x, dres);
-    release_block(model, model.blocks[static_cast<size_t>(layer)]);
-  }
-  embedding_backward(model.gradients.token, model.gradients.position, dres, model.inputs.data(),
-                     d.B, d.T, d.C);
-  give(model, dres);
-  give(model, h.embedded);
-  model.has_activations = false;
+  chunk_backward(model, model.pass, model.pass.block_begin, model.pass.block_end, loss_scale);
+  chunk_release(model, model.pass);
 }
 
-void model_release_activations(Model& model) {
-  if (!model.has_activations) return;
-  for (BlockActivations& a : model.blocks) release_block(model, a);
-  HeadActivations& h = model.head;
-  for (float** buffer : {&h.embedded, &h.lnf, &h.lnf_mean, &h.lnf_rstd, &h.logits, &h.losses,
-                         &h.lse}) {
-    give(model, *buffer);
-  }
-  model.has_activations = false;
-}
+void model_release_activations(Model& model) { chunk_release(model, model.pass); }
 
 }  // namespace alloy

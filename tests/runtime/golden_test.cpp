@@ -158,7 +158,7 @@ void check_golden(const std::string& name, Recompute level) {
 
   model_zero_grad(model);
   const float loss = model_forward(model, inputs.data(), targets.data(), B, T);
-  const double logits_diff = relative_difference(model.head.logits, fixture.floats["logits"]);
+  const double logits_diff = relative_difference(model.pass.head.logits, fixture.floats["logits"]);
   std::printf("  %-32s %.2e\n", "logits", logits_diff);
   EXPECT_LT(logits_diff, 1e-4);
   const double reference_loss = fixture.floats["loss"][0];

@@ -1,0 +1,128 @@
+// What a distributed run hands back to people: the predicted-against-measured table, the Chrome
+// trace of the real step (the simulator's format, so both open side by side) and the full
+// weights gathered from every rank's shard.
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "runtime/dist/dist_trainer.hpp"
+#include "runtime/io/safetensors.hpp"
+#include "sim/trace.hpp"
+#include "spec/error.hpp"
+#include "spec/units.hpp"
+#include "util/table.hpp"
+
+namespace alloy {
+
+namespace {
+
+constexpr int kGatherTag = 7;  // the step's transfers are all done when gathers run
+
+template <typename T>
+std::vector<T> gather_records_on_root(Communicator& comm, const std::vector<T>& mine, int source) {
+  std::vector<T> records;
+  if (comm.rank() == source) records = mine;
+  int64_t count = static_cast<int64_t>(mine.size());
+  comm.broadcast(&count, sizeof(count), source, comm.world()).wait();
+  if (source == 0) return records;
+  if (comm.rank() == source) {
+    comm.send(mine.data(), count * static_cast<int64_t>(sizeof(T)), 0, kGatherTag).wait();
+  } else if (comm.rank() == 0) {
+    records.resize(static_cast<size_t>(count));
+    comm.recv(records.data(), count * static_cast<int64_t>(sizeof(T)), source, kGatherTag).wait();
+  }
+  return records;
+}
+
+}  // namespace
+
+std::string dist_render_summary(const DistTrainResult& result, const Plan& plan) {
+  TextTable table({"rank>", "stage>", "device", "tp>", "dp>", "step>", "compute>", "waiting>", "comm busy>",
+                   "peak memory>", "predicted>"});
+  double slowest = 0;
+  for (const RankSummary& r : result.ranks) {
+    const PlanStage& st = plan.stages[r.stage];
+    slowest = std::max(slowest, r.step_seconds);
+    table.add_row({std::to_string(r.rank), std::to_string(r.stage), st.device_type, std::to_string(r.tp_rank),
+                   std::to_string(r.dp_rank), units_format_seconds(r.step_seconds),
+                   units_format_seconds(r.compute_seconds), units_format_seconds(r.wait_seconds),
+                   units_format_seconds(r.communication_seconds), units_format_bytes(r.peak_arena_bytes),
+                   units_format_bytes(st.memory_total_bytes())});
+  }
+  std::string text = table.render();
+  text += fmt::format("step time: predicted {}, measured {} (median of the steps after the first; {:.2f}x)\n",
+                      units_format_seconds(plan.step_seconds), units_format_seconds(slowest),
+                      plan.step_seconds > 0 ? slowest / plan.step_seconds : 0.0);
+  text += "memory: measured is the rank's arena peak in fp32; predicted is the plan's per-device total in " +
+          std::string(precision_name(plan.precision)) + "\n";
+  return text;
+}
+
+void dist_save_trace(RankRuntime& runtime, const Plan& plan, Communicator& comm, const std::string& path) {
+  SimResult sim;
+  double earliest = -runtime.step_start_seconds();
+  comm.all_reduce(&earliest, 1, comm.world(), ReduceOp::ReduceOp_max).wait();
+  earliest = -earliest;
+  const std::vector<RankInfo> ranks = plan_rank_map(plan);
+  for (int r = 0; r < comm.world_size(); ++r) {
+    std::vector<SimInterval> intervals = gather_records_on_root(comm, runtime.intervals(), r);
+    std::vector<MemorySample> memory = gather_records_on_root(comm, runtime.memory_samples(), r);
+    std::vector<double> offset = gather_records_on_root(comm, std::vector<double>{runtime.step_start_seconds() - earliest}, r);
+    if (comm.rank() != 0) continue;
+    SimLane lane;
+    lane.rank = r;
+    lane.stage = ranks[r].stage;
+    lane.device_id = ranks[r].device_id;
+    lane.device_type = plan.stages[lane.stage].device_type;
+    for (MemorySample m : memory) {
+      m.seconds += offset[0];
+      lane.memory.push_back(m);
+    }
+    for (SimInterval iv : intervals) {
+      iv.lane = r;
+      iv.start_seconds += offset[0];
+      iv.end_seconds += offset[0];
+      sim.step_seconds = std::max(sim.step_seconds, iv.end_seconds);
+      sim.intervals.push_back(iv);
+    }
+    sim.lanes.push_back(lane);
+  }
+  if (comm.rank() == 0) trace_save(sim, plan, path);
+}
+
+void dist_export_weights(RankRuntime& runtime, const Plan& plan, Communicator& comm, const std::string& path) {
+  runtime.gather_parameters();
+  const ModelSpec& spec = runtime.model().spec;
+  const std::vector<RankInfo> ranks = plan_rank_map(plan);
+  std::map<std::string, std::vector<float>> full;
+  std::vector<ShardedTensor> order = shard_tensors(spec, shard_full(spec));
+  Model& model = runtime.model();
+  const std::vector<float> mine(model.params, model.params + model.num_parameters);
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (ranks[r].dp_rank != 0) continue;
+    const std::vector<float> params = gather_records_on_root(comm, mine, r);
+    if (comm.rank() != 0) continue;
+    const PlanStage& st = plan.stages[ranks[r].stage];
+    int64_t offset = 0;
+    for (const ShardedTensor& t : shard_tensors(spec, rank_shard(plan, ranks[r].stage, ranks[r].tp_rank))) {
+      const bool copy_of_embedding = t.name == "embed.token" && !st.has_embedding;
+      std::vector<float>& out = full[t.name];
+      int64_t numel = 1;
+      for (int64_t e : t.full_shape) numel *= e;
+      out.resize(static_cast<size_t>(numel));
+      for (const ShardSegment& seg : t.segments) {
+        if (!copy_of_embedding)
+          std::memcpy(out.data() + seg.full_offset, params.data() + offset, static_cast<size_t>(seg.count) * sizeof(float));
+        offset += seg.count;
+      }
+    }
+  }
+  if (comm.rank() != 0) return;
+  std::vector<TensorRef> refs;
+  for (const ShardedTensor& t : order) refs.push_back({t.name, t.full_shape, full.at(t.name).data()});
+  safetensors_save(path, refs, {{"format", "pt"}, {"source", "alloy train --plan (gathered from every rank)"}});
+}
+
+}  // namespace alloy

@@ -1,0 +1,230 @@
+// The distributed training loop: checks agreed by every rank, data for the stages that read
+// tokens, steps, per-rank checkpoints with exact resume, and the JSON-lines log from rank 0.
+#include "runtime/dist/dist_trainer.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/io/batch_loader.hpp"
+#include "runtime/io/checkpoint.hpp"
+#include "runtime/io/token_file.hpp"
+#include "runtime/threads.hpp"
+#include "runtime/trainer.hpp"
+#include "spec/error.hpp"
+#include "spec/units.hpp"
+
+namespace alloy {
+
+namespace {
+
+// What the CPU runtime cannot run yet, named with the plan field to change.
+void check_runnable(const Plan& plan, const ModelSpec& model, const std::string& source) {
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    for (bool offloaded : st.offload)
+      if (offloaded)
+        throw Error("layer offload is not run by the CPU runtime yet", {source, fmt::format("stages[{}].offload", s)},
+                    "plan without offload");
+    if (st.sequence_parallel && st.tp > 1)
+      throw Error("sequence parallelism is not run by the CPU runtime yet",
+                  {source, fmt::format("stages[{}].sequence_parallel", s)}, "set it to false (plain tensor parallelism)");
+    shard_check_tp(model, st.tp);
+  }
+  if (model.tied_embeddings && plan.stages.size() > 1 && plan.stages.front().tp != plan.stages.back().tp)
+    throw Error(fmt::format("the tied embedding of {} is split {} ways on the first stage but {} ways on the last",
+                            model.name, plan.stages.front().tp, plan.stages.back().tp),
+                {source, "stages[].tp"}, "give the first and last stage the same tp degree");
+}
+
+// Identifies the layout a checkpoint was written under: stages, shapes, batches, schedule.
+std::string plan_layout_fingerprint(const Plan& plan) {
+  std::string text = fmt::format("{} {} {} {} {} {}", plan.seq_len, plan.global_batch_sequences,
+                                 plan.micro_batch_sequences, plan.num_micro_batches, static_cast<int>(plan.schedule),
+                                 plan.virtual_chunks);
+  for (const PlanStage& st : plan.stages) {
+    text += fmt::format("|{} {} {}", st.tp, st.dp, st.zero);
+    for (const LayerRange& c : st.chunks) text += fmt::format(" [{},{})", c.begin, c.end);
+  }
+  return fmt::format("{:016x}", std::hash<std::string>{}(text));
+}
+
+std::string rank_checkpoint_dir(const std::string& dir, int rank) { return fmt::format("{}/rank-{:05d}", dir, rank); }
+
+std::vector<TensorRef> model_refs(Model& model) {
+  std::vector<TensorRef> refs;
+  for (const TensorView& v : model.views) refs.push_back({v.name, v.shape, model.params + v.offset});
+  return refs;
+}
+
+std::vector<TensorRef> optimizer_refs(RankRuntime& runtime) {
+  const int64_t floats = runtime.layout().optimizer_floats();
+  return {{"adamw.m", {floats}, runtime.adam_m()}, {"adamw.v", {floats}, runtime.adam_v()}};
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+RankSummary summarise(const std::vector<RankStepStats>& steps, const RankSchedule& schedule) {
+  RankSummary s;
+  s.rank = schedule.rank;
+  s.stage = schedule.stage;
+  s.tp_rank = schedule.tp_rank;
+  s.dp_rank = schedule.dp_rank;
+  const size_t skip = steps.size() > 1 ? 1 : 0;  // the first step warms caches and allocators
+  std::vector<double> step, compute, wait, comm;
+  for (size_t i = skip; i < steps.size(); ++i) {
+    step.push_back(steps[i].step_seconds);
+    compute.push_back(steps[i].compute_seconds);
+    wait.push_back(steps[i].wait_seconds);
+    comm.push_back(steps[i].communication_seconds);
+    s.peak_arena_bytes = std::max(s.peak_arena_bytes, static_cast<double>(steps[i].peak_arena_bytes));
+  }
+  s.step_seconds = median(step);
+  s.compute_seconds = median(compute);
+  s.wait_seconds = median(wait);
+  s.communication_seconds = median(comm);
+  return s;
+}
+
+void print_progress(const DistStepReport& r, int64_t total) {
+  std::fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  step %s\n",
+               static_cast<long long>(r.step), static_cast<long long>(total), r.loss, r.learning_rate, r.grad_norm,
+               r.tokens_per_second, units_format_seconds(r.step_seconds).c_str());
+}
+
+}  // namespace
+
+void dist_agree(Communicator& comm, const std::string& problem) {
+  constexpr int64_t kRecordBytes = 2048;
+  std::vector<char> mine(kRecordBytes, 0);
+  std::memcpy(mine.data(), problem.data(), std::min<size_t>(problem.size(), kRecordBytes - 1));
+  std::vector<char> all(static_cast<size_t>(kRecordBytes * comm.world_size()));
+  comm.all_gather_bytes(mine.data(), all.data(), kRecordBytes, comm.world()).wait();
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const char* text = all.data() + static_cast<int64_t>(r) * kRecordBytes;
+    if (text[0] != '\0') throw AgreedError(fmt::format("rank {} of {}: {}", r, comm.world_size(), std::string(text)));
+  }
+}
+
+void dist_agree_on(Communicator& comm, const std::function<void()>& check) {
+  std::string problem;
+  try {
+    check();
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const Error& e) {
+    problem = e.format();
+  }
+  dist_agree(comm, problem);
+}
+
+DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Plan& plan, const ClusterSpec& cluster,
+                               Communicator& comm, const DistTrainOptions& o) {
+  if (comm.world_size() != plan.num_used_devices()) {
+    throw AgreedError(fmt::format("the plan uses {} devices but {} ranks were started", plan.num_used_devices(),
+                            comm.world_size()),
+                {o.plan_path, "stages[].device_ids"}, fmt::format("launch with mpirun -np {}", plan.num_used_devices()));
+  }
+  dist_agree_on(comm, [&] {
+    plan_validate_for(plan, model, cluster, o.plan_path);
+    check_runnable(plan, model, o.plan_path);
+    if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume needs --checkpoint DIR", {"", "--resume"}, "name the checkpoint folder");
+  });
+  runtime_set_threads(o.threads);
+  train.seq_len = plan.seq_len;
+  train.global_batch_sequences = plan.global_batch_sequences;
+  const std::vector<RankInfo> ranks = plan_rank_map(plan);
+  const RankInfo& me = ranks[comm.rank()];
+  const PlanStage& stage = plan.stages[me.stage];
+  const DeviceType& device = cluster.device_types[cluster.devices[me.device_id].device_type_index];
+  const double slowdown = device.speed > 0 ? 1.0 / device.speed : 1.0;
+  const double cap = o.memory_cap_bytes > 0 ? o.memory_cap_bytes : device.memory_bytes;
+
+  std::optional<BatchLoader> loader;
+  dist_agree_on(comm, [&] {
+    if (!stage.has_embedding && !stage.has_head) return;
+    if (o.train_data.empty()) throw Error("no training data given", {"", "--data"}, "pass --data FILE.bin");
+    BatchLoaderOptions lo;
+    lo.batch_size = plan.global_batch_sequences;
+    lo.seq_len = plan.seq_len;
+    lo.seed = train.seed;
+    loader = batch_loader_create(token_file_open(o.train_data, model.vocab_size), lo);
+  });
+
+  RankRuntime runtime(plan, model, train, comm, static_cast<int64_t>(cap), slowdown);
+  DistTrainResult result;
+  const std::string fingerprint =
+      fmt::format("{}|plan {}|rank {}", trainer_model_fingerprint(model), plan_layout_fingerprint(plan), comm.rank());
+  if (o.resume) {
+    dist_agree_on(comm, [&] {
+      CheckpointState state = checkpoint_load(rank_checkpoint_dir(o.checkpoint_dir, comm.rank()), fingerprint,
+                                              model_refs(runtime.model()), optimizer_refs(runtime));
+      result.first_step = state.step;
+    });
+    double steps[2] = {static_cast<double>(result.first_step), -static_cast<double>(result.first_step)};
+    comm.all_reduce(steps, 2, comm.world(), ReduceOp::ReduceOp_max).wait();
+    if (steps[0] != -steps[1]) {
+      throw AgreedError(fmt::format("the ranks' checkpoints are from different steps ({} to {}): a save was interrupted",
+                              -steps[1], steps[0]),
+                  {o.checkpoint_dir, "rank-*/checkpoint.json"}, "restore every rank's folder from the same save, or start afresh");
+    }
+    runtime.optimizer_steps() = result.first_step;
+  }
+
+  std::ofstream log;
+  if (comm.rank() == 0 && !o.log_path.empty()) {
+    log.open(o.log_path, std::ios::app);
+    if (!log) throw Error("cannot open the log file for writing", {o.log_path, "--log"}, "check the folder exists");
+  }
+  const int64_t T = plan.seq_len;
+  std::vector<int32_t> inputs(static_cast<size_t>(plan.global_batch_sequences * T)), targets(inputs.size());
+  std::vector<RankStepStats> history;
+  auto save = [&](int64_t step) {
+    CheckpointState state;
+    state.step = step;
+    state.fingerprint = fingerprint;
+    checkpoint_save(rank_checkpoint_dir(o.checkpoint_dir, comm.rank()), model_refs(runtime.model()),
+                    optimizer_refs(runtime), state);
+    if (comm.rank() == 0) plan_save(plan, o.checkpoint_dir + "/plan.json");
+  };
+  for (int64_t step = result.first_step + 1; step <= train.steps; ++step) {
+    if (loader) batch_loader_read(*loader, static_cast<uint64_t>(step - 1), inputs.data(), targets.data());
+    RankStepStats stats = runtime.step(inputs.data(), targets.data());
+    double sums[2] = {stats.loss_sum, stats.loss_tokens};
+    comm.all_reduce(sums, 2, comm.world()).wait();
+    double slowest = stats.step_seconds;
+    comm.all_reduce(&slowest, 1, comm.world(), ReduceOp::ReduceOp_max).wait();
+    DistStepReport report{step, sums[0] / sums[1], stats.learning_rate, stats.grad_norm, slowest,
+                          static_cast<double>(plan.global_batch_sequences * T) / slowest};
+    if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == train.steps)) save(step);
+    if (comm.rank() == 0) {
+      if (log.is_open()) {
+        nlohmann::json j = {{"step", step}, {"loss", report.loss}, {"lr", report.learning_rate},
+                            {"grad_norm", report.grad_norm}, {"step_seconds", report.step_seconds},
+                            {"tokens_per_second", report.tokens_per_second}};
+        log << j.dump() << "\n" << std::flush;
+      }
+      if (o.progress) print_progress(report, train.steps);
+    }
+    history.push_back(stats);
+    result.steps.push_back(report);
+  }
+  RankSummary mine = summarise(history, runtime.schedule());
+  result.ranks.resize(static_cast<size_t>(comm.world_size()));
+  comm.all_gather_bytes(&mine, result.ranks.data(), sizeof(RankSummary), comm.world()).wait();
+  if (!o.trace_path.empty() && !history.empty()) dist_save_trace(runtime, plan, comm, o.trace_path);
+  if (!o.export_path.empty()) dist_export_weights(runtime, plan, comm, o.export_path);
+  return result;
+}
+
+}  // namespace alloy

@@ -1,0 +1,374 @@
+// The rank executor: walks the rank's schedule op by op. Sends and collectives are posted and
+// complete in the communicator's progress thread; a receive is waited for when its data is
+// first needed; gradient buckets are reduced while the rest of the backward runs.
+#include "runtime/dist/executor.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "runtime/cpu/optimizer.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+
+// Tensor-parallel sums of the model's passes, blocking, on the rank's tp group.
+class CommTensorParallel : public TensorParallelOps {
+ public:
+  CommTensorParallel(Communicator& comm, const CommGroup& group) : comm_(comm), group_(group) {}
+  void all_reduce_sum(float* data, int64_t count) override { timed(comm_.all_reduce(data, count, group_)); }
+  void all_reduce_max(float* data, int64_t count) override {
+    timed(comm_.all_reduce(data, count, group_, ReduceOp::ReduceOp_max));
+  }
+  double take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }
+
+ private:
+  void timed(const CommHandle& handle) {
+    const auto start = std::chrono::steady_clock::now();
+    handle.wait();
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  Communicator& comm_;
+  CommGroup group_;
+  double wait_seconds_ = 0;
+};
+
+struct RankRuntime::PassSlot {
+  int micro_batch = 0;
+  int chunk = 0;
+  ChunkPass pass;
+  int64_t sample_begin = 0;     // the replica's first global sample of the micro-batch
+  const float* output = nullptr;       // forward output (B, T, C) while sends are in flight
+  const float* input_gradient = nullptr;  // backward result to send
+  std::vector<CommHandle> receives;
+  std::vector<CommHandle> sends;
+  bool finished = false;        // backward done; released once its sends complete
+};
+
+namespace {
+
+std::vector<int> stage_first_ranks(const Plan& plan) {
+  std::vector<int> first;
+  int next = 0;
+  for (const PlanStage& st : plan.stages) {
+    first.push_back(next);
+    next += st.tp * st.dp;
+  }
+  return first;
+}
+
+double clock_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+ModelShard rank_shard(const Plan& plan, int stage_index, int tp_rank) {
+  const PlanStage& stage = plan.stages[stage_index];
+  ModelShard shard;
+  for (const LayerRange& c : stage.chunks) shard.block_ranges.push_back({c.begin, c.end});
+  std::sort(shard.block_ranges.begin(), shard.block_ranges.end());
+  shard.has_embedding = stage.has_embedding;
+  shard.has_head = stage.has_head;
+  shard.tp = stage.tp;
+  shard.tp_rank = tp_rank;
+  return shard;
+}
+
+RankGroups rank_groups_build(const Plan& plan, const ModelSpec& model, Communicator& comm) {
+  const std::vector<int> first = stage_first_ranks(plan);
+  std::vector<std::vector<int>> tp_groups, dp_groups, embedding_groups;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    for (int d = 0; d < st.dp; ++d) {
+      tp_groups.emplace_back();
+      for (int t = 0; t < st.tp; ++t) tp_groups.back().push_back(first[s] + d * st.tp + t);
+    }
+    for (int t = 0; t < st.tp; ++t) {
+      dp_groups.emplace_back();
+      for (int d = 0; d < st.dp; ++d) dp_groups.back().push_back(first[s] + d * st.tp + t);
+    }
+  }
+  if (model.tied_embeddings && plan.stages.size() > 1) {
+    const PlanStage& head = plan.stages.back();
+    const PlanStage& embed = plan.stages.front();
+    for (int t = 0; t < embed.tp; ++t) {
+      embedding_groups.emplace_back();
+      for (int d = 0; d < embed.dp; ++d) embedding_groups.back().push_back(d * embed.tp + t);
+      for (int d = 0; d < head.dp; ++d) embedding_groups.back().push_back(first.back() + d * head.tp + t);
+    }
+  }
+  RankGroups groups;
+  groups.tp = comm.split(tp_groups);
+  groups.dp = comm.split(dp_groups);
+  groups.embedding = comm.split(embedding_groups);
+  return groups;
+}
+
+RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpec& train, Communicator& comm,
+                         int64_t memory_cap_bytes, double slowdown)
+    : plan_(plan), train_(train), comm_(comm), slowdown_(std::max(1.0, slowdown)) {
+  schedule_ = schedule_build_rank(plan, spec, comm.rank());
+  groups_ = rank_groups_build(plan, spec, comm);
+  const PlanStage& stage = plan.stages[schedule_.stage];
+  arena_ = std::make_unique<Arena>(memory_cap_bytes, stage.device_type);
+  model_ = std::make_unique<Model>(spec, *arena_, rank_shard(plan, schedule_.stage, schedule_.tp_rank));
+  if (stage.tp > 1) {
+    tp_ops_ = std::make_unique<CommTensorParallel>(comm, groups_.tp);
+    model_->tp_ops = tp_ops_.get();
+  }
+  int local = 0;
+  for (const LayerRange& c : stage.chunks)
+    for (int b = c.begin; b < c.end; ++b) model_->recompute[static_cast<size_t>(b)] = stage.recompute[local++];
+  model_init_weights(*model_, train.seed);
+  const bool tied_sync = spec.tied_embeddings && plan.stages.size() > 1 && (stage.has_embedding || stage.has_head);
+  layout_ = param_layout_build(plan, *model_, schedule_, tied_sync);
+  const int64_t floats = layout_.optimizer_floats();
+  m_ = arena_->allocate_floats(floats, "adamw.m");
+  v_ = arena_->allocate_floats(floats, "adamw.v");
+  std::memset(m_, 0, static_cast<size_t>(floats) * sizeof(float));
+  std::memset(v_, 0, static_cast<size_t>(floats) * sizeof(float));
+}
+
+RankRuntime::~RankRuntime() {
+  for (auto& slot : passes_) chunk_release(*model_, slot->pass);
+  arena_->release(v_);
+  arena_->release(m_);
+}
+
+double RankRuntime::now() const { return clock_seconds() - step_start_; }
+
+int64_t RankRuntime::replica_begin(int micro_batch) const {
+  const PlanStage& st = plan_.stages[schedule_.stage];
+  return micro_batch * plan_.micro_batch_sequences + schedule_.dp_rank * (plan_.micro_batch_sequences / st.dp);
+}
+
+void RankRuntime::wait(const CommHandle& handle, RankStepStats& stats) {
+  const double start = now();
+  handle.wait();
+  stats.wait_seconds += now() - start;
+}
+
+void RankRuntime::record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end) {
+  SimInterval iv;
+  iv.stream = stream;
+  iv.kind = op.kind;
+  iv.op_index = static_cast<int>(index);
+  iv.micro_batch = op.micro_batch;
+  iv.chunk = op.chunk;
+  iv.start_seconds = start;
+  iv.end_seconds = end;
+  intervals_.push_back(iv);
+}
+
+RankRuntime::PassSlot& RankRuntime::pass_for(const ScheduleOp& op, const int32_t* inputs, const int32_t* targets) {
+  for (auto& slot : passes_)
+    if (slot->micro_batch == op.micro_batch && slot->chunk == op.chunk && !slot->finished) return *slot;
+  const PlanStage& st = plan_.stages[schedule_.stage];
+  const int p = static_cast<int>(plan_.stages.size());
+  const int virtual_stage = op.chunk * p + schedule_.stage;
+  auto slot = std::make_unique<PassSlot>();
+  slot->micro_batch = op.micro_batch;
+  slot->chunk = op.chunk;
+  slot->sample_begin = replica_begin(op.micro_batch);
+  const int T = static_cast<int>(plan_.seq_len);
+  const int B = static_cast<int>(plan_.micro_batch_sequences / st.dp);
+  const bool embeds = virtual_stage == 0;
+  const bool heads = virtual_stage == p * plan_.virtual_chunks - 1;
+  const LayerRange& blocks = st.chunks[op.chunk];
+  chunk_begin(*model_, slot->pass, blocks.begin, blocks.end, embeds, heads, inputs + slot->sample_begin * T,
+              targets + slot->sample_begin * T, B, T);
+  passes_.push_back(std::move(slot));
+  return *passes_.back();
+}
+
+void RankRuntime::reap_finished_passes(bool wait_all, RankStepStats& stats) {
+  for (auto it = passes_.begin(); it != passes_.end();) {
+    PassSlot& slot = **it;
+    bool ready = slot.finished;
+    for (const CommHandle& h : slot.sends) {
+      if (!ready) break;
+      if (wait_all) wait(h, stats);
+      ready = h.done();
+    }
+    if (!ready) {
+      ++it;
+      continue;
+    }
+    chunk_release(*model_, slot.pass);
+    it = passes_.erase(it);
+  }
+}
+
+void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inputs, const int32_t* targets,
+                         RankStepStats& stats) {
+  const int64_t C = model_->spec.hidden_size;
+  const int64_t row_floats = plan_.seq_len * C;  // one sample's hidden state
+  const double start = now();
+  switch (op.kind) {
+    case OpKind::OpKind_recv_activation:
+    case OpKind::OpKind_recv_gradient: {
+      PassSlot& slot = pass_for(op, inputs, targets);
+      float* base = op.kind == OpKind::OpKind_recv_activation ? slot.pass.input : chunk_output_gradient(*model_, slot.pass);
+      const int64_t offset = (op.sample_begin - slot.sample_begin) * row_floats;
+      const int64_t bytes = (op.sample_end - op.sample_begin) * row_floats * static_cast<int64_t>(sizeof(float));
+      slot.receives.push_back(comm_.recv(base + offset, bytes, op.peer, op.tag));
+      return;
+    }
+    case OpKind::OpKind_send_activation:
+    case OpKind::OpKind_send_gradient: {
+      PassSlot* found = nullptr;
+      for (auto& slot : passes_)
+        if (slot->micro_batch == op.micro_batch && slot->chunk == op.chunk &&
+            slot->finished == (op.kind == OpKind::OpKind_send_gradient))
+          found = slot.get();
+      if (found == nullptr) throw Error(fmt::format("rank {}: {} has no pass to send from", comm_.rank(), schedule_op_describe(op)));
+      const float* base = op.kind == OpKind::OpKind_send_activation ? found->output : found->input_gradient;
+      const int64_t offset = (op.sample_begin - found->sample_begin) * row_floats;
+      const int64_t bytes = (op.sample_end - op.sample_begin) * row_floats * static_cast<int64_t>(sizeof(float));
+      found->sends.push_back(comm_.send(base + offset, bytes, op.peer, op.tag));
+      return;
+    }
+    case OpKind::OpKind_forward:
+    case OpKind::OpKind_backward: {
+      PassSlot& slot = pass_for(op, inputs, targets);
+      for (const CommHandle& h : slot.receives) wait(h, stats);
+      slot.receives.clear();
+      const double compute_start = now();
+      if (op.kind == OpKind::OpKind_forward) {
+        slot.output = chunk_forward(*model_, slot.pass);
+        if (slot.pass.heads && schedule_.tp_rank == 0) {
+          const double tokens = static_cast<double>(slot.pass.B) * slot.pass.T;
+          stats.loss_sum += static_cast<double>(slot.pass.loss) * tokens;
+          stats.loss_tokens += tokens;
+        }
+      } else {
+        for (const CommHandle& h : slot.sends) wait(h, stats);  // the outputs are freed below
+        slot.sends.clear();
+        const int head_dp = plan_.stages.back().dp;
+        const float loss_scale = 1.0f / static_cast<float>(plan_.num_micro_batches * head_dp);
+        slot.input_gradient = chunk_backward(*model_, slot.pass, op.block_begin, op.block_end, loss_scale);
+        slot.finished = slot.pass.backward_next == slot.pass.block_begin;
+      }
+      double end = now();
+      const double tp_wait = tp_ops_ ? tp_ops_->take_wait_seconds() : 0.0;
+      if (slowdown_ > 1.0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>((end - compute_start - tp_wait) * (slowdown_ - 1.0)));
+        end = now();
+      }
+      stats.compute_seconds += end - compute_start - tp_wait;
+      stats.wait_seconds += tp_wait;
+      record(SimStream::SimStream_compute, op, index, compute_start, end);
+      memory_.push_back({end, static_cast<double>(arena_->bytes_in_use())});
+      return;
+    }
+    case OpKind::OpKind_all_reduce:
+    case OpKind::OpKind_reduce_scatter: {
+      const GradientBucket& b = param_layout_bucket(layout_, op.chunk, op.bucket);
+      float* data = model_->grads + b.range.offset;
+      pending_reductions_.push_back(op.kind == OpKind::OpKind_all_reduce
+                                        ? comm_.all_reduce(data, b.range.count, groups_.dp)
+                                        : comm_.reduce_scatter(data, b.piece_counts, groups_.dp));
+      record(SimStream::SimStream_collective, op, index, start, start);
+      return;
+    }
+    case OpKind::OpKind_all_gather: {
+      std::vector<CommHandle> handles;
+      for (const GradientBucket& b : layout_.buckets)
+        if (b.chunk == op.chunk) handles.push_back(comm_.all_gather(model_->params + b.range.offset, b.piece_counts, groups_.dp));
+      if (op.micro_batch >= 0) {  // ZeRO 3: the weights are needed now
+        for (const CommHandle& h : handles) wait(h, stats);
+        record(SimStream::SimStream_collective, op, index, start, now());
+      } else {
+        for (CommHandle& h : handles) pending_gathers_.push_back(std::move(h));
+      }
+      return;
+    }
+    case OpKind::OpKind_optimizer: {
+      for (const CommHandle& h : pending_reductions_) wait(h, stats);
+      pending_reductions_.clear();
+      const double compute_start = now();
+      optimizer(stats);
+      const double end = now();
+      stats.compute_seconds += end - compute_start;
+      record(SimStream::SimStream_compute, op, index, compute_start, end);
+      return;
+    }
+    case OpKind::OpKind_prefetch:
+    case OpKind::OpKind_evict:
+      throw Error("layer offload is not run by the CPU runtime yet", {"", "stages[].offload"},
+                  "plan without offload (every stages[].offload false)");
+  }
+}
+
+void RankRuntime::optimizer(RankStepStats& stats) {
+  Model& model = *model_;
+  if (layout_.tied_embedding.count > 0) {
+    comm_.all_reduce(model.grads + layout_.tied_embedding.offset, layout_.tied_embedding.count, groups_.embedding).wait();
+  }
+  double squares = 0;
+  for (const FlatRange& r : layout_.norm_ranges) {
+    const float* g = model.grads + r.offset;
+    double sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+    for (int64_t i = 0; i < r.count; ++i) sum += static_cast<double>(g[i]) * g[i];
+    squares += sum;
+  }
+  comm_.all_reduce(&squares, 1, comm_.world()).wait();
+  const double norm = std::sqrt(squares);
+  const float lr = lr_schedule(optimizer_steps_, train_.learning_rate, train_.min_learning_rate, train_.warmup_steps,
+                               train_.steps);
+  optimizer_steps_++;
+  AdamWHyper hyper{lr, static_cast<float>(train_.beta1), static_cast<float>(train_.beta2),
+                   static_cast<float>(train_.adam_eps), 0.0f, grad_clip_scale(norm, train_.grad_clip)};
+  int64_t packed = 0;
+  for (const FlatRange& r : layout_.optimizer_ranges) {
+    for (const TensorView& view : model.views) {
+      const int64_t begin = std::max(r.offset, view.offset);
+      const int64_t end = std::min(r.offset + r.count, view.offset + view.numel);
+      if (begin >= end) continue;
+      hyper.weight_decay = view.weight_decay ? static_cast<float>(train_.weight_decay) : 0.0f;
+      const int64_t at = packed + begin - r.offset;
+      adamw_update(model.params + begin, m_ + at, v_ + at, model.grads + begin, end - begin, hyper, optimizer_steps_);
+    }
+    packed += r.count;
+  }
+  stats.grad_norm = norm;
+  stats.learning_rate = lr;
+}
+
+RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
+  RankStepStats stats;
+  intervals_.clear();
+  memory_.clear();
+  step_start_ = clock_seconds();
+  arena_->reset_peak();
+  comm_.take_busy_seconds();
+  model_zero_grad(*model_);
+  for (size_t i = 0; i < schedule_.ops.size(); ++i) {
+    run_op(i, schedule_.ops[i], inputs, targets, stats);
+    reap_finished_passes(false, stats);
+  }
+  for (const CommHandle& h : pending_gathers_) wait(h, stats);
+  pending_gathers_.clear();
+  reap_finished_passes(true, stats);
+  if (!passes_.empty()) throw Error(fmt::format("rank {}: {} micro-batch passes left at the end of the step", comm_.rank(), passes_.size()));
+  stats.step_seconds = now();
+  stats.communication_seconds = comm_.take_busy_seconds();
+  stats.peak_arena_bytes = arena_->peak_bytes();
+  return stats;
+}
+
+void RankRuntime::gather_parameters() {
+  if (!layout_.sharded) return;
+  std::vector<CommHandle> handles;
+  for (const GradientBucket& b : layout_.buckets)
+    handles.push_back(comm_.all_gather(model_->params + b.range.offset, b.piece_counts, groups_.dp));
+  for (const CommHandle& h : handles) h.wait();
+}
+
+}  // namespace alloy

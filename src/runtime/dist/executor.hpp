@@ -1,0 +1,109 @@
+// One rank of a plan: its shard of the model, its communication groups and the executor that
+// runs the rank's step schedule (from the schedule generator, unchanged): compute, pipeline
+// transfers by sample range, gradient buckets, ZeRO gathers and the sharded optimizer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "plan/plan.hpp"
+#include "plan/schedule.hpp"
+#include "runtime/arena.hpp"
+#include "runtime/dist/communicator.hpp"
+#include "runtime/dist/param_layout.hpp"
+#include "runtime/model.hpp"
+#include "sim/simulate.hpp"
+#include "spec/train.hpp"
+
+namespace alloy {
+
+class CommTensorParallel;
+
+struct RankGroups {
+  CommGroup tp;         // same stage and dp rank
+  CommGroup dp;         // same stage and tp rank
+  CommGroup embedding;  // tied embeddings over a pipeline: first and last stage, same tp rank
+};
+
+// Per step and rank: where the time went, and memory.
+struct RankStepStats {
+  double step_seconds = 0;
+  double compute_seconds = 0;        // forward, backward, optimizer (slow-device stretch included)
+  double wait_seconds = 0;           // blocked on receives, collectives and tensor-parallel sums
+  double communication_seconds = 0; // transfers in flight (overlapping compute or not)
+  double loss_sum = 0;               // sum of token losses this rank reports (head stage, tp rank 0)
+  double loss_tokens = 0;
+  double grad_norm = 0;
+  double learning_rate = 0;
+  int64_t peak_arena_bytes = 0;
+};
+
+class RankRuntime {
+ public:
+  // Builds the shard, groups and layout of `rank`; every rank of the world must call it (group
+  // creation is collective). `slowdown` >= 1 stretches compute to emulate a slower device.
+  RankRuntime(const Plan& plan, const ModelSpec& model, const TrainSpec& train, Communicator& comm,
+              int64_t memory_cap_bytes, double slowdown);
+  ~RankRuntime();
+
+  // Runs one optimizer step on the global batch inputs, targets: (global_batch, T) token ids
+  // (only stages with the embedding or head read them). Records the step's intervals.
+  RankStepStats step(const int32_t* inputs, const int32_t* targets);
+
+  Model& model() { return *model_; }
+  const RankSchedule& schedule() const { return schedule_; }
+  const ParamLayout& layout() const { return layout_; }
+  const RankGroups& groups() const { return groups_; }
+  Arena& arena() { return *arena_; }
+  // AdamW moments of optimizer_ranges, packed: (layout().optimizer_floats()) each.
+  float* adam_m() { return m_; }
+  float* adam_v() { return v_; }
+  int64_t& optimizer_steps() { return optimizer_steps_; }
+  // Brings the pieces other members own up to date (ZeRO 3 keeps them stale between steps).
+  void gather_parameters();
+  // Intervals of the last step, seconds from its start, lane 0 (this rank).
+  const std::vector<SimInterval>& intervals() const { return intervals_; }
+  const std::vector<MemorySample>& memory_samples() const { return memory_; }
+  // Wall-clock seconds (since the epoch) when the last step started: aligns ranks' traces.
+  double step_start_seconds() const { return step_start_; }
+
+ private:
+  struct PassSlot;
+  PassSlot& pass_for(const ScheduleOp& op, const int32_t* inputs, const int32_t* targets);
+  void run_op(size_t index, const ScheduleOp& op, const int32_t* inputs, const int32_t* targets, RankStepStats& stats);
+  void optimizer(RankStepStats& stats);
+  void wait(const CommHandle& handle, RankStepStats& stats);
+  void record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end);
+  void reap_finished_passes(bool wait_all, RankStepStats& stats);
+  int64_t replica_begin(int micro_batch) const;
+  double now() const;
+
+  const Plan& plan_;
+  TrainSpec train_;
+  Communicator& comm_;
+  RankSchedule schedule_;
+  RankGroups groups_;
+  std::unique_ptr<Arena> arena_;
+  std::unique_ptr<CommTensorParallel> tp_ops_;
+  std::unique_ptr<Model> model_;
+  ParamLayout layout_;
+  float* m_ = nullptr;
+  float* v_ = nullptr;
+  int64_t optimizer_steps_ = 0;
+  double slowdown_ = 1.0;
+  std::vector<std::unique_ptr<PassSlot>> passes_;
+  std::vector<CommHandle> pending_reductions_;
+  std::vector<CommHandle> pending_gathers_;
+  std::vector<SimInterval> intervals_;
+  std::vector<MemorySample> memory_;
+  double step_start_ = 0;
+};
+
+// The parameters a rank of `stage` at tensor-parallel position `tp_rank` holds.
+ModelShard rank_shard(const Plan& plan, int stage, int tp_rank);
+
+// Groups of every rank of the plan, built collectively (each rank gets its own).
+RankGroups rank_groups_build(const Plan& plan, const ModelSpec& model, Communicator& comm);
+
+}  // namespace alloy

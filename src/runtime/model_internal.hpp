@@ -1,0 +1,97 @@
+// Shared by the model's pass files (not a public API): sizes of one pass, arena helpers, norm
+// dispatch, tensor-parallel sums, and the embedding and head passes.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "runtime/cpu/norm.hpp"
+#include "runtime/model.hpp"
+
+namespace alloy {
+
+// Sizes of one pass on this rank, in the kernels' int arguments: heads, FFN width and
+// vocabulary are this tensor-parallel rank's share.
+struct Dims {
+  int B, T, N, C, Hq, Hkv, D, R, F, V;
+  int64_t vocab_begin;  // first vocabulary row of this rank
+  int tp, tp_rank;
+  bool gpt2;
+};
+
+inline Dims model_dims(const Model& model, const ChunkPass& pass) {
+  const ModelSpec& s = model.spec;
+  const int tp = model.shard.tp;
+  Dims d{};
+  d.B = pass.B;
+  d.T = pass.T;
+  d.N = pass.B * pass.T;
+  d.C = static_cast<int>(s.hidden_size);
+  d.Hq = static_cast<int>(s.num_heads / tp);
+  d.Hkv = static_cast<int>(s.num_kv_heads / tp);
+  d.D = static_cast<int>(s.head_dim);
+  d.R = (d.Hq + 2 * d.Hkv) * d.D;
+  d.F = static_cast<int>(s.ffn_hidden_size / tp);
+  const auto [vocab_begin, vocab_end] = shard_vocab_range(s, tp, model.shard.tp_rank);
+  d.V = static_cast<int>(vocab_end - vocab_begin);
+  d.vocab_begin = vocab_begin;
+  d.tp = tp;
+  d.tp_rank = model.shard.tp_rank;
+  d.gpt2 = s.family == ModelFamily::ModelFamily_gpt2;
+  return d;
+}
+
+inline float* take(Model& model, int64_t floats, const char* what) { return model.arena->allocate_floats(floats, what); }
+
+inline float* take_zeroed(Model& model, int64_t floats, const char* what) {
+  float* buffer = model.arena->allocate_floats(floats, what);
+  std::memset(buffer, 0, static_cast<size_t>(floats) * sizeof(float));
+  return buffer;
+}
+
+inline void give(Model& model, float*& buffer) {
+  model.arena->release(buffer);
+  buffer = nullptr;
+}
+
+// Sum over the tensor-parallel group (nothing on a single rank).
+inline void tp_sum(const Model& model, float* data, int64_t count) {
+  if (model.shard.tp > 1) model.tp_ops->all_reduce_sum(data, count);
+}
+
+// LayerNorm for the GPT-2 family, RMSNorm for LLaMA (mean unused there).
+inline void norm_forward(const Model& model, const Dims& d, float* out, float* mean, float* rstd, const float* inp,
+                         const float* w, const float* b) {
+  const float eps = static_cast<float>(model.spec.norm_eps);
+  if (d.gpt2) {
+    layernorm_forward(out, mean, rstd, inp, w, b, d.N, d.C, eps);
+  } else {
+    rmsnorm_forward(out, rstd, inp, w, d.N, d.C, eps);
+  }
+}
+
+inline void norm_backward(const Dims& d, float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd) {
+  if (d.gpt2) {
+    layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, d.N, d.C);
+  } else {
+    rmsnorm_backward(dinp, dw, dout, inp, w, rstd, d.N, d.C);
+  }
+}
+
+// inputs, targets: (B, T) or nullptr when the chunk does not read them. Throws alloy::Error for
+// ids outside the vocabulary or T above the model's maximum.
+void model_check_tokens(const Model& model, const int32_t* inputs, const int32_t* targets, int B, int T);
+
+// pass.inputs -> pass.input (B, T, C): token (and position) embedding, vocabulary-parallel.
+void embedding_pass_forward(Model& model, ChunkPass& pass, const Dims& d);
+// pass.gradient (B, T, C) -> embedding gradients.
+void embedding_pass_backward(Model& model, ChunkPass& pass, const Dims& d);
+// x: (B, T, C) the last block's output -> mean loss of the pass's tokens (vocabulary-parallel
+// cross-entropy under tensor parallelism).
+float head_pass_forward(Model& model, ChunkPass& pass, const Dims& d, const float* x);
+// Allocates pass.gradient and fills it with dL/dx, scaled by loss_scale / (local tokens).
+void head_pass_backward(Model& model, ChunkPass& pass, const Dims& d, const float* x, float loss_scale);
+void head_pass_release(Model& model, ChunkPass& pass);
+
+}  // namespace alloy

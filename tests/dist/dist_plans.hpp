@@ -1,0 +1,105 @@
+// Plans for the distributed-runtime tests: small GPT-2 and LLaMA models on a one-node CPU
+// cluster, stage shapes given directly, devices taken in order.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "plan/plan.hpp"
+#include "spec/cluster.hpp"
+#include "spec/model.hpp"
+
+namespace alloy::testing {
+
+// A six-block GPT-2 model with tied embeddings and a four-block LLaMA model with grouped-query
+// attention; both small enough for 20 steps on 8 oversubscribed ranks in seconds.
+inline const char* kGpt6Yaml = R"(name: gpt-6
+family: gpt2
+layers: 6
+hidden_size: 32
+heads: 4
+ffn_hidden_size: 128
+vocab_size: 256
+max_seq_len: 64
+tied_embeddings: true
+norm_eps: 1.0e-5
+)";
+
+inline const char* kLlama4Yaml = R"(name: llama-4
+family: llama
+layers: 4
+hidden_size: 32
+heads: 4
+kv_heads: 2
+ffn_hidden_size: 96
+vocab_size: 256
+max_seq_len: 64
+tied_embeddings: false
+norm_eps: 1.0e-5
+rope_theta: 10000
+)";
+
+inline const char* kCpu8Yaml = R"(name: local-cpu-8
+device_types:
+  cpu-fast: {base: cpu, memory: 2GiB}
+nodes:
+  - {name: host, count: 1, device: cpu-fast, devices_per_node: 8, host_memory: 16GiB}
+)";
+
+struct TestStage {
+  int tp = 1;
+  int dp = 1;
+  int zero = 0;
+  std::vector<int> chunk_blocks;           // blocks per virtual chunk (one entry unless interleaved)
+  std::vector<Recompute> recompute = {};   // per block of the stage; empty: none
+};
+
+inline constexpr int64_t kTestSeqLen = 32;
+inline constexpr int64_t kTestGlobalBatch = 8;
+
+// Chunks are laid out in pipeline order: chunk 0 of every stage, then chunk 1, ...
+inline Plan test_plan(const ModelSpec& model, const ClusterSpec& cluster, const std::vector<TestStage>& stages,
+                      Schedule schedule, int micro_batches) {
+  Plan plan;
+  plan.model_name = model.name;
+  plan.model_fingerprint = model_fingerprint(model);
+  plan.num_layers = static_cast<int>(model.num_layers);
+  plan.cluster_name = cluster.name;
+  plan.cluster_fingerprint = cluster_fingerprint(cluster);
+  plan.num_devices = static_cast<int>(cluster.devices.size());
+  plan.seq_len = kTestSeqLen;
+  plan.global_batch_sequences = kTestGlobalBatch;
+  plan.micro_batch_sequences = kTestGlobalBatch / micro_batches;
+  plan.num_micro_batches = micro_batches;
+  plan.schedule = schedule;
+  plan.virtual_chunks = static_cast<int>(stages.front().chunk_blocks.size());
+  plan.precision = Precision::Precision_fp32;
+  int device = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    PlanStage st;
+    st.device_type = "cpu-fast";
+    st.tp = stages[s].tp;
+    st.dp = stages[s].dp;
+    st.zero = stages[s].zero;
+    for (int i = 0; i < st.tp * st.dp; ++i) st.device_ids.push_back(device++);
+    st.has_embedding = s == 0;
+    st.has_head = s + 1 == stages.size();
+    plan.stages.push_back(st);
+  }
+  int layer = 0;
+  for (int c = 0; c < plan.virtual_chunks; ++c)
+    for (size_t s = 0; s < stages.size(); ++s) {
+      plan.stages[s].chunks.push_back({layer, layer + stages[s].chunk_blocks[c]});
+      layer += stages[s].chunk_blocks[c];
+    }
+  for (size_t s = 0; s < stages.size(); ++s) {
+    PlanStage& st = plan.stages[s];
+    st.recompute = stages[s].recompute;
+    st.recompute.resize(static_cast<size_t>(st.num_blocks()), Recompute::Recompute_none);
+    st.offload.assign(static_cast<size_t>(st.num_blocks()), false);
+    st.memory_capacity_bytes = 2.0 * 1024 * 1024 * 1024;
+  }
+  return plan;
+}
+
+}  // namespace alloy::testing

@@ -12,8 +12,14 @@ namespace alloy {
 
 enum class ReduceOp { ReduceOp_sum, ReduceOp_max };
 
+// Exit status of a job ended because an operation did not finish within the timeout.
+inline constexpr int kExitCommTimeout = 4;
+
 // Completion of one posted operation. wait() blocks until it is done and throws alloy::Error
-// when the operation failed or did not finish within the communicator's timeout (naming it).
+// when the operation failed. When it does not finish within the communicator's timeout, wait()
+// aborts the whole job (Communicator::abort, exit status kExitCommTimeout) with a message naming
+// the operation: the peers are stuck in it too, so throwing on one rank would leave them hanging.
+// Handles must not be waited on after their communicator is destroyed.
 class CommHandle {
  public:
   struct State;

@@ -1,0 +1,706 @@
+// The MPI Communicator: after start-up one progress thread makes every MPI call. Callers queue
+// operations and get handles; the thread posts them in FIFO order (so every member posts its
+// collectives in the same order) and polls them with MPI_Testsome, sleeping when idle.
+#include <mpi.h>
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include "runtime/dist/communicator.hpp"
+#include "spec/error.hpp"
+#include "spec/units.hpp"
+
+namespace alloy {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Largest element count handed to one MPI call; larger transfers are split into pieces that
+// every member splits identically.
+constexpr int64_t kMaxChunkCount = int64_t{1} << 30;
+// Pause between two MPI_Testsome calls while transfers are in flight: short enough for
+// latency, long enough not to take a core from the ranks that share it.
+constexpr auto kPollInterval = std::chrono::microseconds(30);
+constexpr double kDefaultTimeoutSeconds = 300;
+}  // namespace
+
+// What a wait needs: completion, an error, and enough to name the operation on a timeout.
+struct CommHandle::State {
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::string error;  // MPI's message when the operation failed
+  Communicator* owner = nullptr;
+  double timeout_seconds = kDefaultTimeoutSeconds;
+  const char* kind = "";
+  int64_t bytes = 0;
+  int peer = -1;  // point to point only
+  int tag = -1;
+  std::shared_ptr<const std::vector<int>> members;  // collectives only
+
+  std::string describe() const {
+    std::string text = fmt::format("{} of {}", kind, units_format_bytes(static_cast<double>(bytes)));
+    if (peer >= 0) {
+      text += fmt::format(" {} rank {} tag {}", std::strcmp(kind, "recv") == 0 ? "from" : "to", peer, tag);
+    }
+    if (members) text += fmt::format(" over ranks [{}]", fmt::join(*members, ", "));
+    return text;
+  }
+};
+
+void CommHandle::wait() const {
+  if (!state_) throw Error("wait on an empty CommHandle", {}, "wait only on handles returned by a Communicator call");
+  std::unique_lock lock(state_->mutex);
+  Clock::time_point start = Clock::now();
+  bool finished = state_->finished.wait_for(lock, std::chrono::duration<double>(state_->timeout_seconds),
+                                            [this] { return state_->done; });
+  if (!finished) {
+    std::string message = fmt::format(
+        "timed out after {:.1f} s waiting for {}; a peer never joined it (it failed, hangs, or posts its "
+        "operations in another order); if it is only slow, raise ALLOY_COMM_TIMEOUT (seconds)",
+        seconds_since(start), state_->describe());
+    lock.unlock();
+    state_->owner->abort(message, kExitCommTimeout);
+  }
+  if (!state_->error.empty()) {
+    throw Error(fmt::format("{} failed: {}", state_->describe(), state_->error), {},
+                "check the MPI installation with `mpirun -np N alloy comm-check`");
+  }
+}
+
+bool CommHandle::done() const {
+  if (!state_) return false;
+  std::lock_guard lock(state_->mutex);
+  return state_->done;
+}
+
+namespace {
+
+// MPI can be initialised once per process; the communicators share it and the last one out
+// finalises it when this code initialised it.
+struct MpiLifetime {
+  std::mutex mutex;
+  int users = 0;
+  bool initialised_here = false;
+};
+
+MpiLifetime& mpi_lifetime() {
+  static MpiLifetime lifetime;
+  return lifetime;
+}
+
+void mpi_acquire() {
+  MpiLifetime& life = mpi_lifetime();
+  std::lock_guard lock(life.mutex);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    throw Error("MPI was already finalised in this process", {},
+                "create one communicator per process and keep it for the whole run");
+  }
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  int provided = 0;
+  if (!initialised) {
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    life.initialised_here = true;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_SERIALIZED) {
+    throw Error("this MPI library supports neither MPI_THREAD_MULTIPLE nor MPI_THREAD_SERIALIZED", {},
+                "use an MPI built with thread support (OpenMPI: check `ompi_info | grep -i thread`)");
+  }
+  if (life.users > 0 && provided < MPI_THREAD_MULTIPLE) {
+    throw Error("a second communicator needs MPI_THREAD_MULTIPLE, which this MPI does not provide", {},
+                "use one communicator per process");
+  }
+  ++life.users;
+}
+
+void mpi_release() {
+  MpiLifetime& life = mpi_lifetime();
+  std::lock_guard lock(life.mutex);
+  if (--life.users == 0 && life.initialised_here) MPI_Finalize();
+}
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+// Posting runs on the progress thread; a failed MPI call throws this and fails the handle.
+struct MpiFailure {
+  std::string message;
+};
+
+void mpi_check(int code, const char* call) {
+  if (code != MPI_SUCCESS) throw MpiFailure{fmt::format("{}: {}", call, mpi_error_text(code))};
+}
+
+// Requests one operation posted; `recv_bytes` is the size a receive must deliver (-1: any).
+struct Posting {
+  std::vector<MPI_Request> requests;
+  std::vector<int> recv_bytes;
+  void add(MPI_Request request, int expected_recv_bytes = -1) {
+    requests.push_back(request);
+    recv_bytes.push_back(expected_recv_bytes);
+  }
+};
+
+struct Operation {
+  std::shared_ptr<CommHandle::State> state;
+  std::function<void(Posting&)> post;  // on the progress thread: issue the MPI calls
+  std::function<void()> finish;        // on the progress thread once all requests completed
+  int pending = 0;
+};
+
+// Calls fn(offset, count) for consecutive pieces of at most kMaxChunkCount.
+template <typename Fn>
+void chunks_for_each(int64_t count, Fn fn) {
+  for (int64_t offset = 0; offset < count; offset += kMaxChunkCount) {
+    fn(offset, static_cast<int>(std::min(kMaxChunkCount, count - offset)));
+  }
+}
+
+template <typename T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <>
+MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+
+double timeout_resolve(double timeout_seconds) {
+  if (timeout_seconds < 0) {
+    throw Error(fmt::format("communicator timeout {} s is negative", timeout_seconds), {},
+                "give a positive number of seconds, or 0 for ALLOY_COMM_TIMEOUT / the 300 s default");
+  }
+  if (timeout_seconds > 0) return timeout_seconds;
+  const char* text = std::getenv("ALLOY_COMM_TIMEOUT");
+  if (text == nullptr || *text == '\0') return kDefaultTimeoutSeconds;
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  if (*end != '\0' || !(value > 0)) {
+    throw Error(fmt::format("ALLOY_COMM_TIMEOUT='{}' is not a positive number of seconds", text),
+                {"", "ALLOY_COMM_TIMEOUT"}, "set it to e.g. 600, or unset it for the 300 s default");
+  }
+  return value;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(double timeout_seconds);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_.size(); }
+  int local_size() const override { return local_size_; }
+  std::string host_name() const override { return host_; }
+  CommGroup split(const std::vector<std::vector<int>>& ranks_of_groups) override;
+  const CommGroup& world() const override { return world_; }
+
+  CommHandle send(const void* data, int64_t bytes, int peer, int tag) override;
+  CommHandle recv(void* data, int64_t bytes, int peer, int tag) override;
+  CommHandle all_reduce(float* data, int64_t count, const CommGroup& group, ReduceOp op) override {
+    return all_reduce_typed(data, count, group, op);
+  }
+  CommHandle all_reduce(double* data, int64_t count, const CommGroup& group, ReduceOp op) override {
+    return all_reduce_typed(data, count, group, op);
+  }
+  CommHandle reduce_scatter(float* data, const std::vector<int64_t>& counts, const CommGroup& group) override;
+  CommHandle all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) override;
+  CommHandle broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) override;
+  CommHandle all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) override;
+  double take_busy_seconds() override;
+  [[noreturn]] void abort(const std::string& message, int exit_code) override;
+
+ private:
+  template <typename T>
+  CommHandle all_reduce_typed(T* data, int64_t count, const CommGroup& group, ReduceOp op);
+  std::shared_ptr<CommHandle::State> state_make(const char* kind, int64_t bytes);
+  std::shared_ptr<const std::vector<int>> group_members(const CommGroup& group, const char* kind) const;
+  void point_check(int64_t bytes, int peer, int tag, const char* kind) const;
+  std::vector<int> counts_check(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind) const;
+  CommHandle enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(Posting&)> post,
+                     std::function<void()> finish = {});
+  void progress_loop();
+  void operation_start(const std::shared_ptr<Operation>& op);
+  void requests_test();
+  void operation_complete(Operation& op);
+  void busy_update(bool busy_now);
+
+  double timeout_seconds_ = kDefaultTimeoutSeconds;
+  int rank_ = 0;
+  int local_size_ = 1;
+  int tag_upper_bound_ = 32767;
+  std::string host_;
+  CommGroup world_;
+
+  // Shared between callers and the progress thread.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Operation>> queue_;
+  bool stopping_ = false;
+  std::vector<std::shared_ptr<const std::vector<int>>> group_members_;  // by group id
+  double busy_seconds_ = 0;
+  bool busy_ = false;
+  Clock::time_point busy_since_;
+
+  // Progress thread only (and the constructor/destructor around it).
+  std::vector<MPI_Comm> comms_;  // by group id; 0 is a duplicate of MPI_COMM_WORLD
+  std::vector<MPI_Request> requests_;
+  std::vector<int> request_recv_bytes_;
+  std::vector<std::shared_ptr<Operation>> request_ops_;
+  std::thread thread_;
+};
+
+MpiCommunicator::MpiCommunicator(double timeout_seconds) : timeout_seconds_(timeout_resolve(timeout_seconds)) {
+  mpi_acquire();
+  MPI_Comm world_comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &world_comm);
+  MPI_Comm_set_errhandler(world_comm, MPI_ERRORS_RETURN);
+  comms_.push_back(world_comm);
+  int size = 1;
+  MPI_Comm_rank(world_comm, &rank_);
+  MPI_Comm_size(world_comm, &size);
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  MPI_Comm_split_type(world_comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm);
+  MPI_Comm_size(node_comm, &local_size_);
+  MPI_Comm_free(&node_comm);
+  void* tag_attribute = nullptr;
+  int has_tag_attribute = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_attribute, &has_tag_attribute);
+  if (has_tag_attribute) tag_upper_bound_ = *static_cast<int*>(tag_attribute);
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int name_length = 0;
+  MPI_Get_processor_name(name, &name_length);
+  host_.assign(name, static_cast<size_t>(name_length));
+
+  world_.id = 0;
+  for (int r = 0; r < size; ++r) world_.members.push_back(r);
+  world_.my_index = rank_;
+  group_members_.push_back(std::make_shared<const std::vector<int>>(world_.members));
+  thread_ = std::thread([this] { progress_loop(); });
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  for (MPI_Comm& comm : comms_) {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+  mpi_release();
+}
+
+void MpiCommunicator::abort(const std::string& message, int exit_code) {
+  // With MPI_THREAD_MULTIPLE this is safe while the progress thread is inside MPI; with only
+  // SERIALIZED the standard does not cover it, and OpenMPI still ends the job in practice.
+  fmt::print(stderr, "alloy: error on rank {} ({}): {}\n", rank_, host_, message);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this only guards a broken library
+}
+
+double MpiCommunicator::take_busy_seconds() {
+  std::lock_guard lock(mutex_);
+  double seconds = busy_seconds_;
+  busy_seconds_ = 0;
+  if (busy_) {
+    seconds += seconds_since(busy_since_);
+    busy_since_ = Clock::now();
+  }
+  return seconds;
+}
+
+std::shared_ptr<CommHandle::State> MpiCommunicator::state_make(const char* kind, int64_t bytes) {
+  auto state = std::make_shared<CommHandle::State>();
+  state->owner = this;
+  state->timeout_seconds = timeout_seconds_;
+  state->kind = kind;
+  state->bytes = bytes;
+  return state;
+}
+
+std::shared_ptr<const std::vector<int>> MpiCommunicator::group_members(const CommGroup& group, const char* kind) const {
+  std::lock_guard lock(mutex_);
+  if (group.id < 0 || group.id >= static_cast<int>(group_members_.size()) || group.my_index < 0 ||
+      *group_members_[static_cast<size_t>(group.id)] != group.members) {
+    throw Error(fmt::format("{} on a group this rank ({}) is not a member of (group id {}, members [{}])", kind,
+                            rank_, group.id, fmt::join(group.members, ", ")),
+                {}, "call collectives only on groups returned by split() with my_index >= 0, or world()");
+  }
+  return group_members_[static_cast<size_t>(group.id)];
+}
+
+void MpiCommunicator::point_check(int64_t bytes, int peer, int tag, const char* kind) const {
+  if (peer < 0 || peer >= world_size()) {
+    throw Error(fmt::format("{} with peer rank {} outside the world of {} ranks", kind, peer, world_size()));
+  }
+  if (tag < 0 || tag > tag_upper_bound_) {
+    throw Error(fmt::format("{} with tag {} outside [0, {}] (MPI_TAG_UB of this MPI)", kind, tag, tag_upper_bound_),
+                {}, "number messages with smaller tags");
+  }
+  if (bytes < 0) throw Error(fmt::format("{} of {} bytes", kind, bytes));
+}
+
+std::vector<int> MpiCommunicator::counts_check(const std::vector<int64_t>& counts, const CommGroup& group,
+                                               const char* kind) const {
+  if (static_cast<int>(counts.size()) != group.size()) {
+    throw Error(fmt::format("{} given {} counts for a group of {} members", kind, counts.size(), group.size()));
+  }
+  int64_t total = 0;
+  std::vector<int> result;
+  for (int64_t count : counts) {
+    if (count < 0) throw Error(fmt::format("{} given a negative count {}", kind, count));
+    total += count;
+    result.push_back(static_cast<int>(count));
+  }
+  if (total > INT_MAX) {
+    throw Error(fmt::format("{} of {} elements in total: MPI counts stop at {}", kind, total, INT_MAX), {},
+                "split the buffer into several calls of fewer elements");
+  }
+  return result;
+}
+
+CommHandle MpiCommunicator::enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(Posting&)> post,
+                                    std::function<void()> finish) {
+  auto op = std::make_shared<Operation>();
+  op->state = state;
+  op->post = std::move(post);
+  op->finish = std::move(finish);
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(op));
+  }
+  wake_.notify_one();
+  return CommHandle(std::move(state));
+}
+
+CommGroup MpiCommunicator::split(const std::vector<std::vector<int>>& ranks_of_groups) {
+  std::vector<int> group_of_rank(static_cast<size_t>(world_size()), -1);
+  CommGroup mine;
+  for (size_t g = 0; g < ranks_of_groups.size(); ++g) {
+    for (int r : ranks_of_groups[g]) {
+      if (r < 0 || r >= world_size()) {
+        throw Error(fmt::format("split: group {} names rank {} outside the world of {} ranks", g, r, world_size()));
+      }
+      if (group_of_rank[static_cast<size_t>(r)] >= 0) {
+        throw Error(fmt::format("split: rank {} is in group {} and in group {}", r, group_of_rank[static_cast<size_t>(r)], g),
+                    {}, "give each rank at most one group");
+      }
+      group_of_rank[static_cast<size_t>(r)] = static_cast<int>(g);
+    }
+  }
+  int color = group_of_rank[static_cast<size_t>(rank_)];
+  if (color >= 0) {
+    mine.members = ranks_of_groups[static_cast<size_t>(color)];
+    std::sort(mine.members.begin(), mine.members.end());
+    mine.my_index = static_cast<int>(std::find(mine.members.begin(), mine.members.end(), rank_) - mine.members.begin());
+    std::lock_guard lock(mutex_);
+    mine.id = static_cast<int>(group_members_.size());
+    group_members_.push_back(std::make_shared<const std::vector<int>>(mine.members));
+  }
+  auto state = state_make("split", 0);
+  state->members = std::make_shared<const std::vector<int>>(world_.members);
+  int id = mine.id;
+  CommHandle handle = enqueue(state, [this, color, id](Posting&) {
+    MPI_Comm comm = MPI_COMM_NULL;
+    mpi_check(MPI_Comm_split(comms_[0], color >= 0 ? color : MPI_UNDEFINED, rank_, &comm), "MPI_Comm_split");
+    if (id >= 0) {
+      if (comms_.size() <= static_cast<size_t>(id)) comms_.resize(static_cast<size_t>(id) + 1, MPI_COMM_NULL);
+      comms_[static_cast<size_t>(id)] = comm;
+    }
+  });
+  handle.wait();
+  return mine;
+}
+
+CommHandle MpiCommunicator::send(const void* data, int64_t bytes, int peer, int tag) {
+  point_check(bytes, peer, tag, "send");
+  auto state = state_make("send", bytes);
+  state->peer = peer;
+  state->tag = tag;
+  const char* base = static_cast<const char*>(data);
+  return enqueue(state, [this, base, bytes, peer, tag](Posting& posting) {
+    chunks_for_each(bytes, [&](int64_t offset, int n) {
+      MPI_Request request;
+      mpi_check(MPI_Isend(base + offset, n, MPI_BYTE, peer, tag, comms_[0], &request), "MPI_Isend");
+      posting.add(request);
+    });
+  });
+}
+
+CommHandle MpiCommunicator::recv(void* data, int64_t bytes, int peer, int tag) {
+  point_check(bytes, peer, tag, "recv");
+  auto state = state_make("recv", bytes);
+  state->peer = peer;
+  state->tag = tag;
+  char* base = static_cast<char*>(data);
+  return enqueue(state, [this, base, bytes, peer, tag](Posting& posting) {
+    chunks_for_each(bytes, [&](int64_t offset, int n) {
+      MPI_Request request;
+      mpi_check(MPI_Irecv(base + offset, n, MPI_BYTE, peer, tag, comms_[0], &request), "MPI_Irecv");
+      posting.add(request, n);
+    });
+  });
+}
+
+template <typename T>
+CommHandle MpiCommunicator::all_reduce_typed(T* data, int64_t count, const CommGroup& group, ReduceOp op) {
+  const char* kind = op == ReduceOp::ReduceOp_sum ? "all_reduce (sum)" : "all_reduce (max)";
+  auto state = state_make(kind, count * static_cast<int64_t>(sizeof(T)));
+  state->members = group_members(group, kind);
+  if (count < 0) throw Error(fmt::format("{} of {} elements", kind, count));
+  MPI_Op mpi_op = op == ReduceOp::ReduceOp_sum ? MPI_SUM : MPI_MAX;
+  int id = group.id;
+  return enqueue(state, [this, data, count, mpi_op, id](Posting& posting) {
+    chunks_for_each(count, [&](int64_t offset, int n) {
+      MPI_Request request;
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, data + offset, n, mpi_type<T>(), mpi_op, comms_[static_cast<size_t>(id)],
+                               &request),
+                "MPI_Iallreduce");
+      posting.add(request);
+    });
+  });
+}
+
+CommHandle MpiCommunicator::reduce_scatter(float* data, const std::vector<int64_t>& counts, const CommGroup& group) {
+  const char* kind = "reduce_scatter (sum)";
+  auto members = group_members(group, kind);
+  auto mpi_counts = std::make_shared<std::vector<int>>(counts_check(counts, group, kind));
+  int64_t total = 0;
+  int64_t my_offset = 0;
+  for (int i = 0; i < group.size(); ++i) {
+    if (i == group.my_index) my_offset = total;
+    total += counts[static_cast<size_t>(i)];
+  }
+  auto state = state_make(kind, total * static_cast<int64_t>(sizeof(float)));
+  state->members = members;
+  int id = group.id;
+  int64_t my_count = counts[static_cast<size_t>(group.my_index)];
+  // In place, MPI leaves this member's piece at the start of the buffer; move it to its offset.
+  return enqueue(
+      state,
+      [this, data, mpi_counts, id](Posting& posting) {
+        MPI_Request request;
+        mpi_check(MPI_Ireduce_scatter(MPI_IN_PLACE, data, mpi_counts->data(), MPI_FLOAT, MPI_SUM,
+                                      comms_[static_cast<size_t>(id)], &request),
+                  "MPI_Ireduce_scatter");
+        posting.add(request);
+      },
+      [data, my_offset, my_count] {
+        if (my_offset > 0) std::memmove(data + my_offset, data, static_cast<size_t>(my_count) * sizeof(float));
+      });
+}
+
+CommHandle MpiCommunicator::all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) {
+  const char* kind = "all_gather";
+  auto members = group_members(group, kind);
+  auto mpi_counts = std::make_shared<std::vector<int>>(counts_check(counts, group, kind));
+  auto offsets = std::make_shared<std::vector<int>>();
+  int total = 0;
+  for (int count : *mpi_counts) {
+    offsets->push_back(total);
+    total += count;
+  }
+  auto state = state_make(kind, int64_t{total} * static_cast<int64_t>(sizeof(float)));
+  state->members = members;
+  int id = group.id;
+  return enqueue(state, [this, data, mpi_counts, offsets, id](Posting& posting) {
+    MPI_Request request;
+    mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, mpi_counts->data(), offsets->data(), MPI_FLOAT,
+                              comms_[static_cast<size_t>(id)], &request),
+              "MPI_Iallgatherv");
+    posting.add(request);
+  });
+}
+
+CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) {
+  const char* kind = "broadcast";
+  auto state = state_make(kind, bytes);
+  state->members = group_members(group, kind);
+  if (root_index < 0 || root_index >= group.size()) {
+    throw Error(fmt::format("broadcast from member {} of a group of {}", root_index, group.size()));
+  }
+  if (bytes < 0) throw Error(fmt::format("broadcast of {} bytes", bytes));
+  char* base = static_cast<char*>(data);
+  int id = group.id;
+  return enqueue(state, [this, base, bytes, root_index, id](Posting& posting) {
+    chunks_for_each(bytes, [&](int64_t offset, int n) {
+      MPI_Request request;
+      mpi_check(MPI_Ibcast(base + offset, n, MPI_BYTE, root_index, comms_[static_cast<size_t>(id)], &request),
+                "MPI_Ibcast");
+      posting.add(request);
+    });
+  });
+}
+
+CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) {
+  const char* kind = "all_gather_bytes";
+  auto state = state_make(kind, bytes * group.size());
+  state->members = group_members(group, kind);
+  if (bytes < 0 || bytes * group.size() > INT_MAX) {
+    throw Error(fmt::format("all_gather_bytes of {} bytes per member over {} members: MPI counts stop at {} in total",
+                            bytes, group.size(), INT_MAX),
+                {}, "gather smaller records");
+  }
+  int id = group.id;
+  return enqueue(state, [this, in, out, bytes, id](Posting& posting) {
+    MPI_Request request;
+    mpi_check(MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes), MPI_BYTE,
+                             comms_[static_cast<size_t>(id)], &request),
+              "MPI_Iallgather");
+    posting.add(request);
+  });
+}
+
+void MpiCommunicator::busy_update(bool busy_now) {
+  std::lock_guard lock(mutex_);
+  if (busy_now == busy_) return;
+  if (busy_now) {
+    busy_since_ = Clock::now();
+  } else {
+    busy_seconds_ += seconds_since(busy_since_);
+  }
+  busy_ = busy_now;
+}
+
+void MpiCommunicator::operation_complete(Operation& op) {
+  if (op.state->error.empty() && op.finish) op.finish();
+  {
+    std::lock_guard lock(op.state->mutex);
+    op.state->done = true;
+  }
+  op.state->finished.notify_all();
+}
+
+void MpiCommunicator::operation_start(const std::shared_ptr<Operation>& op) {
+  Posting posting;
+  try {
+    op->post(posting);
+  } catch (const MpiFailure& failure) {
+    op->state->error = failure.message;  // the handle is not done yet, so no caller reads it
+  }
+  op->pending = static_cast<int>(posting.requests.size());
+  if (op->pending == 0) {
+    operation_complete(*op);
+    return;
+  }
+  for (size_t i = 0; i < posting.requests.size(); ++i) {
+    requests_.push_back(posting.requests[i]);
+    request_recv_bytes_.push_back(posting.recv_bytes[i]);
+    request_ops_.push_back(op);
+  }
+}
+
+void MpiCommunicator::requests_test() {
+  int completed = 0;
+  std::vector<int> indices(requests_.size());
+  std::vector<MPI_Status> statuses(requests_.size());
+  int code = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
+                          statuses.data());
+  if (code != MPI_SUCCESS && code != MPI_ERR_IN_STATUS) {
+    abort(fmt::format("MPI_Testsome failed: {}", mpi_error_text(code)), 1);
+  }
+  if (completed == MPI_UNDEFINED || completed == 0) return;
+  for (int j = 0; j < completed; ++j) {
+    size_t i = static_cast<size_t>(indices[static_cast<size_t>(j)]);
+    const MPI_Status& status = statuses[static_cast<size_t>(j)];
+    Operation& op = *request_ops_[i];
+    if (code == MPI_ERR_IN_STATUS && status.MPI_ERROR != MPI_SUCCESS && op.state->error.empty()) {
+      op.state->error = mpi_error_text(status.MPI_ERROR);
+    } else if (request_recv_bytes_[i] >= 0) {
+      int received = 0;
+      MPI_Get_count(&status, MPI_BYTE, &received);
+      if (received != request_recv_bytes_[i] && op.state->error.empty()) {
+        op.state->error = fmt::format("the sender sent {} bytes, {} expected", received, request_recv_bytes_[i]);
+      }
+    }
+    if (--op.pending == 0) operation_complete(op);
+  }
+  // MPI_Testsome set completed requests to MPI_REQUEST_NULL; drop them.
+  size_t kept = 0;
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    if (requests_[i] == MPI_REQUEST_NULL) continue;
+    requests_[kept] = requests_[i];
+    request_recv_bytes_[kept] = request_recv_bytes_[i];
+    request_ops_[kept] = std::move(request_ops_[i]);
+    ++kept;
+  }
+  requests_.resize(kept);
+  request_recv_bytes_.resize(kept);
+  request_ops_.resize(kept);
+}
+
+void MpiCommunicator::progress_loop() {
+  // Linux stretches short sleeps by the timer slack (50 us by default); polls should be ~30 us.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+  std::optional<Clock::time_point> stop_seen;
+  while (true) {
+    std::deque<std::shared_ptr<Operation>> ready;
+    {
+      std::unique_lock lock(mutex_);
+      if (requests_.empty()) {
+        wake_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+        if (queue_.empty()) break;  // stopping with nothing queued or in flight
+      } else if (queue_.empty()) {
+        wake_.wait_for(lock, kPollInterval, [this] { return !queue_.empty(); });
+      }
+      ready.swap(queue_);
+      if (stopping_ && !stop_seen) stop_seen = Clock::now();
+    }
+    for (const auto& op : ready) operation_start(op);
+    busy_update(!requests_.empty());
+    if (requests_.empty()) continue;
+    requests_test();
+    busy_update(!requests_.empty());
+    if (stop_seen && !requests_.empty() && seconds_since(*stop_seen) > timeout_seconds_) {
+      abort(fmt::format("timed out after {:.1f} s finishing {} at shutdown (and {} more requests)", timeout_seconds_,
+                        request_ops_.front()->state->describe(), requests_.size() - 1),
+            kExitCommTimeout);
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> communicator_mpi(double timeout_seconds) {
+  return std::make_unique<MpiCommunicator>(timeout_seconds);
+}
+
+bool communicator_launched_by_mpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && std::atoi(value) > 1) return true;
+  }
+  return false;
+}
+
+}  // namespace alloy

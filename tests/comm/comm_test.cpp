@@ -1,0 +1,98 @@
+// The MPI communicator end to end: `alloy comm-check` under mpirun on 1 to 4 ranks verifies every
+// collective, and its fault hooks show that a wrong result and a rank that never joins both end
+// the job with a message instead of a hang.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "../common/test_util.hpp"
+
+namespace {
+
+using alloy::testing::CommandResult;
+using alloy::testing::run_command;
+
+// mpirun refuses root and more ranks than cores unless told; leak checking is off in the ranks
+// because the MPI library keeps allocations until exit.
+void mpi_environment_set() {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  std::string options = asan != nullptr ? std::string(asan) + ":detect_leaks=0" : "detect_leaks=0";
+  setenv("ASAN_OPTIONS", options.c_str(), 1);
+}
+
+CommandResult comm_check_run(int ranks, const std::string& extra = "", int timeout_seconds = 60) {
+  mpi_environment_set();
+  std::string command = std::string("mpirun -np ") + std::to_string(ranks) + " " + ALLOY_BINARY +
+                        " comm-check --bytes 1MiB " + extra;
+  return run_command(command, timeout_seconds);
+}
+
+// Number of table lines naming `group` whose result is "pass".
+int pass_lines(const std::string& output, const std::string& group) {
+  int count = 0;
+  size_t start = 0;
+  while (start < output.size()) {
+    size_t end = output.find('\n', start);
+    if (end == std::string::npos) end = output.size();
+    std::string line = output.substr(start, end - start);
+    if (line.find(" " + group + " ") != std::string::npos && line.find(" pass") != std::string::npos) ++count;
+    start = end + 1;
+  }
+  return count;
+}
+
+void expect_all_pass(const CommandResult& r, int ranks) {
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("world size " + std::to_string(ranks)), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checks passed"), std::string::npos) << r.output;
+  // Ten collective checks per group; the world also has the overlap check.
+  EXPECT_EQ(pass_lines(r.output, "world"), 11) << r.output;
+  EXPECT_EQ(pass_lines(r.output, "even/odd"), 10) << r.output;
+  EXPECT_EQ(pass_lines(r.output, "first n-1"), ranks >= 2 ? 10 : 0) << r.output;
+  EXPECT_NE(r.output.find("overlap all_reduce+compute   world      pass"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bus bandwidth"), std::string::npos) << r.output;
+}
+
+TEST(CommCheck, SingleProcessWithoutMpirun) {
+  mpi_environment_set();
+  CommandResult r = run_command(std::string(ALLOY_BINARY) + " comm-check --bytes 1MiB", 60);
+  expect_all_pass(r, 1);
+  EXPECT_NE(r.output.find("n/a (one rank)"), std::string::npos) << r.output;
+}
+
+TEST(CommCheck, OneRank) { expect_all_pass(comm_check_run(1), 1); }
+TEST(CommCheck, TwoRanks) {
+  CommandResult r = comm_check_run(2);
+  expect_all_pass(r, 2);
+  EXPECT_EQ(r.output.find("n/a (one rank)"), std::string::npos) << r.output;
+}
+TEST(CommCheck, ThreeRanks) { expect_all_pass(comm_check_run(3), 3); }
+TEST(CommCheck, FourRanks) { expect_all_pass(comm_check_run(4), 4); }
+
+TEST(CommCheck, WrongInputOnOneRankFailsTheCheckOnEveryRank) {
+  CommandResult r = comm_check_run(2, "--fault-rank 1 --fault corrupt");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("all_reduce sum float on world is wrong on rank 0: element 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("FAIL on rank 0,1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checks FAILED"), std::string::npos) << r.output;
+}
+
+TEST(CommCheck, RankThatNeverJoinsEndsTheJobAfterTheTimeout) {
+  auto start = std::chrono::steady_clock::now();
+  CommandResult r = comm_check_run(2, "--fault-rank 1 --fault stall --timeout 3", 30);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.signal, 0) << "killed by the test's time limit instead of the communicator timeout\n" << r.output;
+  EXPECT_LT(seconds, 15.0) << r.output;
+  EXPECT_NE(r.output.find("alloy: error on rank 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("timed out after 3.0 s waiting for all_gather_bytes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("over ranks [0, 1]"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -190,7 +190,7 @@ void add_train(CLI::App& app, int* exit_code) {
   cmd->add_option("--recompute", c->recompute, "Activation recomputation for every block: none, selective, full")
       ->capture_default_str();
   cmd->add_option("--memory-cap", c->memory_cap, "Arena capacity, e.g. 2GiB (training fails clearly above it)");
-  cmd->add_flag("!--progress", c->options.progress, "--no-progress: no per-step line on stderr");
+  cmd->add_flag("--progress,!--no-progress", c->options.progress, "Per-step line on stderr (--no-progress: none)");
   cmd->add_option("--plan,-p", c->plan, "Run this plan: mpirun -np <devices the plan uses> alloy train --plan plan.json ...");
   cmd->add_option("--cluster,-c", c->cluster, "The plan's cluster (preset or path; default: the plan's cluster name)");
   cmd->add_option("--trace", c->trace, "With --plan: Chrome trace of the last step of every rank");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -102,65 +103,9 @@ void print_progress(const DistStepReport& r, int64_t total) {
                r.tokens_per_second, units_format_seconds(r.step_seconds).c_str());
 }
 
-}  // namespace
-
-void dist_agree(Communicator& comm, const std::string& problem) {
-  constexpr int64_t kRecordBytes = 2048;
-  std::vector<char> mine(kRecordBytes, 0);
-  std::memcpy(mine.data(), problem.data(), std::min<size_t>(problem.size(), kRecordBytes - 1));
-  std::vector<char> all(static_cast<size_t>(kRecordBytes * comm.world_size()));
-  comm.all_gather_bytes(mine.data(), all.data(), kRecordBytes, comm.world()).wait();
-  for (int r = 0; r < comm.world_size(); ++r) {
-    const char* text = all.data() + static_cast<int64_t>(r) * kRecordBytes;
-    if (text[0] != '\0') throw AgreedError(fmt::format("rank {} of {}: {}", r, comm.world_size(), std::string(text)));
-  }
-}
-
-void dist_agree_on(Communicator& comm, const std::function<void()>& check) {
-  std::string problem;
-  try {
-    check();
-  } catch (const AgreedError&) {
-    throw;
-  } catch (const Error& e) {
-    problem = e.format();
-  }
-  dist_agree(comm, problem);
-}
-
-DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Plan& plan, const ClusterSpec& cluster,
-                               Communicator& comm, const DistTrainOptions& o) {
-  if (comm.world_size() != plan.num_used_devices()) {
-    throw AgreedError(fmt::format("the plan uses {} devices but {} ranks were started", plan.num_used_devices(),
-                            comm.world_size()),
-                {o.plan_path, "stages[].device_ids"}, fmt::format("launch with mpirun -np {}", plan.num_used_devices()));
-  }
-  dist_agree_on(comm, [&] {
-    plan_validate_for(plan, model, cluster, o.plan_path);
-    check_runnable(plan, model, o.plan_path);
-    if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume needs --checkpoint DIR", {"", "--resume"}, "name the checkpoint folder");
-  });
-  runtime_set_threads(o.threads);
-  train.seq_len = plan.seq_len;
-  train.global_batch_sequences = plan.global_batch_sequences;
-  const std::vector<RankInfo> ranks = plan_rank_map(plan);
-  const RankInfo& me = ranks[comm.rank()];
-  const PlanStage& stage = plan.stages[me.stage];
-  const DeviceType& device = cluster.device_types[cluster.devices[me.device_id].device_type_index];
-  const double slowdown = device.speed > 0 ? 1.0 / device.speed : 1.0;
-  const double cap = o.memory_cap_bytes > 0 ? o.memory_cap_bytes : device.memory_bytes;
-
-  std::optional<BatchLoader> loader;
-  dist_agree_on(comm, [&] {
-    if (!stage.has_embedding && !stage.has_head) return;
-    if (o.train_data.empty()) throw Error("no training data given", {"", "--data"}, "pass --data FILE.bin");
-    BatchLoaderOptions lo;
-    lo.batch_size = plan.global_batch_sequences;
-    lo.seq_len = plan.seq_len;
-    lo.seed = train.seed;
-    loader = batch_loader_create(token_file_open(o.train_data, model.vocab_size), lo);
-  });
-
+// The steps of one rank, from building its runtime to the gathered summaries.
+DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, const Plan& plan, Communicator& comm,
+                            const DistTrainOptions& o, std::optional<BatchLoader>& loader, double cap, double slowdown) {
   RankRuntime runtime(plan, model, train, comm, static_cast<int64_t>(cap), slowdown);
   DistTrainResult result;
   const std::string fingerprint =
@@ -225,6 +170,79 @@ DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Pl
   if (!o.trace_path.empty() && !history.empty()) dist_save_trace(runtime, plan, comm, o.trace_path);
   if (!o.export_path.empty()) dist_export_weights(runtime, plan, comm, o.export_path);
   return result;
+}
+
+}  // namespace
+
+void dist_agree(Communicator& comm, const std::string& problem) {
+  constexpr int64_t kRecordBytes = 2048;
+  std::vector<char> mine(kRecordBytes, 0);
+  std::memcpy(mine.data(), problem.data(), std::min<size_t>(problem.size(), kRecordBytes - 1));
+  std::vector<char> all(static_cast<size_t>(kRecordBytes * comm.world_size()));
+  comm.all_gather_bytes(mine.data(), all.data(), kRecordBytes, comm.world()).wait();
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const char* text = all.data() + static_cast<int64_t>(r) * kRecordBytes;
+    if (text[0] != '\0') throw AgreedError(fmt::format("rank {} of {}: {}", r, comm.world_size(), std::string(text)));
+  }
+}
+
+void dist_agree_on(Communicator& comm, const std::function<void()>& check) {
+  std::string problem;
+  try {
+    check();
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const Error& e) {
+    problem = e.format();
+  }
+  dist_agree(comm, problem);
+}
+
+DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Plan& plan, const ClusterSpec& cluster,
+                               Communicator& comm, const DistTrainOptions& o) {
+  if (comm.world_size() != plan.num_used_devices()) {
+    throw AgreedError(fmt::format("the plan uses {} devices but {} ranks were started", plan.num_used_devices(),
+                            comm.world_size()),
+                {o.plan_path, "stages[].device_ids"}, fmt::format("launch with mpirun -np {}", plan.num_used_devices()));
+  }
+  dist_agree_on(comm, [&] {
+    plan_validate_for(plan, model, cluster, o.plan_path);
+    check_runnable(plan, model, o.plan_path);
+    if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume needs --checkpoint DIR", {"", "--resume"}, "name the checkpoint folder");
+  });
+  runtime_set_threads(o.threads);
+  train.seq_len = plan.seq_len;
+  train.global_batch_sequences = plan.global_batch_sequences;
+  const std::vector<RankInfo> ranks = plan_rank_map(plan);
+  const RankInfo& me = ranks[comm.rank()];
+  const PlanStage& stage = plan.stages[me.stage];
+  const DeviceType& device = cluster.device_types[cluster.devices[me.device_id].device_type_index];
+  const double slowdown = device.speed > 0 ? 1.0 / device.speed : 1.0;
+  const double cap = o.memory_cap_bytes > 0 ? o.memory_cap_bytes : device.memory_bytes;
+
+  std::optional<BatchLoader> loader;
+  dist_agree_on(comm, [&] {
+    if (!stage.has_embedding && !stage.has_head) return;
+    if (o.train_data.empty()) throw Error("no training data given", {"", "--data"}, "pass --data FILE.bin");
+    BatchLoaderOptions lo;
+    lo.batch_size = plan.global_batch_sequences;
+    lo.seq_len = plan.seq_len;
+    lo.seed = train.seed;
+    loader = batch_loader_create(token_file_open(o.train_data, model.vocab_size), lo);
+  });
+
+  // From here an error on one rank alone ends the job at once (before buffers that transfers
+  // in flight still use are freed); errors every rank agrees on still return normally.
+  try {
+    return train_ranks(model, train, plan, comm, o, loader, cap, slowdown);
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const Error& e) {
+    comm.abort(e.format(), kExitBadInput);
+  } catch (const std::exception& e) {
+    comm.abort(fmt::format("internal error: {}", e.what()), 1);
+  }
+  std::abort();  // not reached: Communicator::abort ends the process (GCC ignores [[noreturn]] on virtuals)
 }
 
 }  // namespace alloy

@@ -114,6 +114,8 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
     : plan_(plan), train_(train), comm_(comm), slowdown_(std::max(1.0, slowdown)) {
   schedule_ = schedule_build_rank(plan, spec, comm.rank());
   groups_ = rank_groups_build(plan, spec, comm);
+  for (const ScheduleOp& op : schedule_.ops)
+    if (op.kind == OpKind::OpKind_send_gradient) gradient_sends_[{op.micro_batch, op.chunk}]++;
   const PlanStage& stage = plan.stages[schedule_.stage];
   arena_ = std::make_unique<Arena>(memory_cap_bytes, stage.device_type);
   model_ = std::make_unique<Model>(spec, *arena_, rank_shard(plan, schedule_.stage, schedule_.tp_rank));
@@ -141,6 +143,11 @@ RankRuntime::~RankRuntime() {
 }
 
 double RankRuntime::now() const { return clock_seconds() - step_start_; }
+
+int RankRuntime::gradient_sends(int micro_batch, int chunk) const {
+  auto it = gradient_sends_.find({micro_batch, chunk});
+  return it == gradient_sends_.end() ? 0 : it->second;
+}
 
 int64_t RankRuntime::replica_begin(int micro_batch) const {
   const PlanStage& st = plan_.stages[schedule_.stage];
@@ -189,7 +196,7 @@ RankRuntime::PassSlot& RankRuntime::pass_for(const ScheduleOp& op, const int32_t
 void RankRuntime::reap_finished_passes(bool wait_all, RankStepStats& stats) {
   for (auto it = passes_.begin(); it != passes_.end();) {
     PassSlot& slot = **it;
-    bool ready = slot.finished;
+    bool ready = slot.finished && static_cast<int>(slot.sends.size()) == gradient_sends(slot.micro_batch, slot.chunk);
     for (const CommHandle& h : slot.sends) {
       if (!ready) break;
       if (wait_all) wait(h, stats);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -77,6 +78,7 @@ class RankRuntime {
   void record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end);
   void reap_finished_passes(bool wait_all, RankStepStats& stats);
   int64_t replica_begin(int micro_batch) const;
+  int gradient_sends(int micro_batch, int chunk) const;  // send_gradient ops of the pass
   double now() const;
 
   const Plan& plan_;
@@ -93,6 +95,7 @@ class RankRuntime {
   int64_t optimizer_steps_ = 0;
   double slowdown_ = 1.0;
   std::vector<std::unique_ptr<PassSlot>> passes_;
+  std::map<std::pair<int, int>, int> gradient_sends_;  // (micro-batch, chunk) -> send_gradient ops
   std::vector<CommHandle> pending_reductions_;
   std::vector<CommHandle> pending_gathers_;
   std::vector<SimInterval> intervals_;

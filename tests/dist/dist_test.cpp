@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -49,9 +50,9 @@ class DistTest : public ::testing::Test {
   static ModelSpec llama() { return model_load(llama_path_); }
   static ClusterSpec cluster() { return cluster_load(cluster_path_, catalog_builtin()); }
 
-  static std::string common_args(const std::string& model_path) {
+  static std::string common_args(const std::string& model_path, int steps = kSteps) {
     return fmt::format("--model {} --data {} --train {}/examples/train/tiny-cpu.yaml --steps {} --no-progress",
-                       model_path, data_, ALLOY_SOURCE_DIR, kSteps);
+                       model_path, data_, ALLOY_SOURCE_DIR, steps);
   }
 
   // Single-rank run of the same batches: losses per step and the final weights' file.
@@ -177,6 +178,120 @@ TEST_F(DistTest, Recomputation) {
 TEST_F(DistTest, TiedEmbeddingAcrossTensorParallelPipeline) {
   expect_matches_single_rank(test_plan(gpt(), cluster(), {{2, 1, 0, {2}}, {1, 2, 3, {2}}, {2, 1, 0, {2}}}, k1f1b, 2),
                              gpt_path_, "pp3-tp-tied");
+}
+
+// A 2-rank pipeline of gpt-6 used by the failure and bad-input tests.
+class DistFailureTest : public DistTest {
+ protected:
+  std::string two_stage_plan() {
+    const std::string path = dir_->path() + "/two-stage.json";
+    plan_save(test_plan(gpt(), cluster(), {{1, 1, 0, {3}}, {1, 1, 0, {3}}}, k1f1b, 2), path);
+    return path;
+  }
+  std::string train_command(int ranks, const std::string& plan, int steps, const std::string& extra = "") {
+    return fmt::format("{} {} train {} --plan {} --cluster {} {}", mpirun(ranks), ALLOY_BINARY,
+                       common_args(gpt_path_, steps), plan, cluster_path_, extra);
+  }
+  static int count(const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+    return n;
+  }
+};
+
+TEST_F(DistFailureTest, KilledRankEndsEveryRankWithinTenSeconds) {
+  const std::string plan = two_stage_plan();
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult r = run_command("env ALLOY_FAULT=kill:1:3 " + train_command(2, plan, 1000), 60);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(seconds, 10.0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 kills itself at step 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
+}
+
+TEST_F(DistFailureTest, ErrorOnOneRankEndsTheJobWithItsMessage) {
+  const std::string plan = two_stage_plan();
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult r = run_command("env ALLOY_FAULT=throw:0:2 " + train_command(2, plan, 1000), 60);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_LT(seconds, 10.0) << r.output;
+  EXPECT_NE(r.output.find("error on rank 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("injected failure at step 2"), std::string::npos) << r.output;
+}
+
+TEST_F(DistFailureTest, WorldSizeMismatchIsRefusedOnEveryRank) {
+  CommandResult r = run_command(train_command(3, two_stage_plan(), 2), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(count(r.output, "the plan uses 2 devices but 3 ranks were started"), 3) << r.output;
+  EXPECT_NE(r.output.find("mpirun -np 2"), std::string::npos) << r.output;
+}
+
+TEST_F(DistFailureTest, PlanForAnotherModelIsRefusedOnEveryRank) {
+  const std::string plan = two_stage_plan();
+  CommandResult r = run_command(fmt::format("{} {} train --model {} --data {} --plan {} --cluster {} --no-progress",
+                                            mpirun(2), ALLOY_BINARY, llama_path_, data_, plan, cluster_path_),
+                                60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(count(r.output, "model_fingerprint"), 2) << r.output;
+}
+
+TEST_F(DistFailureTest, DataFileOneRankCannotReadIsReportedOnEveryRank) {
+  // MPMD launch: rank 1 is given a path that does not exist (as on a host without the file).
+  const std::string plan = two_stage_plan();
+  const std::string args = fmt::format("train --model {} --plan {} --cluster {} --no-progress", gpt_path_, plan, cluster_path_);
+  CommandResult r = run_command(fmt::format("mpirun --oversubscribe -np 1 {} {} --data {} : -np 1 {} {} --data {}/missing.bin",
+                                            ALLOY_BINARY, args, data_, ALLOY_BINARY, args, dir_->path()),
+                                60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(count(r.output, "rank 1 of 2"), 2) << r.output;
+  EXPECT_NE(r.output.find("missing.bin"), std::string::npos) << r.output;
+}
+
+TEST_F(DistFailureTest, ResumeContinuesExactlyAndMismatchedCheckpointsAreRefused) {
+  const std::string plan = two_stage_plan();
+  const std::string ck = dir_->path() + "/ck";
+  const std::string full_log = dir_->path() + "/full.jsonl", part_log = dir_->path() + "/part.jsonl";
+  ASSERT_EQ(run_command(train_command(2, plan, 6, "--log " + full_log), 60).exit_code, 0);
+  ASSERT_EQ(run_command(train_command(2, plan, 3, fmt::format("--checkpoint {} --log {}", ck, part_log)), 60).exit_code, 0);
+  std::filesystem::copy(ck + "/rank-00001", dir_->path() + "/rank-00001-step3", std::filesystem::copy_options::recursive);
+  CommandResult resumed = run_command(train_command(2, plan, 6, fmt::format("--checkpoint {} --resume --log {}", ck, part_log)), 60);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::vector<double> full = losses(full_log), part = losses(part_log);
+  ASSERT_EQ(full.size(), 6u);
+  ASSERT_EQ(part.size(), 6u);
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_DOUBLE_EQ(full[i], part[i]) << "step " << i + 1;
+
+  // Rank 1's folder goes back to step 3 while rank 0's is at step 6.
+  std::filesystem::remove_all(ck + "/rank-00001");
+  std::filesystem::copy(dir_->path() + "/rank-00001-step3", ck + "/rank-00001", std::filesystem::copy_options::recursive);
+  CommandResult r = run_command(train_command(2, plan, 8, fmt::format("--checkpoint {} --resume", ck)), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(count(r.output, "checkpoints are from different steps (3 to 6)"), 2) << r.output;
+
+  // A checkpoint written under another plan is refused by every rank that reads one.
+  const std::string other = dir_->path() + "/other.json";
+  plan_save(test_plan(gpt(), cluster(), {{1, 1, 0, {2}}, {1, 1, 0, {4}}}, k1f1b, 2), other);
+  CommandResult o = run_command(train_command(2, other, 8, fmt::format("--checkpoint {} --resume", ck)), 60);
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("fingerprint"), std::string::npos) << o.output;
+}
+
+TEST_F(DistFailureTest, TraceOfTheRealRunHasEveryRank) {
+  const std::string trace = dir_->path() + "/trace.json";
+  CommandResult r = run_command(train_command(2, two_stage_plan(), 3, "--trace " + trace), 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json doc = nlohmann::json::parse(read_text(trace));
+  std::map<int, std::set<std::string>> kinds;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.at("ph") == "X") kinds[e.at("pid").get<int>()].insert(e.at("cat").get<std::string>());
+  ASSERT_EQ(kinds.size(), 2u);
+  for (const auto& [rank, seen] : kinds) {
+    EXPECT_TRUE(seen.count("forward") && seen.count("backward") && seen.count("optimizer")) << "rank " << rank;
+    EXPECT_TRUE(seen.count(rank == 0 ? "send_activation" : "recv_activation")) << "rank " << rank;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "runtime/dist/dist_trainer.hpp"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -97,6 +98,25 @@ RankSummary summarise(const std::vector<RankStepStats>& steps, const RankSchedul
   return s;
 }
 
+// Test hook: ALLOY_FAULT=kill:R:S or throw:R:S makes rank R kill itself (SIGKILL) or throw an
+// error at the start of step S, to check that the whole job ends promptly with a clear message.
+void inject_fault(int rank, int64_t step) {
+  const char* spec = std::getenv("ALLOY_FAULT");
+  if (spec == nullptr) return;
+  char kind[16] = {0};
+  int fault_rank = -1;
+  long long fault_step = -1;
+  if (std::sscanf(spec, "%15[a-z]:%d:%lld", kind, &fault_rank, &fault_step) != 3 || fault_rank != rank ||
+      fault_step != step)
+    return;
+  if (std::string(kind) == "kill") {
+    std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d kills itself at step %lld\n", rank, fault_step);
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+  throw Error(fmt::format("injected failure at step {}", step), {"", "ALLOY_FAULT"}, "unset ALLOY_FAULT");
+}
+
 void print_progress(const DistStepReport& r, int64_t total) {
   std::fprintf(stderr, "step %5lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  %.0f tok/s  step %s\n",
                static_cast<long long>(r.step), static_cast<long long>(total), r.loss, r.learning_rate, r.grad_norm,
@@ -143,6 +163,7 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
     if (comm.rank() == 0) plan_save(plan, o.checkpoint_dir + "/plan.json");
   };
   for (int64_t step = result.first_step + 1; step <= train.steps; ++step) {
+    inject_fault(comm.rank(), step);
     if (loader) batch_loader_read(*loader, static_cast<uint64_t>(step - 1), inputs.data(), targets.data());
     RankStepStats stats = runtime.step(inputs.data(), targets.data());
     double sums[2] = {stats.loss_sum, stats.loss_tokens};

@@ -193,6 +193,22 @@ RankRuntime::PassSlot& RankRuntime::pass_for(const ScheduleOp& op, const int32_t
   return *passes_.back();
 }
 
+CommHandle RankRuntime::track(CommHandle handle, SimStream stream, const ScheduleOp& op, size_t index) {
+  in_flight_.push_back({handle, stream, op, index, now()});
+  return handle;
+}
+
+void RankRuntime::record_completed(bool all) {
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (!all && !it->handle.done()) {
+      ++it;
+      continue;
+    }
+    record(it->stream, it->op, it->index, it->start, now());
+    it = in_flight_.erase(it);
+  }
+}
+
 void RankRuntime::reap_finished_passes(bool wait_all, RankStepStats& stats) {
   for (auto it = passes_.begin(); it != passes_.end();) {
     PassSlot& slot = **it;
@@ -215,7 +231,6 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
                          RankStepStats& stats) {
   const int64_t C = model_->spec.hidden_size;
   const int64_t row_floats = plan_.seq_len * C;  // one sample's hidden state
-  const double start = now();
   switch (op.kind) {
     case OpKind::OpKind_recv_activation:
     case OpKind::OpKind_recv_gradient: {
@@ -223,7 +238,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       float* base = op.kind == OpKind::OpKind_recv_activation ? slot.pass.input : chunk_output_gradient(*model_, slot.pass);
       const int64_t offset = (op.sample_begin - slot.sample_begin) * row_floats;
       const int64_t bytes = (op.sample_end - op.sample_begin) * row_floats * static_cast<int64_t>(sizeof(float));
-      slot.receives.push_back(comm_.recv(base + offset, bytes, op.peer, op.tag));
+      slot.receives.push_back(track(comm_.recv(base + offset, bytes, op.peer, op.tag), SimStream::SimStream_recv, op, index));
       return;
     }
     case OpKind::OpKind_send_activation:
@@ -237,7 +252,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       const float* base = op.kind == OpKind::OpKind_send_activation ? found->output : found->input_gradient;
       const int64_t offset = (op.sample_begin - found->sample_begin) * row_floats;
       const int64_t bytes = (op.sample_end - op.sample_begin) * row_floats * static_cast<int64_t>(sizeof(float));
-      found->sends.push_back(comm_.send(base + offset, bytes, op.peer, op.tag));
+      found->sends.push_back(track(comm_.send(base + offset, bytes, op.peer, op.tag), SimStream::SimStream_send, op, index));
       return;
     }
     case OpKind::OpKind_forward:
@@ -277,19 +292,20 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
     case OpKind::OpKind_reduce_scatter: {
       const GradientBucket& b = param_layout_bucket(layout_, op.chunk, op.bucket);
       float* data = model_->grads + b.range.offset;
-      pending_reductions_.push_back(op.kind == OpKind::OpKind_all_reduce
-                                        ? comm_.all_reduce(data, b.range.count, groups_.dp)
-                                        : comm_.reduce_scatter(data, b.piece_counts, groups_.dp));
-      record(SimStream::SimStream_collective, op, index, start, start);
+      pending_reductions_.push_back(track(op.kind == OpKind::OpKind_all_reduce
+                                              ? comm_.all_reduce(data, b.range.count, groups_.dp)
+                                              : comm_.reduce_scatter(data, b.piece_counts, groups_.dp),
+                                          SimStream::SimStream_collective, op, index));
       return;
     }
     case OpKind::OpKind_all_gather: {
       std::vector<CommHandle> handles;
       for (const GradientBucket& b : layout_.buckets)
-        if (b.chunk == op.chunk) handles.push_back(comm_.all_gather(model_->params + b.range.offset, b.piece_counts, groups_.dp));
+        if (b.chunk == op.chunk)
+          handles.push_back(track(comm_.all_gather(model_->params + b.range.offset, b.piece_counts, groups_.dp),
+                                  SimStream::SimStream_collective, op, index));
       if (op.micro_batch >= 0) {  // ZeRO 3: the weights are needed now
         for (const CommHandle& h : handles) wait(h, stats);
-        record(SimStream::SimStream_collective, op, index, start, now());
       } else {
         for (CommHandle& h : handles) pending_gathers_.push_back(std::move(h));
       }
@@ -359,10 +375,12 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   for (size_t i = 0; i < schedule_.ops.size(); ++i) {
     run_op(i, schedule_.ops[i], inputs, targets, stats);
     reap_finished_passes(false, stats);
+    record_completed(false);
   }
   for (const CommHandle& h : pending_gathers_) wait(h, stats);
   pending_gathers_.clear();
   reap_finished_passes(true, stats);
+  record_completed(true);
   if (!passes_.empty()) throw Error(fmt::format("rank {}: {} micro-batch passes left at the end of the step", comm_.rank(), passes_.size()));
   stats.step_seconds = now();
   stats.communication_seconds = comm_.take_busy_seconds();

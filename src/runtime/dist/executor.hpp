@@ -77,6 +77,9 @@ class RankRuntime {
   void wait(const CommHandle& handle, RankStepStats& stats);
   void record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end);
   void reap_finished_passes(bool wait_all, RankStepStats& stats);
+  // Transfers and collectives are recorded for the trace from posting until seen complete.
+  CommHandle track(CommHandle handle, SimStream stream, const ScheduleOp& op, size_t index);
+  void record_completed(bool all);
   int64_t replica_begin(int micro_batch) const;
   int gradient_sends(int micro_batch, int chunk) const;  // send_gradient ops of the pass
   double now() const;
@@ -98,6 +101,14 @@ class RankRuntime {
   std::map<std::pair<int, int>, int> gradient_sends_;  // (micro-batch, chunk) -> send_gradient ops
   std::vector<CommHandle> pending_reductions_;
   std::vector<CommHandle> pending_gathers_;
+  struct InFlight {
+    CommHandle handle;
+    SimStream stream;
+    ScheduleOp op;
+    size_t index;
+    double start;
+  };
+  std::vector<InFlight> in_flight_;
   std::vector<SimInterval> intervals_;
   std::vector<MemorySample> memory_;
   double step_start_ = 0;

@@ -82,6 +82,9 @@ class TensorParallelOps {
   virtual ~TensorParallelOps() = default;
   virtual void all_reduce_sum(float* data, int64_t count) = 0;
   virtual void all_reduce_max(float* data, int64_t count) = 0;
+  // data: (tp * piece) floats; rank t's piece at [t * piece, (t + 1) * piece).
+  virtual void all_gather(float* data, int64_t piece) = 0;      // every piece to every rank
+  virtual void reduce_scatter(float* data, int64_t piece) = 0;  // piece t summed over ranks, on rank t
 };
 
 // One micro-batch through one chunk of consecutive blocks [block_begin, block_end): what the
@@ -98,6 +101,7 @@ struct ChunkPass {
   float* input = nullptr;        // (B, T, C): the embedding output or the received hidden state
   std::vector<BlockActivations> blocks;  // block_end - block_begin
   HeadActivations head;
+  float* output = nullptr;       // (B, T, C): the gathered output under sequence parallelism
   float* gradient = nullptr;     // (B, T, C): dL/d(hidden state) between backward pieces
   int backward_next = -1;        // blocks [block_begin, backward_next) still wait for backward
   float loss = 0.0f;             // mean loss of the micro-batch's local tokens, when heads

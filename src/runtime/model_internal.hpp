@@ -14,9 +14,12 @@ namespace alloy {
 // vocabulary are this tensor-parallel rank's share.
 struct Dims {
   int B, T, N, C, Hq, Hkv, D, R, F, V;
+  int Nn;               // rows of the residual stream on this rank: N, or N / tp with sequence parallelism
   int64_t vocab_begin;  // first vocabulary row of this rank
   int tp, tp_rank;
+  bool sp;              // sequence parallelism: norms and residuals on this rank's Nn rows
   bool gpt2;
+  int64_t row_offset() const { return int64_t{tp_rank} * Nn * C; }  // floats to this rank's rows
 };
 
 inline Dims model_dims(const Model& model, const ChunkPass& pass) {
@@ -37,19 +40,28 @@ inline Dims model_dims(const Model& model, const ChunkPass& pass) {
   d.vocab_begin = vocab_begin;
   d.tp = tp;
   d.tp_rank = model.shard.tp_rank;
+  d.sp = model.shard.sequence_parallel && tp > 1;
+  d.Nn = d.sp ? d.N / tp : d.N;
   d.gpt2 = s.family == ModelFamily::ModelFamily_gpt2;
   return d;
 }
 
-inline float* take(Model& model, int64_t floats, const char* what) { return model.arena->allocate_floats(floats, what); }
+// The same pass without sequence parallelism (the embedding and head work on all rows).
+inline Dims dims_all_rows(Dims d) {
+  d.sp = false;
+  d.Nn = d.N;
+  return d;
+}
 
-inline float* take_zeroed(Model& model, int64_t floats, const char* what) {
+inline float* take(const Model& model, int64_t floats, const char* what) { return model.arena->allocate_floats(floats, what); }
+
+inline float* take_zeroed(const Model& model, int64_t floats, const char* what) {
   float* buffer = model.arena->allocate_floats(floats, what);
   std::memset(buffer, 0, static_cast<size_t>(floats) * sizeof(float));
   return buffer;
 }
 
-inline void give(Model& model, float*& buffer) {
+inline void give(const Model& model, float*& buffer) {
   model.arena->release(buffer);
   buffer = nullptr;
 }
@@ -59,23 +71,32 @@ inline void tp_sum(const Model& model, float* data, int64_t count) {
   if (model.shard.tp > 1) model.tp_ops->all_reduce_sum(data, count);
 }
 
-// LayerNorm for the GPT-2 family, RMSNorm for LLaMA (mean unused there).
+// Sequence parallelism: data (N, C) holds this rank's rows at d.row_offset(); afterwards every
+// row (all-gather), or this rank's rows summed over the group (reduce-scatter).
+inline void sp_gather(const Model& model, const Dims& d, float* data) {
+  model.tp_ops->all_gather(data, int64_t{d.Nn} * d.C);
+}
+inline void sp_reduce_scatter(const Model& model, const Dims& d, float* data) {
+  model.tp_ops->reduce_scatter(data, int64_t{d.Nn} * d.C);
+}
+
+// LayerNorm for the GPT-2 family, RMSNorm for LLaMA (mean unused there), over d.Nn rows.
 inline void norm_forward(const Model& model, const Dims& d, float* out, float* mean, float* rstd, const float* inp,
                          const float* w, const float* b) {
   const float eps = static_cast<float>(model.spec.norm_eps);
   if (d.gpt2) {
-    layernorm_forward(out, mean, rstd, inp, w, b, d.N, d.C, eps);
+    layernorm_forward(out, mean, rstd, inp, w, b, d.Nn, d.C, eps);
   } else {
-    rmsnorm_forward(out, rstd, inp, w, d.N, d.C, eps);
+    rmsnorm_forward(out, rstd, inp, w, d.Nn, d.C, eps);
   }
 }
 
 inline void norm_backward(const Dims& d, float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd) {
   if (d.gpt2) {
-    layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, d.N, d.C);
+    layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, d.Nn, d.C);
   } else {
-    rmsnorm_backward(dinp, dw, dout, inp, w, rstd, d.N, d.C);
+    rmsnorm_backward(dinp, dw, dout, inp, w, rstd, d.Nn, d.C);
   }
 }
 

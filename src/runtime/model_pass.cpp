@@ -1,6 +1,8 @@
 // Forward and backward passes of a model chunk for one micro-batch, block by block, with
-// per-layer recomputation and tensor-parallel blocks (column- then row-parallel, one all-reduce
-// after each half forward and one before each norm backward). Every activation and workspace
+// per-layer recomputation and tensor-parallel blocks: column- then row-parallel, one all-reduce
+// after each half forward and one before each norm backward, or with sequence parallelism an
+// all-gather before each column-parallel layer and a reduce-scatter after each row-parallel one
+// (norms and residuals then run on this rank's N / tp rows). Every activation and workspace
 // buffer comes from the device arena.
 #include <cstring>
 
@@ -21,45 +23,70 @@ namespace alloy {
 namespace {
 
 // Allocation order matches block_activation_tensors() so the arena's accounting is comparable.
-void allocate_attention_inputs(Model& model, const Dims& d, BlockActivations& a) {
+// Norm outputs hold all N rows (gathered under sequence parallelism); statistics, residuals and
+// block outputs hold this rank's Nn rows.
+void allocate_attention_inputs(const Model& model, const Dims& d, BlockActivations& a) {
   a.ln1 = take(model, int64_t{d.N} * d.C, "attn_norm.out");
-  if (d.gpt2) a.ln1_mean = take(model, d.N, "attn_norm.mean");
-  a.ln1_rstd = take(model, d.N, "attn_norm.rstd");
+  if (d.gpt2) a.ln1_mean = take(model, d.Nn, "attn_norm.mean");
+  a.ln1_rstd = take(model, d.Nn, "attn_norm.rstd");
   a.qkv = take(model, int64_t{d.N} * d.R, "attn.qkv");
 }
 
-void allocate_attention_internals(Model& model, const Dims& d, BlockActivations& a) {
+void allocate_attention_internals(const Model& model, const Dims& d, BlockActivations& a) {
   a.probs = take(model, int64_t{d.B} * d.Hq * d.T * d.T, "attn.probs");
   a.context = take(model, int64_t{d.N} * d.Hq * d.D, "attn.context");
 }
 
-void allocate_mlp(Model& model, const Dims& d, BlockActivations& a) {
-  a.residual1 = take(model, int64_t{d.N} * d.C, "attn.residual");
+void allocate_mlp(const Model& model, const Dims& d, BlockActivations& a) {
+  a.residual1 = take(model, int64_t{d.Nn} * d.C, "attn.residual");
   a.ln2 = take(model, int64_t{d.N} * d.C, "mlp_norm.out");
-  if (d.gpt2) a.ln2_mean = take(model, d.N, "mlp_norm.mean");
-  a.ln2_rstd = take(model, d.N, "mlp_norm.rstd");
+  if (d.gpt2) a.ln2_mean = take(model, d.Nn, "mlp_norm.mean");
+  a.ln2_rstd = take(model, d.Nn, "mlp_norm.rstd");
   a.mlp_up = take(model, int64_t{d.N} * (d.gpt2 ? d.F : 2 * d.F), "mlp.up");
   a.mlp_act = take(model, int64_t{d.N} * d.F, "mlp.act");
 }
 
-// x: (B, T, C) -> a.residual1 = x + attn(norm1(x)); fills ln1, qkv, probs, context on the way.
+// out: (Nn, C) = residual + inp W^T + b for a row-parallel layer; inp: (N, K) this rank's
+// features. The partial products are summed over the tensor-parallel group.
+void row_parallel_forward(const Model& model, const Dims& d, float* out, const float* inp, const float* w,
+                          const float* b, int K, const float* residual) {
+  const float* bias = d.tp_rank == 0 ? b : nullptr;
+  if (!d.sp) {
+    matmul_forward(out, inp, w, bias, d.N, K, d.C);
+    tp_sum(model, out, int64_t{d.N} * d.C);
+    residual_forward(out, out, residual, int64_t{d.N} * d.C);
+    return;
+  }
+  float* partial = take(model, int64_t{d.N} * d.C, "row-parallel partial");
+  matmul_forward(partial, inp, w, bias, d.N, K, d.C);
+  sp_reduce_scatter(model, d, partial);
+  residual_forward(out, partial + d.row_offset(), residual, int64_t{d.Nn} * d.C);
+  give(model, partial);
+}
+
+// Norm of this rank's rows of x into its rows of out: (N, C), then all rows gathered.
+void norm_gathered(const Model& model, const Dims& d, float* out, float* mean, float* rstd, const float* x,
+                   const float* w, const float* b) {
+  norm_forward(model, d, out + (d.sp ? d.row_offset() : 0), mean, rstd, x, w, b);
+  if (d.sp) sp_gather(model, d, out);
+}
+
+// x: (Nn, C) -> a.residual1 = x + attn(norm1(x)); fills ln1, qkv, probs, context on the way.
 void attention_half_forward(const Model& model, const Dims& d, const BlockTensors& w,
                             const float* x, BlockActivations& a) {
-  norm_forward(model, d, a.ln1, a.ln1_mean, a.ln1_rstd, x, w.attn_norm_w, w.attn_norm_b);
+  norm_gathered(model, d, a.ln1, a.ln1_mean, a.ln1_rstd, x, w.attn_norm_w, w.attn_norm_b);
   matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, d.N, d.C, d.R);
   if (!d.gpt2) {
     rope_forward(a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D, static_cast<float>(model.spec.rope_theta));
   }
   attention_forward(a.context, a.probs, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D);
-  matmul_forward(a.residual1, a.context, w.out_w, d.tp_rank == 0 ? w.out_b : nullptr, d.N, d.Hq * d.D, d.C);
-  tp_sum(model, a.residual1, int64_t{d.N} * d.C);
-  residual_forward(a.residual1, a.residual1, x, int64_t{d.N} * d.C);
+  row_parallel_forward(model, d, a.residual1, a.context, w.out_w, w.out_b, d.Hq * d.D, x);
 }
 
 // a.residual1 -> ln2, mlp_up, mlp_act; and a.out = residual1 + mlp(...) when with_output.
 void mlp_half_forward(const Model& model, const Dims& d, const BlockTensors& w,
                       BlockActivations& a, bool with_output) {
-  norm_forward(model, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual1, w.mlp_norm_w, w.mlp_norm_b);
+  norm_gathered(model, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual1, w.mlp_norm_w, w.mlp_norm_b);
   if (d.gpt2) {
     matmul_forward(a.mlp_up, a.ln2, w.up_w, w.up_b, d.N, d.C, d.F);
     gelu_forward(a.mlp_act, a.mlp_up, int64_t{d.N} * d.F);
@@ -67,11 +94,7 @@ void mlp_half_forward(const Model& model, const Dims& d, const BlockTensors& w,
     matmul_forward(a.mlp_up, a.ln2, w.up_w, nullptr, d.N, d.C, 2 * d.F);
     swiglu_forward(a.mlp_act, a.mlp_up, d.N, d.F);
   }
-  if (with_output) {
-    matmul_forward(a.out, a.mlp_act, w.down_w, d.tp_rank == 0 ? w.down_b : nullptr, d.N, d.F, d.C);
-    tp_sum(model, a.out, int64_t{d.N} * d.C);
-    residual_forward(a.out, a.out, a.residual1, int64_t{d.N} * d.C);
-  }
+  if (with_output) row_parallel_forward(model, d, a.out, a.mlp_act, w.down_w, w.down_b, d.F, a.residual1);
 }
 
 void release_block(Model& model, BlockActivations& a) {
@@ -89,7 +112,7 @@ void block_forward(Model& model, ChunkPass& pass, const Dims& d, int layer, cons
   allocate_attention_inputs(model, d, a);
   allocate_attention_internals(model, d, a);
   allocate_mlp(model, d, a);
-  a.out = take(model, int64_t{d.N} * d.C, "output");
+  a.out = take(model, int64_t{d.Nn} * d.C, "output");
   attention_half_forward(model, d, w, x, a);
   mlp_half_forward(model, d, w, a, true);
   if (level != Recompute::Recompute_none) {
@@ -125,7 +148,27 @@ void block_recompute(Model& model, ChunkPass& pass, const Dims& d, int layer, co
   }
 }
 
-// dres: (B, T, C) holds dL/d(block output) on entry and dL/d(block input x) on exit.
+// dres: (Nn, C) this rank's rows of the residual gradient -> (N, C) all rows, as the row-parallel
+// layers' backward needs them (dres itself, or a gathered copy under sequence parallelism).
+const float* gradient_all_rows(const Model& model, const Dims& d, const float* dres, float* scratch) {
+  if (!d.sp) return dres;
+  std::memcpy(scratch + d.row_offset(), dres, static_cast<size_t>(d.Nn) * d.C * sizeof(float));
+  sp_gather(model, d, scratch);
+  return scratch;
+}
+
+// dln: (N, C) this rank's part of the gradient of a column-parallel layer's input -> summed over
+// the group; returns this rank's rows of it.
+const float* column_parallel_input_gradient(const Model& model, const Dims& d, float* dln) {
+  if (!d.sp) {
+    tp_sum(model, dln, int64_t{d.N} * d.C);
+    return dln;
+  }
+  sp_reduce_scatter(model, d, dln);
+  return dln + d.row_offset();
+}
+
+// dres: (Nn, C) holds dL/d(block output) on entry and dL/d(block input x) on exit.
 void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, const float* x, float* dres) {
   block_recompute(model, pass, d, layer, x);
   BlockActivations& a = pass.blocks[static_cast<size_t>(layer - pass.block_begin)];
@@ -133,9 +176,11 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
   const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
   const int64_t NC = int64_t{d.N} * d.C;
   const int up_width = d.gpt2 ? d.F : 2 * d.F;
+  float* gathered = d.sp ? take(model, NC, "d residual, all rows") : nullptr;
 
   float* dact = take_zeroed(model, int64_t{d.N} * d.F, "d mlp.act");
-  matmul_backward(dact, g.down_w, g.down_b, dres, a.mlp_act, w.down_w, d.N, d.F, d.C);
+  matmul_backward(dact, g.down_w, g.down_b, gradient_all_rows(model, d, dres, gathered), a.mlp_act, w.down_w, d.N,
+                  d.F, d.C);
   float* dup = take_zeroed(model, int64_t{d.N} * up_width, "d mlp.up");
   if (d.gpt2) {
     gelu_backward(dup, a.mlp_up, dact, int64_t{d.N} * d.F);
@@ -146,12 +191,13 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
   float* dln = take_zeroed(model, NC, "d norm.out");
   matmul_backward(dln, g.up_w, g.up_b, dup, a.ln2, w.up_w, d.N, d.C, up_width);
   give(model, dup);
-  tp_sum(model, dln, NC);
-  norm_backward(d, dres, g.mlp_norm_w, g.mlp_norm_b, dln, a.residual1, w.mlp_norm_w, a.ln2_mean,
-                a.ln2_rstd);
+  norm_backward(d, dres, g.mlp_norm_w, g.mlp_norm_b, column_parallel_input_gradient(model, d, dln), a.residual1,
+                w.mlp_norm_w, a.ln2_mean, a.ln2_rstd);
 
   float* dcontext = take_zeroed(model, int64_t{d.N} * d.Hq * d.D, "d attn.context");
-  matmul_backward(dcontext, g.out_w, g.out_b, dres, a.context, w.out_w, d.N, d.Hq * d.D, d.C);
+  matmul_backward(dcontext, g.out_w, g.out_b, gradient_all_rows(model, d, dres, gathered), a.context, w.out_w, d.N,
+                  d.Hq * d.D, d.C);
+  give(model, gathered);
   float* dqkv = take_zeroed(model, int64_t{d.N} * d.R, "d attn.qkv");
   float* scratch = take(model, attention_backward_scratch_floats(d.T), "attention scratch");
   attention_backward(dqkv, scratch, dcontext, a.probs, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D);
@@ -163,16 +209,29 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
   std::memset(dln, 0, static_cast<size_t>(NC) * sizeof(float));
   matmul_backward(dln, g.qkv_w, g.qkv_b, dqkv, a.ln1, w.qkv_w, d.N, d.C, d.R);
   give(model, dqkv);
-  tp_sum(model, dln, NC);
-  norm_backward(d, dres, g.attn_norm_w, g.attn_norm_b, dln, x, w.attn_norm_w, a.ln1_mean,
-                a.ln1_rstd);
+  norm_backward(d, dres, g.attn_norm_w, g.attn_norm_b, column_parallel_input_gradient(model, d, dln), x,
+                w.attn_norm_w, a.ln1_mean, a.ln1_rstd);
   give(model, dln);
 }
 
 // Input of block `layer` of the pass: the chunk input for its first block, else the previous
 // block's output.
-const float* block_input(const ChunkPass& pass, int layer) {
-  return layer == pass.block_begin ? pass.input : pass.blocks[static_cast<size_t>(layer - 1 - pass.block_begin)].out;
+const float* block_input(const ChunkPass& pass, const Dims& d, int layer) {
+  if (layer == pass.block_begin) return pass.input + (d.sp ? d.row_offset() : 0);
+  return pass.blocks[static_cast<size_t>(layer - 1 - pass.block_begin)].out;
+}
+
+// The chunk's output with all rows: the last block's output, or its rows gathered from the
+// group under sequence parallelism.
+const float* chunk_output(Model& model, ChunkPass& pass, const Dims& d) {
+  const float* last = block_input(pass, d, pass.block_end);
+  if (!d.sp) return last;
+  if (pass.output == nullptr) {
+    pass.output = take(model, int64_t{d.N} * d.C, "stage output");
+    std::memcpy(pass.output + d.row_offset(), last, static_cast<size_t>(d.Nn) * d.C * sizeof(float));
+    sp_gather(model, d, pass.output);
+  }
+  return pass.output;
 }
 
 }  // namespace
@@ -194,17 +253,22 @@ void chunk_begin(Model& model, ChunkPass& pass, int block_begin, int block_end, 
   pass.backward_next = block_end;
   pass.active = true;
   pass.input = take(model, N * model.spec.hidden_size, embeds ? "embedding output" : "stage input");
+  if (model.shard.sequence_parallel && model.shard.tp > 1 && N % model.shard.tp != 0) {
+    throw Error(fmt::format("sequence parallelism over {} ranks needs the micro-batch's {} tokens to divide evenly",
+                            model.shard.tp, N),
+                {"", "micro_batch_sequences"}, "choose a micro-batch whose tokens divide by tp");
+  }
 }
 
 const float* chunk_forward(Model& model, ChunkPass& pass) {
   const Dims d = model_dims(model, pass);
-  if (pass.embeds) embedding_pass_forward(model, pass, d);
+  if (pass.embeds) embedding_pass_forward(model, pass, dims_all_rows(d));
   for (int layer = pass.block_begin; layer < pass.block_end; layer++) {
-    block_forward(model, pass, d, layer, block_input(pass, layer));
+    block_forward(model, pass, d, layer, block_input(pass, d, layer));
   }
-  const float* out = block_input(pass, pass.block_end);
+  const float* out = chunk_output(model, pass, d);
   if (!pass.heads) return out;
-  pass.loss = head_pass_forward(model, pass, d, out);
+  pass.loss = head_pass_forward(model, pass, dims_all_rows(d), out);
   return nullptr;
 }
 
@@ -222,17 +286,19 @@ const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int 
   }
   const Dims d = model_dims(model, pass);
   if (block_end == pass.block_end && pass.heads) {
-    head_pass_backward(model, pass, d, block_input(pass, pass.block_end), loss_scale);
+    head_pass_backward(model, pass, dims_all_rows(d), chunk_output(model, pass, d), loss_scale);
   }
   if (pass.gradient == nullptr) throw Error("chunk backward started without the gradient of its output");
+  float* dres = pass.gradient + (d.sp ? d.row_offset() : 0);
   for (int layer = block_end - 1; layer >= block_begin; layer--) {
-    block_backward(model, pass, d, layer, block_input(pass, layer), pass.gradient);
+    block_backward(model, pass, d, layer, block_input(pass, d, layer), dres);
     release_block(model, pass.blocks[static_cast<size_t>(layer - pass.block_begin)]);
   }
   pass.backward_next = block_begin;
   if (block_begin != pass.block_begin) return nullptr;
+  if (d.sp) sp_gather(model, d, pass.gradient);
   if (!pass.embeds) return pass.gradient;
-  embedding_pass_backward(model, pass, d);
+  embedding_pass_backward(model, pass, dims_all_rows(d));
   return nullptr;
 }
 
@@ -241,6 +307,7 @@ void chunk_release(Model& model, ChunkPass& pass) {
   for (BlockActivations& a : pass.blocks) release_block(model, a);
   head_pass_release(model, pass);
   give(model, pass.input);
+  give(model, pass.output);
   give(model, pass.gradient);
   pass.active = false;
 }

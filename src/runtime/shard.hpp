@@ -18,6 +18,7 @@ struct ModelShard {
   bool has_head = true;        // final norm and LM head (a copy of the token embedding when tied)
   int tp = 1;                  // tensor-parallel degree
   int tp_rank = 0;
+  bool sequence_parallel = false;  // norms and residuals on N / tp token rows per rank
 };
 
 // The whole model on one rank.

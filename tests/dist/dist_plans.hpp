@@ -52,6 +52,7 @@ struct TestStage {
   int zero = 0;
   std::vector<int> chunk_blocks;           // blocks per virtual chunk (one entry unless interleaved)
   std::vector<Recompute> recompute = {};   // per block of the stage; empty: none
+  bool sequence_parallel = false;
 };
 
 inline constexpr int64_t kTestSeqLen = 32;
@@ -81,6 +82,7 @@ inline Plan test_plan(const ModelSpec& model, const ClusterSpec& cluster, const 
     st.tp = stages[s].tp;
     st.dp = stages[s].dp;
     st.zero = stages[s].zero;
+    st.sequence_parallel = stages[s].sequence_parallel;
     for (int i = 0; i < st.tp * st.dp; ++i) st.device_ids.push_back(device++);
     st.has_embedding = s == 0;
     st.has_head = s + 1 == stages.size();

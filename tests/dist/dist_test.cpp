@@ -180,6 +180,19 @@ TEST_F(DistTest, TiedEmbeddingAcrossTensorParallelPipeline) {
                              gpt_path_, "pp3-tp-tied");
 }
 
+TEST_F(DistTest, SequenceParallel) {
+  expect_matches_single_rank(test_plan(llama(), cluster(), {{2, 1, 0, {4}, {}, true}}, k1f1b, 2), llama_path_, "sp");
+}
+
+TEST_F(DistTest, SequenceParallelPipelineWithRecomputation) {
+  expect_matches_single_rank(
+      test_plan(gpt(), cluster(),
+                {{2, 1, 0, {3}, {R::Recompute_full, R::Recompute_none, R::Recompute_selective}, true},
+                 {2, 1, 1, {3}, {R::Recompute_selective, R::Recompute_full, R::Recompute_none}, true}},
+                Schedule::Schedule_gpipe, 2),
+      gpt_path_, "sp-pp2-recompute");
+}
+
 // A 2-rank pipeline of gpt-6 used by the failure and bad-input tests.
 class DistFailureTest : public DistTest {
  protected:

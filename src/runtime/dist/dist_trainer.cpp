@@ -34,9 +34,10 @@ void check_runnable(const Plan& plan, const ModelSpec& model, const std::string&
       if (offloaded)
         throw Error("layer offload is not run by the CPU runtime yet", {source, fmt::format("stages[{}].offload", s)},
                     "plan without offload");
-    if (st.sequence_parallel && st.tp > 1)
-      throw Error("sequence parallelism is not run by the CPU runtime yet",
-                  {source, fmt::format("stages[{}].sequence_parallel", s)}, "set it to false (plain tensor parallelism)");
+    const int64_t tokens = plan.micro_batch_sequences / st.dp * plan.seq_len;
+    if (st.sequence_parallel && st.tp > 1 && tokens % st.tp != 0)
+      throw Error(fmt::format("sequence parallelism splits each replica's {} tokens over tp {}: they do not divide", tokens, st.tp),
+                  {source, fmt::format("stages[{}].sequence_parallel", s)}, "set it to false, or change the micro-batch");
     shard_check_tp(model, st.tp);
   }
   if (model.tied_embeddings && plan.stages.size() > 1 && plan.stages.front().tp != plan.stages.back().tp)

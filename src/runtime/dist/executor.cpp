@@ -24,6 +24,12 @@ class CommTensorParallel : public TensorParallelOps {
   void all_reduce_max(float* data, int64_t count) override {
     timed(comm_.all_reduce(data, count, group_, ReduceOp::ReduceOp_max));
   }
+  void all_gather(float* data, int64_t piece) override {
+    timed(comm_.all_gather(data, std::vector<int64_t>(static_cast<size_t>(group_.size()), piece), group_));
+  }
+  void reduce_scatter(float* data, int64_t piece) override {
+    timed(comm_.reduce_scatter(data, std::vector<int64_t>(static_cast<size_t>(group_.size()), piece), group_));
+  }
   double take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }
 
  private:
@@ -76,6 +82,7 @@ ModelShard rank_shard(const Plan& plan, int stage_index, int tp_rank) {
   shard.has_head = stage.has_head;
   shard.tp = stage.tp;
   shard.tp_rank = tp_rank;
+  shard.sequence_parallel = stage.sequence_parallel;
   return shard;
 }
 
@@ -333,6 +340,7 @@ void RankRuntime::optimizer(RankStepStats& stats) {
   if (layout_.tied_embedding.count > 0) {
     comm_.all_reduce(model.grads + layout_.tied_embedding.offset, layout_.tied_embedding.count, groups_.embedding).wait();
   }
+  if (model.shard.sequence_parallel && model.shard.tp > 1) sum_sequence_parallel_norms();
   double squares = 0;
   for (const FlatRange& r : layout_.norm_ranges) {
     const float* g = model.grads + r.offset;
@@ -362,6 +370,32 @@ void RankRuntime::optimizer(RankStepStats& stats) {
   }
   stats.grad_norm = norm;
   stats.learning_rate = lr;
+}
+
+// Under sequence parallelism each rank's block norms saw only its rows: their gradients are
+// summed over the tensor-parallel group (packed, as they are spread through the buffer).
+void RankRuntime::sum_sequence_parallel_norms() {
+  Model& model = *model_;
+  std::vector<const TensorView*> norms;
+  int64_t total = 0;
+  for (const TensorView& view : model.views) {
+    if (view.name.rfind("layers.", 0) == 0 && view.name.find("norm.") != std::string::npos) {
+      norms.push_back(&view);
+      total += view.numel;
+    }
+  }
+  std::vector<float> packed(static_cast<size_t>(total));
+  int64_t at = 0;
+  for (const TensorView* view : norms) {
+    std::memcpy(packed.data() + at, model.grads + view->offset, static_cast<size_t>(view->numel) * sizeof(float));
+    at += view->numel;
+  }
+  comm_.all_reduce(packed.data(), total, groups_.tp).wait();
+  at = 0;
+  for (const TensorView* view : norms) {
+    std::memcpy(model.grads + view->offset, packed.data() + at, static_cast<size_t>(view->numel) * sizeof(float));
+    at += view->numel;
+  }
 }
 
 RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <regex>
 #include <string>
 
 #include "../common/test_util.hpp"
@@ -132,9 +133,11 @@ TEST(CommCheck, RankThatNeverJoinsEndsTheJobAfterTheTimeout) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.signal, 0) << "killed by the test's time limit instead of the communicator timeout\n" << r.output;
-  EXPECT_LT(seconds, 15.0) << r.output;
+  EXPECT_LT(seconds, 10.0) << r.output;
   EXPECT_NE(r.output.find("alloy: error on rank 0"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("timed out after 3.0 s waiting for all_gather_bytes"), std::string::npos) << r.output;
+  // The first collective is the host-name exchange; a loaded machine may overshoot the 3 s a little.
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(timed out after [34]\.\d s waiting for all_gather_bytes)")))
+      << r.output;
   EXPECT_NE(r.output.find("over ranks [0, 1]"), std::string::npos) << r.output;
 }
 

@@ -214,6 +214,36 @@ std::string two_in_flight_check(Communicator& comm, const CommGroup& group) {
   return problem.empty() ? "" : "second: " + problem;
 }
 
+// Calls the communicator must refuse, before any MPI call, with an alloy::Error naming the
+// bad value; every rank makes the same calls, so a refused split leaves no rank waiting.
+std::string invalid_calls_check(Communicator& comm) {
+  struct Case {
+    std::string must_name;
+    std::function<void()> call;
+  };
+  uint8_t byte = 0;
+  float value = 0;
+  int n = comm.world_size();
+  std::vector<Case> cases{
+      {"tag -5", [&] { comm.send(&byte, 1, 0, -5); }},
+      {fmt::format("peer rank {}", n), [&] { comm.recv(&byte, 1, n, 0); }},
+      {"rank 0 is in group 0 and in group 1", [&] { comm.split({{0}, {0}}); }},
+      {"not a member", [&] { comm.all_reduce(&value, 1, CommGroup{}); }},
+      {"given 0 counts", [&] { comm.all_gather(&value, {}, comm.world()); }},
+  };
+  for (const Case& c : cases) {
+    try {
+      c.call();
+      return fmt::format("a call that should fail naming '{}' was accepted", c.must_name);
+    } catch (const Error& e) {
+      if (e.message().find(c.must_name) == std::string::npos) {
+        return fmt::format("refused with '{}', which does not name '{}'", e.message(), c.must_name);
+      }
+    }
+  }
+  return "";
+}
+
 void group_checks_run(Communicator& comm, CheckTable& table, const CheckGroup& g, int tag, bool corrupt) {
   const CommGroup& group = g.group;
   int rank = comm.rank();
@@ -404,6 +434,7 @@ int comm_check_run(const CommCheckOptions& o) {
     for (size_t g = 0; g < groups.size(); ++g) {
       group_checks_run(*comm, table, groups[g], 100 + static_cast<int>(g), o.fault_rank == rank && o.fault == "corrupt");
     }
+    check_run(table, groups[0], "invalid calls refused", rank, [&] { return invalid_calls_check(*comm); });
     std::vector<float> buffer(static_cast<size_t>(bytes / 4), 1.0f);
     Measurements m = measure(*comm, buffer);
     std::string note;

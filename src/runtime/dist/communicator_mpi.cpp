@@ -1,179 +1,25 @@
-// The MPI Communicator: after start-up one progress thread makes every MPI call. Callers queue
-// operations and get handles; the thread posts them in FIFO order (so every member posts its
-// collectives in the same order) and polls them with MPI_Testsome, sleeping when idle.
-#include <mpi.h>
-#include <sys/prctl.h>
-
+// The MPI Communicator: checks each call, names it for timeouts, and queues the MPI calls that
+// implement it on the progress engine (mpi_progress.hpp), which makes every MPI call after
+// start-up.
 #include <algorithm>
-#include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <functional>
-#include <mutex>
-#include <optional>
-#include <thread>
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
 #include "runtime/dist/communicator.hpp"
+#include "runtime/dist/mpi_progress.hpp"
 #include "spec/error.hpp"
-#include "spec/units.hpp"
 
 namespace alloy {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 // Largest element count handed to one MPI call; larger transfers are split into pieces that
 // every member splits identically.
 constexpr int64_t kMaxChunkCount = int64_t{1} << 30;
-// Pause between two MPI_Testsome calls while transfers are in flight: short enough for
-// latency, long enough not to take a core from the ranks that share it.
-constexpr auto kPollInterval = std::chrono::microseconds(30);
-constexpr double kDefaultTimeoutSeconds = 300;
-}  // namespace
-
-// What a wait needs: completion, an error, and enough to name the operation on a timeout.
-struct CommHandle::State {
-  std::mutex mutex;
-  std::condition_variable finished;
-  bool done = false;
-  std::string error;  // MPI's message when the operation failed
-  Communicator* owner = nullptr;
-  double timeout_seconds = kDefaultTimeoutSeconds;
-  const char* kind = "";
-  int64_t bytes = 0;
-  int peer = -1;  // point to point only
-  int tag = -1;
-  std::shared_ptr<const std::vector<int>> members;  // collectives only
-
-  std::string describe() const {
-    std::string text = fmt::format("{} of {}", kind, units_format_bytes(static_cast<double>(bytes)));
-    if (peer >= 0) {
-      text += fmt::format(" {} rank {} tag {}", std::strcmp(kind, "recv") == 0 ? "from" : "to", peer, tag);
-    }
-    if (members) text += fmt::format(" over ranks [{}]", fmt::join(*members, ", "));
-    return text;
-  }
-};
-
-void CommHandle::wait() const {
-  if (!state_) throw Error("wait on an empty CommHandle", {}, "wait only on handles returned by a Communicator call");
-  std::unique_lock lock(state_->mutex);
-  Clock::time_point start = Clock::now();
-  bool finished = state_->finished.wait_for(lock, std::chrono::duration<double>(state_->timeout_seconds),
-                                            [this] { return state_->done; });
-  if (!finished) {
-    std::string message = fmt::format(
-        "timed out after {:.1f} s waiting for {}; a peer never joined it (it failed, hangs, or posts its "
-        "operations in another order); if it is only slow, raise ALLOY_COMM_TIMEOUT (seconds)",
-        seconds_since(start), state_->describe());
-    lock.unlock();
-    state_->owner->abort(message, kExitCommTimeout);
-  }
-  if (!state_->error.empty()) {
-    throw Error(fmt::format("{} failed: {}", state_->describe(), state_->error), {},
-                "check the MPI installation with `mpirun -np N alloy comm-check`");
-  }
-}
-
-bool CommHandle::done() const {
-  if (!state_) return false;
-  std::lock_guard lock(state_->mutex);
-  return state_->done;
-}
-
-namespace {
-
-// MPI can be initialised once per process; the communicators share it and the last one out
-// finalises it when this code initialised it.
-struct MpiLifetime {
-  std::mutex mutex;
-  int users = 0;
-  bool initialised_here = false;
-};
-
-MpiLifetime& mpi_lifetime() {
-  static MpiLifetime lifetime;
-  return lifetime;
-}
-
-void mpi_acquire() {
-  MpiLifetime& life = mpi_lifetime();
-  std::lock_guard lock(life.mutex);
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) {
-    throw Error("MPI was already finalised in this process", {},
-                "create one communicator per process and keep it for the whole run");
-  }
-  int initialised = 0;
-  MPI_Initialized(&initialised);
-  int provided = 0;
-  if (!initialised) {
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    life.initialised_here = true;
-  } else {
-    MPI_Query_thread(&provided);
-  }
-  if (provided < MPI_THREAD_SERIALIZED) {
-    throw Error("this MPI library supports neither MPI_THREAD_MULTIPLE nor MPI_THREAD_SERIALIZED", {},
-                "use an MPI built with thread support (OpenMPI: check `ompi_info | grep -i thread`)");
-  }
-  if (life.users > 0 && provided < MPI_THREAD_MULTIPLE) {
-    throw Error("a second communicator needs MPI_THREAD_MULTIPLE, which this MPI does not provide", {},
-                "use one communicator per process");
-  }
-  ++life.users;
-}
-
-void mpi_release() {
-  MpiLifetime& life = mpi_lifetime();
-  std::lock_guard lock(life.mutex);
-  if (--life.users == 0 && life.initialised_here) MPI_Finalize();
-}
-
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  return std::string(text, static_cast<size_t>(length));
-}
-
-// Posting runs on the progress thread; a failed MPI call throws this and fails the handle.
-struct MpiFailure {
-  std::string message;
-};
-
-void mpi_check(int code, const char* call) {
-  if (code != MPI_SUCCESS) throw MpiFailure{fmt::format("{}: {}", call, mpi_error_text(code))};
-}
-
-// Requests one operation posted; `recv_bytes` is the size a receive must deliver (-1: any).
-struct Posting {
-  std::vector<MPI_Request> requests;
-  std::vector<int> recv_bytes;
-  void add(MPI_Request request, int expected_recv_bytes = -1) {
-    requests.push_back(request);
-    recv_bytes.push_back(expected_recv_bytes);
-  }
-};
-
-struct Operation {
-  std::shared_ptr<CommHandle::State> state;
-  std::function<void(Posting&)> post;  // on the progress thread: issue the MPI calls
-  std::function<void()> finish;        // on the progress thread once all requests completed
-  int pending = 0;
-};
 
 // Calls fn(offset, count) for consecutive pieces of at most kMaxChunkCount.
 template <typename Fn>
@@ -197,7 +43,7 @@ double timeout_resolve(double timeout_seconds) {
   }
   if (timeout_seconds > 0) return timeout_seconds;
   const char* text = std::getenv("ALLOY_COMM_TIMEOUT");
-  if (text == nullptr || *text == '\0') return kDefaultTimeoutSeconds;
+  if (text == nullptr || *text == '\0') return kCommDefaultTimeoutSeconds;
   char* end = nullptr;
   double value = std::strtod(text, &end);
   if (*end != '\0' || !(value > 0)) {
@@ -233,7 +79,7 @@ class MpiCommunicator final : public Communicator {
   CommHandle all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) override;
   CommHandle broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) override;
   CommHandle all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) override;
-  double take_busy_seconds() override;
+  double take_busy_seconds() override { return progress_.take_busy_seconds(); }
   [[noreturn]] void abort(const std::string& message, int exit_code) override;
 
  private:
@@ -243,40 +89,25 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<const std::vector<int>> group_members(const CommGroup& group, const char* kind) const;
   void point_check(int64_t bytes, int peer, int tag, const char* kind) const;
   std::vector<int> counts_check(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind) const;
-  CommHandle enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(Posting&)> post,
+  CommHandle enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
                      std::function<void()> finish = {});
-  void progress_loop();
-  void operation_start(const std::shared_ptr<Operation>& op);
-  void requests_test();
-  void operation_complete(Operation& op);
-  void busy_update(bool busy_now);
 
-  double timeout_seconds_ = kDefaultTimeoutSeconds;
+  double timeout_seconds_ = kCommDefaultTimeoutSeconds;
   int rank_ = 0;
   int local_size_ = 1;
   int tag_upper_bound_ = 32767;
   std::string host_;
   CommGroup world_;
-
-  // Shared between callers and the progress thread.
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::shared_ptr<Operation>> queue_;
-  bool stopping_ = false;
+  mutable std::mutex groups_mutex_;
   std::vector<std::shared_ptr<const std::vector<int>>> group_members_;  // by group id
-  double busy_seconds_ = 0;
-  bool busy_ = false;
-  Clock::time_point busy_since_;
-
-  // Progress thread only (and the constructor/destructor around it).
-  std::vector<MPI_Comm> comms_;  // by group id; 0 is a duplicate of MPI_COMM_WORLD
-  std::vector<MPI_Request> requests_;
-  std::vector<int> request_recv_bytes_;
-  std::vector<std::shared_ptr<Operation>> request_ops_;
-  std::thread thread_;
+  // By group id; 0 is a duplicate of MPI_COMM_WORLD. Touched only by the progress thread
+  // (and by the constructor and destructor, before it starts and after it stops).
+  std::vector<MPI_Comm> comms_;
+  MpiProgress progress_;
 };
 
-MpiCommunicator::MpiCommunicator(double timeout_seconds) : timeout_seconds_(timeout_resolve(timeout_seconds)) {
+MpiCommunicator::MpiCommunicator(double timeout_seconds)
+    : timeout_seconds_(timeout_resolve(timeout_seconds)), progress_(this, timeout_seconds_) {
   mpi_acquire();
   MPI_Comm world_comm = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &world_comm);
@@ -302,16 +133,11 @@ MpiCommunicator::MpiCommunicator(double timeout_seconds) : timeout_seconds_(time
   for (int r = 0; r < size; ++r) world_.members.push_back(r);
   world_.my_index = rank_;
   group_members_.push_back(std::make_shared<const std::vector<int>>(world_.members));
-  thread_ = std::thread([this] { progress_loop(); });
+  progress_.start();
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  wake_.notify_all();
-  thread_.join();
+  progress_.stop();
   for (MPI_Comm& comm : comms_) {
     if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
@@ -328,17 +154,6 @@ void MpiCommunicator::abort(const std::string& message, int exit_code) {
   std::_Exit(exit_code);  // MPI_Abort does not return; this only guards a broken library
 }
 
-double MpiCommunicator::take_busy_seconds() {
-  std::lock_guard lock(mutex_);
-  double seconds = busy_seconds_;
-  busy_seconds_ = 0;
-  if (busy_) {
-    seconds += seconds_since(busy_since_);
-    busy_since_ = Clock::now();
-  }
-  return seconds;
-}
-
 std::shared_ptr<CommHandle::State> MpiCommunicator::state_make(const char* kind, int64_t bytes) {
   auto state = std::make_shared<CommHandle::State>();
   state->owner = this;
@@ -349,7 +164,7 @@ std::shared_ptr<CommHandle::State> MpiCommunicator::state_make(const char* kind,
 }
 
 std::shared_ptr<const std::vector<int>> MpiCommunicator::group_members(const CommGroup& group, const char* kind) const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(groups_mutex_);
   if (group.id < 0 || group.id >= static_cast<int>(group_members_.size()) || group.my_index < 0 ||
       *group_members_[static_cast<size_t>(group.id)] != group.members) {
     throw Error(fmt::format("{} on a group this rank ({}) is not a member of (group id {}, members [{}])", kind,
@@ -389,17 +204,13 @@ std::vector<int> MpiCommunicator::counts_check(const std::vector<int64_t>& count
   return result;
 }
 
-CommHandle MpiCommunicator::enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(Posting&)> post,
+CommHandle MpiCommunicator::enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
                                     std::function<void()> finish) {
-  auto op = std::make_shared<Operation>();
+  auto op = std::make_shared<MpiOperation>();
   op->state = state;
   op->post = std::move(post);
   op->finish = std::move(finish);
-  {
-    std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(op));
-  }
-  wake_.notify_one();
+  progress_.enqueue(std::move(op));
   return CommHandle(std::move(state));
 }
 
@@ -423,14 +234,14 @@ CommGroup MpiCommunicator::split(const std::vector<std::vector<int>>& ranks_of_g
     mine.members = ranks_of_groups[static_cast<size_t>(color)];
     std::sort(mine.members.begin(), mine.members.end());
     mine.my_index = static_cast<int>(std::find(mine.members.begin(), mine.members.end(), rank_) - mine.members.begin());
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(groups_mutex_);
     mine.id = static_cast<int>(group_members_.size());
     group_members_.push_back(std::make_shared<const std::vector<int>>(mine.members));
   }
   auto state = state_make("split", 0);
   state->members = std::make_shared<const std::vector<int>>(world_.members);
   int id = mine.id;
-  CommHandle handle = enqueue(state, [this, color, id](Posting&) {
+  CommHandle handle = enqueue(state, [this, color, id](MpiPosting&) {
     MPI_Comm comm = MPI_COMM_NULL;
     mpi_check(MPI_Comm_split(comms_[0], color >= 0 ? color : MPI_UNDEFINED, rank_, &comm), "MPI_Comm_split");
     if (id >= 0) {
@@ -448,7 +259,7 @@ CommHandle MpiCommunicator::send(const void* data, int64_t bytes, int peer, int 
   state->peer = peer;
   state->tag = tag;
   const char* base = static_cast<const char*>(data);
-  return enqueue(state, [this, base, bytes, peer, tag](Posting& posting) {
+  return enqueue(state, [this, base, bytes, peer, tag](MpiPosting& posting) {
     chunks_for_each(bytes, [&](int64_t offset, int n) {
       MPI_Request request;
       mpi_check(MPI_Isend(base + offset, n, MPI_BYTE, peer, tag, comms_[0], &request), "MPI_Isend");
@@ -463,7 +274,7 @@ CommHandle MpiCommunicator::recv(void* data, int64_t bytes, int peer, int tag) {
   state->peer = peer;
   state->tag = tag;
   char* base = static_cast<char*>(data);
-  return enqueue(state, [this, base, bytes, peer, tag](Posting& posting) {
+  return enqueue(state, [this, base, bytes, peer, tag](MpiPosting& posting) {
     chunks_for_each(bytes, [&](int64_t offset, int n) {
       MPI_Request request;
       mpi_check(MPI_Irecv(base + offset, n, MPI_BYTE, peer, tag, comms_[0], &request), "MPI_Irecv");
@@ -480,7 +291,7 @@ CommHandle MpiCommunicator::all_reduce_typed(T* data, int64_t count, const CommG
   if (count < 0) throw Error(fmt::format("{} of {} elements", kind, count));
   MPI_Op mpi_op = op == ReduceOp::ReduceOp_sum ? MPI_SUM : MPI_MAX;
   int id = group.id;
-  return enqueue(state, [this, data, count, mpi_op, id](Posting& posting) {
+  return enqueue(state, [this, data, count, mpi_op, id](MpiPosting& posting) {
     chunks_for_each(count, [&](int64_t offset, int n) {
       MPI_Request request;
       mpi_check(MPI_Iallreduce(MPI_IN_PLACE, data + offset, n, mpi_type<T>(), mpi_op, comms_[static_cast<size_t>(id)],
@@ -508,7 +319,7 @@ CommHandle MpiCommunicator::reduce_scatter(float* data, const std::vector<int64_
   // In place, MPI leaves this member's piece at the start of the buffer; move it to its offset.
   return enqueue(
       state,
-      [this, data, mpi_counts, id](Posting& posting) {
+      [this, data, mpi_counts, id](MpiPosting& posting) {
         MPI_Request request;
         mpi_check(MPI_Ireduce_scatter(MPI_IN_PLACE, data, mpi_counts->data(), MPI_FLOAT, MPI_SUM,
                                       comms_[static_cast<size_t>(id)], &request),
@@ -533,7 +344,7 @@ CommHandle MpiCommunicator::all_gather(float* data, const std::vector<int64_t>& 
   auto state = state_make(kind, int64_t{total} * static_cast<int64_t>(sizeof(float)));
   state->members = members;
   int id = group.id;
-  return enqueue(state, [this, data, mpi_counts, offsets, id](Posting& posting) {
+  return enqueue(state, [this, data, mpi_counts, offsets, id](MpiPosting& posting) {
     MPI_Request request;
     mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, mpi_counts->data(), offsets->data(), MPI_FLOAT,
                               comms_[static_cast<size_t>(id)], &request),
@@ -552,7 +363,7 @@ CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root_index,
   if (bytes < 0) throw Error(fmt::format("broadcast of {} bytes", bytes));
   char* base = static_cast<char*>(data);
   int id = group.id;
-  return enqueue(state, [this, base, bytes, root_index, id](Posting& posting) {
+  return enqueue(state, [this, base, bytes, root_index, id](MpiPosting& posting) {
     chunks_for_each(bytes, [&](int64_t offset, int n) {
       MPI_Request request;
       mpi_check(MPI_Ibcast(base + offset, n, MPI_BYTE, root_index, comms_[static_cast<size_t>(id)], &request),
@@ -572,121 +383,13 @@ CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t 
                 {}, "gather smaller records");
   }
   int id = group.id;
-  return enqueue(state, [this, in, out, bytes, id](Posting& posting) {
+  return enqueue(state, [this, in, out, bytes, id](MpiPosting& posting) {
     MPI_Request request;
     mpi_check(MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes), MPI_BYTE,
                              comms_[static_cast<size_t>(id)], &request),
               "MPI_Iallgather");
     posting.add(request);
   });
-}
-
-void MpiCommunicator::busy_update(bool busy_now) {
-  std::lock_guard lock(mutex_);
-  if (busy_now == busy_) return;
-  if (busy_now) {
-    busy_since_ = Clock::now();
-  } else {
-    busy_seconds_ += seconds_since(busy_since_);
-  }
-  busy_ = busy_now;
-}
-
-void MpiCommunicator::operation_complete(Operation& op) {
-  if (op.state->error.empty() && op.finish) op.finish();
-  {
-    std::lock_guard lock(op.state->mutex);
-    op.state->done = true;
-  }
-  op.state->finished.notify_all();
-}
-
-void MpiCommunicator::operation_start(const std::shared_ptr<Operation>& op) {
-  Posting posting;
-  try {
-    op->post(posting);
-  } catch (const MpiFailure& failure) {
-    op->state->error = failure.message;  // the handle is not done yet, so no caller reads it
-  }
-  op->pending = static_cast<int>(posting.requests.size());
-  if (op->pending == 0) {
-    operation_complete(*op);
-    return;
-  }
-  for (size_t i = 0; i < posting.requests.size(); ++i) {
-    requests_.push_back(posting.requests[i]);
-    request_recv_bytes_.push_back(posting.recv_bytes[i]);
-    request_ops_.push_back(op);
-  }
-}
-
-void MpiCommunicator::requests_test() {
-  int completed = 0;
-  std::vector<int> indices(requests_.size());
-  std::vector<MPI_Status> statuses(requests_.size());
-  int code = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
-                          statuses.data());
-  if (code != MPI_SUCCESS && code != MPI_ERR_IN_STATUS) {
-    abort(fmt::format("MPI_Testsome failed: {}", mpi_error_text(code)), 1);
-  }
-  if (completed == MPI_UNDEFINED || completed == 0) return;
-  for (int j = 0; j < completed; ++j) {
-    size_t i = static_cast<size_t>(indices[static_cast<size_t>(j)]);
-    const MPI_Status& status = statuses[static_cast<size_t>(j)];
-    Operation& op = *request_ops_[i];
-    if (code == MPI_ERR_IN_STATUS && status.MPI_ERROR != MPI_SUCCESS && op.state->error.empty()) {
-      op.state->error = mpi_error_text(status.MPI_ERROR);
-    } else if (request_recv_bytes_[i] >= 0) {
-      int received = 0;
-      MPI_Get_count(&status, MPI_BYTE, &received);
-      if (received != request_recv_bytes_[i] && op.state->error.empty()) {
-        op.state->error = fmt::format("the sender sent {} bytes, {} expected", received, request_recv_bytes_[i]);
-      }
-    }
-    if (--op.pending == 0) operation_complete(op);
-  }
-  // MPI_Testsome set completed requests to MPI_REQUEST_NULL; drop them.
-  size_t kept = 0;
-  for (size_t i = 0; i < requests_.size(); ++i) {
-    if (requests_[i] == MPI_REQUEST_NULL) continue;
-    requests_[kept] = requests_[i];
-    request_recv_bytes_[kept] = request_recv_bytes_[i];
-    request_ops_[kept] = std::move(request_ops_[i]);
-    ++kept;
-  }
-  requests_.resize(kept);
-  request_recv_bytes_.resize(kept);
-  request_ops_.resize(kept);
-}
-
-void MpiCommunicator::progress_loop() {
-  // Linux stretches short sleeps by the timer slack (50 us by default); polls should be ~30 us.
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-  std::optional<Clock::time_point> stop_seen;
-  while (true) {
-    std::deque<std::shared_ptr<Operation>> ready;
-    {
-      std::unique_lock lock(mutex_);
-      if (requests_.empty()) {
-        wake_.wait(lock, [this] { return !queue_.empty() || stopping_; });
-        if (queue_.empty()) break;  // stopping with nothing queued or in flight
-      } else if (queue_.empty()) {
-        wake_.wait_for(lock, kPollInterval, [this] { return !queue_.empty(); });
-      }
-      ready.swap(queue_);
-      if (stopping_ && !stop_seen) stop_seen = Clock::now();
-    }
-    for (const auto& op : ready) operation_start(op);
-    busy_update(!requests_.empty());
-    if (requests_.empty()) continue;
-    requests_test();
-    busy_update(!requests_.empty());
-    if (stop_seen && !requests_.empty() && seconds_since(*stop_seen) > timeout_seconds_) {
-      abort(fmt::format("timed out after {:.1f} s finishing {} at shutdown (and {} more requests)", timeout_seconds_,
-                        request_ops_.front()->state->describe(), requests_.size() - 1),
-            kExitCommTimeout);
-    }
-  }
 }
 
 }  // namespace

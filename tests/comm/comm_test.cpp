@@ -15,19 +15,8 @@ namespace {
 using alloy::testing::CommandResult;
 using alloy::testing::run_command;
 
-// mpirun refuses root and more ranks than cores unless told; leak checking is off in the ranks
-// because the MPI library keeps allocations until exit.
-void mpi_environment_set() {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
-  const char* asan = std::getenv("ASAN_OPTIONS");
-  std::string options = asan != nullptr ? std::string(asan) + ":detect_leaks=0" : "detect_leaks=0";
-  setenv("ASAN_OPTIONS", options.c_str(), 1);
-}
-
 CommandResult comm_check_run(int ranks, const std::string& extra = "", int timeout_seconds = 60) {
-  mpi_environment_set();
+  alloy::testing::mpi_test_environment_set();
   std::string command = std::string("mpirun -np ") + std::to_string(ranks) + " " + ALLOY_BINARY +
                         " comm-check --bytes 1MiB " + extra;
   return run_command(command, timeout_seconds);
@@ -103,7 +92,7 @@ TEST(CommLaunch, MoreThanOneRankFromAnyLauncherMeansLaunchedByMpi) {
 }
 
 TEST(CommCheck, SingleProcessWithoutMpirun) {
-  mpi_environment_set();
+  alloy::testing::mpi_test_environment_set();
   CommandResult r = run_command(std::string(ALLOY_BINARY) + " comm-check --bytes 1MiB", 60);
   expect_all_pass(r, 1);
   EXPECT_NE(r.output.find("n/a (one rank)"), std::string::npos) << r.output;

@@ -67,4 +67,15 @@ inline CommandResult run_command(const std::string& command, int timeout_seconds
   return r;
 }
 
+// mpirun refuses root and more ranks than cores unless told; leak checking is off in the ranks
+// of a sanitized build because the MPI library keeps allocations until exit.
+inline void mpi_test_environment_set() {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  const std::string options = asan != nullptr ? std::string(asan) + ":detect_leaks=0" : "detect_leaks=0";
+  setenv("ASAN_OPTIONS", options.c_str(), 1);
+}
+
 }  // namespace alloy::testing

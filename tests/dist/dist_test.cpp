@@ -31,9 +31,7 @@ std::string mpirun(int ranks) {
 class DistTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+    mpi_test_environment_set();
     setenv("ALLOY_THREADS", "1", 0);
     dir_ = new TempDir();
     gpt_path_ = dir_->write("gpt-6.yaml", kGpt6Yaml);

@@ -30,39 +30,35 @@ void model_check_spec(const ModelSpec& spec) {
   }
 }
 
+// The field of `tensors` that points at the view called `name`, or nullptr.
+float** tensor_slot(const ModelSpec& spec, ModelTensors& tensors, const std::string& name) {
+  if (name == "embed.token") return &tensors.token;
+  if (name == "embed.position") return &tensors.position;
+  if (name == "final_norm.weight") return &tensors.final_norm_w;
+  if (name == "final_norm.bias") return &tensors.final_norm_b;
+  if (name == "lm_head.weight") return &tensors.lm_head;
+  if (name.rfind("layers.", 0) != 0) return nullptr;
+  const size_t dot = name.find('.', 7);
+  BlockTensors& b = tensors.blocks[static_cast<size_t>(std::stoi(name.substr(7, dot - 7)))];
+  const std::string field = name.substr(dot + 1);
+  const bool gpt2 = spec.family == ModelFamily::ModelFamily_gpt2;
+  const std::pair<const char*, float**> fields[] = {
+      {"attn_norm.weight", &b.attn_norm_w}, {"attn_norm.bias", &b.attn_norm_b}, {"attn.qkv.weight", &b.qkv_w},
+      {"attn.qkv.bias", &b.qkv_b},          {"attn.out.weight", &b.out_w},      {"attn.out.bias", &b.out_b},
+      {"mlp_norm.weight", &b.mlp_norm_w},   {"mlp_norm.bias", &b.mlp_norm_b},   {gpt2 ? "mlp.up.weight" : "mlp.gate_up.weight", &b.up_w},
+      {"mlp.up.bias", &b.up_b},             {"mlp.down.weight", &b.down_w},     {"mlp.down.bias", &b.down_b}};
+  for (const auto& [suffix, slot] : fields)
+    if (field == suffix) return slot;
+  return nullptr;
+}
+
 ModelTensors model_resolve(const Model& model, float* base) {
-  auto at = [&](const std::string& name) -> float* {
-    for (const TensorView& view : model.views) {
-      if (view.name == name) return base + view.offset;
-    }
-    return nullptr;
-  };
   ModelTensors tensors;
-  tensors.token = at("embed.token");
-  tensors.position = at("embed.position");
   tensors.blocks.resize(static_cast<size_t>(model.spec.num_layers));
-  for (const auto& [first, last] : model.shard.block_ranges) {
-    for (int i = first; i < last; i++) {
-      const std::string p = fmt::format("layers.{}.", i);
-      BlockTensors& block = tensors.blocks[static_cast<size_t>(i)];
-      block.attn_norm_w = at(p + "attn_norm.weight");
-      block.attn_norm_b = at(p + "attn_norm.bias");
-      block.qkv_w = at(p + "attn.qkv.weight");
-      block.qkv_b = at(p + "attn.qkv.bias");
-      block.out_w = at(p + "attn.out.weight");
-      block.out_b = at(p + "attn.out.bias");
-      block.mlp_norm_w = at(p + "mlp_norm.weight");
-      block.mlp_norm_b = at(p + "mlp_norm.bias");
-      block.up_w = model.spec.family == ModelFamily::ModelFamily_gpt2 ? at(p + "mlp.up.weight")
-                                                                     : at(p + "mlp.gate_up.weight");
-      block.up_b = at(p + "mlp.up.bias");
-      block.down_w = at(p + "mlp.down.weight");
-      block.down_b = at(p + "mlp.down.bias");
-    }
+  for (const TensorView& view : model.views) {
+    if (float** slot = tensor_slot(model.spec, tensors, view.name)) *slot = base + view.offset;
   }
-  tensors.final_norm_w = at("final_norm.weight");
-  tensors.final_norm_b = at("final_norm.bias");
-  tensors.lm_head = model.spec.tied_embeddings ? tensors.token : at("lm_head.weight");
+  if (model.spec.tied_embeddings) tensors.lm_head = tensors.token;
   return tensors;
 }
 
@@ -146,6 +142,12 @@ void model_init_weights(Model& model, uint64_t seed) {
       out += segment.count;
     }
   }
+}
+
+std::vector<float**> model_weight_slots(Model& model) {
+  std::vector<float**> slots;
+  for (const TensorView& view : model.views) slots.push_back(tensor_slot(model.spec, model.weights, view.name));
+  return slots;
 }
 
 const TensorView& model_view(const Model& model, const std::string& name) {

@@ -87,6 +87,17 @@ class TensorParallelOps {
   virtual void reduce_scatter(float* data, int64_t piece) = 0;  // piece t summed over ranks, on rank t
 };
 
+// Where the passes get weights that are not resident (ZeRO 3): acquire makes the weights of a
+// unit valid in model.weights until release.
+inline constexpr int kUnitEmbedding = -1;  // token (and position) embedding
+inline constexpr int kUnitHead = -2;       // final norm and LM head
+class ParameterSource {
+ public:
+  virtual ~ParameterSource() = default;
+  virtual void acquire(int unit) = 0;  // a block index, kUnitEmbedding or kUnitHead
+  virtual void release(int unit) = 0;
+};
+
 // One micro-batch through one chunk of consecutive blocks [block_begin, block_end): what the
 // forward keeps until the backward.
 struct ChunkPass {
@@ -126,6 +137,7 @@ struct Model {
   ModelTensors gradients;   // the same views into grads
   std::vector<Recompute> recompute;  // one per global block, Recompute_none by default
   TensorParallelOps* tp_ops = nullptr;  // set when shard.tp > 1
+  ParameterSource* parameter_source = nullptr;  // set when the weights are gathered for each use
 
   ChunkPass pass;  // the single-rank passes (model_forward / model_backward)
 };
@@ -136,6 +148,10 @@ struct Model {
 void model_init_weights(Model& model, uint64_t seed);
 
 const TensorView& model_view(const Model& model, const std::string& name);
+
+// For each view (in order), the field of model.weights that points at it: lets a runtime that
+// keeps parameters elsewhere (ZeRO 3) point the passes at gathered copies.
+std::vector<float**> model_weight_slots(Model& model);
 
 // Starts `pass` through blocks [block_begin, block_end) for a micro-batch of (B, T) tokens.
 // embeds: the chunk starts from `inputs` (B, T); otherwise pass.input (B, T, C) is allocated here

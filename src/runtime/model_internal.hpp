@@ -100,6 +100,24 @@ inline void norm_backward(const Dims& d, float* dinp, float* dw, float* db, cons
   }
 }
 
+// The weights of `unit` resident for a scope: gathered by the model's parameter source (ZeRO 3)
+// and let go at the end; nothing to do when the weights live in model.params.
+class UnitWeights {
+ public:
+  UnitWeights(const Model& model, int unit) : source_(model.parameter_source), unit_(unit) {
+    if (source_ != nullptr) source_->acquire(unit_);
+  }
+  ~UnitWeights() {
+    if (source_ != nullptr) source_->release(unit_);
+  }
+  UnitWeights(const UnitWeights&) = delete;
+  UnitWeights& operator=(const UnitWeights&) = delete;
+
+ private:
+  ParameterSource* source_;
+  int unit_;
+};
+
 // inputs, targets: (B, T) or nullptr when the chunk does not read them. Throws alloy::Error for
 // ids outside the vocabulary or T above the model's maximum.
 void model_check_tokens(const Model& model, const int32_t* inputs, const int32_t* targets, int B, int T);

@@ -262,12 +262,17 @@ void chunk_begin(Model& model, ChunkPass& pass, int block_begin, int block_end, 
 
 const float* chunk_forward(Model& model, ChunkPass& pass) {
   const Dims d = model_dims(model, pass);
-  if (pass.embeds) embedding_pass_forward(model, pass, dims_all_rows(d));
+  if (pass.embeds) {
+    UnitWeights weights(model, kUnitEmbedding);
+    embedding_pass_forward(model, pass, dims_all_rows(d));
+  }
   for (int layer = pass.block_begin; layer < pass.block_end; layer++) {
+    UnitWeights weights(model, layer);
     block_forward(model, pass, d, layer, block_input(pass, d, layer));
   }
   const float* out = chunk_output(model, pass, d);
   if (!pass.heads) return out;
+  UnitWeights weights(model, kUnitHead);
   pass.loss = head_pass_forward(model, pass, dims_all_rows(d), out);
   return nullptr;
 }
@@ -286,11 +291,13 @@ const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int 
   }
   const Dims d = model_dims(model, pass);
   if (block_end == pass.block_end && pass.heads) {
+    UnitWeights weights(model, kUnitHead);
     head_pass_backward(model, pass, dims_all_rows(d), chunk_output(model, pass, d), loss_scale);
   }
   if (pass.gradient == nullptr) throw Error("chunk backward started without the gradient of its output");
   float* dres = pass.gradient + (d.sp ? d.row_offset() : 0);
   for (int layer = block_end - 1; layer >= block_begin; layer--) {
+    UnitWeights weights(model, layer);
     block_backward(model, pass, d, layer, block_input(pass, d, layer), dres);
     release_block(model, pass.blocks[static_cast<size_t>(layer - pass.block_begin)]);
   }

@@ -102,13 +102,11 @@ void dist_save_trace(RankRuntime& runtime, const Plan& plan, Communicator& comm,
 }
 
 void dist_export_weights(RankRuntime& runtime, const Plan& plan, Communicator& comm, const std::string& path) {
-  runtime.gather_parameters();
+  const std::vector<float> mine = runtime.full_parameters();
   const ModelSpec& spec = runtime.model().spec;
   const std::vector<RankInfo> ranks = plan_rank_map(plan);
   std::map<std::string, std::vector<float>> full;
   std::vector<ShardedTensor> order = shard_tensors(spec, shard_full(spec));
-  Model& model = runtime.model();
-  const std::vector<float> mine(model.params, model.params + model.num_parameters);
   for (int r = 0; r < comm.world_size(); ++r) {
     if (ranks[r].dp_rank != 0) continue;
     const std::vector<float> params = gather_records_on_root(comm, mine, r);

@@ -60,12 +60,6 @@ std::string plan_layout_fingerprint(const Plan& plan) {
 
 std::string rank_checkpoint_dir(const std::string& dir, int rank) { return fmt::format("{}/rank-{:05d}", dir, rank); }
 
-std::vector<TensorRef> model_refs(Model& model) {
-  std::vector<TensorRef> refs;
-  for (const TensorView& v : model.views) refs.push_back({v.name, v.shape, model.params + v.offset});
-  return refs;
-}
-
 std::vector<TensorRef> optimizer_refs(RankRuntime& runtime) {
   const int64_t floats = runtime.layout().optimizer_floats();
   return {{"adamw.m", {floats}, runtime.adam_m()}, {"adamw.v", {floats}, runtime.adam_v()}};
@@ -134,7 +128,7 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
   if (o.resume) {
     dist_agree_on(comm, [&] {
       CheckpointState state = checkpoint_load(rank_checkpoint_dir(o.checkpoint_dir, comm.rank()), fingerprint,
-                                              model_refs(runtime.model()), optimizer_refs(runtime));
+                                              runtime.parameter_refs(), optimizer_refs(runtime));
       result.first_step = state.step;
     });
     double steps[2] = {static_cast<double>(result.first_step), -static_cast<double>(result.first_step)};
@@ -159,7 +153,7 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
     CheckpointState state;
     state.step = step;
     state.fingerprint = fingerprint;
-    checkpoint_save(rank_checkpoint_dir(o.checkpoint_dir, comm.rank()), model_refs(runtime.model()),
+    checkpoint_save(rank_checkpoint_dir(o.checkpoint_dir, comm.rank()), runtime.parameter_refs(),
                     optimizer_refs(runtime), state);
     if (comm.rank() == 0) plan_save(plan, o.checkpoint_dir + "/plan.json");
   };
@@ -169,16 +163,17 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
     RankStepStats stats = runtime.step(inputs.data(), targets.data());
     double sums[2] = {stats.loss_sum, stats.loss_tokens};
     comm.all_reduce(sums, 2, comm.world()).wait();
-    double slowest = stats.step_seconds;
-    comm.all_reduce(&slowest, 1, comm.world(), ReduceOp::ReduceOp_max).wait();
-    DistStepReport report{step, sums[0] / sums[1], stats.learning_rate, stats.grad_norm, slowest,
-                          static_cast<double>(plan.global_batch_sequences * T) / slowest};
+    double maxima[2] = {stats.step_seconds, static_cast<double>(stats.peak_arena_bytes)};
+    comm.all_reduce(maxima, 2, comm.world(), ReduceOp::ReduceOp_max).wait();
+    DistStepReport report{step, sums[0] / sums[1], stats.learning_rate, stats.grad_norm, maxima[0],
+                          static_cast<double>(plan.global_batch_sequences * T) / maxima[0], maxima[1]};
     if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == train.steps)) save(step);
     if (comm.rank() == 0) {
       if (log.is_open()) {
         nlohmann::json j = {{"step", step}, {"loss", report.loss}, {"lr", report.learning_rate},
                             {"grad_norm", report.grad_norm}, {"step_seconds", report.step_seconds},
-                            {"tokens_per_second", report.tokens_per_second}};
+                            {"tokens_per_second", report.tokens_per_second},
+                            {"peak_arena_bytes", report.peak_arena_bytes}};
         log << j.dump() << "\n" << std::flush;
       }
       if (o.progress) print_progress(report, train.steps);

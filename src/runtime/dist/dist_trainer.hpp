@@ -60,6 +60,7 @@ struct DistStepReport {
   double grad_norm = 0;
   double step_seconds = 0;  // slowest rank
   double tokens_per_second = 0;
+  double peak_arena_bytes = 0;  // largest of any rank
 };
 
 struct DistTrainResult {

@@ -136,6 +136,7 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   model_init_weights(*model_, train.seed);
   const bool tied_sync = spec.tied_embeddings && plan.stages.size() > 1 && (stage.has_embedding || stage.has_head);
   layout_ = param_layout_build(plan, *model_, schedule_, tied_sync);
+  if (layout_.sharded && stage.zero == 3) zero3_ = std::make_unique<Zero3Parameters>(*model_, layout_, comm, groups_.dp);
   const int64_t floats = layout_.optimizer_floats();
   m_ = arena_->allocate_floats(floats, "adamw.m");
   v_ = arena_->allocate_floats(floats, "adamw.v");
@@ -284,7 +285,8 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         slot.finished = slot.pass.backward_next == slot.pass.block_begin;
       }
       double end = now();
-      const double tp_wait = tp_ops_ ? tp_ops_->take_wait_seconds() : 0.0;
+      const double tp_wait =
+          (tp_ops_ ? tp_ops_->take_wait_seconds() : 0.0) + (zero3_ ? zero3_->take_wait_seconds() : 0.0);
       if (slowdown_ > 1.0) {
         std::this_thread::sleep_for(std::chrono::duration<double>((end - compute_start - tp_wait) * (slowdown_ - 1.0)));
         end = now();
@@ -306,6 +308,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       return;
     }
     case OpKind::OpKind_all_gather: {
+      if (zero3_) return;  // ZeRO 3 gathers each block's weights inside the compute that uses them
       std::vector<CommHandle> handles;
       for (const GradientBucket& b : layout_.buckets)
         if (b.chunk == op.chunk)
@@ -364,7 +367,8 @@ void RankRuntime::optimizer(RankStepStats& stats) {
       if (begin >= end) continue;
       hyper.weight_decay = view.weight_decay ? static_cast<float>(train_.weight_decay) : 0.0f;
       const int64_t at = packed + begin - r.offset;
-      adamw_update(model.params + begin, m_ + at, v_ + at, model.grads + begin, end - begin, hyper, optimizer_steps_);
+      float* params = zero3_ ? zero3_->pieces() + at : model.params + begin;
+      adamw_update(params, m_ + at, v_ + at, model.grads + begin, end - begin, hyper, optimizer_steps_);
     }
     packed += r.count;
   }
@@ -422,12 +426,22 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   return stats;
 }
 
-void RankRuntime::gather_parameters() {
-  if (!layout_.sharded) return;
-  std::vector<CommHandle> handles;
-  for (const GradientBucket& b : layout_.buckets)
-    handles.push_back(comm_.all_gather(model_->params + b.range.offset, b.piece_counts, groups_.dp));
-  for (const CommHandle& h : handles) h.wait();
+std::vector<float> RankRuntime::full_parameters() {
+  if (zero3_) return zero3_->full_parameters();
+  if (layout_.sharded) {  // ZeRO 1-2 gather after every step already; this makes it explicit
+    std::vector<CommHandle> handles;
+    for (const GradientBucket& b : layout_.buckets)
+      handles.push_back(comm_.all_gather(model_->params + b.range.offset, b.piece_counts, groups_.dp));
+    for (const CommHandle& h : handles) h.wait();
+  }
+  return std::vector<float>(model_->params, model_->params + model_->num_parameters);
+}
+
+std::vector<TensorRef> RankRuntime::parameter_refs() {
+  if (zero3_) return {{"zero3.pieces", {layout_.optimizer_floats()}, zero3_->pieces()}};
+  std::vector<TensorRef> refs;
+  for (const TensorView& v : model_->views) refs.push_back({v.name, v.shape, model_->params + v.offset});
+  return refs;
 }
 
 }  // namespace alloy

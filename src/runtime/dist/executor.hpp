@@ -13,6 +13,8 @@
 #include "runtime/arena.hpp"
 #include "runtime/dist/communicator.hpp"
 #include "runtime/dist/param_layout.hpp"
+#include "runtime/dist/zero3.hpp"
+#include "runtime/io/safetensors.hpp"
 #include "runtime/model.hpp"
 #include "sim/simulate.hpp"
 #include "spec/train.hpp"
@@ -61,8 +63,12 @@ class RankRuntime {
   float* adam_m() { return m_; }
   float* adam_v() { return v_; }
   int64_t& optimizer_steps() { return optimizer_steps_; }
-  // Brings the pieces other members own up to date (ZeRO 3 keeps them stale between steps).
-  void gather_parameters();
+  // Every parameter of the rank's shard in model order (num_parameters), gathered from the
+  // data-parallel members' pieces where ZeRO shards them. Collective over the dp group.
+  std::vector<float> full_parameters();
+  // What a checkpoint holds for this rank's parameters: the model's tensors, or under ZeRO 3
+  // this member's packed pieces.
+  std::vector<TensorRef> parameter_refs();
   // Intervals of the last step, seconds from its start, lane 0 (this rank).
   const std::vector<SimInterval>& intervals() const { return intervals_; }
   const std::vector<MemorySample>& memory_samples() const { return memory_; }
@@ -94,6 +100,7 @@ class RankRuntime {
   std::unique_ptr<CommTensorParallel> tp_ops_;
   std::unique_ptr<Model> model_;
   ParamLayout layout_;
+  std::unique_ptr<Zero3Parameters> zero3_;  // ZeRO 3 with dp > 1
   float* m_ = nullptr;
   float* v_ = nullptr;
   int64_t optimizer_steps_ = 0;

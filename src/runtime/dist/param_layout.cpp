@@ -12,24 +12,14 @@ namespace alloy {
 
 namespace {
 
-constexpr int kEmbedding = -1;
-constexpr int kHead = -2;
-
-// Block index of a view, or kEmbedding / kHead.
-int view_owner(const Model& model, const TensorView& view) {
-  if (view.name.rfind("layers.", 0) == 0) return std::stoi(view.name.substr(7));
-  if (view.name.rfind("embed.", 0) == 0 && model.shard.has_embedding) return kEmbedding;
-  return kHead;
-}
-
 FlatRange bucket_range(const Model& model, const PlanStage& stage, const ScheduleOp& op, bool tied_sync) {
   const bool with_embedding = stage.has_embedding && op.block_begin == stage.chunks.front().begin;
   const bool with_head = stage.has_head && op.block_end == stage.chunks.back().end;
   int64_t begin = -1, end = -1, total = 0;
   for (const TensorView& view : model.views) {
-    const int owner = view_owner(model, view);
-    const bool inside = (owner >= op.block_begin && owner < op.block_end) || (owner == kEmbedding && with_embedding) ||
-                        (owner == kHead && with_head);
+    const int owner = param_view_unit(model, view);
+    const bool inside = (owner >= op.block_begin && owner < op.block_end) ||
+                        (owner == kUnitEmbedding && with_embedding) || (owner == kUnitHead && with_head);
     if (!inside || (tied_sync && view.name == "embed.token")) continue;
     begin = begin < 0 ? view.offset : std::min(begin, view.offset);
     end = std::max(end, view.offset + view.numel);
@@ -53,10 +43,25 @@ void add_intersections(std::vector<FlatRange>& out, const FlatRange& range, cons
 
 }  // namespace
 
+int param_view_unit(const Model& model, const TensorView& view) {
+  if (view.name.rfind("layers.", 0) == 0) return std::stoi(view.name.substr(7));
+  if (view.name.rfind("embed.", 0) == 0 && model.shard.has_embedding) return kUnitEmbedding;
+  return kUnitHead;
+}
+
 int64_t ParamLayout::optimizer_floats() const {
   int64_t total = 0;
   for (const FlatRange& r : optimizer_ranges) total += r.count;
   return total;
+}
+
+int64_t ParamLayout::packed_offset(int64_t offset) const {
+  int64_t packed = 0;
+  for (const FlatRange& r : optimizer_ranges) {
+    if (offset >= r.offset && offset < r.offset + r.count) return packed + offset - r.offset;
+    packed += r.count;
+  }
+  throw Error(fmt::format("parameter offset {} is in none of this rank's pieces", offset));
 }
 
 ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankSchedule& schedule, bool tied_sync) {

@@ -36,7 +36,13 @@ struct ParamLayout {
   std::vector<FlatRange> optimizer_ranges; // updated by this rank, ascending
   std::vector<FlatRange> norm_ranges;      // counted by this rank in the global norm, ascending
   int64_t optimizer_floats() const;        // total of optimizer_ranges
+  // Position of flat parameter `offset` when optimizer_ranges are packed one after another.
+  int64_t packed_offset(int64_t offset) const;
 };
+
+// The unit a view belongs to: its block index, kUnitEmbedding or kUnitHead (a tied model's
+// table on a last stage without the embedding belongs to the head).
+int param_view_unit(const Model& model, const TensorView& view);
 
 // `model` is the rank's shard; `schedule` its ops (for the buckets); `tied_sync`: the token
 // embedding of a tied model lives on two stages and is summed between them instead of inside

@@ -1,0 +1,54 @@
+// ZeRO 3 parameters: each data-parallel member keeps only its pieces of the stage's weights;
+// the weights of a block (or of the embedding or head) are all-gathered into a temporary
+// buffer just before the passes use them and freed right after.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "runtime/dist/communicator.hpp"
+#include "runtime/dist/param_layout.hpp"
+#include "runtime/model.hpp"
+
+namespace alloy {
+
+class Zero3Parameters : public ParameterSource {
+ public:
+  // Takes the model's initialised weights: keeps this member's pieces (packed like
+  // layout.optimizer_ranges) and frees model.params.
+  Zero3Parameters(Model& model, const ParamLayout& layout, Communicator& comm, const CommGroup& dp);
+  ~Zero3Parameters() override;
+  Zero3Parameters(const Zero3Parameters&) = delete;
+  Zero3Parameters& operator=(const Zero3Parameters&) = delete;
+
+  void acquire(int unit) override;
+  void release(int unit) override;
+
+  // This member's pieces: (layout.optimizer_floats()), what the optimizer updates.
+  float* pieces() { return pieces_; }
+  // Every parameter of the rank's shard in model order (num_parameters). Collective over dp.
+  std::vector<float> full_parameters();
+  double take_wait_seconds();
+
+ private:
+  struct Unit {
+    FlatRange range;                 // the unit's views in the flat layout
+    std::vector<size_t> views;       // indices into model.views
+    float* buffer = nullptr;         // gathered weights while acquired
+    int holders = 0;
+  };
+  void gather(Unit& unit);
+  void bind(const Unit& unit, float* base);
+
+  Model& model_;
+  const ParamLayout& layout_;
+  Communicator& comm_;
+  CommGroup dp_;
+  std::vector<float**> slots_;
+  std::map<int, Unit> units_;
+  float* pieces_ = nullptr;
+  double wait_seconds_ = 0;
+};
+
+}  // namespace alloy

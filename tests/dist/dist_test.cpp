@@ -108,8 +108,15 @@ class DistTest : public ::testing::Test {
     EXPECT_LT(worst, 1e-4) << name << ": largest weight difference";
     std::istringstream log(read_text(out + ".jsonl"));
     double peak = 0;
-    for (std::string line; std::getline(log, line);)
-      peak = std::max(peak, nlohmann::json::parse(line).at("peak_arena_bytes").get<double>());
+    for (std::string line; std::getline(log, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      peak = std::max(peak, j.at("peak_arena_bytes").get<double>());
+      EXPECT_EQ(j.at("ranks").size(), static_cast<size_t>(plan.num_used_devices()));
+      for (const auto& rank : j.at("ranks")) {
+        EXPECT_GT(rank.at("compute_seconds").get<double>(), 0.0);
+        EXPECT_LE(rank.at("compute_seconds").get<double>(), rank.at("step_seconds").get<double>() * 1.001);
+      }
+    }
     return peak;
   }
 

@@ -161,12 +161,20 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
     inject_fault(comm.rank(), step);
     if (loader) batch_loader_read(*loader, static_cast<uint64_t>(step - 1), inputs.data(), targets.data());
     RankStepStats stats = runtime.step(inputs.data(), targets.data());
-    double sums[2] = {stats.loss_sum, stats.loss_tokens};
-    comm.all_reduce(sums, 2, comm.world()).wait();
-    double maxima[2] = {stats.step_seconds, static_cast<double>(stats.peak_arena_bytes)};
-    comm.all_reduce(maxima, 2, comm.world(), ReduceOp::ReduceOp_max).wait();
-    DistStepReport report{step, sums[0] / sums[1], stats.learning_rate, stats.grad_norm, maxima[0],
-                          static_cast<double>(plan.global_batch_sequences * T) / maxima[0], maxima[1]};
+    // Every rank's figures for this step, on every rank: the loss from the head stage's ranks,
+    // the step time of the slowest, and the per-rank breakdown for the log.
+    std::vector<RankStepStats> all(static_cast<size_t>(comm.world_size()));
+    comm.all_gather_bytes(&stats, all.data(), sizeof(RankStepStats), comm.world()).wait();
+    DistStepReport report{step, 0, stats.learning_rate, stats.grad_norm, 0, 0, 0};
+    double loss_sum = 0, loss_tokens = 0;
+    for (const RankStepStats& r : all) {
+      loss_sum += r.loss_sum;
+      loss_tokens += r.loss_tokens;
+      report.step_seconds = std::max(report.step_seconds, r.step_seconds);
+      report.peak_arena_bytes = std::max(report.peak_arena_bytes, static_cast<double>(r.peak_arena_bytes));
+    }
+    report.loss = loss_sum / loss_tokens;
+    report.tokens_per_second = static_cast<double>(plan.global_batch_sequences * T) / report.step_seconds;
     if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == train.steps)) save(step);
     if (comm.rank() == 0) {
       if (log.is_open()) {
@@ -174,6 +182,11 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
                             {"grad_norm", report.grad_norm}, {"step_seconds", report.step_seconds},
                             {"tokens_per_second", report.tokens_per_second},
                             {"peak_arena_bytes", report.peak_arena_bytes}};
+        for (const RankStepStats& r : all) {
+          j["ranks"].push_back({{"step_seconds", r.step_seconds}, {"compute_seconds", r.compute_seconds},
+                                {"wait_seconds", r.wait_seconds}, {"communication_seconds", r.communication_seconds},
+                                {"peak_arena_bytes", r.peak_arena_bytes}});
+        }
         log << j.dump() << "\n" << std::flush;
       }
       if (o.progress) print_progress(report, train.steps);

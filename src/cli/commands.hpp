@@ -15,6 +15,6 @@ void add_report(CLI::App& app, int* exit_code);
 void add_train(CLI::App& app, int* exit_code);
 void add_comm_check(CLI::App& app, int* exit_code);
 void add_tokenize(CLI::App& app, int* exit_code);
-void add_unbuilt(CLI::App& app, const char* name, const char* summary, const char* issue, int* exit_code);
+void add_profile(CLI::App& app, int* exit_code);
 
 }  // namespace alloy::cli

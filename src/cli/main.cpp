@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   alloy::cli::add_train(app, &exit_code);
   alloy::cli::add_comm_check(app, &exit_code);
   alloy::cli::add_tokenize(app, &exit_code);
-  alloy::cli::add_unbuilt(app, "profile", "Measure this machine's compute and links for the planner", "#7", &exit_code);
+  alloy::cli::add_profile(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -154,6 +154,26 @@ Profile profile_parse(const std::string& json_text, const std::string& path) {
   return profile;
 }
 
+std::string profile_to_json(const Profile& profile) {
+  json root = {{"version", kProfileVersion}, {"model", profile.model_name}, {"device_types", json::object()}};
+  for (const auto& [name, dp] : profile.device_types) {
+    json entry = {{"layers", json::array()}, {"collectives", json::array()}};
+    for (const ProfiledLayer& l : dp.layers) {
+      entry["layers"].push_back({{"layer", layer_kind_name(l.kind)}, {"micro_batch", l.micro_batch},
+                                 {"seq_len", l.seq_len}, {"tp", l.tp}, {"sequence_parallel", l.sequence_parallel},
+                                 {"forward_seconds", l.forward_seconds}, {"backward_seconds", l.backward_seconds}});
+    }
+    for (const ProfiledCollective& c : dp.collectives) {
+      entry["collectives"].push_back({{"op", collective_op_name(c.op)}, {"group_size", c.group_size},
+                                      {"placement", c.spans_nodes ? "inter_node" : "intra_node"},
+                                      {"bandwidth_bytes_per_second", c.bandwidth_bytes_per_second},
+                                      {"latency_seconds", c.latency_seconds}});
+    }
+    root["device_types"][name] = std::move(entry);
+  }
+  return root.dump(2) + "\n";
+}
+
 Profile profile_load(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error("cannot open profile", {path, ""}, "check the path given to --profile");

@@ -51,5 +51,7 @@ struct Profile {
 // Reads and validates a profile; throws alloy::Error naming the file and the field.
 Profile profile_load(const std::string& path);
 Profile profile_parse(const std::string& json_text, const std::string& source_path);
+// The JSON that profile_parse reads back unchanged.
+std::string profile_to_json(const Profile& profile);
 
 }  // namespace alloy

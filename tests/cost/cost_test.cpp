@@ -213,6 +213,26 @@ TEST(Profile, ParsesAndReplacesMeasuredShapes) {
   EXPECT_FALSE(measured.fallback_notes().empty());
 }
 
+TEST(Profile, WrittenProfilesReadBackUnchanged) {
+  Profile p;
+  p.model_name = "small-gpt";
+  p.device_types["cpu-fast"].layers.push_back({LayerKind::LayerKind_head, 4, 64, 2, true, 0.0125, 0.03});
+  p.device_types["cpu-fast"].collectives.push_back({CollectiveOp::CollectiveOp_reduce_scatter, 3, true, 2.5e9, 4e-5});
+  p.device_types["cpu-half"].layers.push_back({LayerKind::LayerKind_embedding, 1, 32, 1, false, 1e-4, 2e-4});
+  const Profile q = profile_parse(profile_to_json(p), "round.json");
+  EXPECT_EQ(q.model_name, "small-gpt");
+  ASSERT_EQ(q.device_types.size(), 2u);
+  const ProfiledLayer* head = q.find_layer("cpu-fast", LayerKind::LayerKind_head, 4, 64, 2, true);
+  ASSERT_NE(head, nullptr);
+  EXPECT_DOUBLE_EQ(head->forward_seconds, 0.0125);
+  EXPECT_DOUBLE_EQ(head->backward_seconds, 0.03);
+  const ProfiledCollective* rs = q.find_collective("cpu-fast", CollectiveOp::CollectiveOp_reduce_scatter, 3, true);
+  ASSERT_NE(rs, nullptr);
+  EXPECT_DOUBLE_EQ(rs->bandwidth_bytes_per_second, 2.5e9);
+  EXPECT_DOUBLE_EQ(rs->latency_seconds, 4e-5);
+  EXPECT_NE(q.find_layer("cpu-half", LayerKind::LayerKind_embedding, 1, 32, 1, false), nullptr);
+}
+
 TEST(Profile, BadFilesNameTheField) {
   try {
     profile_parse(R"({"version": 1, "model": "x", "device_types": {"a": {"layers": [{"layer": "block",

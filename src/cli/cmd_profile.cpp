@@ -1,0 +1,149 @@
+// `alloy profile`: measures this machine for the planner: layer times of a model at the shapes
+// the planner asks about and, under mpirun, collective bandwidth and latency; writes the
+// profile that `alloy plan --profile` reads.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include <fmt/core.h>
+
+#include "cli/commands.hpp"
+#include "cost/profile.hpp"
+#include "hw/catalog.hpp"
+#include "runtime/dist/comm_profile.hpp"
+#include "runtime/dist/communicator.hpp"
+#include "runtime/layer_profile.hpp"
+#include "runtime/profile.hpp"
+#include "runtime/threads.hpp"
+#include "spec/cluster.hpp"
+#include "spec/model.hpp"
+#include "spec/train.hpp"
+#include "spec/error.hpp"
+#include "spec/units.hpp"
+#include "util/table.hpp"
+
+namespace alloy::cli {
+
+namespace {
+
+struct ProfileCommand {
+  std::string model;
+  std::string cluster;
+  std::string train_file;
+  std::string output = "profile.json";
+  int repeats = 5;
+  int threads = 0;
+};
+
+void progress_line(const std::string& text) {
+  std::fprintf(stderr, "\r\033[K%s", text.c_str());
+  std::fflush(stderr);
+}
+
+// Largest tensor-parallel group the cluster's CPU devices can form inside one node.
+int cpu_devices_per_node(const ClusterSpec& cluster) {
+  int most = 1;
+  for (const NodeGroup& g : cluster.node_groups)
+    if (cluster.device_types[g.device_type_index].is_cpu) most = std::max(most, g.devices_per_node);
+  return most;
+}
+
+std::string shape_text(const LayerShape& s) {
+  return fmt::format("{} mb {} seq {} tp {}{}", layer_kind_name(s.kind), s.micro_batch, s.seq_len, s.tp,
+                     s.sequence_parallel ? " sp" : "");
+}
+
+void run_profile(const ProfileCommand& c) {
+  const ModelSpec model = model_load(c.model);
+  const ClusterSpec cluster = cluster_load(c.cluster, catalog_builtin());
+  TrainSpec train;
+  if (!c.train_file.empty()) train = train_load(c.train_file);
+  train.seq_len = std::min(train.seq_len, model.max_seq_len);
+  if (c.repeats < 1) throw Error("needs at least one repetition", {"", "--repeats"}, "use --repeats 3");
+  std::unique_ptr<Communicator> comm = communicator_launched_by_mpi() ? communicator_mpi() : nullptr;
+  const bool root = comm == nullptr || comm->rank() == 0;
+  const int world = comm ? comm->world_size() : 1;
+  runtime_set_threads(c.threads);
+
+  // Every rank measures the same shapes at once, so each sees the sharing it will see in training.
+  const std::vector<LayerShape> shapes = layer_profile_shapes(model, train, cpu_devices_per_node(cluster));
+  std::vector<LayerTiming> timings;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (root) progress_line(fmt::format("profile [{}/{}] {}", i + 1, shapes.size(), shape_text(shapes[i])));
+    LayerTiming t = layer_profile_measure(model, shapes[i], c.repeats);
+    if (comm) {
+      double both[2] = {t.forward_seconds, t.backward_seconds};
+      comm->all_reduce(both, 2, comm->world()).wait();
+      t = {both[0] / world, both[1] / world};
+    }
+    timings.push_back(t);
+  }
+  const double gemm = profile_gemm_flops(512, 3);
+  const double bandwidth = profile_memory_bandwidth();
+  std::vector<ProfiledCollective> collectives;
+  if (comm && world > 1) collectives = comm_profile_measure(*comm, c.repeats, progress_line);
+  if (root) progress_line("");
+  if (!root) return;
+
+  Profile profile;
+  profile.model_name = model.name;
+  std::vector<std::string> skipped;
+  for (const DeviceType& type : cluster.device_types) {
+    if (!type.is_cpu) {
+      skipped.push_back(type.name);
+      continue;
+    }
+    DeviceProfile& dp = profile.device_types[type.name];
+    const double slowdown = type.speed > 0 ? 1.0 / type.speed : 1.0;  // emulated slower devices
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const LayerShape& s = shapes[i];
+      dp.layers.push_back({s.kind, s.micro_batch, s.seq_len, s.tp, s.sequence_parallel,
+                           timings[i].forward_seconds * slowdown, timings[i].backward_seconds * slowdown});
+    }
+    dp.collectives = collectives;
+  }
+  std::ofstream out(c.output);
+  if (!out) throw Error("cannot write the profile", {c.output, "--output"}, "check the folder exists and is writable");
+  out << profile_to_json(profile);
+
+  TextTable table({"layer", "forward>", "backward>"});
+  for (size_t i = 0; i < shapes.size(); ++i)
+    table.add_row({shape_text(shapes[i]), units_format_seconds(timings[i].forward_seconds),
+                   units_format_seconds(timings[i].backward_seconds)});
+  fmt::print("Profile of {} on this machine ({} rank{} measuring at once, {} thread{} each)\n{}", model.name, world,
+             world == 1 ? "" : "s", runtime_threads(), runtime_threads() == 1 ? "" : "s", table.render());
+  fmt::print("GEMM peak {}, memory bandwidth {}\n", units_format_flops(gemm), units_format_bandwidth(bandwidth));
+  if (!collectives.empty()) {
+    TextTable comm_table({"collective", "ranks>", "latency>", "bandwidth>"});
+    for (const ProfiledCollective& pc : collectives)
+      comm_table.add_row({collective_op_name(pc.op), std::to_string(pc.group_size),
+                          units_format_seconds(pc.latency_seconds), units_format_bandwidth(pc.bandwidth_bytes_per_second)});
+    fmt::print("{}", comm_table.render());
+  } else {
+    fmt::print("collectives: not measured (run under mpirun with 2 or more ranks to measure them)\n");
+  }
+  for (const std::string& name : skipped)
+    fmt::print("{}: not a device of this machine; the planner keeps the analytic model for it\n", name);
+  fmt::print("wrote {}: layer times scaled by each CPU device type's speed; use it with alloy plan --profile {}\n",
+             c.output, c.output);
+}
+
+}  // namespace
+
+void add_profile(CLI::App& app, int* exit_code) {
+  auto c = std::make_shared<ProfileCommand>();
+  CLI::App* cmd = app.add_subcommand("profile", "Measure layer times (and, under mpirun, collectives) for alloy plan --profile");
+  cmd->add_option("--model,-m", c->model, "Model preset or config path")->required();
+  cmd->add_option("--cluster,-c", c->cluster, "Cluster preset or path: its CPU device types get the measurements")->required();
+  cmd->add_option("--train,-t", c->train_file, "Training setup .yaml (global batch and sequence length to cover)");
+  cmd->add_option("--output,-o", c->output, "Profile to write")->capture_default_str();
+  cmd->add_option("--repeats", c->repeats, "Timed runs per shape (median; one warm-up run first)")->capture_default_str();
+  cmd->add_option("--threads", c->threads, "Threads per rank (default: cores / ranks on this node, or ALLOY_THREADS)");
+  cmd->callback([c, exit_code]() {
+    run_profile(*c);
+    *exit_code = 0;
+  });
+}
+
+}  // namespace alloy::cli

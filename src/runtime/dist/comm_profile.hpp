@@ -1,0 +1,20 @@
+// Measured collective performance for `alloy profile` under mpirun: all-reduce, all-gather and
+// reduce-scatter over groups of 2..N ranks, fitted to time = latency + bytes / bandwidth.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cost/profile.hpp"
+#include "runtime/dist/communicator.hpp"
+
+namespace alloy {
+
+// Collective over the world: every rank takes part. Groups are the first k ranks; each op is
+// timed at a few buffer sizes (the slowest member's median) and fitted by least squares.
+// `progress` (may be empty) receives a short line per measurement on rank 0.
+std::vector<ProfiledCollective> comm_profile_measure(Communicator& comm, int repeats,
+                                                     const std::function<void(const std::string&)>& progress);
+
+}  // namespace alloy

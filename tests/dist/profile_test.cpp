@@ -1,0 +1,88 @@
+// `alloy profile` on this machine: every shape the planner asks about is measured, emulated
+// slower device types get proportionally longer times, collectives appear under mpirun, and
+// `alloy plan --profile` uses the measurements.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "../common/test_util.hpp"
+#include "cost/profile.hpp"
+
+namespace alloy::testing {
+namespace {
+
+constexpr const char* kTwoSpeeds = R"(name: two-speeds
+device_types:
+  cpu-a: {base: cpu, memory: 2GiB}
+  cpu-b: {base: cpu, speed: 0.5, memory: 1GiB}
+nodes:
+  - {name: a, count: 1, device: cpu-a, devices_per_node: 1, host_memory: 4GiB}
+  - {name: b, count: 1, device: cpu-b, devices_per_node: 1, host_memory: 4GiB}
+)";
+
+constexpr const char* kSmallBatch = R"(seq_len: 16
+global_batch: 2
+precision: fp32
+steps: 10
+)";
+
+class ProfileCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override { mpi_test_environment_set(); }
+  TempDir dir_;
+};
+
+TEST_F(ProfileCommandTest, MeasuresEveryShapeAndScalesBySpeed) {
+  const std::string cluster = dir_.write("two.yaml", kTwoSpeeds);
+  const std::string train = dir_.write("train.yaml", kSmallBatch);
+  const std::string out = dir_.path() + "/profile.json";
+  CommandResult r = run_command(fmt::format("{} profile --model tiny-gpt --cluster {} --train {} -o {} --repeats 1",
+                                            ALLOY_BINARY, cluster, train, out), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("collectives: not measured"), std::string::npos) << r.output;
+  const Profile p = profile_load(out);
+  EXPECT_EQ(p.model_name, "tiny-gpt");
+  ASSERT_EQ(p.device_types.size(), 2u);
+  for (const LayerKind kind : {LayerKind::LayerKind_embedding, LayerKind::LayerKind_block, LayerKind::LayerKind_head})
+    for (int micro_batch : {1, 2}) {
+      const ProfiledLayer* a = p.find_layer("cpu-a", kind, micro_batch, 16, 1, false);
+      const ProfiledLayer* b = p.find_layer("cpu-b", kind, micro_batch, 16, 1, false);
+      ASSERT_NE(a, nullptr) << layer_kind_name(kind) << " mb " << micro_batch;
+      ASSERT_NE(b, nullptr);
+      EXPECT_GT(a->forward_seconds, 0);
+      EXPECT_NEAR(b->forward_seconds, 2 * a->forward_seconds, 1e-12) << "speed 0.5 doubles the measured time";
+      EXPECT_NEAR(b->backward_seconds, 2 * a->backward_seconds, 1e-12);
+    }
+
+  // The planner reads it: no block shape of this batch falls back to the analytic model.
+  CommandResult plan = run_command(fmt::format("{} plan --model tiny-gpt --cluster {} --train {} --profile {} --no-offload",
+                                               ALLOY_BINARY, cluster, train, out), 60);
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_EQ(plan.output.find("block micro-batch"), std::string::npos) << plan.output;
+}
+
+TEST_F(ProfileCommandTest, MeasuresCollectivesUnderMpirun) {
+  const std::string train = dir_.write("train.yaml", kSmallBatch);
+  const std::string out = dir_.path() + "/profile.json";
+  CommandResult r = run_command(fmt::format("mpirun -np 2 {} profile --model tiny-gpt --cluster local-cpu-2 --train {} -o {} --repeats 1",
+                                            ALLOY_BINARY, train, out), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Profile p = profile_load(out);
+  for (const CollectiveOp op : {CollectiveOp::CollectiveOp_all_reduce, CollectiveOp::CollectiveOp_all_gather,
+                                CollectiveOp::CollectiveOp_reduce_scatter}) {
+    const ProfiledCollective* c = p.find_collective("cpu", op, 2, false);
+    ASSERT_NE(c, nullptr) << collective_op_name(op);
+    EXPECT_GT(c->bandwidth_bytes_per_second, 1e6) << collective_op_name(op);
+    EXPECT_GE(c->latency_seconds, 0);
+  }
+  EXPECT_NE(p.find_layer("cpu", LayerKind::LayerKind_block, 2, 16, 2, true), nullptr) << "tp 2 with sequence parallelism";
+}
+
+TEST_F(ProfileCommandTest, BadInputIsNamed) {
+  CommandResult r = run_command(fmt::format("{} profile --model no-such-model --cluster local-cpu-2", ALLOY_BINARY));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("no-such-model"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace alloy::testing

@@ -36,16 +36,17 @@ std::vector<T> gather_records_on_root(Communicator& comm, const std::vector<T>& 
   return records;
 }
 
-// The plan's per-device memory that lives in the arena: everything but the accelerator
-// framework's context and the allocator's margin, which a CPU rank does not have.
-double predicted_arena_bytes(const PlanStage& st) {
+}  // namespace
+
+double dist_predicted_arena_bytes(const PlanStage& st) {
   double bytes = 0;
-  for (const MemoryTerm& t : st.memory)
-    if (t.name != "framework_context" && t.name != "allocator_margin" && t.name != "host_offload") bytes += t.bytes;
+  for (const MemoryTerm& t : st.memory) {
+    const bool outside = t.name == "framework_context" || t.name == "allocator_margin" ||
+                         t.name == "communication_buffers" || t.name == "host_offload";
+    if (!outside) bytes += t.bytes;
+  }
   return bytes;
 }
-
-}  // namespace
 
 std::string dist_render_summary(const DistTrainResult& result, const Plan& plan) {
   TextTable table({"rank>", "stage>", "device", "tp rank>", "dp rank>", "step>", "compute>", "waiting>", "comm busy>",
@@ -58,14 +59,14 @@ std::string dist_render_summary(const DistTrainResult& result, const Plan& plan)
                    std::to_string(r.dp_rank), units_format_seconds(r.step_seconds),
                    units_format_seconds(r.compute_seconds), units_format_seconds(r.wait_seconds),
                    units_format_seconds(r.communication_seconds), units_format_bytes(r.peak_arena_bytes),
-                   units_format_bytes(predicted_arena_bytes(st))});
+                   units_format_bytes(dist_predicted_arena_bytes(st))});
   }
   std::string text = table.render();
   text += fmt::format("step time: predicted {}, measured {} (median of the steps after the first; {:.2f}x)\n",
                       units_format_seconds(plan.step_seconds), units_format_seconds(slowest),
                       plan.step_seconds > 0 ? slowest / plan.step_seconds : 0.0);
   text += "memory: measured is the rank's arena peak (fp32); predicted is the plan's per-device memory in " +
-          std::string(precision_name(plan.precision)) + " without the framework context and allocator margin\n";
+          std::string(precision_name(plan.precision)) + " without the framework context, communication buffers and allocator margin (not in the arena)\n";
   return text;
 }
 

@@ -80,6 +80,10 @@ void dist_agree(Communicator& comm, const std::string& problem);
 // Runs `check` on every rank and agrees on the alloy::Errors it throws.
 void dist_agree_on(Communicator& comm, const std::function<void()>& check);
 
+// The plan's per-device memory that a rank's arena holds: all terms but the accelerator
+// framework's context, the communication library's buffers, the allocator's margin and host memory.
+double dist_predicted_arena_bytes(const PlanStage& stage);
+
 // Rank 0's table: predicted against measured step time and memory, per rank.
 std::string dist_render_summary(const DistTrainResult& result, const Plan& plan);
 

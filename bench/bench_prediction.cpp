@@ -1,0 +1,151 @@
+// Prediction benchmark (issue 7, "prediction error"): profiles this machine under mpirun, plans
+// small-gpt for the local CPU clusters with that profile (pinned to cover pipeline, tensor and
+// data parallelism and recomputation), runs each plan with mpirun and prints predicted against
+// measured step time and peak arena memory per rank, then the median and worst errors.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "plan/plan.hpp"
+#include "runtime/dist/dist_trainer.hpp"
+
+namespace {
+
+struct Case {
+  std::string name;
+  std::string cluster;
+  int ranks = 0;
+  std::string pins;  // extra `alloy plan` options
+};
+
+std::string self_dir() {
+  return std::filesystem::canonical("/proc/self/exe").parent_path().string();
+}
+
+int run(const std::string& command) {
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string mpirun(int ranks) { return fmt::format("mpirun -np {} --oversubscribe --bind-to none", ranks); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string tail_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::string text;
+  for (size_t i = lines.size() > 6 ? lines.size() - 6 : 0; i < lines.size(); ++i) text += "    " + lines[i] + "\n";
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 8;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  if (getuid() == 0) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  }
+  const std::string alloy = self_dir() + "/alloy";
+  const std::string source = ALLOY_SOURCE_DIR;
+  const std::string dir = std::filesystem::temp_directory_path() / fmt::format("alloy-prediction-{}", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string train = source + "/examples/train/tiny-cpu.yaml";
+  const std::string model = "small-gpt";
+  if (run(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}/data.bin > /dev/null", alloy, source, dir)) != 0) return 1;
+
+  const std::vector<Case> cases = {
+      {"2 ranks, dp 2", "local-cpu-2", 2, "--pp 1 --dp 2 --zero 0"},
+      {"2 ranks, pp 2", "local-cpu-2", 2, "--pp 2 --dp 1 --tp 1 --schedule 1f1b"},
+      {"2 ranks, tp 2", "local-cpu-2", 2, "--pp 1 --tp 2 --dp 1 --sequence-parallel 0"},
+      {"2 ranks, pp 2, full recompute", "local-cpu-2", 2, "--pp 2 --dp 1 --tp 1 --recompute full --schedule 1f1b"},
+      {"3 ranks, planner's choice", "local-cpu-3", 3, ""},
+      {"4 ranks, planner's choice", "local-cpu-4", 4, ""},
+      {"4 ranks, pp 2 x dp 2", "local-cpu-4", 4, "--pp 2 --dp 2 --tp 1 --schedule 1f1b"},
+      {"4 ranks, pp 2 x tp 2", "local-cpu-4", 4, "--pp 2 --tp 2 --dp 1 --sequence-parallel 0 --schedule 1f1b"},
+  };
+
+  std::fprintf(stderr, "profiling %s on 2, 3 and 4 ranks ...\n", model.c_str());
+  for (int ranks : {2, 3, 4}) {
+    const std::string cluster = fmt::format("local-cpu-{}", ranks);
+    if (run(fmt::format("{} {} profile --model {} --cluster {} --train {} -o {}/profile-{}.json > /dev/null 2>&1",
+                        mpirun(ranks), alloy, model, cluster, train, dir, ranks)) != 0) {
+      std::fprintf(stderr, "profiling on %d ranks failed\n", ranks);
+      return 1;
+    }
+  }
+
+  std::printf("%-32s %12s %12s %8s %14s\n", "plan", "predicted", "measured", "error", "memory error");
+  std::vector<double> time_errors, memory_errors;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    const std::string plan_path = fmt::format("{}/plan-{}.json", dir, k);
+    const std::string log = fmt::format("{}/log-{}.jsonl", dir, k);
+    const std::string output = fmt::format("{}/output-{}.txt", dir, k);
+    if (run(fmt::format("{} plan --model {} --cluster {} --train {} --no-offload --profile {}/profile-{}.json {} -o {} > {} 2>&1",
+                        alloy, model, c.cluster, train, dir, c.ranks, c.pins, plan_path, output)) != 0 ||
+        run(fmt::format("{} {} train --plan {} --model {} --data {}/data.bin --train {} --steps {} --no-progress --log {} > {} 2>&1",
+                        mpirun(alloy::plan_load(plan_path).num_used_devices()), alloy, plan_path, model, dir, train, steps,
+                        log, output)) != 0) {
+      std::printf("%-32s failed:\n%s", c.name.c_str(), tail_of(output).c_str());
+      continue;
+    }
+    const alloy::Plan plan = alloy::plan_load(plan_path);
+    const std::vector<alloy::RankInfo> ranks = alloy::plan_rank_map(plan);
+    std::vector<double> step_seconds;
+    std::vector<double> peak(ranks.size(), 0.0);
+    std::istringstream lines([&] {
+      std::ifstream in(log);
+      std::stringstream s;
+      s << in.rdbuf();
+      return s.str();
+    }());
+    int line_number = 0;
+    for (std::string line; std::getline(lines, line); ++line_number) {
+      if (line_number == 0) continue;  // the first step warms up
+      const nlohmann::json j = nlohmann::json::parse(line);
+      step_seconds.push_back(j.at("step_seconds").get<double>());
+      for (size_t r = 0; r < ranks.size(); ++r)
+        peak[r] = std::max(peak[r], j.at("ranks").at(r).at("peak_arena_bytes").get<double>());
+    }
+    const double measured = median(step_seconds);
+    const double error = (plan.step_seconds - measured) / measured;
+    double worst_memory = 0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const double predicted = alloy::dist_predicted_arena_bytes(plan.stages[ranks[r].stage]);
+      const double e = (predicted - peak[r]) / peak[r];
+      if (std::abs(e) > std::abs(worst_memory)) worst_memory = e;
+    }
+    time_errors.push_back(std::abs(error));
+    memory_errors.push_back(std::abs(worst_memory));
+    std::printf("%-32s %10.1f ms %10.1f ms %+7.1f%% %+13.1f%%\n", c.name.c_str(), plan.step_seconds * 1e3,
+                measured * 1e3, 100 * error, 100 * worst_memory);
+  }
+  if (!time_errors.empty()) {
+    std::printf("step time error: median %.1f%%, worst %.1f%% (targets 10%% and 20%%)\n", 100 * median(time_errors),
+                100 * *std::max_element(time_errors.begin(), time_errors.end()));
+    std::printf("peak arena memory error per rank: worst %.1f%% (target 5%%)\n",
+                100 * *std::max_element(memory_errors.begin(), memory_errors.end()));
+  }
+  std::filesystem::remove_all(dir);
+  return 0;
+}

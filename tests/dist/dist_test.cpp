@@ -183,6 +183,17 @@ TEST_F(DistTest, InterleavedOneFOneB) {
                              llama_path_, "interleaved");
 }
 
+TEST_F(DistTest, InterleavedWithShardedDataParallelism) {
+  expect_matches_single_rank(test_plan(llama(), cluster(), {{1, 2, 1, {1, 1}}, {1, 2, 2, {1, 1}}},
+                                       Schedule::Schedule_interleaved, 2),
+                             llama_path_, "interleaved-dp2-zero");
+}
+
+TEST_F(DistTest, Zero3WithSequenceParallelTensorParallelism) {
+  expect_matches_single_rank(test_plan(gpt(), cluster(), {{2, 2, 3, {6}, {R::Recompute_full}, true}}, k1f1b, 2), gpt_path_,
+                             "zero3-tp2-sp");
+}
+
 TEST_F(DistTest, Recomputation) {
   expect_matches_single_rank(
       test_plan(gpt(), cluster(),

@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
+#include "runtime/device_speed.hpp"
 #include "runtime/dist/comm_profile.hpp"
 #include "runtime/dist/communicator.hpp"
 #include "runtime/layer_profile.hpp"
@@ -66,19 +67,33 @@ void run_profile(const ProfileCommand& c) {
   const int world = comm ? comm->world_size() : 1;
   runtime_set_threads(c.threads);
 
-  // Every rank measures the same shapes at once, so each sees the sharing it will see in training.
+  // Every rank measures the same shapes at once, so each sees the sharing it will see in
+  // training. Rank r stands for device r: its times, stretched by its device's emulated speed,
+  // count for that device's type.
   const std::vector<LayerShape> shapes = layer_profile_shapes(model, train, cpu_devices_per_node(cluster));
-  std::vector<LayerTiming> timings;
+  const int rank = comm ? comm->rank() : 0;
+  if (world > static_cast<int>(cluster.devices.size()))  // the same answer on every rank
+    throw Error(fmt::format("{} ranks were started but cluster {} has {} devices", world, cluster.name,
+                            cluster.devices.size()),
+                {c.cluster, "nodes"}, "start at most one rank per device");
+  const int my_type = cluster.devices[static_cast<size_t>(rank)].device_type_index;
+  const double my_slowdown = 1.0 / device_speed(cluster.device_types[static_cast<size_t>(my_type)]);
+  const size_t types = cluster.device_types.size();
+  // [shape][0..1]: forward and backward summed over ranks (unstretched); then per type the
+  // stretched sums; then the number of ranks of each type.
+  std::vector<double> sums(shapes.size() * 2 * (1 + types) + types, 0.0);
+  auto at = [&](size_t shape, size_t slot) -> double& { return sums[shape * 2 * (1 + types) + slot]; };
   for (size_t i = 0; i < shapes.size(); ++i) {
     if (root) progress_line(fmt::format("profile [{}/{}] {}", i + 1, shapes.size(), shape_text(shapes[i])));
-    LayerTiming t = layer_profile_measure(model, shapes[i], c.repeats);
-    if (comm) {
-      double both[2] = {t.forward_seconds, t.backward_seconds};
-      comm->all_reduce(both, 2, comm->world()).wait();
-      t = {both[0] / world, both[1] / world};
-    }
-    timings.push_back(t);
+    const LayerTiming t = layer_profile_measure(model, shapes[i], c.repeats);
+    at(i, 0) = t.forward_seconds;
+    at(i, 1) = t.backward_seconds;
+    at(i, 2 + 2 * my_type) = t.forward_seconds * my_slowdown;
+    at(i, 3 + 2 * my_type) = t.backward_seconds * my_slowdown;
   }
+  sums[sums.size() - types + my_type] = 1;
+  if (comm) comm->all_reduce(sums.data(), static_cast<int64_t>(sums.size()), comm->world()).wait();
+  const double* ranks_of_type = sums.data() + sums.size() - types;
   const double gemm = profile_gemm_flops(512, 3);
   const double bandwidth = profile_memory_bandwidth();
   std::vector<ProfiledCollective> collectives;
@@ -89,17 +104,25 @@ void run_profile(const ProfileCommand& c) {
   Profile profile;
   profile.model_name = model.name;
   std::vector<std::string> skipped;
-  for (const DeviceType& type : cluster.device_types) {
+  for (size_t k = 0; k < types; ++k) {
+    const DeviceType& type = cluster.device_types[k];
     if (!type.is_cpu) {
       skipped.push_back(type.name);
       continue;
     }
     DeviceProfile& dp = profile.device_types[type.name];
-    const double slowdown = type.speed > 0 ? 1.0 / type.speed : 1.0;  // emulated slower devices
     for (size_t i = 0; i < shapes.size(); ++i) {
       const LayerShape& s = shapes[i];
-      dp.layers.push_back({s.kind, s.micro_batch, s.seq_len, s.tp, s.sequence_parallel,
-                           timings[i].forward_seconds * slowdown, timings[i].backward_seconds * slowdown});
+      double forward = 0, backward = 0;
+      if (ranks_of_type[k] > 0) {  // measured on ranks of this type
+        forward = at(i, 2 + 2 * k) / ranks_of_type[k];
+        backward = at(i, 3 + 2 * k) / ranks_of_type[k];
+      } else {  // no rank had it: this CPU's time at the type's emulated speed
+        const double slowdown = 1.0 / device_speed(type);
+        forward = at(i, 0) / world * slowdown;
+        backward = at(i, 1) / world * slowdown;
+      }
+      dp.layers.push_back({s.kind, s.micro_batch, s.seq_len, s.tp, s.sequence_parallel, forward, backward});
     }
     dp.collectives = collectives;
   }
@@ -109,9 +132,8 @@ void run_profile(const ProfileCommand& c) {
 
   TextTable table({"layer", "forward>", "backward>"});
   for (size_t i = 0; i < shapes.size(); ++i)
-    table.add_row({shape_text(shapes[i]), units_format_seconds(timings[i].forward_seconds),
-                   units_format_seconds(timings[i].backward_seconds)});
-  fmt::print("Profile of {} on this machine ({} rank{} measuring at once, {} thread{} each)\n{}", model.name, world,
+    table.add_row({shape_text(shapes[i]), units_format_seconds(at(i, 0) / world), units_format_seconds(at(i, 1) / world)});
+  fmt::print("Profile of {} on this machine at full speed ({} rank{} measuring at once, {} thread{} each)\n{}", model.name, world,
              world == 1 ? "" : "s", runtime_threads(), runtime_threads() == 1 ? "" : "s", table.render());
   fmt::print("GEMM peak {}, memory bandwidth {}\n", units_format_flops(gemm), units_format_bandwidth(bandwidth));
   if (!collectives.empty()) {
@@ -125,7 +147,8 @@ void run_profile(const ProfileCommand& c) {
   }
   for (const std::string& name : skipped)
     fmt::print("{}: not a device of this machine; the planner keeps the analytic model for it\n", name);
-  fmt::print("wrote {}: layer times scaled by each CPU device type's speed; use it with alloy plan --profile {}\n",
+  fmt::print("wrote {}: each CPU device type's layer times as its ranks measured them at its emulated speed; "
+             "use it with alloy plan --profile {}\n",
              c.output, c.output);
 }
 

@@ -7,6 +7,8 @@
 
 #include "../common/test_util.hpp"
 #include "cost/profile.hpp"
+#include "dist_plans.hpp"
+#include "plan/plan.hpp"
 
 namespace alloy::testing {
 namespace {
@@ -76,6 +78,47 @@ TEST_F(ProfileCommandTest, MeasuresCollectivesUnderMpirun) {
     EXPECT_GE(c->latency_seconds, 0);
   }
   EXPECT_NE(p.find_layer("cpu", LayerKind::LayerKind_block, 2, 16, 2, true), nullptr) << "tp 2 with sequence parallelism";
+}
+
+// Two device types equal on paper; rank 1 runs at a quarter of the speed its type claims. After
+// profiling, the planner gives that type fewer layers than it does from the cluster file alone.
+TEST_F(ProfileCommandTest, PlannerFollowsMeasurementOfASlowerDevice) {
+  const std::string cluster = dir_.write("equal.yaml", R"(name: equal-on-paper
+device_types:
+  cpu-a: {base: cpu, memory: 2GiB}
+  cpu-b: {base: cpu, memory: 2GiB}
+nodes:
+  - {name: a, count: 1, device: cpu-a, devices_per_node: 1, host_memory: 4GiB}
+  - {name: b, count: 1, device: cpu-b, devices_per_node: 1, host_memory: 4GiB}
+)");
+  const std::string model = dir_.write("gpt-6.yaml", kGpt6Yaml);
+  const std::string train = dir_.write("train.yaml", kSmallBatch);
+  const std::string out = dir_.path() + "/profile.json";
+  const std::string args = fmt::format("profile --model {} --cluster {} --train {} -o {} --repeats 3", model, cluster, train, out);
+  CommandResult r = run_command(fmt::format("mpirun -np 1 {} {} : -np 1 env ALLOY_DEVICE_SPEED=0.25 {} {}", ALLOY_BINARY,
+                                            args, ALLOY_BINARY, args), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Profile p = profile_load(out);
+  const ProfiledLayer* a = p.find_layer("cpu-a", LayerKind::LayerKind_block, 2, 16, 1, false);
+  const ProfiledLayer* b = p.find_layer("cpu-b", LayerKind::LayerKind_block, 2, 16, 1, false);
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  EXPECT_GT(b->forward_seconds + b->backward_seconds, 2 * (a->forward_seconds + a->backward_seconds));
+
+  auto layers_on_b = [&](const std::string& extra) {
+    const std::string plan_path = dir_.path() + "/plan.json";
+    CommandResult plan = run_command(fmt::format("{} plan --model {} --cluster {} --train {} --pp 2 --tp 1 --dp 1 "
+                                                 "--no-offload -o {} {}",
+                                                 ALLOY_BINARY, model, cluster, train, plan_path, extra), 60);
+    EXPECT_EQ(plan.exit_code, 0) << plan.output;
+    for (const PlanStage& st : plan_load(plan_path).stages)
+      if (st.device_type == "cpu-b") return st.num_blocks();
+    return -1;
+  };
+  const int on_paper = layers_on_b("");
+  const int measured = layers_on_b("--profile " + out);
+  EXPECT_EQ(on_paper, 3);
+  EXPECT_GE(measured, 1);
+  EXPECT_LT(measured, on_paper);
 }
 
 TEST_F(ProfileCommandTest, BadInputIsNamed) {

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "runtime/device_speed.hpp"
 #include "runtime/io/batch_loader.hpp"
 #include "runtime/io/checkpoint.hpp"
 #include "runtime/io/token_file.hpp"
@@ -247,7 +248,8 @@ DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Pl
   const RankInfo& me = ranks[comm.rank()];
   const PlanStage& stage = plan.stages[me.stage];
   const DeviceType& device = cluster.device_types[cluster.devices[me.device_id].device_type_index];
-  const double slowdown = device.speed > 0 ? 1.0 / device.speed : 1.0;
+  double slowdown = 1.0;
+  dist_agree_on(comm, [&] { slowdown = 1.0 / device_speed(device); });
   const double cap = o.memory_cap_bytes > 0 ? o.memory_cap_bytes : device.memory_bytes;
 
   std::optional<BatchLoader> loader;

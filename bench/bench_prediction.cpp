@@ -45,12 +45,12 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::string tail_of(const std::string& path) {
+// The lines of a failed command's output that say what went wrong.
+std::string errors_in(const std::string& path) {
   std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
   std::string text;
-  for (size_t i = lines.size() > 6 ? lines.size() - 6 : 0; i < lines.size(); ++i) text += "    " + lines[i] + "\n";
+  for (std::string line; std::getline(in, line);)
+    if (line.find("error") != std::string::npos || line.find("fix:") != std::string::npos) text += "    " + line + "\n";
   return text;
 }
 
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
         run(fmt::format("{} {} train --plan {} --model {} --data {}/data.bin --train {} --steps {} --no-progress --log {} > {} 2>&1",
                         mpirun(alloy::plan_load(plan_path).num_used_devices()), alloy, plan_path, model, dir, train, steps,
                         log, output)) != 0) {
-      std::printf("%-32s failed:\n%s", c.name.c_str(), tail_of(output).c_str());
+      std::printf("%-32s failed:\n%s", c.name.c_str(), errors_in(output).c_str());
       continue;
     }
     const alloy::Plan plan = alloy::plan_load(plan_path);

@@ -93,6 +93,11 @@ void run_profile(const ProfileCommand& c) {
   }
   sums[sums.size() - types + my_type] = 1;
   if (comm) comm->all_reduce(sums.data(), static_cast<int64_t>(sums.size()), comm->world()).wait();
+  // The optimizer step's rate: [0] summed over ranks at full speed, [1 + type] stretched per type.
+  std::vector<double> optimizer(1 + types, 0.0);
+  optimizer[0] = profile_optimizer_seconds_per_parameter(c.repeats);
+  optimizer[1 + my_type] = optimizer[0] * my_slowdown;
+  if (comm) comm->all_reduce(optimizer.data(), static_cast<int64_t>(optimizer.size()), comm->world()).wait();
   const double* ranks_of_type = sums.data() + sums.size() - types;
   const double gemm = profile_gemm_flops(512, 3);
   const double bandwidth = profile_memory_bandwidth();
@@ -125,6 +130,8 @@ void run_profile(const ProfileCommand& c) {
       dp.layers.push_back({s.kind, s.micro_batch, s.seq_len, s.tp, s.sequence_parallel, forward, backward});
     }
     dp.collectives = collectives;
+    dp.optimizer_seconds_per_parameter = ranks_of_type[k] > 0 ? optimizer[1 + k] / ranks_of_type[k]
+                                                                : optimizer[0] / world / device_speed(type);
   }
   std::ofstream out(c.output);
   if (!out) throw Error("cannot write the profile", {c.output, "--output"}, "check the folder exists and is writable");
@@ -135,7 +142,8 @@ void run_profile(const ProfileCommand& c) {
     table.add_row({shape_text(shapes[i]), units_format_seconds(at(i, 0) / world), units_format_seconds(at(i, 1) / world)});
   fmt::print("Profile of {} on this machine at full speed ({} rank{} measuring at once, {} thread{} each)\n{}", model.name, world,
              world == 1 ? "" : "s", runtime_threads(), runtime_threads() == 1 ? "" : "s", table.render());
-  fmt::print("GEMM peak {}, memory bandwidth {}\n", units_format_flops(gemm), units_format_bandwidth(bandwidth));
+  fmt::print("GEMM peak {}, memory bandwidth {}, optimizer step {:.2f} ns per parameter\n", units_format_flops(gemm),
+             units_format_bandwidth(bandwidth), 1e9 * optimizer[0] / world);
   if (!collectives.empty()) {
     TextTable comm_table({"collective", "ranks>", "latency>", "bandwidth>"});
     for (const ProfiledCollective& pc : collectives)

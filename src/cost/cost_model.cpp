@@ -324,7 +324,10 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
   const double shard = c.zero >= 1 ? shape.dp : 1;
   const double offloaded_params = c.offloaded * u.block_parameters;
   const DeviceType& type = cluster_.device_types[shape.device_type];
-  t.optimizer_seconds = (params - offloaded_params) / shard * bytes_per_update / type.memory_bandwidth_bytes_per_second +
+  const double measured_rate = profile_ ? profile_->optimizer_rate(type.name) : 0.0;
+  const double device_seconds_per_parameter =
+      measured_rate > 0 ? measured_rate : bytes_per_update / type.memory_bandwidth_bytes_per_second;
+  t.optimizer_seconds = (params - offloaded_params) / shard * device_seconds_per_parameter +
                         offloaded_params / shard * bytes_per_update / kHostOptimizerBytesPerSecond;
   return t;
 }

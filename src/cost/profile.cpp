@@ -89,6 +89,11 @@ const ProfiledCollective* Profile::find_collective(const std::string& device_typ
   return nullptr;
 }
 
+double Profile::optimizer_rate(const std::string& device_type) const {
+  auto it = device_types.find(device_type);
+  return it == device_types.end() ? 0.0 : it->second.optimizer_seconds_per_parameter;
+}
+
 Profile profile_parse(const std::string& json_text, const std::string& path) {
   json root;
   try {
@@ -149,6 +154,8 @@ Profile profile_parse(const std::string& json_text, const std::string& path) {
         dp.collectives.push_back(pc);
       }
     }
+    if (entry.contains("optimizer_seconds_per_parameter"))
+      dp.optimizer_seconds_per_parameter = positive_number(entry, "optimizer_seconds_per_parameter", path, base);
     profile.device_types[type_name] = std::move(dp);
   }
   return profile;
@@ -169,6 +176,7 @@ std::string profile_to_json(const Profile& profile) {
                                       {"bandwidth_bytes_per_second", c.bandwidth_bytes_per_second},
                                       {"latency_seconds", c.latency_seconds}});
     }
+    if (dp.optimizer_seconds_per_parameter > 0) entry["optimizer_seconds_per_parameter"] = dp.optimizer_seconds_per_parameter;
     root["device_types"][name] = std::move(entry);
   }
   return root.dump(2) + "\n";

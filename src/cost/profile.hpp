@@ -35,6 +35,7 @@ struct ProfiledCollective {
 struct DeviceProfile {
   std::vector<ProfiledLayer> layers;
   std::vector<ProfiledCollective> collectives;
+  double optimizer_seconds_per_parameter = 0;  // gradient norm and AdamW update; 0: not measured
 };
 
 struct Profile {
@@ -46,6 +47,8 @@ struct Profile {
                                   int seq_len, int tp, bool sequence_parallel) const;
   const ProfiledCollective* find_collective(const std::string& device_type, CollectiveOp op,
                                             int group_size, bool spans_nodes) const;
+  // Measured optimizer seconds per parameter of a device type, or 0.
+  double optimizer_rate(const std::string& device_type) const;
 };
 
 // Reads and validates a profile; throws alloy::Error naming the file and the field.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "runtime/arena.hpp"
+#include "runtime/cpu/optimizer.hpp"
 #include "runtime/model.hpp"
 #include "runtime/shard.hpp"
 
@@ -99,6 +100,24 @@ LayerTiming layer_profile_measure(const ModelSpec& spec, const LayerShape& shape
     backward.push_back(b);
   }
   return {median(forward), median(backward)};
+}
+
+double profile_optimizer_seconds_per_parameter(int repeats) {
+  const int64_t n = int64_t{1} << 22;
+  std::vector<float> params(static_cast<size_t>(n), 0.01f), grads(params.size(), 0.001f), m(params.size(), 0.0f),
+      v(params.size(), 0.0f);
+  const AdamWHyper hyper;
+  std::vector<double> times;
+  for (int r = 0; r <= repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    double squares = 0;
+#pragma omp parallel for reduction(+ : squares)
+    for (int64_t i = 0; i < n; ++i) squares += static_cast<double>(grads[i]) * grads[i];
+    adamw_update(params.data(), m.data(), v.data(), grads.data(), n, hyper, r + 1);
+    const double seconds = seconds_since(start);
+    if (r > 0 && squares > 0) times.push_back(seconds / static_cast<double>(n));
+  }
+  return median(times);
 }
 
 double profile_memory_bandwidth(int repeats) {

@@ -34,6 +34,10 @@ struct LayerTiming {
 // are left out (the communication model adds them).
 LayerTiming layer_profile_measure(const ModelSpec& model, const LayerShape& shape, int repeats);
 
+// Seconds per parameter of the optimizer step as the runtime runs it (sum of squared gradients
+// for the global norm, then the AdamW update), median of `repeats`.
+double profile_optimizer_seconds_per_parameter(int repeats);
+
 // Bytes per second of a streaming read-modify-write over a buffer much larger than the caches.
 double profile_memory_bandwidth(int repeats = 3);
 

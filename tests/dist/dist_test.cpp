@@ -208,6 +208,11 @@ TEST_F(DistTest, TiedEmbeddingAcrossTensorParallelPipeline) {
                              gpt_path_, "pp3-tp-tied");
 }
 
+TEST_F(DistTest, TiedEmbeddingWithDifferentTensorParallelismAtTheEnds) {
+  expect_matches_single_rank(test_plan(gpt(), cluster(), {{2, 1, 0, {3}}, {1, 2, 1, {3}}}, k1f1b, 2), gpt_path_,
+                             "tied-tp2-then-dp2");
+}
+
 TEST_F(DistTest, SequenceParallel) {
   expect_matches_single_rank(test_plan(llama(), cluster(), {{2, 1, 0, {4}, {}, true}}, k1f1b, 2), llama_path_, "sp");
 }

@@ -103,10 +103,16 @@ RankGroups rank_groups_build(const Plan& plan, const ModelSpec& model, Communica
   if (model.tied_embeddings && plan.stages.size() > 1) {
     const PlanStage& head = plan.stages.back();
     const PlanStage& embed = plan.stages.front();
-    for (int t = 0; t < embed.tp; ++t) {
+    if (embed.tp == head.tp) {  // the same vocabulary rows on tp rank t of both stages
+      for (int t = 0; t < embed.tp; ++t) {
+        embedding_groups.emplace_back();
+        for (int d = 0; d < embed.dp; ++d) embedding_groups.back().push_back(d * embed.tp + t);
+        for (int d = 0; d < head.dp; ++d) embedding_groups.back().push_back(first.back() + d * head.tp + t);
+      }
+    } else {  // different row splits: one group sums whole tables
       embedding_groups.emplace_back();
-      for (int d = 0; d < embed.dp; ++d) embedding_groups.back().push_back(d * embed.tp + t);
-      for (int d = 0; d < head.dp; ++d) embedding_groups.back().push_back(first.back() + d * head.tp + t);
+      for (int r = 0; r < embed.tp * embed.dp; ++r) embedding_groups.back().push_back(r);
+      for (int r = 0; r < head.tp * head.dp; ++r) embedding_groups.back().push_back(first.back() + r);
     }
   }
   RankGroups groups;
@@ -325,9 +331,15 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       for (const CommHandle& h : pending_reductions_) wait(h, stats);
       pending_reductions_.clear();
       const double compute_start = now();
+      const double waited_before = stats.wait_seconds;
       optimizer(stats);
-      const double end = now();
-      stats.compute_seconds += end - compute_start;
+      const double waited = stats.wait_seconds - waited_before;  // the norm's and tied table's sums
+      double end = now();
+      if (slowdown_ > 1.0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>((end - compute_start - waited) * (slowdown_ - 1.0)));
+        end = now();
+      }
+      stats.compute_seconds += end - compute_start - waited;
       record(SimStream::SimStream_compute, op, index, compute_start, end);
       return;
     }
@@ -340,10 +352,8 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
 
 void RankRuntime::optimizer(RankStepStats& stats) {
   Model& model = *model_;
-  if (layout_.tied_embedding.count > 0) {
-    comm_.all_reduce(model.grads + layout_.tied_embedding.offset, layout_.tied_embedding.count, groups_.embedding).wait();
-  }
-  if (model.shard.sequence_parallel && model.shard.tp > 1) sum_sequence_parallel_norms();
+  if (layout_.tied_embedding.count > 0) sum_tied_embedding(stats);
+  if (model.shard.sequence_parallel && model.shard.tp > 1) sum_sequence_parallel_norms(stats);
   double squares = 0;
   for (const FlatRange& r : layout_.norm_ranges) {
     const float* g = model.grads + r.offset;
@@ -352,7 +362,7 @@ void RankRuntime::optimizer(RankStepStats& stats) {
     for (int64_t i = 0; i < r.count; ++i) sum += static_cast<double>(g[i]) * g[i];
     squares += sum;
   }
-  comm_.all_reduce(&squares, 1, comm_.world()).wait();
+  wait(comm_.all_reduce(&squares, 1, comm_.world()), stats);
   const double norm = std::sqrt(squares);
   const float lr = lr_schedule(optimizer_steps_, train_.learning_rate, train_.min_learning_rate, train_.warmup_steps,
                                train_.steps);
@@ -376,9 +386,29 @@ void RankRuntime::optimizer(RankStepStats& stats) {
   stats.learning_rate = lr;
 }
 
+// The tied table's gradient summed over every replica of the first and last stage. With the
+// same tp on both, tp rank t of each holds the same rows; otherwise whole tables are summed,
+// each rank placing its rows.
+void RankRuntime::sum_tied_embedding(RankStepStats& stats) {
+  float* grads = model_->grads + layout_.tied_embedding.offset;
+  if (plan_.stages.front().tp == plan_.stages.back().tp) {
+    wait(comm_.all_reduce(grads, layout_.tied_embedding.count, groups_.embedding), stats);
+    return;
+  }
+  const ModelSpec& spec = model_->spec;
+  const int64_t C = spec.hidden_size;
+  const auto [begin, end] = shard_vocab_range(spec, model_->shard.tp, model_->shard.tp_rank);
+  float* table = arena_->allocate_floats(spec.vocab_size * C, "tied embedding gradient sum");
+  std::memset(table, 0, static_cast<size_t>(spec.vocab_size * C) * sizeof(float));
+  std::memcpy(table + begin * C, grads, static_cast<size_t>((end - begin) * C) * sizeof(float));
+  wait(comm_.all_reduce(table, spec.vocab_size * C, groups_.embedding), stats);
+  std::memcpy(grads, table + begin * C, static_cast<size_t>((end - begin) * C) * sizeof(float));
+  arena_->release(table);
+}
+
 // Under sequence parallelism each rank's block norms saw only its rows: their gradients are
 // summed over the tensor-parallel group (packed, as they are spread through the buffer).
-void RankRuntime::sum_sequence_parallel_norms() {
+void RankRuntime::sum_sequence_parallel_norms(RankStepStats& stats) {
   Model& model = *model_;
   std::vector<const TensorView*> norms;
   int64_t total = 0;
@@ -394,7 +424,7 @@ void RankRuntime::sum_sequence_parallel_norms() {
     std::memcpy(packed.data() + at, model.grads + view->offset, static_cast<size_t>(view->numel) * sizeof(float));
     at += view->numel;
   }
-  comm_.all_reduce(packed.data(), total, groups_.tp).wait();
+  wait(comm_.all_reduce(packed.data(), total, groups_.tp), stats);
   at = 0;
   for (const TensorView* view : norms) {
     std::memcpy(model.grads + view->offset, packed.data() + at, static_cast<size_t>(view->numel) * sizeof(float));

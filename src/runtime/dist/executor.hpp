@@ -80,7 +80,8 @@ class RankRuntime {
   PassSlot& pass_for(const ScheduleOp& op, const int32_t* inputs, const int32_t* targets);
   void run_op(size_t index, const ScheduleOp& op, const int32_t* inputs, const int32_t* targets, RankStepStats& stats);
   void optimizer(RankStepStats& stats);
-  void sum_sequence_parallel_norms();
+  void sum_sequence_parallel_norms(RankStepStats& stats);
+  void sum_tied_embedding(RankStepStats& stats);
   void wait(const CommHandle& handle, RankStepStats& stats);
   void record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end);
   void reap_finished_passes(bool wait_all, RankStepStats& stats);

@@ -50,6 +50,11 @@ int cpu_devices_per_node(const ClusterSpec& cluster) {
   return most;
 }
 
+void comm_barrier(Communicator& comm) {
+  double token = 0;
+  comm.all_reduce(&token, 1, comm.world()).wait();
+}
+
 std::string shape_text(const LayerShape& s) {
   return fmt::format("{} mb {} seq {} tp {}{}", layer_kind_name(s.kind), s.micro_batch, s.seq_len, s.tp,
                      s.sequence_parallel ? " sp" : "");
@@ -77,25 +82,39 @@ void run_profile(const ProfileCommand& c) {
                             cluster.devices.size()),
                 {c.cluster, "nodes"}, "start at most one rank per device");
   const int my_type = cluster.devices[static_cast<size_t>(rank)].device_type_index;
-  const double my_slowdown = 1.0 / device_speed(cluster.device_types[static_cast<size_t>(my_type)]);
+  const int ranks_on_host = comm ? comm->local_size() : 1;
+  const double my_slowdown =
+      device_slowdown(cluster.device_types[static_cast<size_t>(my_type)], ranks_on_host, runtime_threads());
   const size_t types = cluster.device_types.size();
   // [shape][0..1]: forward and backward summed over ranks (unstretched); then per type the
   // stretched sums; then the number of ranks of each type.
   std::vector<double> sums(shapes.size() * 2 * (1 + types) + types, 0.0);
   auto at = [&](size_t shape, size_t slot) -> double& { return sums[shape * 2 * (1 + types) + slot]; };
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    if (root) progress_line(fmt::format("profile [{}/{}] {}", i + 1, shapes.size(), shape_text(shapes[i])));
-    const LayerTiming t = layer_profile_measure(model, shapes[i], c.repeats);
-    at(i, 0) = t.forward_seconds;
-    at(i, 1) = t.backward_seconds;
-    at(i, 2 + 2 * my_type) = t.forward_seconds * my_slowdown;
-    at(i, 3 + 2 * my_type) = t.backward_seconds * my_slowdown;
+  // With time dilation the ranks of a run do not compete for cores, so they are measured one
+  // at a time here; without it they share the cores in training too and measure all at once.
+  const bool in_turn = comm && emulation_dilation(ranks_on_host, runtime_threads()) > 1.0;
+  for (int turn = 0; turn < (in_turn ? world : 1); ++turn) {
+    if (in_turn) comm_barrier(*comm);  // the previous rank is done
+    if (in_turn && turn != rank) continue;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (root || in_turn)
+        progress_line(fmt::format("profile{} [{}/{}] {}", in_turn ? fmt::format(" rank {}", rank) : "", i + 1,
+                                  shapes.size(), shape_text(shapes[i])));
+      const LayerTiming t = layer_profile_measure(model, shapes[i], c.repeats);
+      at(i, 0) = t.forward_seconds;
+      at(i, 1) = t.backward_seconds;
+      at(i, 2 + 2 * my_type) = t.forward_seconds * my_slowdown;
+      at(i, 3 + 2 * my_type) = t.backward_seconds * my_slowdown;
+    }
   }
   sums[sums.size() - types + my_type] = 1;
   if (comm) comm->all_reduce(sums.data(), static_cast<int64_t>(sums.size()), comm->world()).wait();
   // The optimizer step's rate: [0] summed over ranks at full speed, [1 + type] stretched per type.
   std::vector<double> optimizer(1 + types, 0.0);
-  optimizer[0] = profile_optimizer_seconds_per_parameter(c.repeats);
+  for (int turn = 0; turn < (in_turn ? world : 1); ++turn) {
+    if (in_turn) comm_barrier(*comm);
+    if (!in_turn || turn == rank) optimizer[0] = profile_optimizer_seconds_per_parameter(c.repeats);
+  }
   optimizer[1 + my_type] = optimizer[0] * my_slowdown;
   if (comm) comm->all_reduce(optimizer.data(), static_cast<int64_t>(optimizer.size()), comm->world()).wait();
   const double* ranks_of_type = sums.data() + sums.size() - types;
@@ -123,7 +142,7 @@ void run_profile(const ProfileCommand& c) {
         forward = at(i, 2 + 2 * k) / ranks_of_type[k];
         backward = at(i, 3 + 2 * k) / ranks_of_type[k];
       } else {  // no rank had it: this CPU's time at the type's emulated speed
-        const double slowdown = 1.0 / device_speed(type);
+        const double slowdown = device_slowdown(type, ranks_on_host, runtime_threads());
         forward = at(i, 0) / world * slowdown;
         backward = at(i, 1) / world * slowdown;
       }
@@ -131,7 +150,8 @@ void run_profile(const ProfileCommand& c) {
     }
     dp.collectives = collectives;
     dp.optimizer_seconds_per_parameter = ranks_of_type[k] > 0 ? optimizer[1 + k] / ranks_of_type[k]
-                                                                : optimizer[0] / world / device_speed(type);
+                                                                : optimizer[0] / world *
+                                                                      device_slowdown(type, ranks_on_host, runtime_threads());
   }
   std::ofstream out(c.output);
   if (!out) throw Error("cannot write the profile", {c.output, "--output"}, "check the folder exists and is writable");

@@ -1,8 +1,10 @@
-// Emulated device speed from the cluster file or ALLOY_DEVICE_SPEED.
+// Emulated device speed and time dilation from the cluster file and the environment.
 #include "runtime/device_speed.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -10,16 +12,36 @@
 
 namespace alloy {
 
+namespace {
+
+// The environment variable as a number in [low, high], or `fallback` when unset.
+double env_number(const char* name, double low, double high, double fallback, const char* hint) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  if (*end != '\0' || !(value >= low) || !(value <= high))
+    throw Error(fmt::format("{}='{}' is not a number in [{}, {}]", name, text, low, high), {"", name}, hint);
+  return value;
+}
+
+}  // namespace
+
 double device_speed(const DeviceType& type) {
-  if (const char* text = std::getenv("ALLOY_DEVICE_SPEED"); text != nullptr && *text != '\0') {
-    char* end = nullptr;
-    const double speed = std::strtod(text, &end);
-    if (*end != '\0' || !(speed > 0) || speed > 1)
-      throw Error(fmt::format("ALLOY_DEVICE_SPEED='{}' is not a speed in (0, 1]", text), {"", "ALLOY_DEVICE_SPEED"},
-                  "give e.g. 0.5 for half speed, or unset it");
-    return speed;
-  }
+  const double speed = env_number("ALLOY_DEVICE_SPEED", 1e-3, 1.0, 0.0, "give e.g. 0.5 for half speed, or unset it");
+  if (speed > 0) return speed;
   return type.speed > 0 ? type.speed : 1.0;
+}
+
+double emulation_dilation(int ranks_on_host, int threads_per_rank) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const double automatic = std::max(1.0, static_cast<double>(ranks_on_host) * threads_per_rank / cores);
+  return env_number("ALLOY_TIME_DILATION", 1.0, 1000.0, automatic, "give a factor >= 1, or unset it");
+}
+
+double device_slowdown(const DeviceType& type, int ranks_on_host, int threads_per_rank) {
+  if (!type.is_cpu) return 1.0;
+  return emulation_dilation(ranks_on_host, threads_per_rank) / device_speed(type);
 }
 
 }  // namespace alloy

@@ -1,6 +1,8 @@
-// Emulated device speed of this rank: how much slower than this CPU its compute runs. The
-// cluster file's `speed` for the rank's device type, unless ALLOY_DEVICE_SPEED overrides it for
-// this process (to emulate a device that is slower than its catalog entry says).
+// Emulated devices on this machine's CPU cores: how much longer a rank's compute takes than on a
+// free core. A device type's `speed` (or ALLOY_DEVICE_SPEED for one process, to emulate a device
+// slower than its entry says), and a time dilation that keeps ranks from competing for cores:
+// with more busy threads than cores every rank would share, so every rank is slowed by the same
+// factor and sleeps instead (ALLOY_TIME_DILATION overrides it).
 #pragma once
 
 #include "spec/device_type.hpp"
@@ -10,5 +12,11 @@ namespace alloy {
 // In (0, 1] for emulated slower devices, 1 for full speed. Throws alloy::Error for a malformed
 // ALLOY_DEVICE_SPEED.
 double device_speed(const DeviceType& type);
+
+// max(1, ranks_on_host * threads_per_rank / cores), or ALLOY_TIME_DILATION (>= 1).
+double emulation_dilation(int ranks_on_host, int threads_per_rank);
+
+// Factor a CPU rank's compute time is stretched by: dilation / speed; 1 for other devices.
+double device_slowdown(const DeviceType& type, int ranks_on_host, int threads_per_rank);
 
 }  // namespace alloy

@@ -1,0 +1,179 @@
+// Heterogeneity benchmark (issue 7, "heterogeneity gain"), measured with mpirun on emulated
+// unequal CPU devices: Alloy's plan against the best plan for the same devices treated as equal
+// (planned on a uniform view of the cluster with the smallest memory, then run on the real
+// one), and against the upper bound: the sum of what each device group achieves alone.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "hw/catalog.hpp"
+#include "plan/plan.hpp"
+#include "spec/cluster.hpp"
+
+namespace {
+
+struct Group {
+  std::string type;   // device type name
+  double speed = 1;
+  std::string memory;  // e.g. "96MiB"
+  int devices = 1;     // on one node of its own
+};
+
+struct Case {
+  std::string name;
+  std::vector<Group> groups;
+};
+
+std::string dir;
+std::string alloy_binary;
+std::string train;
+const std::string kModel = "small-gpt";
+int steps = 8;
+
+int run(const std::string& command) {
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string cluster_yaml(const std::string& name, const std::vector<Group>& groups, bool uniform) {
+  std::string types, nodes;
+  std::string smallest = groups.front().memory;
+  for (const Group& g : groups)
+    if (std::stod(g.memory) < std::stod(smallest)) smallest = g.memory;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const Group& g = groups[i];
+    const std::string type = uniform ? "cpu-uniform" : g.type;
+    if (!uniform || i == 0)
+      types += uniform ? fmt::format("  {}: {{base: cpu, memory: {}}}\n", type, smallest)
+                       : fmt::format("  {}: {{base: cpu, speed: {}, memory: {}}}\n", type, g.speed, g.memory);
+    nodes += fmt::format("  - {{name: n{}, count: 1, device: {}, devices_per_node: {}, host_memory: 8GiB}}\n", i, type,
+                         g.devices);
+  }
+  const std::string path = fmt::format("{}/{}.yaml", dir, name);
+  std::ofstream(path) << fmt::format("name: {}\ndevice_types:\n{}nodes:\n{}", name, types, nodes);
+  return path;
+}
+
+// Tokens per second of `plan_path` run with mpirun (median of the steps after the first), or 0.
+double measure(const std::string& plan_path, const std::string& cluster_path) {
+  const alloy::Plan plan = alloy::plan_load(plan_path);
+  const std::string log = plan_path + ".jsonl";
+  const std::string output = plan_path + ".out";
+  if (run(fmt::format("mpirun -np {} --oversubscribe --bind-to none {} train --plan {} --cluster {} --model {} --data "
+                      "{}/data.bin --train {} --steps {} --no-progress --log {} > {} 2>&1",
+                      plan.num_used_devices(), alloy_binary, plan_path, cluster_path, kModel, dir, train, steps, log, output)) != 0) {
+    std::ifstream in(output);
+    for (std::string line; std::getline(in, line);)
+      if (line.find("error") != std::string::npos) std::printf("    %s\n", line.c_str());
+    return 0;
+  }
+  std::ifstream in(log);
+  std::vector<double> rates;
+  int n = 0;
+  for (std::string line; std::getline(in, line); ++n)
+    if (n > 0) rates.push_back(nlohmann::json::parse(line).at("tokens_per_second").get<double>());
+  std::sort(rates.begin(), rates.end());
+  return rates.empty() ? 0 : rates[rates.size() / 2];
+}
+
+std::string plan_for(const std::string& cluster_path, const std::string& name, const std::string& pins = "") {
+  const std::string path = fmt::format("{}/{}.json", dir, name);
+  if (run(fmt::format("{} plan --model {} --cluster {} --train {} --no-offload {} -o {} > {}.txt 2>&1", alloy_binary,
+                      kModel, cluster_path, train, pins, path, path)) != 0)
+    return "";
+  return path;
+}
+
+// The uniform view's plan moved onto the real devices: same layout, the real device types.
+std::string move_to_real_cluster(const std::string& uniform_plan, const std::string& real_cluster_path) {
+  alloy::Plan plan = alloy::plan_load(uniform_plan);
+  const alloy::ClusterSpec real = alloy::cluster_load(real_cluster_path, alloy::catalog_builtin());
+  plan.cluster_name = real.name;
+  plan.cluster_fingerprint = alloy::cluster_fingerprint(real);
+  for (alloy::PlanStage& st : plan.stages) {
+    const alloy::DeviceType& type = real.device_type(real.devices[static_cast<size_t>(st.device_ids.front())]);
+    st.device_type = type.name;
+    st.memory_capacity_bytes = type.memory_bytes;
+  }
+  const std::string path = uniform_plan + ".real.json";
+  alloy::plan_save(plan, path);
+  return path;
+}
+
+void run_case(const Case& c) {
+  // Every run of the case, the groups alone included, is slowed by the dilation the whole
+  // cluster needs on this machine's cores, so their rates compare.
+  int ranks = 0;
+  for (const Group& g : c.groups) ranks += g.devices;
+  const double dilation = std::max(1.0, static_cast<double>(ranks) / std::thread::hardware_concurrency());
+  setenv("ALLOY_TIME_DILATION", fmt::format("{}", dilation).c_str(), 1);
+  std::printf("\n%s (time dilation %.2f on %u cores)\n", c.name.c_str(), dilation, std::thread::hardware_concurrency());
+  const std::string real = cluster_yaml("real", c.groups, false);
+  const std::string uniform = cluster_yaml("uniform", c.groups, true);
+  const std::string alloy_plan = plan_for(real, "alloy");
+  // Treated as equal, the devices still form one stage per group (a stage has one device type):
+  // data parallelism no wider than the smallest group.
+  int narrowest = c.groups.front().devices;
+  for (const Group& g : c.groups) narrowest = std::min(narrowest, g.devices);
+  const std::string uniform_plan = plan_for(uniform, "uniform", fmt::format("--dp {} --pp {}", narrowest, c.groups.size()));
+  if (alloy_plan.empty() || uniform_plan.empty()) {
+    std::printf("  planning failed (see %s)\n", dir.c_str());
+    return;
+  }
+  const double alloy_rate = measure(alloy_plan, real);
+  const double uniform_rate = measure(move_to_real_cluster(uniform_plan, real), real);
+  double bound = 0;
+  for (size_t i = 0; i < c.groups.size(); ++i) {
+    const std::string alone = cluster_yaml(fmt::format("alone-{}", i), {c.groups[i]}, false);
+    const std::string plan = plan_for(alone, fmt::format("alone-{}", i));
+    const double rate = plan.empty() ? 0 : measure(plan, alone);
+    std::printf("  %-28s %10.0f tokens/s\n", fmt::format("{} alone", c.groups[i].type).c_str(), rate);
+    bound += rate;
+  }
+  std::printf("  %-28s %10.0f tokens/s\n", "uniform plan (devices equal)", uniform_rate);
+  std::printf("  %-28s %10.0f tokens/s\n", "Alloy's plan", alloy_rate);
+  if (uniform_rate > 0 && bound > 0)
+    std::printf("  gain over uniform %.2fx (target 1.3x); %.0f%% of the bound %.0f tokens/s (target 85%%)\n",
+                alloy_rate / uniform_rate, 100 * alloy_rate / bound, bound);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string fast_memory = "2GiB", slow_memory = "1GiB";
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
+    if (std::string(argv[i]) == "--fast-memory") fast_memory = argv[i + 1];
+    if (std::string(argv[i]) == "--slow-memory") slow_memory = argv[i + 1];
+  }
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  if (getuid() == 0) {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  }
+  alloy_binary = std::filesystem::canonical("/proc/self/exe").parent_path().string() + "/alloy";
+  train = std::string(ALLOY_SOURCE_DIR) + "/examples/train/tiny-cpu.yaml";
+  dir = std::filesystem::temp_directory_path() / fmt::format("alloy-heterogeneity-{}", getpid());
+  std::filesystem::create_directories(dir);
+  if (run(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}/data.bin > /dev/null", alloy_binary, ALLOY_SOURCE_DIR,
+                      dir)) != 0)
+    return 1;
+  std::printf("%s, %d steps per run, memory: fast %s, slower %s\n", kModel.c_str(), steps, fast_memory.c_str(),
+              slow_memory.c_str());
+  run_case({"4 ranks: speeds 1, 1, 0.5, 0.5",
+            {{"cpu-fast", 1.0, fast_memory, 2}, {"cpu-half", 0.5, slow_memory, 2}}});
+  run_case({"3 ranks: speeds 1, 0.5, 0.25",
+            {{"cpu-full", 1.0, fast_memory, 1}, {"cpu-half", 0.5, slow_memory, 1}, {"cpu-quarter", 0.25, slow_memory, 1}}});
+  std::filesystem::remove_all(dir);
+  return 0;
+}

@@ -1,7 +1,8 @@
 // Heterogeneity benchmark (issue 7, "heterogeneity gain"), measured with mpirun on emulated
-// unequal CPU devices: Alloy's plan against the best plan for the same devices treated as equal
-// (planned on a uniform view of the cluster with the smallest memory, then run on the real
-// one), and against the upper bound: the sum of what each device group achieves alone.
+// unequal CPU devices: Alloy's plan (after `alloy profile`) against the best plan for the same
+// devices treated as equal (planned on a uniform view of the cluster with the smallest memory,
+// then run on the real one), and against the upper bound: the sum of what each device group
+// achieves alone (each planned with the same profile).
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,7 +38,7 @@ struct Case {
 std::string dir;
 std::string alloy_binary;
 std::string train;
-const std::string kModel = "small-gpt";
+std::string kModel = "small-gpt";  // or --model: a preset or config path
 int steps = 8;
 
 int run(const std::string& command) {
@@ -120,7 +121,15 @@ void run_case(const Case& c) {
   std::printf("\n%s (time dilation %.2f on %u cores)\n", c.name.c_str(), dilation, std::thread::hardware_concurrency());
   const std::string real = cluster_yaml("real", c.groups, false);
   const std::string uniform = cluster_yaml("uniform", c.groups, true);
-  const std::string alloy_plan = plan_for(real, "alloy");
+  // Alloy as a user runs it: profile the cluster, then plan with the profile.
+  const std::string profile = dir + "/profile.json";
+  if (run(fmt::format("mpirun -np {} --oversubscribe --bind-to none {} profile --model {} --cluster {} --train {} -o {} "
+                      "> {}.txt 2>&1",
+                      ranks, alloy_binary, kModel, real, train, profile, profile)) != 0) {
+    std::printf("  profiling failed (see %s.txt)\n", profile.c_str());
+    return;
+  }
+  const std::string alloy_plan = plan_for(real, "alloy", "--profile " + profile);
   // Treated as equal, the devices still form one stage per group (a stage has one device type):
   // data parallelism no wider than the smallest group.
   int narrowest = c.groups.front().devices;
@@ -135,7 +144,7 @@ void run_case(const Case& c) {
   double bound = 0;
   for (size_t i = 0; i < c.groups.size(); ++i) {
     const std::string alone = cluster_yaml(fmt::format("alone-{}", i), {c.groups[i]}, false);
-    const std::string plan = plan_for(alone, fmt::format("alone-{}", i));
+    const std::string plan = plan_for(alone, fmt::format("alone-{}", i), "--profile " + profile);
     const double rate = plan.empty() ? 0 : measure(plan, alone);
     std::printf("  %-28s %10.0f tokens/s\n", fmt::format("{} alone", c.groups[i].type).c_str(), rate);
     bound += rate;
@@ -155,6 +164,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
     if (std::string(argv[i]) == "--fast-memory") fast_memory = argv[i + 1];
     if (std::string(argv[i]) == "--slow-memory") slow_memory = argv[i + 1];
+    if (std::string(argv[i]) == "--model") kModel = argv[i + 1];
   }
   setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
   if (getuid() == 0) {

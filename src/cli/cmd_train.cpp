@@ -2,10 +2,12 @@
 // model on token files with progress, JSON-lines logs, validation and checkpoints; turn any
 // text into a byte-level token file.
 #include <algorithm>
+#include <fstream>
 
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
+#include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"
 #include "runtime/dist/dist_trainer.hpp"
@@ -31,6 +33,8 @@ struct TrainCommand {
   std::string cluster;   // its cluster (default: the plan's cluster by name)
   std::string trace;
   std::string export_weights;
+  std::string profile;             // the profile the plan was made with
+  std::string calibrated_profile;  // where to write it corrected by this run's measurements
 };
 
 TrainSpec train_spec_from(const TrainCommand& c, const ModelSpec& model) {
@@ -80,6 +84,34 @@ void check_plan_options(const TrainCommand& c) {
   refuse(c.seq_len > 0, "--seq-len", "the plan fixes the sequence length");
   refuse(c.recompute != "none", "--recompute", "the plan sets recomputation per layer");
   refuse(!c.options.val_data.empty(), "--val-data", "validation runs on one rank only");
+  if (!c.calibrated_profile.empty() && c.profile.empty()) {
+    throw Error("--calibrated-profile needs the profile the plan was made with", {"", "--profile"},
+                "pass --profile PROFILE.json (from alloy profile)");
+  }
+}
+
+// The plan's profile with each device type's layer and optimizer times scaled by what this run
+// measured against what the plan predicted.
+void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& result, const Plan& plan) {
+  const std::vector<DeviceTypeCalibration> ratios = dist_calibration(result, plan);
+  for (const DeviceTypeCalibration& r : ratios)
+    fmt::print("measured / predicted on {}: forward and backward {:.2f}x, optimizer {:.2f}x\n", r.device_type,
+               r.pass_ratio, r.optimizer_ratio);
+  if (c.calibrated_profile.empty()) return;
+  Profile profile = profile_load(c.profile);
+  for (const DeviceTypeCalibration& r : ratios) {
+    auto it = profile.device_types.find(r.device_type);
+    if (it == profile.device_types.end()) continue;
+    for (ProfiledLayer& layer : it->second.layers) {
+      layer.forward_seconds *= r.pass_ratio;
+      layer.backward_seconds *= r.pass_ratio;
+    }
+    it->second.optimizer_seconds_per_parameter *= r.optimizer_ratio;
+  }
+  std::ofstream out(c.calibrated_profile);
+  if (!out) throw Error("cannot write the calibrated profile", {c.calibrated_profile, "--calibrated-profile"}, "check the folder exists");
+  out << profile_to_json(profile);
+  fmt::print("calibrated profile: {} (use it with alloy plan --profile)\n", c.calibrated_profile);
 }
 
 DistTrainOptions dist_options_from(const TrainCommand& c) {
@@ -127,7 +159,10 @@ void run_distributed(TrainCommand& c, const ModelSpec& model, int* exit_code) {
     });
     const DistTrainOptions options = dist_options_from(c);
     DistTrainResult result = dist_train_run(model, train, plan, cluster, *comm, options);
-    if (comm->rank() == 0) print_dist_summary(model, plan, result, options);
+    if (comm->rank() == 0) {
+      print_dist_summary(model, plan, result, options);
+      if (!result.steps.empty()) write_calibrated_profile(c, result, plan);
+    }
     *exit_code = 0;
   } catch (const AgreedError& e) {
     fmt::print(stderr, "alloy: error: {}\n", e.format());
@@ -195,6 +230,9 @@ void add_train(CLI::App& app, int* exit_code) {
   cmd->add_option("--cluster,-c", c->cluster, "The plan's cluster (preset or path; default: the plan's cluster name)");
   cmd->add_option("--trace", c->trace, "With --plan: Chrome trace of the last step of every rank");
   cmd->add_option("--export", c->export_weights, "With --plan: write the full trained weights (safetensors)");
+  cmd->add_option("--profile", c->profile, "With --plan: the profile the plan was made with (for --calibrated-profile)");
+  cmd->add_option("--calibrated-profile", c->calibrated_profile,
+                  "With --plan: write --profile corrected by this run's measured forward, backward and optimizer times");
   cmd->callback([c, exit_code]() { run_train(*c, exit_code); });
 }
 

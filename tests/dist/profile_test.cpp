@@ -121,6 +121,44 @@ nodes:
   EXPECT_LT(measured, on_paper);
 }
 
+// A run of a plan made with a profile writes that profile back with each device type's times
+// scaled by measured over predicted: one factor for all of a type's layer shapes.
+TEST_F(ProfileCommandTest, TrainingRunCalibratesTheProfile) {
+  const std::string train = dir_.write("train.yaml", kSmallBatch);
+  const std::string data = dir_.path() + "/data.bin";
+  ASSERT_EQ(run_command(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}", ALLOY_BINARY, ALLOY_SOURCE_DIR,
+                                    data)).exit_code, 0);
+  const std::string profile = dir_.path() + "/profile.json", plan = dir_.path() + "/plan.json";
+  const std::string calibrated = dir_.path() + "/calibrated.json";
+  ASSERT_EQ(run_command(fmt::format("mpirun -np 2 {} profile --model tiny-gpt --cluster local-cpu-2 --train {} -o {} --repeats 1",
+                                    ALLOY_BINARY, train, profile), 120).exit_code, 0);
+  ASSERT_EQ(run_command(fmt::format("{} plan --model tiny-gpt --cluster local-cpu-2 --train {} --profile {} --pp 2 --no-offload -o {}",
+                                    ALLOY_BINARY, train, profile, plan)).exit_code, 0);
+  CommandResult r = run_command(fmt::format("mpirun -np 2 {} train --plan {} --model tiny-gpt --data {} --train {} --steps 4 "
+                                            "--no-progress --profile {} --calibrated-profile {}",
+                                            ALLOY_BINARY, plan, data, train, profile, calibrated), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("measured / predicted on cpu"), std::string::npos) << r.output;
+  const Profile before = profile_load(profile), after = profile_load(calibrated);
+  const DeviceProfile& b = before.device_types.at("cpu");
+  const DeviceProfile& a = after.device_types.at("cpu");
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  const double factor = a.layers[0].forward_seconds / b.layers[0].forward_seconds;
+  EXPECT_GT(factor, 0.05);
+  EXPECT_LT(factor, 20.0);
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    EXPECT_NEAR(a.layers[i].forward_seconds, b.layers[i].forward_seconds * factor, 1e-9 + 1e-9 * factor);
+    EXPECT_NEAR(a.layers[i].backward_seconds, b.layers[i].backward_seconds * factor, 1e-9 + 1e-9 * factor);
+  }
+  EXPECT_GT(a.optimizer_seconds_per_parameter, 0);
+
+  // Without the profile to correct, the option is refused before any work.
+  CommandResult refused = run_command(fmt::format("{} train --plan {} --model tiny-gpt --data {} --calibrated-profile {}",
+                                                  ALLOY_BINARY, plan, data, calibrated));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--profile"), std::string::npos) << refused.output;
+}
+
 TEST_F(ProfileCommandTest, BadInputIsNamed) {
   CommandResult r = run_command(fmt::format("{} profile --model no-such-model --cluster local-cpu-2", ALLOY_BINARY));
   EXPECT_EQ(r.exit_code, 2) << r.output;

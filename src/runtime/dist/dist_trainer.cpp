@@ -75,18 +75,22 @@ RankSummary summarise(const std::vector<RankStepStats>& steps, const RankSchedul
   s.tp_rank = schedule.tp_rank;
   s.dp_rank = schedule.dp_rank;
   const size_t skip = steps.size() > 1 ? 1 : 0;  // the first step warms caches and allocators
-  std::vector<double> step, compute, wait, comm;
+  std::vector<double> step, compute, wait, comm, pass, optimizer;
   for (size_t i = skip; i < steps.size(); ++i) {
     step.push_back(steps[i].step_seconds);
     compute.push_back(steps[i].compute_seconds);
     wait.push_back(steps[i].wait_seconds);
     comm.push_back(steps[i].communication_seconds);
+    pass.push_back(steps[i].pass_seconds);
+    optimizer.push_back(steps[i].optimizer_seconds);
     s.peak_arena_bytes = std::max(s.peak_arena_bytes, static_cast<double>(steps[i].peak_arena_bytes));
   }
   s.step_seconds = median(step);
   s.compute_seconds = median(compute);
   s.wait_seconds = median(wait);
   s.communication_seconds = median(comm);
+  s.pass_seconds = median(pass);
+  s.optimizer_seconds = median(optimizer);
   return s;
 }
 

@@ -299,6 +299,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       }
       stats.compute_seconds += end - compute_start - tp_wait;
       stats.wait_seconds += tp_wait;
+      stats.pass_seconds += end - compute_start;
       record(SimStream::SimStream_compute, op, index, compute_start, end);
       memory_.push_back({end, static_cast<double>(arena_->bytes_in_use())});
       return;
@@ -340,6 +341,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         end = now();
       }
       stats.compute_seconds += end - compute_start - waited;
+      stats.optimizer_seconds += end - compute_start - waited;
       record(SimStream::SimStream_compute, op, index, compute_start, end);
       return;
     }

@@ -35,6 +35,8 @@ struct RankStepStats {
   double compute_seconds = 0;        // forward, backward, optimizer (slow-device stretch included)
   double wait_seconds = 0;           // blocked on receives, collectives and tensor-parallel sums
   double communication_seconds = 0; // transfers in flight (overlapping compute or not)
+  double pass_seconds = 0;           // forward and backward ops, their tensor-parallel sums included
+  double optimizer_seconds = 0;      // the optimizer op without its collective waits
   double loss_sum = 0;               // sum of token losses this rank reports (head stage, tp rank 0)
   double loss_tokens = 0;
   double grad_norm = 0;

@@ -1,7 +1,8 @@
-// Prediction benchmark (issue 7, "prediction error"): profiles this machine under mpirun, plans
-// small-gpt for the local CPU clusters with that profile (pinned to cover pipeline, tensor and
-// data parallelism and recomputation), runs each plan with mpirun and prints predicted against
-// measured step time and peak arena memory per rank, then the median and worst errors.
+// Prediction benchmark (issue 7, "prediction error"): profiles this machine under mpirun and
+// calibrates the profile with one run of the planner's plan, plans small-gpt for the local CPU
+// clusters with the calibrated profile (pinned to cover pipeline, tensor and data parallelism
+// and recomputation), runs each plan with mpirun and prints predicted against measured step time
+// and peak arena memory per rank, then the median and worst errors.
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,12 +85,24 @@ int main(int argc, char** argv) {
       {"4 ranks, pp 2 x tp 2", "local-cpu-4", 4, "--pp 2 --tp 2 --dp 1 --sequence-parallel 0 --schedule 1f1b"},
   };
 
-  std::fprintf(stderr, "profiling %s on 2, 3 and 4 ranks ...\n", model.c_str());
+  // As a user would: profile each cluster, run the planner's plan once to calibrate the profile,
+  // then plan every case with the calibrated profile.
+  std::fprintf(stderr, "profiling and calibrating %s on 2, 3 and 4 ranks ...\n", model.c_str());
   for (int ranks : {2, 3, 4}) {
     const std::string cluster = fmt::format("local-cpu-{}", ranks);
-    if (run(fmt::format("{} {} profile --model {} --cluster {} --train {} -o {}/profile-{}.json > /dev/null 2>&1",
-                        mpirun(ranks), alloy, model, cluster, train, dir, ranks)) != 0) {
-      std::fprintf(stderr, "profiling on %d ranks failed\n", ranks);
+    const std::string measured = fmt::format("{}/measured-{}.json", dir, ranks);
+    const std::string first_plan = fmt::format("{}/calibration-plan-{}.json", dir, ranks);
+    const bool ok =
+        run(fmt::format("{} {} profile --model {} --cluster {} --train {} -o {} > /dev/null 2>&1", mpirun(ranks), alloy,
+                        model, cluster, train, measured)) == 0 &&
+        run(fmt::format("{} plan --model {} --cluster {} --train {} --no-offload --profile {} -o {} > /dev/null 2>&1",
+                        alloy, model, cluster, train, measured, first_plan)) == 0 &&
+        run(fmt::format("{} {} train --plan {} --model {} --data {}/data.bin --train {} --steps {} --no-progress "
+                        "--profile {} --calibrated-profile {}/profile-{}.json > /dev/null 2>&1",
+                        mpirun(alloy::plan_load(first_plan).num_used_devices()), alloy, first_plan, model, dir, train,
+                        steps, measured, dir, ranks)) == 0;
+    if (!ok) {
+      std::fprintf(stderr, "profiling or calibrating on %d ranks failed\n", ranks);
       return 1;
     }
   }

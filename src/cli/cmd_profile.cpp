@@ -82,7 +82,8 @@ void run_profile(const ProfileCommand& c) {
                             cluster.devices.size()),
                 {c.cluster, "nodes"}, "start at most one rank per device");
   const int my_type = cluster.devices[static_cast<size_t>(rank)].device_type_index;
-  const int ranks_on_host = comm ? comm->local_size() : 1;
+  const int ranks_on_host =
+      emulated_ranks_on_host(cluster, comm ? comm->local_size() : 1, !comm || comm->local_size() == comm->world_size());
   const double my_slowdown =
       device_slowdown(cluster.device_types[static_cast<size_t>(my_type)], ranks_on_host, runtime_threads());
   const size_t types = cluster.device_types.size();

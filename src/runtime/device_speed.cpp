@@ -39,6 +39,13 @@ double emulation_dilation(int ranks_on_host, int threads_per_rank) {
   return env_number("ALLOY_TIME_DILATION", 1.0, 1000.0, automatic, "give a factor >= 1, or unset it");
 }
 
+int emulated_ranks_on_host(const ClusterSpec& cluster, int local_ranks, bool single_host) {
+  if (!single_host) return local_ranks;
+  int cpu_devices = 0;
+  for (const Device& d : cluster.devices) cpu_devices += cluster.device_type(d).is_cpu ? 1 : 0;
+  return std::max(local_ranks, cpu_devices);
+}
+
 double device_slowdown(const DeviceType& type, int ranks_on_host, int threads_per_rank) {
   if (!type.is_cpu) return 1.0;
   return emulation_dilation(ranks_on_host, threads_per_rank) / device_speed(type);

@@ -5,6 +5,7 @@
 // factor and sleeps instead (ALLOY_TIME_DILATION overrides it).
 #pragma once
 
+#include "spec/cluster.hpp"
 #include "spec/device_type.hpp"
 
 namespace alloy {
@@ -12,6 +13,11 @@ namespace alloy {
 // In (0, 1] for emulated slower devices, 1 for full speed. Throws alloy::Error for a malformed
 // ALLOY_DEVICE_SPEED.
 double device_speed(const DeviceType& type);
+
+// Ranks that share this host's cores in the emulation: every CPU device of the cluster when the
+// whole job runs on this host (so a plan that uses fewer devices is dilated like one that uses
+// all, and profiles and runs compare), else this host's ranks.
+int emulated_ranks_on_host(const ClusterSpec& cluster, int local_ranks, bool single_host);
 
 // max(1, ranks_on_host * threads_per_rank / cores), or ALLOY_TIME_DILATION (>= 1).
 double emulation_dilation(int ranks_on_host, int threads_per_rank);

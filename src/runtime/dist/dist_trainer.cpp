@@ -249,7 +249,8 @@ DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Pl
   const PlanStage& stage = plan.stages[me.stage];
   const DeviceType& device = cluster.device_types[cluster.devices[me.device_id].device_type_index];
   double slowdown = 1.0;
-  dist_agree_on(comm, [&] { slowdown = device_slowdown(device, comm.local_size(), runtime_threads()); });
+  const int sharing = emulated_ranks_on_host(cluster, comm.local_size(), comm.local_size() == comm.world_size());
+  dist_agree_on(comm, [&] { slowdown = device_slowdown(device, sharing, runtime_threads()); });
   const double cap = o.memory_cap_bytes > 0 ? o.memory_cap_bytes : device.memory_bytes;
 
   std::optional<BatchLoader> loader;

@@ -345,7 +345,10 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
                         (c.has_head ? head_params : 0);
   const double dp = shape.dp;
   mem.parameters_bytes = params * e / (c.zero >= 3 ? dp : 1.0);
-  mem.gradients_bytes = params * e / (c.zero >= 2 ? dp : 1.0);
+  // The step schedule reduces gradients once, after the last micro-batch's backward, so every
+  // member accumulates all of its stage's gradients whatever the ZeRO stage (ZeRO 2-3 shard what
+  // the reduction leaves, not the accumulation buffer; docs/runtime-distributed.md).
+  mem.gradients_bytes = params * e;
   mem.master_weights_bytes = master ? params * 4.0 / (c.zero >= 1 ? dp : 1.0) : 0;
   mem.optimizer_states_bytes = params * 4.0 * states / (c.zero >= 1 ? dp : 1.0);
   if (c.zero >= 3 && dp > 1) mem.zero3_gather_bytes = 2.0 * u.block_parameters * e;

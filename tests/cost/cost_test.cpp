@@ -132,12 +132,15 @@ TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
   EXPECT_DOUBLE_EQ(z0.optimizer_states_bytes, 4 * z0.parameters_bytes);
   EXPECT_DOUBLE_EQ(z0.master_weights_bytes, 2 * z0.parameters_bytes);
   EXPECT_DOUBLE_EQ(z1.optimizer_states_bytes, z0.optimizer_states_bytes / 8);
+  // Gradients accumulate in full over the step's micro-batches at every ZeRO stage (the schedule
+  // reduces once per step), as the runtime measures (tests/dist DataParallelAtEveryZeroStage).
   EXPECT_DOUBLE_EQ(z1.gradients_bytes, z0.gradients_bytes);
-  EXPECT_DOUBLE_EQ(z2.gradients_bytes, z0.gradients_bytes / 8);
+  EXPECT_DOUBLE_EQ(z2.gradients_bytes, z0.gradients_bytes);
+  EXPECT_DOUBLE_EQ(z3.gradients_bytes, z0.gradients_bytes);
   EXPECT_DOUBLE_EQ(z3.parameters_bytes, z0.parameters_bytes / 8);
   EXPECT_GT(z3.zero3_gather_bytes, 0);
   EXPECT_LT(z3.total_bytes(), z2.total_bytes());
-  EXPECT_LT(z2.total_bytes(), z1.total_bytes());
+  EXPECT_DOUBLE_EQ(z2.total_bytes(), z1.total_bytes());
   EXPECT_LT(z1.total_bytes(), z0.total_bytes());
 }
 

@@ -30,19 +30,23 @@ $alloy train --model tiny-gpt --data "$out/fsf_train.bin" --val-data "$out/fsf_v
   --train examples/train/tiny-cpu.yaml --steps 60 --val-every 20 --log "$out/train.jsonl"
 
 echo
-echo "== 5. alloy plan + mpirun alloy train --plan: a small GPT on the 4-rank local CPU cluster"
+echo "== 5. alloy profile, plan, mpirun alloy train --plan: a small GPT on the 4-rank local CPU cluster"
 echo "   (two fast ranks and two emulated half-speed ranks; layer offload is not run on CPUs yet)"
+export OMPI_MCA_rmaps_base_oversubscribe=1
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+mpirun -np 4 --bind-to none $alloy profile --model small-gpt --cluster local-cpu-4 \
+  --train examples/train/tiny-cpu.yaml -o "$out/profile-cpu.json" | tail -n 3
 $alloy plan --model small-gpt --cluster local-cpu-4 --train examples/train/tiny-cpu.yaml --no-offload \
-  -o "$out/plan-cpu.json" > "$out/plan-cpu.txt"
+  --profile "$out/profile-cpu.json" -o "$out/plan-cpu.json" > "$out/plan-cpu.txt"
 sed -n '1,8p' "$out/plan-cpu.txt"
 # "Plan for small-gpt on local-cpu-4 (4 of 4 devices), ...": one rank per device the plan uses.
 ranks=$(sed -n '1s/.*(\([0-9]*\) of [0-9]* devices).*/\1/p' "$out/plan-cpu.txt")
-export OMPI_MCA_rmaps_base_oversubscribe=1
-if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 mpirun -np "$ranks" --bind-to none $alloy train --plan "$out/plan-cpu.json" --model small-gpt \
   --data "$out/fsf_train.bin" --train examples/train/tiny-cpu.yaml --steps 8 \
-  --log "$out/train-cpu.jsonl" --trace "$out/trace-cpu.json"
+  --log "$out/train-cpu.jsonl" --trace "$out/trace-cpu.json" \
+  --profile "$out/profile-cpu.json" --calibrated-profile "$out/profile-cpu-calibrated.json"
 
 echo
 echo "demo outputs in $out/: plan.json, report.html (open in a browser), trace.json (ui.perfetto.dev), train.jsonl,"
-echo "  plan-cpu.json, train-cpu.jsonl and trace-cpu.json (the real run's last step, same format as trace.json)"
+echo "  profile-cpu.json, plan-cpu.json, train-cpu.jsonl, trace-cpu.json (the real run's last step, same format as"
+echo "  trace.json) and profile-cpu-calibrated.json (the profile corrected by the run, for the next alloy plan)"

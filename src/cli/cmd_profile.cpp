@@ -1,6 +1,8 @@
 // `alloy profile`: measures this machine for the planner: layer times of a model at the shapes
 // the planner asks about and, under mpirun, collective bandwidth and latency; writes the
 // profile that `alloy plan --profile` reads.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -37,7 +39,9 @@ struct ProfileCommand {
   int threads = 0;
 };
 
+// One line rewritten in place on a terminal; nothing when stderr is a file or pipe.
 void progress_line(const std::string& text) {
+  if (!isatty(STDERR_FILENO)) return;
   std::fprintf(stderr, "\r\033[K%s", text.c_str());
   std::fflush(stderr);
 }

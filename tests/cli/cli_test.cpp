@@ -15,7 +15,7 @@ using testing::CommandResult;
 using testing::run_command;
 using testing::TempDir;
 
-CommandResult alloy(const std::string& args) { return run_command(std::string(ALLOY_BINARY) + " " + args); }
+using testing::alloy;
 
 TEST(Cli, HelpForEverySubcommand) {
   for (const char* cmd : {"check", "plan", "simulate", "train", "profile", "explain"}) {

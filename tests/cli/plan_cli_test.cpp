@@ -14,7 +14,7 @@ using testing::CommandResult;
 using testing::run_command;
 using testing::TempDir;
 
-CommandResult alloy(const std::string& args) { return run_command(std::string(ALLOY_BINARY) + " " + args, 120); }
+using testing::alloy;
 
 const std::string kPretrain = std::string(ALLOY_SOURCE_DIR) + "/examples/train/llama-pretrain.yaml";
 

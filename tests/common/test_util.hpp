@@ -67,6 +67,11 @@ inline CommandResult run_command(const std::string& command, int timeout_seconds
   return r;
 }
 
+// The alloy binary with `args`, as a user runs it.
+inline CommandResult alloy(const std::string& args, int timeout_seconds = 120) {
+  return run_command(std::string(ALLOY_BINARY) + " " + args, timeout_seconds);
+}
+
 // mpirun refuses root and more ranks than cores unless told; leak checking is off in the ranks
 // of a sanitized build because the MPI library keeps allocations until exit.
 inline void mpi_test_environment_set() {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hw/catalog.hpp"
+#include "mpi_bench_util.hpp"
 #include "plan/plan.hpp"
 #include "spec/cluster.hpp"
 
@@ -41,10 +42,10 @@ std::string train;
 std::string kModel = "small-gpt";  // or --model: a preset or config path
 int steps = 8;
 
-int run(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using alloy::bench::errors_in;
+using alloy::bench::median;
+using alloy::bench::mpirun;
+using alloy::bench::run;
 
 std::string cluster_yaml(const std::string& name, const std::vector<Group>& groups, bool uniform) {
   std::string types, nodes;
@@ -70,12 +71,11 @@ double measure(const std::string& plan_path, const std::string& cluster_path) {
   const alloy::Plan plan = alloy::plan_load(plan_path);
   const std::string log = plan_path + ".jsonl";
   const std::string output = plan_path + ".out";
-  if (run(fmt::format("mpirun -np {} --oversubscribe --bind-to none {} train --plan {} --cluster {} --model {} --data "
-                      "{}/data.bin --train {} --steps {} --no-progress --log {} > {} 2>&1",
-                      plan.num_used_devices(), alloy_binary, plan_path, cluster_path, kModel, dir, train, steps, log, output)) != 0) {
-    std::ifstream in(output);
-    for (std::string line; std::getline(in, line);)
-      if (line.find("error") != std::string::npos) std::printf("    %s\n", line.c_str());
+  if (run(fmt::format("{} {} train --plan {} --cluster {} --model {} --data {}/data.bin --train {} --steps {} "
+                      "--no-progress --log {} > {} 2>&1",
+                      mpirun(plan.num_used_devices()), alloy_binary, plan_path, cluster_path, kModel, dir, train, steps,
+                      log, output)) != 0) {
+    std::printf("%s", errors_in(output).c_str());
     return 0;
   }
   std::ifstream in(log);
@@ -83,8 +83,7 @@ double measure(const std::string& plan_path, const std::string& cluster_path) {
   int n = 0;
   for (std::string line; std::getline(in, line); ++n)
     if (n > 0) rates.push_back(nlohmann::json::parse(line).at("tokens_per_second").get<double>());
-  std::sort(rates.begin(), rates.end());
-  return rates.empty() ? 0 : rates[rates.size() / 2];
+  return median(rates);
 }
 
 std::string plan_for(const std::string& cluster_path, const std::string& name, const std::string& pins = "") {
@@ -123,9 +122,8 @@ void run_case(const Case& c) {
   const std::string uniform = cluster_yaml("uniform", c.groups, true);
   // Alloy as a user runs it: profile the cluster, then plan with the profile.
   const std::string profile = dir + "/profile.json";
-  if (run(fmt::format("mpirun -np {} --oversubscribe --bind-to none {} profile --model {} --cluster {} --train {} -o {} "
-                      "> {}.txt 2>&1",
-                      ranks, alloy_binary, kModel, real, train, profile, profile)) != 0) {
+  if (run(fmt::format("{} {} profile --model {} --cluster {} --train {} -o {} > {}.txt 2>&1", mpirun(ranks),
+                      alloy_binary, kModel, real, train, profile, profile)) != 0) {
     std::printf("  profiling failed (see %s.txt)\n", profile.c_str());
     return;
   }
@@ -166,12 +164,8 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--slow-memory") slow_memory = argv[i + 1];
     if (std::string(argv[i]) == "--model") kModel = argv[i + 1];
   }
-  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
-  if (getuid() == 0) {
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  }
-  alloy_binary = std::filesystem::canonical("/proc/self/exe").parent_path().string() + "/alloy";
+  alloy::bench::mpi_environment_set();
+  alloy_binary = alloy::bench::alloy_next_to_self();
   train = std::string(ALLOY_SOURCE_DIR) + "/examples/train/tiny-cpu.yaml";
   dir = std::filesystem::temp_directory_path() / fmt::format("alloy-heterogeneity-{}", getpid());
   std::filesystem::create_directories(dir);

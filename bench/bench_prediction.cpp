@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "mpi_bench_util.hpp"
 #include "plan/plan.hpp"
 #include "runtime/dist/dist_trainer.hpp"
 
@@ -29,31 +30,10 @@ struct Case {
   std::string pins;  // extra `alloy plan` options
 };
 
-std::string self_dir() {
-  return std::filesystem::canonical("/proc/self/exe").parent_path().string();
-}
-
-int run(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::string mpirun(int ranks) { return fmt::format("mpirun -np {} --oversubscribe --bind-to none", ranks); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// The lines of a failed command's output that say what went wrong.
-std::string errors_in(const std::string& path) {
-  std::ifstream in(path);
-  std::string text;
-  for (std::string line; std::getline(in, line);)
-    if (line.find("error") != std::string::npos || line.find("fix:") != std::string::npos) text += "    " + line + "\n";
-  return text;
-}
+using alloy::bench::errors_in;
+using alloy::bench::median;
+using alloy::bench::mpirun;
+using alloy::bench::run;
 
 }  // namespace
 
@@ -61,12 +41,8 @@ int main(int argc, char** argv) {
   int steps = 8;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
-  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
-  if (getuid() == 0) {
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  }
-  const std::string alloy = self_dir() + "/alloy";
+  alloy::bench::mpi_environment_set();
+  const std::string alloy = alloy::bench::alloy_next_to_self();
   const std::string source = ALLOY_SOURCE_DIR;
   const std::string dir = std::filesystem::temp_directory_path() / fmt::format("alloy-prediction-{}", getpid());
   std::filesystem::create_directories(dir);

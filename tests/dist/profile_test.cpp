@@ -163,6 +163,15 @@ TEST_F(ProfileCommandTest, BadInputIsNamed) {
   CommandResult r = run_command(fmt::format("{} profile --model no-such-model --cluster local-cpu-2", ALLOY_BINARY));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("no-such-model"), std::string::npos) << r.output;
+  // Malformed emulation settings name the variable and the range it takes.
+  for (const char* setting : {"ALLOY_DEVICE_SPEED=fast", "ALLOY_DEVICE_SPEED=2", "ALLOY_TIME_DILATION=0.5"}) {
+    CommandResult bad = run_command(fmt::format("env {} {} profile --model tiny-gpt --cluster local-cpu-2 -o {}/p.json",
+                                                setting, ALLOY_BINARY, dir_.path()));
+    EXPECT_EQ(bad.exit_code, 2) << setting << "\n" << bad.output;
+    const std::string name = std::string(setting).substr(0, std::string(setting).find('='));
+    EXPECT_NE(bad.output.find(name), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find("fix:"), std::string::npos) << bad.output;
+  }
 }
 
 }  // namespace

@@ -174,6 +174,12 @@ void RankRuntime::wait(const CommHandle& handle, RankStepStats& stats) {
   stats.wait_seconds += now() - start;
 }
 
+double RankRuntime::stretch_compute(double start, double waited) {
+  const double computed = now() - start - waited;
+  if (slowdown_ > 1.0) std::this_thread::sleep_for(std::chrono::duration<double>(computed * (slowdown_ - 1.0)));
+  return now();
+}
+
 void RankRuntime::record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end) {
   SimInterval iv;
   iv.stream = stream;
@@ -290,13 +296,9 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         slot.input_gradient = chunk_backward(*model_, slot.pass, op.block_begin, op.block_end, loss_scale);
         slot.finished = slot.pass.backward_next == slot.pass.block_begin;
       }
-      double end = now();
       const double tp_wait =
           (tp_ops_ ? tp_ops_->take_wait_seconds() : 0.0) + (zero3_ ? zero3_->take_wait_seconds() : 0.0);
-      if (slowdown_ > 1.0) {
-        std::this_thread::sleep_for(std::chrono::duration<double>((end - compute_start - tp_wait) * (slowdown_ - 1.0)));
-        end = now();
-      }
+      const double end = stretch_compute(compute_start, tp_wait);
       stats.compute_seconds += end - compute_start - tp_wait;
       stats.wait_seconds += tp_wait;
       stats.pass_seconds += end - compute_start;
@@ -335,11 +337,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       const double waited_before = stats.wait_seconds;
       optimizer(stats);
       const double waited = stats.wait_seconds - waited_before;  // the norm's and tied table's sums
-      double end = now();
-      if (slowdown_ > 1.0) {
-        std::this_thread::sleep_for(std::chrono::duration<double>((end - compute_start - waited) * (slowdown_ - 1.0)));
-        end = now();
-      }
+      const double end = stretch_compute(compute_start, waited);
       stats.compute_seconds += end - compute_start - waited;
       stats.optimizer_seconds += end - compute_start - waited;
       record(SimStream::SimStream_compute, op, index, compute_start, end);

@@ -85,6 +85,9 @@ class RankRuntime {
   void sum_sequence_parallel_norms(RankStepStats& stats);
   void sum_tied_embedding(RankStepStats& stats);
   void wait(const CommHandle& handle, RankStepStats& stats);
+  // Emulated slower devices: sleeps so the compute since `start` (less `waited` on peers)
+  // takes slowdown times as long; returns the time afterwards.
+  double stretch_compute(double start, double waited);
   void record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end);
   void reap_finished_passes(bool wait_all, RankStepStats& stats);
   // Transfers and collectives are recorded for the trace from posting until seen complete.

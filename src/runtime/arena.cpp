@@ -23,7 +23,7 @@ std::string arena_mib(int64_t bytes) {
 // accounting stays in requested (64-byte rounded) bytes.
 constexpr int64_t kHugePageBytes = int64_t{2} << 20;
 
-void* arena_system_alloc(int64_t rounded) {
+void* arena_host_allocate(int64_t rounded) {
   if (rounded < kHugePageBytes) {
     return std::aligned_alloc(kArenaAlignmentBytes, static_cast<size_t>(rounded));
   }
@@ -33,10 +33,14 @@ void* arena_system_alloc(int64_t rounded) {
   return pointer;
 }
 
+void arena_host_free(void* pointer) { std::free(pointer); }
+
 }  // namespace
 
-Arena::Arena(int64_t capacity_bytes, std::string device_name)
-    : capacity_bytes_(capacity_bytes), device_name_(std::move(device_name)) {
+ArenaMemory arena_host_memory() { return {arena_host_allocate, arena_host_free, "host"}; }
+
+Arena::Arena(int64_t capacity_bytes, std::string device_name, ArenaMemory memory)
+    : capacity_bytes_(capacity_bytes), device_name_(std::move(device_name)), memory_(memory) {
   if (capacity_bytes <= 0) {
     throw Error(fmt::format("device arena capacity must be positive, got {} bytes", capacity_bytes),
                 {}, "give the device a positive memory cap");
@@ -44,7 +48,7 @@ Arena::Arena(int64_t capacity_bytes, std::string device_name)
 }
 
 Arena::~Arena() {
-  for (auto& [pointer, bytes] : live_) std::free(pointer);
+  for (auto& [pointer, bytes] : live_) memory_.free(pointer);
   trim();
 }
 
@@ -64,15 +68,15 @@ void* Arena::allocate(int64_t bytes, const char* what) {
     pointer = cached->second;
     cached_.erase(cached);
   } else {
-    pointer = arena_system_alloc(rounded);
+    pointer = memory_.allocate(rounded);
     if (pointer == nullptr) {
       trim();
-      pointer = arena_system_alloc(rounded);
+      pointer = memory_.allocate(rounded);
     }
     if (pointer == nullptr) {
-      throw Error(fmt::format("host could not back {} of device arena for {}", arena_mib(rounded),
-                              what),
-                  {}, "lower the memory cap or free host memory");
+      throw Error(fmt::format("{} memory could not back {} of device arena for {}", memory_.kind,
+                              arena_mib(rounded), what),
+                  {}, fmt::format("lower the memory cap or free {} memory", memory_.kind));
     }
   }
   live_.emplace(pointer, rounded);
@@ -93,7 +97,7 @@ void Arena::release(void* pointer) {
 }
 
 void Arena::trim() {
-  for (auto& [bytes, pointer] : cached_) std::free(pointer);
+  for (auto& [bytes, pointer] : cached_) memory_.free(pointer);
   cached_.clear();
 }
 

@@ -17,9 +17,20 @@ inline int64_t arena_rounded_bytes(int64_t bytes) {
   return (bytes + kArenaAlignmentBytes - 1) / kArenaAlignmentBytes * kArenaAlignmentBytes;
 }
 
+// Where an arena's memory comes from: host memory (the CPU runtime) or a GPU's (cudaMalloc).
+// allocate returns nullptr when the memory is not there.
+struct ArenaMemory {
+  void* (*allocate)(int64_t bytes);
+  void (*free)(void* pointer);
+  const char* kind;  // "host" or "GPU", for error messages
+};
+
+// 64-byte aligned host memory; blocks of 2 MiB and more on transparent huge pages.
+ArenaMemory arena_host_memory();
+
 class Arena {
  public:
-  explicit Arena(int64_t capacity_bytes, std::string device_name = "cpu");
+  explicit Arena(int64_t capacity_bytes, std::string device_name = "cpu", ArenaMemory memory = arena_host_memory());
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -45,6 +56,7 @@ class Arena {
  private:
   int64_t capacity_bytes_;
   std::string device_name_;
+  ArenaMemory memory_;
   int64_t bytes_in_use_ = 0;
   int64_t peak_bytes_ = 0;
   std::unordered_map<void*, int64_t> live_;   // pointer -> rounded bytes

@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
+#include "cli/train_gpu.hpp"
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"
@@ -35,6 +36,8 @@ struct TrainCommand {
   std::string export_weights;
   std::string profile;             // the profile the plan was made with
   std::string calibrated_profile;  // where to write it corrected by this run's measurements
+  std::string device = "cpu";      // cpu, or cuda (one GPU)
+  int gpu = 0;
 };
 
 TrainSpec train_spec_from(const TrainCommand& c, const ModelSpec& model) {
@@ -174,9 +177,41 @@ void run_distributed(TrainCommand& c, const ModelSpec& model, int* exit_code) {
   }
 }
 
+void parse_single_run_options(TrainCommand& c) {
+  if (!recompute_parse(c.recompute, &c.options.recompute)) {
+    throw Error("unknown recomputation level '" + c.recompute + "'", {"", "--recompute"}, "use none, selective or full");
+  }
+  if (!c.memory_cap.empty()) {
+    std::optional<double> cap = units_parse_bytes(c.memory_cap);
+    if (!cap || *cap <= 0) throw Error("cannot read '" + c.memory_cap + "' as a memory size", {"", "--memory-cap"}, "write e.g. 2GiB");
+    c.options.memory_cap_bytes = *cap;
+  }
+}
+
+// One GPU: alone, or running a one-GPU plan (no mpirun needed).
+void run_gpu(TrainCommand& c, const ModelSpec& model, int* exit_code) {
+  if (!c.plan.empty()) check_plan_options(c);
+  for (const auto& [given, option] : {std::pair{!c.trace.empty(), "--trace"}, std::pair{!c.export_weights.empty(), "--export"},
+                                      std::pair{!c.calibrated_profile.empty(), "--calibrated-profile"}}) {
+    if (given) throw Error(fmt::format("{} is not run on the GPU yet", option), {"", option}, "drop it, or train on CPU ranks");
+  }
+  parse_single_run_options(c);
+  TrainSpec train = train_spec_from(c, model);
+  GpuTrainRequest request{c.options, c.plan, c.cluster, c.gpu};
+  train_on_gpu(model, train, request);
+  *exit_code = 0;
+}
+
 void run_train(TrainCommand& c, int* exit_code) {
   if (c.model.empty()) throw Error("no model given", {"", "--model"}, "pass --model tiny-gpt (or a config path)");
   ModelSpec model = model_load(c.model);
+  if (c.device != "cpu" && c.device != "cuda") {
+    throw Error("unknown device '" + c.device + "'", {"", "--device"}, "use cpu, or cuda for one GPU");
+  }
+  if (c.device == "cuda") {
+    run_gpu(c, model, exit_code);
+    return;
+  }
   if (!c.plan.empty()) {
     run_distributed(c, model, exit_code);
     return;
@@ -187,14 +222,7 @@ void run_train(TrainCommand& c, int* exit_code) {
                 {"", "--seq-len"}, fmt::format("use --seq-len {} or less", model.max_seq_len));
   }
   TrainSpec train = train_spec_from(c, model);
-  if (!recompute_parse(c.recompute, &c.options.recompute)) {
-    throw Error("unknown recomputation level '" + c.recompute + "'", {"", "--recompute"}, "use none, selective or full");
-  }
-  if (!c.memory_cap.empty()) {
-    std::optional<double> cap = units_parse_bytes(c.memory_cap);
-    if (!cap || *cap <= 0) throw Error("cannot read '" + c.memory_cap + "' as a memory size", {"", "--memory-cap"}, "write e.g. 2GiB");
-    c.options.memory_cap_bytes = *cap;
-  }
+  parse_single_run_options(c);
   TrainerResult result = trainer_run(model, train, c.options);
   print_summary(model, train, result);
   *exit_code = 0;
@@ -205,8 +233,8 @@ void run_train(TrainCommand& c, int* exit_code) {
 void add_train(CLI::App& app, int* exit_code) {
   auto c = std::make_shared<TrainCommand>();
   CLI::App* cmd = app.add_subcommand("train",
-                                     "Train a model (CPU, fp32) from llm.c token files: on one rank, or on every rank "
-                                     "of a plan under mpirun (--plan)");
+                                     "Train a model from llm.c token files: on one CPU rank (fp32), on every rank "
+                                     "of a plan under mpirun (--plan), or on one GPU (--device cuda, bf16)");
   cmd->add_option("--model,-m", c->model, "Model preset or config path (e.g. tiny-gpt)")->required();
   cmd->add_option("--data,-d", c->options.train_data, "Training token file (llm.c format; see `alloy tokenize`)")->required();
   cmd->add_option("--val-data", c->options.val_data, "Validation token file");
@@ -226,6 +254,9 @@ void add_train(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--memory-cap", c->memory_cap, "Arena capacity, e.g. 2GiB (training fails clearly above it)");
   cmd->add_flag("--progress,!--no-progress", c->options.progress, "Per-step line on stderr (--no-progress: none)");
+  cmd->add_option("--device", c->device, "cpu, or cuda: train on one GPU in bf16 (alone or running a one-GPU --plan)")
+      ->capture_default_str();
+  cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index")->capture_default_str();
   cmd->add_option("--plan,-p", c->plan, "Run this plan: mpirun -np <devices the plan uses> alloy train --plan plan.json ...");
   cmd->add_option("--cluster,-c", c->cluster, "The plan's cluster (preset or path; default: the plan's cluster name)");
   cmd->add_option("--trace", c->trace, "With --plan: Chrome trace of the last step of every rank");

@@ -1,0 +1,24 @@
+// `alloy train --device cuda`: training on one GPU, alone or running a one-GPU plan. Built with
+// the CUDA backend (-DALLOY_CUDA=ON); without it the command says how to get it.
+#pragma once
+
+#include <string>
+
+#include "runtime/trainer.hpp"
+#include "spec/model.hpp"
+#include "spec/train.hpp"
+
+namespace alloy::cli {
+
+struct GpuTrainRequest {
+  TrainerOptions options;  // data, batch, validation, checkpoints, log, recomputation, memory cap
+  std::string plan_path;   // a one-GPU plan whose batch, micro-batches and recomputation to run
+  std::string cluster;     // the plan's cluster (default: the plan's cluster name)
+  int gpu = 0;             // CUDA device index
+};
+
+// Trains and prints the summary (with the plan's predictions against the measurements when a
+// plan is given). Throws alloy::Error for bad input or when this build has no CUDA backend.
+void train_on_gpu(const ModelSpec& model, TrainSpec train, const GpuTrainRequest& request);
+
+}  // namespace alloy::cli

@@ -1,0 +1,164 @@
+// The GPU model against the CPU model on the same (bf16-rounded) weights and tokens: the loss and
+// every parameter's gradient after one forward and backward, for GPT-2 and LLaMA (GQA) blocks,
+// with and without full recomputation; and the GPU trainer's losses against the CPU trainer's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "../common/test_util.hpp"
+#include "cuda_test_util.hpp"
+#include "runtime/cuda/gpu_model.hpp"
+#include "runtime/cuda/gpu_trainer.hpp"
+#include "runtime/io/tokenize.hpp"
+#include "runtime/model.hpp"
+#include "spec/model.hpp"
+
+namespace alloy {
+namespace {
+
+constexpr const char* kGpt2 = R"(name: gpu-test-gpt
+family: gpt2
+layers: 2
+hidden_size: 128
+heads: 2
+ffn_hidden_size: 512
+vocab_size: 300
+max_seq_len: 96
+)";
+
+constexpr const char* kLlama = R"(name: gpu-test-llama
+family: llama
+layers: 2
+hidden_size: 256
+heads: 4
+kv_heads: 2
+ffn_hidden_size: 352
+vocab_size: 300
+max_seq_len: 96
+tied_embeddings: false
+)";
+
+ModelSpec spec_from(const char* yaml) {
+  testing::TempDir dir;
+  return model_load_file(dir.write("model.yaml", yaml));
+}
+
+std::vector<int32_t> tokens(int count, int vocab, uint64_t seed) {
+  std::vector<int32_t> out(static_cast<size_t>(count));
+  uint64_t state = seed;
+  for (int32_t& t : out) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    t = static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return out;
+}
+
+double l2(const float* x, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double{x[i]} * x[i];
+  return std::sqrt(sum);
+}
+
+struct Case {
+  const char* yaml;
+  Recompute recompute;
+  int B, T;
+};
+
+class GpuModelTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuModelTest, LossAndGradientsMatchCpuModel) {
+  ALLOY_REQUIRE_GPU();
+  const Case c = GetParam();
+  const ModelSpec spec = spec_from(c.yaml);
+  Arena host_arena(int64_t{1} << 32);
+  Model cpu(spec, host_arena);
+  model_init_weights(cpu, 11);
+  // Both sides compute from the same bf16 weights.
+  for (int64_t i = 0; i < cpu.num_parameters; ++i) cpu.params[i] = __bfloat162float(__float2bfloat16(cpu.params[i]));
+  const int N = c.B * c.T;
+  const auto inputs = tokens(N, static_cast<int>(spec.vocab_size), 1);
+  const auto targets = tokens(N, static_cast<int>(spec.vocab_size), 2);
+
+  Arena gpu_arena(int64_t{4} << 30, "gpu", cuda_arena_memory());
+  GpuModel gpu(cpu, gpu_arena, nullptr);
+  gpu.recompute.assign(static_cast<size_t>(spec.num_layers), c.recompute);
+  gpu_model_forward(gpu, inputs.data(), targets.data(), c.B, c.T, true, 1.0f);
+  std::vector<float> losses(static_cast<size_t>(N));
+  cuda_check(cudaMemcpy(losses.data(), gpu.losses, losses.size() * sizeof(float), cudaMemcpyDeviceToHost), "losses");
+  const double gpu_loss = std::accumulate(losses.begin(), losses.end(), 0.0) / N;
+  gpu_model_backward(gpu);
+  std::vector<float> gpu_grads(static_cast<size_t>(gpu.num_parameters));
+  cuda_check(cudaMemcpy(gpu_grads.data(), gpu.grads, gpu_grads.size() * sizeof(float), cudaMemcpyDeviceToHost),
+             "grads");
+  EXPECT_EQ(gpu_arena.bytes_in_use(), arena_rounded_bytes(gpu.num_parameters * 4) * 2 +
+                                          arena_rounded_bytes(gpu.num_parameters * 2) + arena_rounded_bytes(N * 4))
+      << "activations left behind after the backward";
+
+  model_zero_grad(cpu);
+  const double cpu_loss = model_forward(cpu, inputs.data(), targets.data(), c.B, c.T);
+  model_backward(cpu);
+  EXPECT_NEAR(gpu_loss, cpu_loss, 0.01 * cpu_loss);
+
+  double diff_total = 0, ref_total = 0;
+  for (const TensorView& v : cpu.views) {
+    std::vector<float> diff(static_cast<size_t>(v.numel));
+    for (int64_t i = 0; i < v.numel; ++i) diff[i] = gpu_grads[v.offset + i] - cpu.grads[v.offset + i];
+    const double err = l2(diff.data(), v.numel), ref = l2(cpu.grads + v.offset, v.numel);
+    EXPECT_LE(err, 0.1 * ref + 1e-5) << v.name << ": |gpu - cpu| " << err << " against |cpu| " << ref;
+    diff_total += err * err;
+    ref_total += ref * ref;
+  }
+  EXPECT_LE(std::sqrt(diff_total), 0.05 * std::sqrt(ref_total));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest,
+                         ::testing::Values(Case{kGpt2, Recompute::Recompute_none, 2, 80},
+                                           Case{kGpt2, Recompute::Recompute_full, 3, 33},
+                                           Case{kLlama, Recompute::Recompute_none, 2, 96},
+                                           Case{kLlama, Recompute::Recompute_full, 1, 17}));
+
+TEST(GpuModel, RejectsTokensOutsideTheVocabulary) {
+  ALLOY_REQUIRE_GPU();
+  const ModelSpec spec = spec_from(kGpt2);
+  Arena host_arena(int64_t{1} << 32);
+  Model cpu(spec, host_arena);
+  Arena gpu_arena(int64_t{1} << 30, "gpu", cuda_arena_memory());
+  GpuModel gpu(cpu, gpu_arena, nullptr);
+  std::vector<int32_t> inputs(8, 5), targets(8, 5);
+  inputs[3] = 300;
+  EXPECT_THROW(gpu_model_forward(gpu, inputs.data(), targets.data(), 1, 8, true, 1.0f), Error);
+}
+
+TEST(GpuTrainer, LossesFollowTheCpuTrainer) {
+  ALLOY_REQUIRE_GPU();
+  testing::TempDir dir;
+  const std::string text = std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt";
+  tokenize_bytes(text, dir.path() + "/data.bin", 0.0);
+  const ModelSpec spec = spec_from(kGpt2);
+  TrainSpec train;
+  train.steps = 12;
+  train.seq_len = 64;
+  train.global_batch_sequences = 8;
+  train.learning_rate = 1e-3;
+  train.warmup_steps = 2;
+  TrainerOptions common;
+  common.train_data = dir.path() + "/data.bin";
+  common.progress = false;
+  common.threads = 2;
+  const TrainerResult cpu = trainer_run(spec, train, common);
+  GpuTrainerOptions options;
+  options.common = common;
+  options.micro_batch_sequences = 4;  // two micro-batches: accumulation must not change the losses
+  const GpuTrainerResult gpu = gpu_trainer_run(spec, train, options);
+  ASSERT_EQ(gpu.run.steps.size(), cpu.steps.size());
+  EXPECT_EQ(gpu.micro_batches, 2);
+  for (size_t i = 0; i < cpu.steps.size(); ++i) {
+    EXPECT_NEAR(gpu.run.steps[i].loss, cpu.steps[i].loss, 0.02 * cpu.steps[i].loss) << "step " << i + 1;
+  }
+  EXPECT_LT(gpu.run.steps.back().loss, gpu.run.steps.front().loss - 0.5);
+}
+
+}  // namespace
+}  // namespace alloy

@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
+#include "cli/gpu_commands.hpp"
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "runtime/device_speed.hpp"
@@ -37,6 +38,8 @@ struct ProfileCommand {
   std::string output = "profile.json";
   int repeats = 5;
   int threads = 0;
+  std::string device = "cpu";
+  int gpu = 0;
 };
 
 // One line rewritten in place on a terminal; nothing when stderr is a file or pipe.
@@ -71,6 +74,11 @@ void run_profile(const ProfileCommand& c) {
   if (!c.train_file.empty()) train = train_load(c.train_file);
   train.seq_len = std::min(train.seq_len, model.max_seq_len);
   if (c.repeats < 1) throw Error("needs at least one repetition", {"", "--repeats"}, "use --repeats 3");
+  if (c.device != "cpu" && c.device != "cuda") throw Error("unknown device '" + c.device + "'", {"", "--device"}, "use cpu or cuda");
+  if (c.device == "cuda") {
+    profile_on_gpu(model, c.cluster, train, c.repeats, c.gpu, c.output);
+    return;
+  }
   std::unique_ptr<Communicator> comm = communicator_launched_by_mpi() ? communicator_mpi() : nullptr;
   const bool root = comm == nullptr || comm->rank() == 0;
   const int world = comm ? comm->world_size() : 1;
@@ -196,6 +204,9 @@ void add_profile(CLI::App& app, int* exit_code) {
   cmd->add_option("--output,-o", c->output, "Profile to write")->capture_default_str();
   cmd->add_option("--repeats", c->repeats, "Timed runs per shape (median; one warm-up run first)")->capture_default_str();
   cmd->add_option("--threads", c->threads, "Threads per rank (default: cores / ranks on this node, or ALLOY_THREADS)");
+  cmd->add_option("--device", c->device, "cpu, or cuda: measure on a GPU as the cluster's first (GPU) device type")
+      ->capture_default_str();
+  cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index")->capture_default_str();
   cmd->callback([c, exit_code]() {
     run_profile(*c);
     *exit_code = 0;

@@ -7,7 +7,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
-#include "cli/train_gpu.hpp"
+#include "cli/gpu_commands.hpp"
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"

@@ -1,6 +1,6 @@
 // `alloy train --device cuda`: one GPU, with a plan's micro-batching and recomputation when
 // given one, and the plan's predicted step time and memory set against what the run measured.
-#include "cli/train_gpu.hpp"
+#include "cli/gpu_commands.hpp"
 
 #include <fmt/core.h>
 

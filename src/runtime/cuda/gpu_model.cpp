@@ -169,6 +169,10 @@ void block_backward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const 
   norm_backward(m, d, sc.dres, sc.dln, x, w.attn_norm_w, w.attn_norm_b, a.ln1_mean, a.ln1_rstd);
 }
 
+void mark(const GpuModel& m, const std::vector<cudaEvent_t> GpuPhaseEvents::*which, size_t index) {
+  if (m.phases != nullptr) cuda_check(cudaEventRecord((m.phases->*which)[index], m.stream), "recording a phase event");
+}
+
 const bf16* block_input(const GpuModel& m, size_t layer) {
   return layer == 0 ? m.embedded : m.blocks[layer - 1].out;
 }
@@ -248,6 +252,8 @@ void gpu_model_zero_grad(GpuModel& m) {
              "zeroing gradients");
 }
 
+void gpu_model_release_activations(GpuModel& m) { release_all(m); }
+
 void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training,
                        float loss_scale) {
   model_check_tokens(*m.host, inputs, targets, B, T);
@@ -265,9 +271,11 @@ void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* target
   give(m, m.losses);
   m.losses = take<float>(m, d.N, "losses");
 
+  const size_t L = m.recompute.size();
+  mark(m, &GpuPhaseEvents::forward, 0);
   m.embedded = take<bf16>(m, int64_t{d.N} * d.C, "embedding.out");
   cuda_embedding_forward(m.embedded, m.tokens, m.weight(w.token), m.weight(w.position), B, T, d.C, s);
-  const size_t L = m.recompute.size();
+  mark(m, &GpuPhaseEvents::forward, 1);
   m.blocks.assign(L, GpuBlockActivations{});
   for (size_t layer = 0; layer < L; ++layer) {
     GpuBlockActivations& a = m.blocks[layer];
@@ -276,6 +284,7 @@ void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* target
     // Without a backward to follow, or under full recomputation, only the output stays.
     if (!training || m.recompute[layer] == Recompute::Recompute_full) release_block_internals(m, a);
     if (!training && layer > 0) give(m, m.blocks[layer - 1].out);
+    mark(m, &GpuPhaseEvents::forward, 2 + layer);
   }
   m.lnf = take<bf16>(m, int64_t{d.N} * d.C, "final_norm.out");
   if (d.gpt2) m.lnf_mean = take<float>(m, d.N, "final_norm.mean");
@@ -284,6 +293,7 @@ void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* target
   m.logits = take<bf16>(m, int64_t{d.N} * d.ld, "logits");
   m.matmul.forward(m.logits, m.lnf, m.weight(w.lm_head), nullptr, nullptr, d.N, d.C, d.V, d.ld, s);
   cuda_crossentropy(m.logits, m.losses, m.targets, d.N, d.V, d.ld, loss_scale / static_cast<float>(d.N), training, s);
+  mark(m, &GpuPhaseEvents::forward, L + 2);
   if (!training) release_all(m);
 }
 
@@ -305,6 +315,8 @@ void gpu_model_backward(GpuModel& m) {
   sc.attention_workspace =
       m.arena->allocate(cuda_attention_backward_workspace_bytes(d.B, d.T, d.Hq, d.Hkv, d.D), "attention workspace");
 
+  const size_t L = m.blocks.size();
+  mark(m, &GpuPhaseEvents::backward, 0);
   // Head: logits hold dlogits; dres = norm backward of dlnf.
   m.matmul.backward_input(sc.dln, m.logits, m.weight(w.lm_head), d.N, d.C, d.V, d.ld, false, s);
   m.matmul.backward_weight(m.gradient(w.lm_head), m.logits, m.lnf, d.N, d.C, d.V, d.ld, s);
@@ -312,8 +324,9 @@ void gpu_model_backward(GpuModel& m) {
   const bf16* top = m.blocks.back().out;
   norm_backward(m, d, sc.dres, sc.dln, top, w.final_norm_w, w.final_norm_b, m.lnf_mean, m.lnf_rstd);
   release_head(m);
+  mark(m, &GpuPhaseEvents::backward, 1);
 
-  for (size_t layer = m.blocks.size(); layer-- > 0;) {
+  for (size_t layer = L; layer-- > 0;) {
     GpuBlockActivations& a = m.blocks[layer];
     const bf16* x = block_input(m, layer);
     if (m.recompute[layer] == Recompute::Recompute_full) {
@@ -323,8 +336,10 @@ void gpu_model_backward(GpuModel& m) {
     block_backward(m, d, w.blocks[layer], x, a, sc);
     release_block_internals(m, a);
     give(m, a.out);
+    mark(m, &GpuPhaseEvents::backward, 2 + (L - 1 - layer));
   }
   cuda_embedding_backward(m.gradient(w.token), m.gradient(w.position), sc.dres, m.tokens, d.B, d.T, d.C, s);
+  mark(m, &GpuPhaseEvents::backward, L + 2);
 
   m.arena->release(sc.attention_workspace);
   for (bf16** buffer : {&sc.dres, &sc.dact, &sc.dup, &sc.dln, &sc.dcontext, &sc.dqkv}) give(m, *buffer);

@@ -32,6 +32,14 @@ struct GpuBlockActivations {
   bf16* out = nullptr;         // (N, C), kept at every recomputation level
 };
 
+// Events a profiler has the passes record at their phase boundaries (L blocks):
+//   forward:  [0] start, [1] after the embedding, [2 + l] after block l, [L + 2] after the head
+//   backward: [0] start, [1] after the head, [2 + k] after the k-th block down, [L + 2] after the embedding
+struct GpuPhaseEvents {
+  std::vector<cudaEvent_t> forward;   // L + 3
+  std::vector<cudaEvent_t> backward;  // L + 3
+};
+
 struct GpuModel {
   // host: the CPU model whose layout (views) and initial weights this copies; it stays the host
   // side of checkpoints and must outlive this. device_arena: GPU memory.
@@ -49,6 +57,7 @@ struct GpuModel {
   float* grads = nullptr;          // (num_parameters) fp32
   bf16* weights = nullptr;         // (num_parameters) bf16 compute copy of params
   std::vector<Recompute> recompute;  // one per block
+  GpuPhaseEvents* phases = nullptr;  // recorded when set (alloy profile --device cuda)
 
   // The device copy of one of host's tensors (a pointer into host->params): the bf16 weight or
   // the fp32 gradient at the same offset; nullptr for nullptr.
@@ -73,6 +82,8 @@ void gpu_model_upload(GpuModel& model);
 // Copies the GPU's fp32 params into host->params (for checkpoints and exports).
 void gpu_model_download(GpuModel& model);
 void gpu_model_zero_grad(GpuModel& model);
+// Frees every activation of the last pass (after a failed one, or a forward without backward).
+void gpu_model_release_activations(GpuModel& model);
 
 // inputs, targets: (B, T) host token ids -> per-token losses in model.losses (device, N floats,
 // not yet synchronised). training: also turns the logits into dlogits scaled by loss_scale / N,

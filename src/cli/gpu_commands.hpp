@@ -1,5 +1,5 @@
-// `alloy train --device cuda`: training on one GPU, alone or running a one-GPU plan. Built with
-// the CUDA backend (-DALLOY_CUDA=ON); without it the command says how to get it.
+// The GPU sides of `alloy train` and `alloy profile` (--device cuda). Built with the CUDA backend
+// (-DALLOY_CUDA=ON); without it each says how to get it.
 #pragma once
 
 #include <string>
@@ -20,5 +20,10 @@ struct GpuTrainRequest {
 // Trains and prints the summary (with the plan's predictions against the measurements when a
 // plan is given). Throws alloy::Error for bad input or when this build has no CUDA backend.
 void train_on_gpu(const ModelSpec& model, TrainSpec train, const GpuTrainRequest& request);
+
+// Measures the model's layer times and optimizer rate on GPU `gpu` and writes them to `output`
+// as the profile of the device type of the cluster's first device (a GPU type).
+void profile_on_gpu(const ModelSpec& model, const std::string& cluster_name, const TrainSpec& train, int repeats,
+                    int gpu, const std::string& output);
 
 }  // namespace alloy::cli

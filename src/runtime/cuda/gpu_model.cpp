@@ -212,6 +212,10 @@ GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t co
   params = take<float>(*this, num_parameters, "parameters (fp32)");
   grads = take<float>(*this, num_parameters, "gradients (fp32)");
   weights = take<bf16>(*this, num_parameters, "weights (bf16 copy)");
+  const int64_t head_elements = int64_t{gpu_logits_ld(s.vocab_size)} * s.hidden_size;
+  head_weight = take<bf16>(*this, head_elements, "lm_head (bf16, padded)");
+  cuda_check(cudaMemsetAsync(head_weight, 0, static_cast<size_t>(head_elements) * sizeof(bf16), stream),
+             "zeroing the padded head");
   recompute.assign(static_cast<size_t>(s.num_layers), Recompute::Recompute_none);
   gpu_model_upload(*this);
   gpu_model_zero_grad(*this);
@@ -220,6 +224,7 @@ GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t co
 GpuModel::~GpuModel() {
   release_all(*this);
   give(*this, losses);
+  give(*this, head_weight);
   give(*this, weights);
   give(*this, grads);
   give(*this, params);
@@ -237,7 +242,16 @@ void gpu_model_upload(GpuModel& m) {
   const size_t bytes = static_cast<size_t>(m.num_parameters) * sizeof(float);
   cuda_check(cudaMemcpyAsync(m.params, m.host->params, bytes, cudaMemcpyHostToDevice, m.stream), "uploading weights");
   cuda_float_to_bf16(m.weights, m.params, m.num_parameters, m.stream);
+  gpu_model_refresh_head(m);
   cuda_check(cudaStreamSynchronize(m.stream), "uploading weights");
+}
+
+void gpu_model_refresh_head(GpuModel& m) {
+  const ModelSpec& s = m.host->spec;
+  const size_t bytes = static_cast<size_t>(s.vocab_size * s.hidden_size) * sizeof(bf16);
+  cuda_check(cudaMemcpyAsync(m.head_weight, m.weight(m.host->weights.lm_head), bytes, cudaMemcpyDeviceToDevice,
+                             m.stream),
+             "refreshing the padded head");
 }
 
 void gpu_model_download(GpuModel& m) {
@@ -291,7 +305,8 @@ void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* target
   m.lnf_rstd = take<float>(m, d.N, "final_norm.rstd");
   norm_forward(m, d, m.lnf, m.lnf_mean, m.lnf_rstd, m.blocks.back().out, w.final_norm_w, w.final_norm_b);
   m.logits = take<bf16>(m, int64_t{d.N} * d.ld, "logits");
-  m.matmul.forward(m.logits, m.lnf, m.weight(w.lm_head), nullptr, nullptr, d.N, d.C, d.V, d.ld, s);
+  // Over the padded vocabulary: columns [V, ld) come out 0 and the loss ignores them.
+  m.matmul.forward(m.logits, m.lnf, m.head_weight, nullptr, nullptr, d.N, d.C, d.ld, d.ld, s);
   cuda_crossentropy(m.logits, m.losses, m.targets, d.N, d.V, d.ld, loss_scale / static_cast<float>(d.N), training, s);
   mark(m, &GpuPhaseEvents::forward, L + 2);
   if (!training) release_all(m);
@@ -318,7 +333,7 @@ void gpu_model_backward(GpuModel& m) {
   const size_t L = m.blocks.size();
   mark(m, &GpuPhaseEvents::backward, 0);
   // Head: logits hold dlogits; dres = norm backward of dlnf.
-  m.matmul.backward_input(sc.dln, m.logits, m.weight(w.lm_head), d.N, d.C, d.V, d.ld, false, s);
+  m.matmul.backward_input(sc.dln, m.logits, m.head_weight, d.N, d.C, d.ld, d.ld, false, s);
   m.matmul.backward_weight(m.gradient(w.lm_head), m.logits, m.lnf, d.N, d.C, d.V, d.ld, s);
   cuda_check(cudaMemsetAsync(sc.dres, 0, static_cast<size_t>(NC) * sizeof(bf16), s), "zeroing d residual");
   const bf16* top = m.blocks.back().out;

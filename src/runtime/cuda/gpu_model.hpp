@@ -56,6 +56,8 @@ struct GpuModel {
   float* params = nullptr;         // (num_parameters) fp32 master weights
   float* grads = nullptr;          // (num_parameters) fp32
   bf16* weights = nullptr;         // (num_parameters) bf16 compute copy of params
+  bf16* head_weight = nullptr;     // (ld, C) the LM head's bf16 rows, zero past the vocabulary:
+                                   // products over an aligned vocabulary run ~7x faster
   std::vector<Recompute> recompute;  // one per block
   GpuPhaseEvents* phases = nullptr;  // recorded when set (alloy profile --device cuda)
 
@@ -79,6 +81,8 @@ struct GpuModel {
 
 // Copies host->params to the GPU (fp32 and the bf16 copy).
 void gpu_model_upload(GpuModel& model);
+// Copies the LM head's bf16 weights into head_weight (after every optimizer step).
+void gpu_model_refresh_head(GpuModel& model);
 // Copies the GPU's fp32 params into host->params (for checkpoints and exports).
 void gpu_model_download(GpuModel& model);
 void gpu_model_zero_grad(GpuModel& model);

@@ -89,15 +89,15 @@ double datasheet_bf16_flops(const std::string& device_name) {
 }
 
 // Mean loss over the validation batches (forward only).
-double gpu_validation_loss(GpuModel& model, const BatchLoader& val, int64_t batches, std::vector<int32_t>& inputs,
-                           std::vector<int32_t>& targets, PinnedBuffer<float>& losses) {
+double gpu_validation_loss(GpuModel& model, const BatchLoader& val, int64_t batches, int32_t* inputs, int32_t* targets,
+                           PinnedBuffer<float>& losses) {
   const int B = static_cast<int>(val.local_batch_size());
   const int T = static_cast<int>(val.options().seq_len);
   const int64_t count = std::max<int64_t>(1, std::min<int64_t>(batches, val.batches_per_epoch()));
   double sum = 0;
   for (int64_t k = 0; k < count; ++k) {
-    batch_loader_read(val, static_cast<uint64_t>(k), inputs.data(), targets.data());
-    gpu_model_forward(model, inputs.data(), targets.data(), B, T, false, 1.0f);
+    batch_loader_read(val, static_cast<uint64_t>(k), inputs, targets);
+    gpu_model_forward(model, inputs, targets, B, T, false, 1.0f);
     cuda_check(cudaMemcpyAsync(losses.get(), model.losses, static_cast<size_t>(B) * T * sizeof(float),
                                cudaMemcpyDeviceToHost, model.stream),
                "copying losses");
@@ -167,14 +167,15 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
   const double flops_per_token = model_flops_per_token(spec, train.seq_len).training;
   const int Bm = static_cast<int>(micro), T = static_cast<int>(train.seq_len);
   const int64_t step_tokens = batch * T;
-  std::vector<int32_t> inputs(static_cast<size_t>(step_tokens)), targets(inputs.size());
+  // Pinned, so the token uploads of every micro-batch are truly asynchronous.
+  PinnedBuffer<int32_t> inputs(step_tokens), targets(step_tokens);
   PinnedBuffer<float> losses(step_tokens);
   float* norm_squared = arena.allocate_floats(1, "gradient norm");
   PinnedBuffer<float> norm_host(1);
   const std::vector<DecayRange> ranges = decay_ranges(host);
   StepLog log(o.common.log_path);
   if (data.val && !o.common.resume) {
-    result.initial_val_loss = gpu_validation_loss(model, *data.val, o.common.val_batches, inputs, targets, losses);
+    result.initial_val_loss = gpu_validation_loss(model, *data.val, o.common.val_batches, inputs.get(), targets.get(), losses);
   }
 
   auto save = [&](int64_t step) {
@@ -195,12 +196,12 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
   std::vector<double> step_seconds;
   for (int64_t step = result.first_step + 1; step <= train.steps; ++step) {
     const auto start = Clock::now();
-    batch_loader_next(data.train, inputs.data(), targets.data());
+    batch_loader_next(data.train, inputs.get(), targets.get());
     gpu_model_zero_grad(model);
     const int64_t micro_tokens = int64_t{Bm} * T;
     for (int64_t k = 0; k < out.micro_batches; ++k) {
       const size_t at = static_cast<size_t>(k * micro_tokens);
-      gpu_model_forward(model, inputs.data() + at, targets.data() + at, Bm, T, true,
+      gpu_model_forward(model, inputs.get() + at, targets.get() + at, Bm, T, true,
                         1.0f / static_cast<float>(out.micro_batches));
       cuda_check(cudaMemcpyAsync(losses.get() + at, model.losses, static_cast<size_t>(micro_tokens) * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream),
@@ -223,6 +224,7 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
                         static_cast<float>(train.beta2), static_cast<float>(train.adam_eps),
                         r.decay ? static_cast<float>(train.weight_decay) : 0.0f, clip, optimizer.step, stream);
     }
+    gpu_model_refresh_head(model);
     cuda_check(cudaStreamSynchronize(stream), "the optimizer step");
     double loss_sum = 0;
     for (int64_t i = 0; i < step_tokens; ++i) loss_sum += losses.get()[i];
@@ -239,7 +241,7 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
     step_seconds.push_back(report.step_seconds);
     const bool last = step == train.steps;
     if (data.val && ((o.common.val_every > 0 && step % o.common.val_every == 0) || last)) {
-      report.val_loss = gpu_validation_loss(model, *data.val, o.common.val_batches, inputs, targets, losses);
+      report.val_loss = gpu_validation_loss(model, *data.val, o.common.val_batches, inputs.get(), targets.get(), losses);
       if (last) result.final_val_loss = report.val_loss;
     }
     if (!o.common.checkpoint_dir.empty() && ((o.common.checkpoint_every > 0 && step % o.common.checkpoint_every == 0) || last)) {

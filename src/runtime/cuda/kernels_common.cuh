@@ -34,20 +34,25 @@ inline int grid_stride_blocks(int64_t items) {
   return static_cast<int>(wanted < resident ? wanted : resident);
 }
 
-// Launch shape for kernels over (rows, packs_per_row): x covers the packs of a row, y the rows
-// (each block loops over rows with stride gridDim.y, so any row count fits).
+// Launch shape for kernels over (rows, packs_per_row): threadIdx.x / blockIdx.x cover the packs of
+// a row, threadIdx.y / blockIdx.y the rows, which each thread loops over from row_first() with
+// stride row_stride(), so any row count fits.
 struct RowLaunch {
   dim3 grid;
   dim3 block;
 };
 
 inline RowLaunch row_launch(int64_t rows, int64_t packs_per_row) {
-  // As few blocks per row as 256 threads allow, their threads split evenly (in whole warps).
+  // As few blocks per row as 256 threads allow, their threads split evenly (in whole warps);
+  // short rows share a block so that it still has about 256 threads.
   const int64_t blocks_x = (packs_per_row + 255) / 256;
   const int64_t per_block = (packs_per_row + blocks_x - 1) / blocks_x;
-  const int64_t threads = (per_block + kWarpSize - 1) / kWarpSize * kWarpSize;
-  const int64_t blocks_y = rows < 65535 ? rows : 65535;
-  return {dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y)), dim3(static_cast<unsigned>(threads))};
+  const int64_t threads_x = (per_block + kWarpSize - 1) / kWarpSize * kWarpSize;
+  const int64_t rows_per_block = 256 / threads_x;
+  const int64_t wanted_y = (rows + rows_per_block - 1) / rows_per_block;
+  const int64_t blocks_y = wanted_y < 65535 ? wanted_y : 65535;
+  return {dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y)),
+          dim3(static_cast<unsigned>(threads_x), static_cast<unsigned>(rows_per_block))};
 }
 
 // ---- device side ---------------------------------------------------------------------------
@@ -145,6 +150,10 @@ __device__ __forceinline__ void store_floats(float* p, const float (&x)[W]) {
     for (int j = 0; j < W; ++j) p[j] = x[j];
   }
 }
+
+// The first row of this thread and the stride of its row loop, for launches by row_launch.
+__device__ __forceinline__ int64_t row_first() { return static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; }
+__device__ __forceinline__ int64_t row_stride() { return static_cast<int64_t>(gridDim.y) * blockDim.y; }
 
 // Index of this thread in a 1-D grid, and the grid-stride step.
 __device__ __forceinline__ int64_t thread_index() {

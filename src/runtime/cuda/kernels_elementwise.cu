@@ -87,13 +87,13 @@ __global__ void bf16_to_float_kernel(float* out, const bf16* in, int64_t packs) 
   }
 }
 
-// Rows of (N, F) packs: x indexes packs of W within the row, y rows (stride gridDim.y).
+// Launched by row_launch over (N, F / W): x indexes packs of W within the row, y the rows.
 // inp rows are [gate (F), up (F)].
 template <int W>
 __global__ void swiglu_forward_kernel(bf16* out, const bf16* inp, int64_t N, int F) {
   const int f = (blockIdx.x * blockDim.x + threadIdx.x) * W;
   if (f >= F) return;
-  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+  for (int64_t n = row_first(); n < N; n += row_stride()) {
     const bf16* gate = inp + n * 2 * F;
     float g[W];
     float u[W];
@@ -109,7 +109,7 @@ template <int W>
 __global__ void swiglu_backward_kernel(bf16* dinp, const bf16* inp, const bf16* dout, int64_t N, int F) {
   const int f = (blockIdx.x * blockDim.x + threadIdx.x) * W;
   if (f >= F) return;
-  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+  for (int64_t n = row_first(); n < N; n += row_stride()) {
     const bf16* gate = inp + n * 2 * F;
     float g[W];
     float u[W];
@@ -131,7 +131,7 @@ __global__ void swiglu_backward_kernel(bf16* dinp, const bf16* inp, const bf16* 
   }
 }
 
-// x: pair index i in [0, D/2), y: rows bt of (B T) with stride gridDim.y; R = (Hq + 2 Hkv) D.
+// Launched by row_launch over (B T, D / 2): x is the pair index i, y the row bt; R = (Hq + 2 Hkv) D.
 // The angle is computed in double, as the CPU's tables are, and turns the pair (i, i + D/2) of
 // each of the `heads` = Hq + Hkv rotated heads of the row. sign +1: forward; -1: its transpose.
 __global__ void rope_kernel(bf16* qkv, int64_t rows, int T, int heads, int D, int64_t R, float theta, float sign) {
@@ -139,7 +139,7 @@ __global__ void rope_kernel(bf16* qkv, int64_t rows, int T, int heads, int D, in
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= half) return;
   const double inv_freq = pow(static_cast<double>(theta), -2.0 * i / D);
-  for (int64_t bt = blockIdx.y; bt < rows; bt += gridDim.y) {
+  for (int64_t bt = row_first(); bt < rows; bt += row_stride()) {
     double sin_angle = 0.0;
     double cos_angle = 0.0;
     sincos(static_cast<double>(bt % T) * inv_freq, &sin_angle, &cos_angle);

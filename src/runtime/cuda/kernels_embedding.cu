@@ -10,13 +10,13 @@ namespace {
 
 using namespace kernel_util;
 
-// x: packs of W within a row of C, y: rows bt of (B T) with stride gridDim.y.
+// Launched by row_launch over (B T, C / W): x indexes packs of W within a row, y the rows bt.
 template <int W>
 __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const bf16* wte, const bf16* wpe,
                                          int64_t rows, int T, int C) {
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * W;
   if (c >= C) return;
-  for (int64_t bt = blockIdx.y; bt < rows; bt += gridDim.y) {
+  for (int64_t bt = row_first(); bt < rows; bt += row_stride()) {
     float x[W];
     load_bf16<W>(x, wte + static_cast<int64_t>(tokens[bt]) * C + c);
     if (wpe != nullptr) {
@@ -29,7 +29,7 @@ __global__ void embedding_forward_kernel(bf16* out, const int32_t* tokens, const
   }
 }
 
-// x: column c, y: positions t with stride gridDim.y. The thread walks the batch at (t, c): one
+// Launched by row_launch over (T, C): x is the column c, y the position t. The thread walks the batch at (t, c): one
 // atomicAdd per element into dwte (tokens repeat), and the position's sum added to dwpe once
 // (no other thread touches dwpe[t, c]). Neighbouring threads add to neighbouring floats, so the
 // atomics of a warp coalesce.
@@ -37,7 +37,7 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const bf16* 
                                           int T, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  for (int t = blockIdx.y; t < T; t += gridDim.y) {
+  for (int64_t t = row_first(); t < T; t += row_stride()) {
     float position_sum = 0.0f;
     for (int b = 0; b < B; ++b) {
       const int64_t bt = static_cast<int64_t>(b) * T + t;
@@ -45,7 +45,7 @@ __global__ void embedding_backward_kernel(float* dwte, float* dwpe, const bf16* 
       atomicAdd(dwte + static_cast<int64_t>(tokens[bt]) * C + c, g);
       position_sum += g;
     }
-    if (dwpe != nullptr) dwpe[static_cast<int64_t>(t) * C + c] += position_sum;
+    if (dwpe != nullptr) dwpe[t * C + c] += position_sum;
   }
 }
 

@@ -39,38 +39,57 @@ __global__ void attention_dq_convert_kernel(bf16* dqkv, const float* dq_accum, i
   dqkv[row * (width + 2LL * Hkv * D) + col] = __float2bfloat16(dq_accum[i] * scale);
 }
 
-// Dynamic shared memory of the main kernel: K, V, Q, dO tiles (64, D + 8), the dS^T tile
-// (64 keys, 64 + 8 queries), and lse and delta of the 64 queries.
+// Buffers of query tiles: with two, the next tile loads while the current one is processed; at
+// D = 128 two would need just over half of an SM's 228 KiB, halving the blocks per SM.
+template <int D>
+constexpr int backward_buffers() { return D == 64 ? 2 : 1; }
+
+// Dynamic shared memory of the main kernel: K and V tiles (64, D + 8); per buffer, Q and dO tiles
+// (64, D + 8) and lse and delta of the 64 queries; the dS^T tile (64 keys, 64 + 8 queries).
 template <int D>
 constexpr int backward_smem_bytes() {
-  return 4 * kTile * padded_cols<D>() * 2 + kTile * padded_cols<kTile>() * 2 + 2 * kTile * 4;
+  return (2 + 2 * backward_buffers<D>()) * kTile * padded_cols<D>() * 2 + kTile * padded_cols<kTile>() * 2 +
+         backward_buffers<D>() * 2 * kTile * 4;
+}
+
+// Adds the pair (x, y) to dst[0], dst[1] (8-byte aligned): one vector atomic where the GPU has it.
+__device__ __forceinline__ void atomic_add_pair(float* dst, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+#endif
 }
 
 // grid (B Hkv, ceil(T / 64)), 128 threads, backward_smem_bytes<D>() of dynamic shared memory.
 // Block (x, y) owns keys [64 y, 64 y + 64) of key/value head x % Hkv and loops over the query heads
-// of that group and the query tiles from y on; warp w owns keys 64 y + 16 w + [0, 16) for dK, dV
-// and queries 16 w + [0, 16) of the current query tile for dQ.
+// of that group and, for each, the query tiles from y on; warp w owns keys 64 y + 16 w + [0, 16)
+// for dK, dV and queries 16 w + [0, 16) of the current query tile for dQ.
 template <int D>
-__global__ void __launch_bounds__(kThreads) attention_backward_kernel(bf16* dqkv, float* dq_accum, const bf16* dout,
+__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attention_backward_kernel(bf16* dqkv, float* dq_accum, const bf16* dout,
                                                                       const bf16* qkv, const float* lse,
                                                                       const float* delta, int T, int Hq, int Hkv,
                                                                       float scale) {
   constexpr int ld = padded_cols<D>();
   constexpr int ld_s = padded_cols<kTile>();
+  constexpr int buffers = backward_buffers<D>();
+  static_assert(kThreads == 2 * kTile, "load_step gives lse to threads [0, 64) and delta to [64, 128)");
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* k_tile = reinterpret_cast<bf16*>(smem);      // (64 keys, D)
-  bf16* v_tile = k_tile + kTile * ld;                // (64 keys, D)
-  bf16* q_tile = v_tile + kTile * ld;                // (64 queries, D)
-  bf16* do_tile = q_tile + kTile * ld;               // (64 queries, D)
-  bf16* ds_tile = do_tile + kTile * ld;              // (64 keys, 64 queries): dS^T
-  float* lse_tile = reinterpret_cast<float*>(ds_tile + kTile * ld_s);  // (64 queries)
-  float* delta_tile = lse_tile + kTile;                                // (64 queries)
+  bf16* k_tile = reinterpret_cast<bf16*>(smem);         // (64 keys, D)
+  bf16* v_tile = k_tile + kTile * ld;                   // (64 keys, D)
+  bf16* q_buffers = v_tile + kTile * ld;                // buffers x (64 queries, D)
+  bf16* do_buffers = q_buffers + buffers * kTile * ld;  // buffers x (64 queries, D)
+  bf16* ds_tile = do_buffers + buffers * kTile * ld;    // (64 keys, 64 queries): dS^T
+  float* lse_buffers = reinterpret_cast<float*>(ds_tile + kTile * ld_s);  // buffers x (64 queries)
+  float* delta_buffers = lse_buffers + buffers * kTile;                   // buffers x (64 queries)
 
   const int b = static_cast<int>(blockIdx.x) / Hkv, kv_head = static_cast<int>(blockIdx.x) % Hkv;
   const int group = Hq / Hkv;
   const int key_tile = static_cast<int>(blockIdx.y);
   const int k0 = key_tile * kTile;
-  const int tiles = static_cast<int>(gridDim.y);
+  const int q_tiles = static_cast<int>(gridDim.y) - key_tile;  // query tiles per query head
+  const int steps = group * q_tiles;
   const int64_t R = static_cast<int64_t>(Hq + 2 * Hkv) * D;
   const int64_t out_stride = static_cast<int64_t>(Hq) * D;
   const bf16* batch = qkv + static_cast<int64_t>(b) * T * R;
@@ -79,145 +98,168 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(bf16* dqkv
   const int g = lane / 4, t = lane % 4;
   const float log2_scale = scale * kLog2e;
 
+  // Step i covers query head kv_head * group + i / q_tiles, query tile key_tile + i % q_tiles.
+  auto load_step = [&](int step) {
+    const int h = kv_head * group + step / q_tiles;
+    const int q0 = (key_tile + step % q_tiles) * kTile;
+    const int buffer = step % buffers;
+    tile_load_async<D>(q_buffers + buffer * kTile * ld, batch + static_cast<int64_t>(h) * D, R, q0, T);
+    tile_load_async<D>(do_buffers + buffer * kTile * ld,
+                       dout + static_cast<int64_t>(b) * T * out_stride + static_cast<int64_t>(h) * D, out_stride,
+                       q0, T);
+    const int query = q0 + tid % kTile;
+    const int64_t at = (static_cast<int64_t>(b) * Hq + h) * T + (query < T ? query : 0);
+    if (tid < kTile) {
+      cp_async_4(lse_buffers + buffer * kTile + tid, lse + at, query < T ? 4 : 0);
+    } else {
+      cp_async_4(delta_buffers + buffer * kTile + tid - kTile, delta + at, query < T ? 4 : 0);
+    }
+  };
+
   tile_load_async<D>(k_tile, batch + static_cast<int64_t>(Hq + kv_head) * D, R, k0, T);
   tile_load_async<D>(v_tile, batch + static_cast<int64_t>(Hq + Hkv + kv_head) * D, R, k0, T);
+  load_step(0);
   cp_async_commit();
 
   // Accumulator row i of this lane: key k0 + 16 warp + g + 8 i; column 8 n + 2t (+1) of D.
   float dk_acc[D / 8][4] = {};
   float dv_acc[D / 8][4] = {};
 
-  for (int hg = 0; hg < group; ++hg) {
-    const int h = kv_head * group + hg;
-    for (int qt = key_tile; qt < tiles; ++qt) {
-      const int q0 = qt * kTile;
-      tile_load_async<D>(q_tile, batch + static_cast<int64_t>(h) * D, R, q0, T);
-      tile_load_async<D>(do_tile, dout + static_cast<int64_t>(b) * T * out_stride + static_cast<int64_t>(h) * D,
-                         out_stride, q0, T);
+  for (int step = 0; step < steps; ++step) {
+    if constexpr (buffers == 2) {
+      // The next step's tiles go to the other buffer, free since the previous step's last barrier.
+      if (step + 1 < steps) load_step(step + 1);
       cp_async_commit();
-      if (tid < kTile) {
-        const int query = q0 + tid;
-        const int64_t at = (static_cast<int64_t>(b) * Hq + h) * T + query;
-        lse_tile[tid] = query < T ? lse[at] : 0.0f;
-        delta_tile[tid] = query < T ? delta[at] : 0.0f;
-      }
+      cp_async_wait<1>();  // this step's tiles (and K, V) have landed
+    } else {
       cp_async_wait<0>();
-      __syncthreads();
+    }
+    __syncthreads();
 
-      // S^T = K Q^T: 16 keys x 64 queries; n-tile n covers queries q0 + 8 n + [0, 8).
-      float s[8][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t k_frag[4];
-        load_a(k_frag, k_tile, ld, warp * 16, kk * 16);
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t qb[4];
-          load_b_rows_n(qb, q_tile, ld, np * 16, kk * 16);
-          mma_bf16(s[2 * np], k_frag, qb[0], qb[1]);
-          mma_bf16(s[2 * np + 1], k_frag, qb[2], qb[3]);
-        }
-      }
-      // P^T = exp(S^T scale - lse): zero above the diagonal (key > query) and for queries >= T,
-      // which only the diagonal tile and the last tile hold.
-      const bool masked = qt == key_tile || qt == tiles - 1;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int query_local = n * 8 + 2 * t + (e & 1);
-          const int query = q0 + query_local, key = k0 + warp * 16 + g + (e >> 1) * 8;
-          const float p = exp2f(s[n][e] * log2_scale - lse_tile[query_local] * kLog2e);
-          s[n][e] = masked && (key > query || query >= T) ? 0.0f : p;
-        }
-      }
+    const int h = kv_head * group + step / q_tiles;
+    const int qt = key_tile + step % q_tiles;
+    const int q0 = qt * kTile;
+    const bf16* q_tile = q_buffers + (step % buffers) * kTile * ld;
+    const bf16* do_tile = do_buffers + (step % buffers) * kTile * ld;
+    const float* lse_tile = lse_buffers + (step % buffers) * kTile;
+    const float* delta_tile = delta_buffers + (step % buffers) * kTile;
 
-      // dV += P^T dO: P^T (16 keys x 64 queries) as A fragments from the accumulators.
+    // S^T = K Q^T: 16 keys x 64 queries; n-tile n covers queries q0 + 8 n + [0, 8).
+    float s[8][4] = {};
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t p_frag[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                    pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                    pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t k_frag[4];
+      load_a(k_frag, k_tile, ld, warp * 16, kk * 16);
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t dob[4];
-          load_b_rows_k(dob, do_tile, ld, dp * 16, kk * 16);
-          mma_bf16(dv_acc[2 * dp], p_frag, dob[0], dob[1]);
-          mma_bf16(dv_acc[2 * dp + 1], p_frag, dob[2], dob[3]);
-        }
+      for (int np = 0; np < 4; ++np) {
+        uint32_t qb[4];
+        load_b_rows_n(qb, q_tile, ld, np * 16, kk * 16);
+        mma_bf16(s[2 * np], k_frag, qb[0], qb[1]);
+        mma_bf16(s[2 * np + 1], k_frag, qb[2], qb[3]);
       }
+    }
+    // P^T = exp(S^T scale - lse): zero above the diagonal (key > query) and for queries >= T,
+    // which only the diagonal tile and the last tile hold.
+    const bool masked = qt == key_tile || qt == static_cast<int>(gridDim.y) - 1;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int query_local = n * 8 + 2 * t + (e & 1);
+        const int query = q0 + query_local, key = k0 + warp * 16 + g + (e >> 1) * 8;
+        const float p = exp2f(s[n][e] * log2_scale - lse_tile[query_local] * kLog2e);
+        s[n][e] = masked && (key > query || query >= T) ? 0.0f : p;
+      }
+    }
 
-      // dP^T = V dO^T: 16 keys x 64 queries.
-      float dpt[8][4] = {};
+    // dV += P^T dO: P^T (16 keys x 64 queries) as A fragments from the accumulators.
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t v_frag[4];
-        load_a(v_frag, v_tile, ld, warp * 16, kk * 16);
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t p_frag[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                  pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t dob[4];
-          load_b_rows_n(dob, do_tile, ld, np * 16, kk * 16);
-          mma_bf16(dpt[2 * np], v_frag, dob[0], dob[1]);
-          mma_bf16(dpt[2 * np + 1], v_frag, dob[2], dob[3]);
-        }
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t dob[4];
+        load_b_rows_k(dob, do_tile, ld, dp * 16, kk * 16);
+        mma_bf16(dv_acc[2 * dp], p_frag, dob[0], dob[1]);
+        mma_bf16(dv_acc[2 * dp + 1], p_frag, dob[2], dob[3]);
       }
-      // dS^T = P^T (dP^T - delta), into dpt and, as bf16, into ds_tile for the dQ product.
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[n][e] = s[n][e] * (dpt[n][e] - delta_tile[n * 8 + 2 * t + (e & 1)]);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          *reinterpret_cast<uint32_t*>(ds_tile + (warp * 16 + g + 8 * i) * ld_s + n * 8 + 2 * t) =
-              pack_bf16(dpt[n][2 * i], dpt[n][2 * i + 1]);
-        }
-      }
+    }
 
-      // dK += dS^T Q (the scale is applied once at the end).
+    // dP^T = V dO^T: 16 keys x 64 queries.
+    float dpt[8][4] = {};
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t ds_frag[4] = {pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]),
-                                     pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]),
-                                     pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                                     pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t v_frag[4];
+      load_a(v_frag, v_tile, ld, warp * 16, kk * 16);
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t qb[4];
-          load_b_rows_k(qb, q_tile, ld, dp * 16, kk * 16);
-          mma_bf16(dk_acc[2 * dp], ds_frag, qb[0], qb[1]);
-          mma_bf16(dk_acc[2 * dp + 1], ds_frag, qb[2], qb[3]);
-        }
+      for (int np = 0; np < 4; ++np) {
+        uint32_t dob[4];
+        load_b_rows_n(dob, do_tile, ld, np * 16, kk * 16);
+        mma_bf16(dpt[2 * np], v_frag, dob[0], dob[1]);
+        mma_bf16(dpt[2 * np + 1], v_frag, dob[2], dob[3]);
       }
-      __syncthreads();  // ds_tile is complete
-
-      // dQ (this warp's 16 queries x D) = dS K over the block's 64 keys, added to dq_accum.
-      float dq[D / 8][4] = {};
+    }
+    // dS^T = P^T (dP^T - delta), into dpt and, as bf16, into ds_tile for the dQ product.
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        uint32_t ds_frag[4];
-        load_a_trans(ds_frag, ds_tile, ld_s, warp * 16, kk * 16);
+    for (int n = 0; n < 8; ++n) {
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t kb[4];
-          load_b_rows_k(kb, k_tile, ld, dp * 16, kk * 16);
-          mma_bf16(dq[2 * dp], ds_frag, kb[0], kb[1]);
-          mma_bf16(dq[2 * dp + 1], ds_frag, kb[2], kb[3]);
-        }
-      }
+      for (int e = 0; e < 4; ++e) dpt[n][e] = s[n][e] * (dpt[n][e] - delta_tile[n * 8 + 2 * t + (e & 1)]);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int query = q0 + warp * 16 + g + 8 * i;
-        if (query >= T) continue;
-        float* dst = dq_accum + (static_cast<int64_t>(b) * T + query) * out_stride + static_cast<int64_t>(h) * D;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          atomicAdd(dst + n * 8 + 2 * t, dq[n][2 * i]);
-          atomicAdd(dst + n * 8 + 2 * t + 1, dq[n][2 * i + 1]);
-        }
+        *reinterpret_cast<uint32_t*>(ds_tile + (warp * 16 + g + 8 * i) * ld_s + n * 8 + 2 * t) =
+            pack_bf16(dpt[n][2 * i], dpt[n][2 * i + 1]);
       }
-      __syncthreads();  // q_tile, do_tile, ds_tile and lse/delta are free for the next tile
+    }
+
+    // dK += dS^T Q (the scale is applied once at the end).
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t ds_frag[4] = {pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]), pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]),
+                                   pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                                   pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t qb[4];
+        load_b_rows_k(qb, q_tile, ld, dp * 16, kk * 16);
+        mma_bf16(dk_acc[2 * dp], ds_frag, qb[0], qb[1]);
+        mma_bf16(dk_acc[2 * dp + 1], ds_frag, qb[2], qb[3]);
+      }
+    }
+    __syncthreads();  // ds_tile is complete
+
+    // dQ (this warp's 16 queries x D) = dS K over the block's 64 keys, added to dq_accum.
+    float dq[D / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t ds_frag[4];
+      load_a_trans(ds_frag, ds_tile, ld_s, warp * 16, kk * 16);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t kb[4];
+        load_b_rows_k(kb, k_tile, ld, dp * 16, kk * 16);
+        mma_bf16(dq[2 * dp], ds_frag, kb[0], kb[1]);
+        mma_bf16(dq[2 * dp + 1], ds_frag, kb[2], kb[3]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int query = q0 + warp * 16 + g + 8 * i;
+      if (query >= T) continue;
+      float* dst = dq_accum + (static_cast<int64_t>(b) * T + query) * out_stride + static_cast<int64_t>(h) * D;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) atomic_add_pair(dst + n * 8 + 2 * t, dq[n][2 * i], dq[n][2 * i + 1]);
+    }
+    __syncthreads();  // this step's buffers and ds_tile are free again
+    if constexpr (buffers == 1) {
+      if (step + 1 < steps) {
+        load_step(step + 1);
+        cp_async_commit();
+      }
     }
   }
+  cp_async_wait<0>();
 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {

@@ -19,7 +19,7 @@ using namespace attention_detail;
 // grid (B Hq, ceil(T / 64)), 128 threads. Block y handles query tile (tiles - 1 - y), so the
 // longest rows (most key tiles) start first. out: (B, T, Hq D), lse: (B, Hq, T).
 template <int D>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T,
+__global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T,
                                                                      int Hq, int Hkv, float scale) {
   constexpr int ld = padded_cols<D>();
   __shared__ __align__(16) bf16 k_tile[kTile * ld];  // (64 keys, D), first holding the Q tile

@@ -100,6 +100,11 @@ __device__ __forceinline__ void cp_async_16(bf16* dst, const bf16* src, int src_
   const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src), "r"(src_bytes));
 }
+// 4 bytes, for vectors whose rows need not be 16-byte aligned; src_bytes = 0 fills zeros.
+__device__ __forceinline__ void cp_async_4(float* dst, const float* src, int src_bytes) {
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(address), "l"(src), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `Pending` of this thread's committed groups are still in flight.
 template <int Pending>

@@ -420,6 +420,10 @@ void cuda_attention_backward(bf16* dqkv, void* workspace, const bf16* dout, cons
     return;
   }
   attention_check_sizes(B, T, Hq, Hkv, D);
+  attention_check_aligned(qkv, 16, "qkv");
+  attention_check_aligned(dout, 16, "dout");
+  attention_check_aligned(dqkv, 4, "dqkv");
+  attention_check_aligned(workspace, 256, "workspace");
   const int64_t rows = static_cast<int64_t>(B) * T;
   const int64_t dq_elements = rows * Hq * D;
   auto* dq_accum = static_cast<float*>(workspace);

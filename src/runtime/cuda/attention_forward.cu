@@ -3,6 +3,7 @@
 // key tiles of 64), the plain fp32 reference kernel, the shape checks and the choice between the
 // two paths (ALLOY_CUDA_ATTENTION).
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -268,6 +269,14 @@ void attention_check_sizes(int B, int T, int Hq, int Hkv, int D) {
   }
 }
 
+void attention_check_aligned(const void* pointer, int alignment_bytes, const char* what) {
+  if (reinterpret_cast<uintptr_t>(pointer) % static_cast<uintptr_t>(alignment_bytes) != 0) {
+    throw Error(std::string("fused GPU attention needs ") + what + " aligned to " + std::to_string(alignment_bytes) +
+                    " bytes",
+                {"", what}, "pass buffers from cudaMalloc or the arena (256-byte aligned) at their start");
+  }
+}
+
 void cuda_attention_reference_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int Hq, int Hkv, int D,
                                       cudaStream_t stream) {
   attention_check_sizes(B, T, Hq, Hkv, D);
@@ -284,6 +293,8 @@ void cuda_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T
     return;
   }
   attention_check_sizes(B, T, Hq, Hkv, D);
+  attention_check_aligned(qkv, 16, "qkv");
+  attention_check_aligned(out, 4, "out");
   const dim3 grid(static_cast<unsigned>(B * Hq), static_cast<unsigned>(cuda_blocks(T, kTile)));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   if (D == 64) {

@@ -140,4 +140,8 @@ AttentionPath attention_path_from_environment();
 // the grids (B Hq T reference blocks, ceil(T / 64) query or key tiles) fit one launch.
 void attention_check_sizes(int B, int T, int Hq, int Hkv, int D);
 
+// Throws alloy::Error naming `what` unless pointer is a multiple of alignment_bytes: the fast
+// kernels copy 16-byte chunks of qkv and dout and store pairs into out and dqkv.
+void attention_check_aligned(const void* pointer, int alignment_bytes, const char* what);
+
 }  // namespace alloy

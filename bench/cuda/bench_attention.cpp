@@ -58,12 +58,10 @@ void bench_shape(const BenchShape& s) {
 
   const double forward_flops = 2.0 * 2.0 * s.B * s.H * static_cast<double>(s.T) * s.T * s.D / 2.0;
   const double backward_flops = 2.5 * forward_flops;
-  const double forward_seconds = time_seconds(
-      [&] { alloy::cuda_attention_forward(out, lse, qkv, s.B, s.T, s.H, s.H, s.D, nullptr); }, 20);
+  const double forward_seconds =
+      time_seconds([&] { alloy::cuda_attention_forward(out, lse, qkv, s.B, s.T, s.H, s.H, s.D, nullptr); }, 20);
   const double backward_seconds = time_seconds(
-      [&] {
-        alloy::cuda_attention_backward(dqkv, workspace, dout, qkv, out, lse, s.B, s.T, s.H, s.H, s.D, nullptr);
-      },
+      [&] { alloy::cuda_attention_backward(dqkv, workspace, dout, qkv, out, lse, s.B, s.T, s.H, s.H, s.D, nullptr); },
       20);
   const std::string shape = "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
                             " D=" + std::to_string(s.D);
@@ -74,8 +72,8 @@ void bench_shape(const BenchShape& s) {
               100.0 * fwd_tflops / kPeakTflops);
   std::printf("%-28s %-9s %10.3f %10.1f %8.1f%%\n", shape.c_str(), "backward", backward_seconds * 1e3, bwd_tflops,
               100.0 * bwd_tflops / kPeakTflops);
-  std::printf("%-28s %-9s %10.3f %10.1f %8.1f%%\n", shape.c_str(), "fwd+bwd", (forward_seconds + backward_seconds) * 1e3,
-              total_tflops, 100.0 * total_tflops / kPeakTflops);
+  std::printf("%-28s %-9s %10.3f %10.1f %8.1f%%\n", shape.c_str(), "fwd+bwd",
+              (forward_seconds + backward_seconds) * 1e3, total_tflops, 100.0 * total_tflops / kPeakTflops);
   cudaFree(qkv);
   cudaFree(dqkv);
   cudaFree(out);

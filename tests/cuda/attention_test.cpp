@@ -78,9 +78,9 @@ TEST_P(CudaAttentionTest, MatchesCpu) {
   DeviceBuffer<float> lse_gpu(static_cast<int64_t>(c.B) * c.Hq * c.T);
   // Poisoned with NaN bits: every element of dqkv must be overwritten.
   DeviceBuffer<bf16> dqkv_gpu(std::vector<bf16>(static_cast<size_t>(rows * R), __float2bfloat16(NAN)));
-  const int64_t workspace_bytes =
-      c.reference ? cuda_attention_reference_backward_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.D)
-                  : cuda_attention_backward_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
+  const int64_t workspace_bytes = c.reference
+                                      ? cuda_attention_reference_backward_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.D)
+                                      : cuda_attention_backward_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.D);
   DeviceBuffer<char> workspace(workspace_bytes);
   if (c.reference) {
     cuda_attention_reference_forward(out_gpu.get(), lse_gpu.get(), qkv_gpu.get(), c.B, c.T, c.Hq, c.Hkv, c.D, 0);

@@ -42,7 +42,9 @@ __global__ void attention_dq_convert_kernel(bf16* dqkv, const float* dq_accum, i
 // Buffers of query tiles: with two, the next tile loads while the current one is processed; at
 // D = 128 two would need just over half of an SM's 228 KiB, halving the blocks per SM.
 template <int D>
-constexpr int backward_buffers() { return D == 64 ? 2 : 1; }
+constexpr int backward_buffers() {
+  return D == 64 ? 2 : 1;
+}
 
 // Dynamic shared memory of the main kernel: K and V tiles (64, D + 8); per buffer, Q and dO tiles
 // (64, D + 8) and lse and delta of the 64 queries; the dS^T tile (64 keys, 64 + 8 queries).
@@ -66,21 +68,22 @@ __device__ __forceinline__ void atomic_add_pair(float* dst, float x, float y) {
 // Block (x, y) owns keys [64 y, 64 y + 64) of key/value head x % Hkv and loops over the query heads
 // of that group and, for each, the query tiles from y on; warp w owns keys 64 y + 16 w + [0, 16)
 // for dK, dV and queries 16 w + [0, 16) of the current query tile for dQ.
+// At D = 64 the register cap for 3 blocks per SM (168) costs a few spilled words but beats 2 blocks
+// of 255 registers (131 against 124 TFLOP/s on an H200 at GPT-2-small shapes).
 template <int D>
-__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attention_backward_kernel(bf16* dqkv, float* dq_accum, const bf16* dout,
-                                                                      const bf16* qkv, const float* lse,
-                                                                      const float* delta, int T, int Hq, int Hkv,
-                                                                      float scale) {
+__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
+    attention_backward_kernel(bf16* dqkv, float* dq_accum, const bf16* dout, const bf16* qkv, const float* lse,
+                              const float* delta, int T, int Hq, int Hkv, float scale) {
   constexpr int ld = padded_cols<D>();
   constexpr int ld_s = padded_cols<kTile>();
   constexpr int buffers = backward_buffers<D>();
   static_assert(kThreads == 2 * kTile, "load_step gives lse to threads [0, 64) and delta to [64, 128)");
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* k_tile = reinterpret_cast<bf16*>(smem);         // (64 keys, D)
-  bf16* v_tile = k_tile + kTile * ld;                   // (64 keys, D)
-  bf16* q_buffers = v_tile + kTile * ld;                // buffers x (64 queries, D)
-  bf16* do_buffers = q_buffers + buffers * kTile * ld;  // buffers x (64 queries, D)
-  bf16* ds_tile = do_buffers + buffers * kTile * ld;    // (64 keys, 64 queries): dS^T
+  bf16* k_tile = reinterpret_cast<bf16*>(smem);                           // (64 keys, D)
+  bf16* v_tile = k_tile + kTile * ld;                                     // (64 keys, D)
+  bf16* q_buffers = v_tile + kTile * ld;                                  // buffers x (64 queries, D)
+  bf16* do_buffers = q_buffers + buffers * kTile * ld;                    // buffers x (64 queries, D)
+  bf16* ds_tile = do_buffers + buffers * kTile * ld;                      // (64 keys, 64 queries): dS^T
   float* lse_buffers = reinterpret_cast<float*>(ds_tile + kTile * ld_s);  // buffers x (64 queries)
   float* delta_buffers = lse_buffers + buffers * kTile;                   // buffers x (64 queries)
 
@@ -105,8 +108,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attention_backward_
     const int buffer = step % buffers;
     tile_load_async<D>(q_buffers + buffer * kTile * ld, batch + static_cast<int64_t>(h) * D, R, q0, T);
     tile_load_async<D>(do_buffers + buffer * kTile * ld,
-                       dout + static_cast<int64_t>(b) * T * out_stride + static_cast<int64_t>(h) * D, out_stride,
-                       q0, T);
+                       dout + static_cast<int64_t>(b) * T * out_stride + static_cast<int64_t>(h) * D, out_stride, q0,
+                       T);
     const int query = q0 + tid % kTile;
     const int64_t at = (static_cast<int64_t>(b) * Hq + h) * T + (query < T ? query : 0);
     if (tid < kTile) {
@@ -282,12 +285,12 @@ template <int D>
 void attention_backward_launch(bf16* dqkv, float* dq_accum, const bf16* dout, const bf16* qkv, const float* lse,
                                const float* delta, int B, int T, int Hq, int Hkv, float scale, cudaStream_t stream) {
   constexpr int smem_bytes = backward_smem_bytes<D>();
-  cuda_check(cudaFuncSetAttribute(attention_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  smem_bytes),
-             "attention backward: shared memory size");
+  cuda_check(
+      cudaFuncSetAttribute(attention_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+      "attention backward: shared memory size");
   const dim3 grid(static_cast<unsigned>(B * Hkv), static_cast<unsigned>(cuda_blocks(T, kTile)));
-  attention_backward_kernel<D><<<grid, kThreads, smem_bytes, stream>>>(dqkv, dq_accum, dout, qkv, lse, delta, T, Hq,
-                                                                       Hkv, scale);
+  attention_backward_kernel<D>
+      <<<grid, kThreads, smem_bytes, stream>>>(dqkv, dq_accum, dout, qkv, lse, delta, T, Hq, Hkv, scale);
   cuda_check_launch("attention_backward_kernel");
 }
 
@@ -307,9 +310,9 @@ __device__ float block_sum(float v, float* scratch) {
 
 // grid (B Hq T), kRefThreads threads. Writes dq of its row into dqkv and adds its parts of dk and
 // dv to kv_accum: (B, T, 2 Hkv D) fp32 (key heads, then value heads).
-__global__ void __launch_bounds__(kRefThreads) attention_reference_backward_kernel(
-    bf16* dqkv, float* kv_accum, const bf16* dout, const bf16* qkv, const bf16* out, const float* lse, int T, int Hq,
-    int Hkv, int D, float scale) {
+__global__ void __launch_bounds__(kRefThreads)
+    attention_reference_backward_kernel(bf16* dqkv, float* kv_accum, const bf16* dout, const bf16* qkv, const bf16* out,
+                                        const float* lse, int T, int Hq, int Hkv, int D, float scale) {
   __shared__ float q[128];
   __shared__ float dout_row[128];
   __shared__ float p[kRefThreads];
@@ -368,8 +371,8 @@ __global__ void __launch_bounds__(kRefThreads) attention_reference_backward_kern
 }
 
 // kv_accum: (B, T, 2 Hkv D) -> the key and value columns of dqkv: (B, T, R).
-__global__ void attention_reference_kv_convert_kernel(bf16* dqkv, const float* kv_accum, int64_t rows, int Hq,
-                                                      int Hkv, int D) {
+__global__ void attention_reference_kv_convert_kernel(bf16* dqkv, const float* kv_accum, int64_t rows, int Hq, int Hkv,
+                                                      int D) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t width = 2LL * Hkv * D;
   if (i >= rows * width) return;
@@ -385,9 +388,8 @@ int64_t cuda_attention_reference_backward_workspace_bytes(int B, int T, int Hq, 
   return round_up_256(static_cast<int64_t>(B) * T * 2 * Hkv * D * 4);
 }
 
-void cuda_attention_reference_backward(bf16* dqkv, void* workspace, const bf16* dout, const bf16* qkv,
-                                       const bf16* out, const float* lse, int B, int T, int Hq, int Hkv, int D,
-                                       cudaStream_t stream) {
+void cuda_attention_reference_backward(bf16* dqkv, void* workspace, const bf16* dout, const bf16* qkv, const bf16* out,
+                                       const float* lse, int B, int T, int Hq, int Hkv, int D, cudaStream_t stream) {
   attention_check_sizes(B, T, Hq, Hkv, D);
   auto* kv_accum = static_cast<float*>(workspace);
   const int64_t rows = static_cast<int64_t>(B) * T;
@@ -399,7 +401,7 @@ void cuda_attention_reference_backward(bf16* dqkv, void* workspace, const bf16* 
       dqkv, kv_accum, dout, qkv, out, lse, T, Hq, Hkv, D, scale);
   cuda_check_launch("attention_reference_backward_kernel");
   attention_reference_kv_convert_kernel<<<cuda_blocks(kv_elements, 256), 256, 0, stream>>>(dqkv, kv_accum, rows, Hq,
-                                                                                          Hkv, D);
+                                                                                           Hkv, D);
   cuda_check_launch("attention_reference_kv_convert_kernel");
 }
 
@@ -433,8 +435,8 @@ void cuda_attention_backward(bf16* dqkv, void* workspace, const bf16* dout, cons
   cuda_check(cudaMemsetAsync(dq_accum, 0, static_cast<size_t>(dq_elements) * 4, stream),
              "attention backward: clear dq accumulator");
   constexpr int kDeltaWarps = 8;
-  attention_delta_kernel<<<cuda_blocks(rows * Hq, kDeltaWarps), 32 * kDeltaWarps, 0, stream>>>(delta, dout, out, B,
-                                                                                               T, Hq, D);
+  attention_delta_kernel<<<cuda_blocks(rows * Hq, kDeltaWarps), 32 * kDeltaWarps, 0, stream>>>(delta, dout, out, B, T,
+                                                                                               Hq, D);
   cuda_check_launch("attention_delta_kernel");
   if (D == 64) {
     attention_backward_launch<64>(dqkv, dq_accum, dout, qkv, lse, delta, B, T, Hq, Hkv, scale, stream);

@@ -23,7 +23,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 // spans 36 (68) words, so the 8 row addresses of one ldmatrix phase fall on distinct 16-byte bank
 // groups, and every row start stays 16-byte aligned as ldmatrix and cp.async need.
 template <int Cols>
-constexpr int padded_cols() { return Cols + 8; }
+constexpr int padded_cols() {
+  return Cols + 8;
+}
 
 // Fragment layouts of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA). Lane
 // l = 4 g + t (g = l / 4, t = l % 4); a 32-bit A or B register holds two bf16 that are adjacent

@@ -18,8 +18,7 @@ void cuda_attention_reference_forward(bf16* out, float* lse, const bf16* qkv, in
 int64_t cuda_attention_reference_backward_workspace_bytes(int B, int T, int Hq, int Hkv, int D);
 
 // As cuda_attention_backward: dqkv: (B, T, (Hq + 2 Hkv) D) OVERWRITTEN.
-void cuda_attention_reference_backward(bf16* dqkv, void* workspace, const bf16* dout, const bf16* qkv,
-                                       const bf16* out, const float* lse, int B, int T, int Hq, int Hkv, int D,
-                                       cudaStream_t stream);
+void cuda_attention_reference_backward(bf16* dqkv, void* workspace, const bf16* dout, const bf16* qkv, const bf16* out,
+                                       const float* lse, int B, int T, int Hq, int Hkv, int D, cudaStream_t stream);
 
 }  // namespace alloy

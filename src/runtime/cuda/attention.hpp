@@ -5,6 +5,12 @@
 // qkv rows hold all query heads, then the key heads, then the value heads, as on the CPU:
 //   qkv: (B, T, R) with R = (Hq + 2 Hkv) D; query head h reads key/value head h / (Hq / Hkv).
 // Scores are scaled by 1 / sqrt(D).
+//
+// The environment variable ALLOY_CUDA_ATTENTION picks the kernels behind these functions: unset,
+// empty or "fast" runs the fused tensor-core kernels (attention_forward.cu, attention_backward.cu);
+// "reference" runs the plain fp32 kernels of attention_reference.hpp instead (slow, obviously
+// correct: a fallback should the fast path ever be suspect); any other value throws alloy::Error.
+// Pointers must be 16-byte aligned (cudaMalloc's are) for the fast kernels' vector loads.
 #pragma once
 
 #include <cstdint>

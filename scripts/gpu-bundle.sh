@@ -4,6 +4,7 @@
 # they load from this system (except the C library, the loader and CUDA's own), as
 # .gpu-bundle.tgz. On the GPU machine:
 #   mkdir -p build-cuda && tar xzf .gpu-bundle.tgz -C build-cuda
+#   (remove from build-cuda/lib what `ldconfig -p` already lists there)
 #   export LD_LIBRARY_PATH=$PWD/build-cuda/lib:<CUDA libraries>; ALLOY_GPU_BIN=build-cuda scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,7 @@ for exe in alloy test_cuda bench_matmul bench_kernels bench_attention comm_check
   ldd "build-cuda/$exe" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libcu*|libnccl*|libnvidia*) ;;
+      libstdc++.so*|libgcc_s.so*|libgomp.so*) ;;  # newer on any later system, and compatible
       *) cp -L -n "$lib" "$stage/lib/" ;;
     esac
   done

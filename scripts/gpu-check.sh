@@ -37,7 +37,7 @@ fi
 alloy=$bin/alloy
 
 section "GPU tests"
-run tests "$bin/test_cuda" --gtest_brief=1
+run tests timeout 300 "$bin/test_cuda" --gtest_brief=1
 
 section "benchmarks"
 for bench in bench_matmul bench_kernels bench_attention; do

@@ -12,6 +12,7 @@
 #include "runtime/cuda/gpu_trainer.hpp"
 #include "runtime/io/tokenize.hpp"
 #include "runtime/model.hpp"
+#include "spec/error.hpp"
 #include "spec/model.hpp"
 
 namespace alloy {

@@ -9,6 +9,7 @@
 #ifdef ALLOY_WITH_CUDA
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"
+#include "runtime/dist/dist_trainer.hpp"
 #include "runtime/cuda/gpu_trainer.hpp"
 #include "spec/units.hpp"
 #endif
@@ -74,15 +75,15 @@ void print_gpu_summary(const ModelSpec& model, const TrainSpec& train, const Gpu
   }
   fmt::print("\npeak GPU arena memory {}\n", units_format_bytes(static_cast<double>(run.peak_arena_bytes)));
   if (plan == nullptr) return;
-  const double predicted_memory = stage->memory_total_bytes();
+  const double predicted_memory = dist_predicted_arena_bytes(*stage);
   fmt::print("\n{:<22}{:>14}{:>14}{:>12}\n", "plan vs run", "predicted", "measured", "ratio");
   fmt::print("{:<22}{:>11.2f} ms{:>11.2f} ms{:>12.3f}\n", "step time", 1e3 * plan->step_seconds,
              1e3 * r.median_step_seconds, r.median_step_seconds / plan->step_seconds);
   fmt::print("{:<22}{:>14}{:>14}{:>12.3f}\n", "peak memory", units_format_bytes(predicted_memory),
              units_format_bytes(static_cast<double>(run.peak_arena_bytes)),
              static_cast<double>(run.peak_arena_bytes) / predicted_memory);
-  fmt::print("(measured memory is the GPU arena's peak: weights, gradients, optimizer state, activations and "
-             "workspace; the CUDA context and cuBLAS workspace come on top)\n");
+  fmt::print("(memory: the GPU arena's peak against the plan's per-device memory without the framework context and "
+             "allocator margin, which are not in the arena)\n");
 }
 
 }  // namespace

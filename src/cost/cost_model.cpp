@@ -267,10 +267,14 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.embedding_parameters = static_cast<double>(embedding_parameters(m)) / tp;
   u.head_parameters = static_cast<double>(head_parameters(m, true)) / tp;
 
+  // Alloy's GPU runtime fuses attention (docs/runtime-gpu.md); the CPU runtime stores the scores.
+  const bool gpu = !cluster_.device_types[shape.device_type].is_cpu;
+  const AttentionMemory attention = gpu ? AttentionMemory::AttentionMemory_fused : AttentionMemory::AttentionMemory_unfused;
   for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
-    u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p);
+    u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, attention);
   u.embedding_activation_bytes = embedding_activation_bytes(m, b, s, tp, sp, p);
-  u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p);
+  u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, attention);
+  if (gpu) u.backward_workspace_bytes = block_backward_workspace_bytes(m, b, s, tp, p);
   u.boundary_bytes = hidden_state_bytes(m, b * shape.dp, s, p);
   return u;
 }
@@ -347,8 +351,9 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   mem.parameters_bytes = params * e / (c.zero >= 3 ? dp : 1.0);
   // The step schedule reduces gradients once, after the last micro-batch's backward, so every
   // member accumulates all of its stage's gradients whatever the ZeRO stage (ZeRO 2-3 shard what
-  // the reduction leaves, not the accumulation buffer; docs/runtime-distributed.md).
-  mem.gradients_bytes = params * e;
+  // the reduction leaves, not the accumulation buffer; docs/runtime-distributed.md). With fp32
+  // master weights they accumulate in fp32, as Alloy's GPU runtime and Megatron-LM's do.
+  mem.gradients_bytes = params * (master ? 4.0 : e);
   mem.master_weights_bytes = master ? params * 4.0 / (c.zero >= 1 ? dp : 1.0) : 0;
   mem.optimizer_states_bytes = params * 4.0 * states / (c.zero >= 1 ? dp : 1.0);
   if (c.zero >= 3 && dp > 1) mem.zero3_gather_bytes = 2.0 * u.block_parameters * e;
@@ -366,7 +371,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const DeviceType& type = cluster_.device_types[shape.device_type];
   // Recomputing a block rebuilds its full activations for the duration of its backward.
   const double transient = (c.selective + c.full) > 0 ? u.block_activation_bytes[0] : 0;
-  mem.workspace_bytes = (type.is_cpu ? 0 : kGpuWorkspaceBytes) + transient;
+  mem.workspace_bytes = (type.is_cpu ? 0 : kGpuWorkspaceBytes) + u.backward_workspace_bytes + transient;
   const double hidden_per_replica = u.boundary_bytes / dp;
   if (shape.dp > 1 && c.zero < 3) mem.communication_buffers_bytes += kGradientBucketBytes;
   if (shape.tp > 1) mem.communication_buffers_bytes += hidden_per_replica;

@@ -58,6 +58,7 @@ struct StageUnitCosts {
   double block_activation_bytes[3] = {0, 0, 0};  // by Recompute
   double embedding_activation_bytes = 0;
   double head_activation_bytes = 0;
+  double backward_workspace_bytes = 0;     // gradient buffers of one block's backward (GPU runtime)
   double boundary_bytes = 0;               // one hidden state of the whole micro-batch
 };
 

@@ -109,7 +109,9 @@ double model_flops_per_sequence(const ModelSpec& m, int64_t seq_len) {
 }
 
 double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
-                              bool sequence_parallel, Recompute recompute, Precision precision) {
+                              bool sequence_parallel, Recompute recompute, Precision precision,
+                              AttentionMemory attention) {
+  const bool fused = attention == AttentionMemory::AttentionMemory_fused;
   const double e = precision_bytes(precision);
   const double sb = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double c = static_cast<double>(m.hidden_size);
@@ -118,7 +120,7 @@ double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t s
   const double kv = static_cast<double>(kv_width(m));
   const double scores = static_cast<double>(micro_batch) * static_cast<double>(m.num_heads) *
                         static_cast<double>(seq_len) * static_cast<double>(seq_len);
-  const bool dropout = m.family == ModelFamily::ModelFamily_gpt2;
+  const bool dropout = m.family == ModelFamily::ModelFamily_gpt2 && !fused;
   // Tensors at the tp region boundaries are replicated unless sequence parallelism splits them.
   const double boundary_share = sequence_parallel ? 1.0 / tp : 1.0;
 
@@ -133,6 +135,11 @@ double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t s
   const double mlp_tensors = is_llama(m) ? 3.0 : 2.0;
   const double inner = sb * (q + 2.0 * kv + q + mlp_tensors * f) * e;
   double stored = boundary * boundary_share + inner / tp;
+  if (fused) {
+    // The log-sum-exp of each query row (fp32); selective recomputation has nothing to drop.
+    return stored + static_cast<double>(micro_batch) * static_cast<double>(m.num_heads) *
+                        static_cast<double>(seq_len) * 4.0 / tp;
+  }
   if (recompute == Recompute::Recompute_none) {
     // Softmax output, plus (GPT-2) the attention dropout mask and its output.
     const double score_bytes = dropout ? (2.0 * e + 1.0) : e;
@@ -147,9 +154,25 @@ double embedding_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64
   return sequence_parallel ? out / tp : out;
 }
 
-double head_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
-                             Precision precision) {
+double block_backward_workspace_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                                      Precision precision) {
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  const double c = static_cast<double>(m.hidden_size);
+  const double f = static_cast<double>(m.ffn_hidden_size) / tp;
+  const double q = static_cast<double>(query_width(m)) / tp;
+  const double kv = static_cast<double>(kv_width(m)) / tp;
+  const double mlp = is_llama(m) ? 3.0 * f : f;  // SwiGLU keeps d(act) and d(gate, up)
+  return tokens * ((2.0 * c + mlp + q + q + 2.0 * kv) * precision_bytes(precision) + 4.0 * q);
+}
+
+double head_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                             Precision precision, AttentionMemory attention) {
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  if (attention == AttentionMemory::AttentionMemory_fused) {
+    // Final norm output, and the logits (their gradient in place) with a per-token loss.
+    return hidden_state_bytes(m, micro_batch, seq_len, precision) +
+           tokens * (static_cast<double>(m.vocab_size) * precision_bytes(precision) / tp + 4.0);
+  }
   // Final norm input, logits in the compute precision and their fp32 softmax for the loss.
   return hidden_state_bytes(m, micro_batch, seq_len, precision) +
          tokens * static_cast<double>(m.vocab_size) * (precision_bytes(precision) + 4.0) / tp;

@@ -39,17 +39,28 @@ LayerWork head_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len
 // Model FLOPs of one sequence through forward and backward (no recomputation), all layers.
 double model_flops_per_sequence(const ModelSpec& model, int64_t seq_len);
 
+// How a runtime keeps attention: unfused (scores and, for GPT-2, dropout masks stored, the
+// Megatron-LM accounting) or fused (Alloy's GPU runtime: flash-style attention keeps only the
+// per-row log-sum-exp, there is no dropout, and the loss is computed in place on the logits).
+enum class AttentionMemory { AttentionMemory_unfused, AttentionMemory_fused };
+
 // Bytes of activations one block keeps between its forward and backward for one micro-batch,
-// on one device. The single place that defines activation memory: GPU runs follow the
+// on one device. The single place that defines activation memory: unfused runs follow the
 // Megatron-LM accounting (arXiv 2205.05198, sbh(34 + 5as/h) at 16 bits without recompute),
 // generalised to grouped-query attention and SwiGLU; fp32 runs scale element sizes.
 double block_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
-                              bool sequence_parallel, Recompute recompute, Precision precision);
+                              bool sequence_parallel, Recompute recompute, Precision precision,
+                              AttentionMemory attention = AttentionMemory::AttentionMemory_unfused);
+// Gradient buffers one block's backward holds while it runs (fused runtime): the residual, MLP,
+// norm, attention-context and q/k/v gradients in the compute precision, and the fp32 query
+// gradient accumulator of the fused attention.
+double block_backward_workspace_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
+                                      Precision precision);
 // Activations kept by the embedding (its output) and by the head (logits for the loss).
 double embedding_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len,
                                   int tp, bool sequence_parallel, Precision precision);
 double head_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
-                             Precision precision);
+                             Precision precision, AttentionMemory attention = AttentionMemory::AttentionMemory_unfused);
 
 // Bytes of one hidden-state tensor (micro_batch, seq_len, hidden) in the compute precision:
 // what crosses a pipeline stage boundary and what tp collectives move.

@@ -96,8 +96,8 @@ class Checker {
       const auto k = static_cast<size_t>(i);
       if (got[k] == want[k]) continue;
       if (wrong < 3) {
-        std::fprintf(stderr, "%s rank %d: %s: element %lld is %.17g, expected %.17g\n", impl_.c_str(),
-                     comm_.rank(), what.c_str(), static_cast<long long>(i), static_cast<double>(got[k]),
+        std::fprintf(stderr, "%s rank %d: %s: element %lld is %.17g, expected %.17g\n", impl_.c_str(), comm_.rank(),
+                     what.c_str(), static_cast<long long>(i), static_cast<double>(got[k]),
                      static_cast<double>(want[k]));
       }
       ++wrong;
@@ -180,7 +180,8 @@ void Checker::all_gather_check(const CommGroup& group, const std::vector<int64_t
 
 void Checker::broadcast_check(const CommGroup& group, int64_t bytes, int root_index, const std::string& where) {
   std::vector<unsigned char> want(static_cast<size_t>(bytes));
-  for (int64_t i = 0; i < bytes; ++i) want[static_cast<size_t>(i)] = static_cast<unsigned char>((i * 7 + root_index * 13 + 1) & 0xff);
+  for (int64_t i = 0; i < bytes; ++i)
+    want[static_cast<size_t>(i)] = static_cast<unsigned char>((i * 7 + root_index * 13 + 1) & 0xff);
   GpuArray<unsigned char> data(group.my_index == root_index ? want : std::vector<unsigned char>(want.size(), 0));
   comm_.broadcast(data.get(), bytes, root_index, group).wait();
   record("broadcast", fmt::format("{} root {}", where, root_index), bytes,
@@ -195,7 +196,8 @@ void Checker::send_recv_check(int64_t bytes) {
   const int previous = (comm_.rank() + n - 1) % n;
   auto pattern = [bytes](int sender) {
     std::vector<unsigned char> v(static_cast<size_t>(bytes));
-    for (int64_t i = 0; i < bytes; ++i) v[static_cast<size_t>(i)] = static_cast<unsigned char>((i + sender * 29) & 0xff);
+    for (int64_t i = 0; i < bytes; ++i)
+      v[static_cast<size_t>(i)] = static_cast<unsigned char>((i + sender * 29) & 0xff);
     return v;
   };
   GpuArray<unsigned char> out(pattern(comm_.rank()));
@@ -254,12 +256,14 @@ void Checker::all_gather_bytes_check() {
   const CommGroup& world = comm_.world();
   constexpr int64_t kRecordBytes = 24;
   std::vector<unsigned char> mine(kRecordBytes);
-  for (int64_t i = 0; i < kRecordBytes; ++i) mine[static_cast<size_t>(i)] = static_cast<unsigned char>(comm_.rank() * 40 + i);
+  for (int64_t i = 0; i < kRecordBytes; ++i)
+    mine[static_cast<size_t>(i)] = static_cast<unsigned char>(comm_.rank() * 40 + i);
   std::vector<unsigned char> all(static_cast<size_t>(kRecordBytes * world.size()), 0);
   comm_.all_gather_bytes(mine.data(), all.data(), kRecordBytes, world).wait();
   std::vector<unsigned char> want(all.size());
   for (int r = 0; r < world.size(); ++r) {
-    for (int64_t i = 0; i < kRecordBytes; ++i) want[static_cast<size_t>(r * kRecordBytes + i)] = static_cast<unsigned char>(r * 40 + i);
+    for (int64_t i = 0; i < kRecordBytes; ++i)
+      want[static_cast<size_t>(r * kRecordBytes + i)] = static_cast<unsigned char>(r * 40 + i);
   }
   record("all_gather_bytes", "host memory", kRecordBytes * world.size(),
          compare(all, want, 0, static_cast<int64_t>(all.size()), "all_gather_bytes"));
@@ -319,7 +323,8 @@ std::vector<BandwidthRow> all_reduce_bandwidth(Communicator& comm, Communicator&
     mpi.all_reduce(&ready, 1, mpi.world(), ReduceOp::ReduceOp_sum).wait();  // start together
     const int iterations = bytes >= 64 * kMiB ? 3 : 10;
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < iterations; ++i) comm.all_reduce(data.get(), count, comm.world(), ReduceOp::ReduceOp_sum).wait();
+    for (int i = 0; i < iterations; ++i)
+      comm.all_reduce(data.get(), count, comm.world(), ReduceOp::ReduceOp_sum).wait();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
     mpi.all_reduce(&seconds, 1, mpi.world(), ReduceOp::ReduceOp_max).wait();
     rows.push_back(BandwidthRow{bytes, seconds});
@@ -376,9 +381,10 @@ int checker_main(const std::string& only) {
     if (only != "host-staged") {
       if (crowded > 0) {
         if (mpi->rank() == 0) {
-          fmt::print("nccl: skipped: {} ranks on this host share {} GPU(s), and NCCL needs a GPU per rank "
-                     "(run with at most {} ranks per host to check it)\n",
-                     mpi->local_size(), gpus, gpus);
+          fmt::print(
+              "nccl: skipped: {} ranks on this host share {} GPU(s), and NCCL needs a GPU per rank "
+              "(run with at most {} ranks per host to check it)\n",
+              mpi->local_size(), gpus, gpus);
         }
       } else {
         std::unique_ptr<Communicator> nccl = communicator_nccl_create(*mpi, device);
@@ -390,8 +396,9 @@ int checker_main(const std::string& only) {
       mismatches += implementation_run(*staged, "host-staged", *mpi);
     }
     if (mpi->rank() == 0) {
-      fmt::print("\n{}\n", mismatches == 0 ? "comm_check_gpu: all results exact"
-                                            : fmt::format("comm_check_gpu: FAILED, {} mismatching element(s)", mismatches));
+      fmt::print("\n{}\n", mismatches == 0
+                               ? "comm_check_gpu: all results exact"
+                               : fmt::format("comm_check_gpu: FAILED, {} mismatching element(s)", mismatches));
     }
     return mismatches == 0 ? 0 : 1;
   } catch (const Error& error) {

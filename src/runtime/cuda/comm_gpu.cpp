@@ -91,8 +91,7 @@ void comm_group_check(const std::vector<std::vector<int>>& members_by_id, const 
   }
 }
 
-std::vector<int64_t> comm_counts_offsets(const std::vector<int64_t>& counts, const CommGroup& group,
-                                         const char* kind) {
+std::vector<int64_t> comm_counts_offsets(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind) {
   if (static_cast<int>(counts.size()) != group.size()) {
     throw Error(fmt::format("{} given {} counts for a group of {} members", kind, counts.size(), group.size()), {},
                 "give one count per member of the group");

@@ -50,7 +50,6 @@ void comm_group_check(const std::vector<std::vector<int>>& members_by_id, const 
 
 // Throws unless counts has one non-negative entry per member; returns the offsets (size + 1
 // entries, the last being the total).
-std::vector<int64_t> comm_counts_offsets(const std::vector<int64_t>& counts, const CommGroup& group,
-                                         const char* kind);
+std::vector<int64_t> comm_counts_offsets(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind);
 
 }  // namespace alloy

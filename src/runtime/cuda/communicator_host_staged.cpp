@@ -171,9 +171,7 @@ class HostStagedCommunicator final : public Communicator {
   int world_size() const override { return mpi_.world_size(); }
   int local_size() const override { return mpi_.local_size(); }
   std::string host_name() const override { return mpi_.host_name(); }
-  CommGroup split(const std::vector<std::vector<int>>& ranks_of_groups) override {
-    return mpi_.split(ranks_of_groups);
-  }
+  CommGroup split(const std::vector<std::vector<int>>& ranks_of_groups) override { return mpi_.split(ranks_of_groups); }
   const CommGroup& world() const override { return mpi_.world(); }
 
   CommHandle send(const void* data, int64_t bytes, int peer, int tag) override;
@@ -202,8 +200,8 @@ class HostStagedCommunicator final : public Communicator {
   // Copies `bytes` from `device_data` into `buffer` at `offset_bytes` and waits for the copy.
   void stage_in(PinnedBuffer& buffer, size_t offset_bytes, const void* device_data, int64_t bytes);
   CommHandle handle_make(CommHandle transfer, std::shared_ptr<PinnedBuffer> buffer, CopyBack copy) {
-    return CommHandle(std::make_shared<StagedCompletion>(std::move(transfer), std::move(buffer), copy, device_,
-                                                         copy_stream_));
+    return CommHandle(
+        std::make_shared<StagedCompletion>(std::move(transfer), std::move(buffer), copy, device_, copy_stream_));
   }
 
   Communicator& mpi_;
@@ -284,9 +282,9 @@ CommHandle HostStagedCommunicator::reduce_scatter(float* data, const std::vector
   // Only this member's piece holds the reduced sum.
   const auto me = static_cast<size_t>(group.my_index);
   const auto offset_bytes = static_cast<size_t>(offsets[me]) * sizeof(float);
-  return handle_make(std::move(transfer), buffer,
-                     CopyBack{reinterpret_cast<char*>(data) + offset_bytes, offset_bytes,
-                              counts[me] * int64_t{sizeof(float)}});
+  return handle_make(
+      std::move(transfer), buffer,
+      CopyBack{reinterpret_cast<char*>(data) + offset_bytes, offset_bytes, counts[me] * int64_t{sizeof(float)}});
 }
 
 CommHandle HostStagedCommunicator::all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) {
@@ -310,8 +308,7 @@ CommHandle HostStagedCommunicator::broadcast(void* data, int64_t bytes, int root
   const bool root = group.my_index == root_index;
   if (root) stage_in(*buffer, 0, data, bytes);
   CommHandle transfer = mpi_.broadcast(buffer->data, bytes, root_index, group);
-  return handle_make(std::move(transfer), buffer,
-                     root ? CopyBack{} : CopyBack{static_cast<char*>(data), 0, bytes});
+  return handle_make(std::move(transfer), buffer, root ? CopyBack{} : CopyBack{static_cast<char*>(data), 0, bytes});
 }
 
 }  // namespace

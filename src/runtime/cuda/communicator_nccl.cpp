@@ -44,9 +44,13 @@ void nccl_check(ncclResult_t status, const char* what) {
 template <typename T>
 ncclDataType_t nccl_type();
 template <>
-ncclDataType_t nccl_type<float>() { return ncclFloat32; }
+ncclDataType_t nccl_type<float>() {
+  return ncclFloat32;
+}
 template <>
-ncclDataType_t nccl_type<double>() { return ncclFloat64; }
+ncclDataType_t nccl_type<double>() {
+  return ncclFloat64;
+}
 
 // One group: its NCCL communicator and the matching MPI group (for all_gather_bytes).
 struct NcclGroup {
@@ -105,7 +109,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t producer_;
   double timeout_seconds_;
   CommGroup world_;
-  std::vector<NcclGroup> groups_;      // by group id; 0 is the world
+  std::vector<NcclGroup> groups_;  // by group id; 0 is the world
   std::vector<std::vector<int>> members_by_id_;
   // Point to point: messages to higher ranks travel on up_, to lower ranks on down_, each with its
   // own stream, so an exchange (both ranks send, then receive) cannot deadlock on one stream.
@@ -278,8 +282,8 @@ CommHandle NcclCommunicator::reduce_scatter(float* data, const std::vector<int64
   } else if (equal) {
     // In place: NCCL writes this member's piece where it lies, at data + my_index * count.
     const int64_t piece = counts[0];
-    nccl_check(ncclReduceScatter(data, data + group.my_index * piece, static_cast<size_t>(piece), ncclFloat32,
-                                 ncclSum, g.comm, collective_stream_),
+    nccl_check(ncclReduceScatter(data, data + group.my_index * piece, static_cast<size_t>(piece), ncclFloat32, ncclSum,
+                                 g.comm, collective_stream_),
                "ncclReduceScatter");
   } else {
     nccl_check(ncclGroupStart(), "ncclGroupStart");
@@ -287,9 +291,9 @@ CommHandle NcclCommunicator::reduce_scatter(float* data, const std::vector<int64
       const int64_t count = counts[static_cast<size_t>(i)];
       if (count == 0) continue;
       float* piece = data + offsets[static_cast<size_t>(i)];
-      nccl_check(ncclReduce(piece, piece, static_cast<size_t>(count), ncclFloat32, ncclSum, i, g.comm,
-                            collective_stream_),
-                 "ncclReduce (a reduce_scatter piece)");
+      nccl_check(
+          ncclReduce(piece, piece, static_cast<size_t>(count), ncclFloat32, ncclSum, i, g.comm, collective_stream_),
+          "ncclReduce (a reduce_scatter piece)");
     }
     nccl_check(ncclGroupEnd(), "ncclGroupEnd (reduce_scatter)");
   }
@@ -335,8 +339,7 @@ CommHandle NcclCommunicator::broadcast(void* data, int64_t bytes, int root_index
   if (bytes < 0) throw Error(fmt::format("broadcast of {} bytes", bytes));
   post_begin(collective_stream_);
   if (bytes > 0) {
-    nccl_check(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root_index, g.comm,
-                             collective_stream_),
+    nccl_check(ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8, root_index, g.comm, collective_stream_),
                "ncclBroadcast");
   }
   return post_end(collective_stream_, g.comm, comm_describe(kind, bytes, g.members));

@@ -15,6 +15,16 @@ enum class ReduceOp { ReduceOp_sum, ReduceOp_max };
 // Exit status of a job ended because an operation did not finish within the timeout.
 inline constexpr int kExitCommTimeout = 4;
 
+// Completion driven by something other than the MPI progress engine (the GPU communicators: an
+// event on a communication stream). A handle built from one forwards wait() and done() to it,
+// which keep the handle's contract below (errors throw alloy::Error, a timeout aborts the job).
+class CommCompletion {
+ public:
+  virtual ~CommCompletion() = default;
+  virtual void wait() = 0;
+  virtual bool done() = 0;
+};
+
 // Completion of one posted operation. wait() blocks until it is done and throws alloy::Error
 // when the operation failed. When it does not finish within the communicator's timeout, wait()
 // aborts the whole job (Communicator::abort, exit status kExitCommTimeout) with a message naming
@@ -25,12 +35,14 @@ class CommHandle {
   struct State;
   CommHandle() = default;
   explicit CommHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  explicit CommHandle(std::shared_ptr<CommCompletion> completion) : completion_(std::move(completion)) {}
   void wait() const;
   bool done() const;
-  bool valid() const { return state_ != nullptr; }
+  bool valid() const { return state_ != nullptr || completion_ != nullptr; }
 
  private:
-  std::shared_ptr<State> state_;
+  std::shared_ptr<State> state_;                 // MPI communicator
+  std::shared_ptr<CommCompletion> completion_;   // other communicators
 };
 
 // A group of world ranks; `members` ascending. Index of a rank inside the group = its position.
@@ -90,6 +102,10 @@ class Communicator {
 // last communicator is destroyed. `timeout_seconds`: a wait longer than this aborts the job
 // with the operation named (0: ALLOY_COMM_TIMEOUT from the environment, else 300 s).
 std::unique_ptr<Communicator> communicator_mpi(double timeout_seconds = 0);
+
+// The timeout a communicator uses: `timeout_seconds` when positive, else ALLOY_COMM_TIMEOUT from
+// the environment, else 300 s; throws alloy::Error for a negative or malformed value.
+double communicator_timeout_resolve(double timeout_seconds);
 
 // True when this process was started by mpirun/srun with more than one rank.
 bool communicator_launched_by_mpi();

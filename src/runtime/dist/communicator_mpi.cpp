@@ -16,6 +16,23 @@
 
 namespace alloy {
 
+double communicator_timeout_resolve(double timeout_seconds) {
+  if (timeout_seconds < 0) {
+    throw Error(fmt::format("communicator timeout {} s is negative", timeout_seconds), {},
+                "give a positive number of seconds, or 0 for ALLOY_COMM_TIMEOUT / the 300 s default");
+  }
+  if (timeout_seconds > 0) return timeout_seconds;
+  const char* text = std::getenv("ALLOY_COMM_TIMEOUT");
+  if (text == nullptr || *text == '\0') return kCommDefaultTimeoutSeconds;
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  if (*end != '\0' || !(value > 0)) {
+    throw Error(fmt::format("ALLOY_COMM_TIMEOUT='{}' is not a positive number of seconds", text),
+                {"", "ALLOY_COMM_TIMEOUT"}, "set it to e.g. 600, or unset it for the 300 s default");
+  }
+  return value;
+}
+
 namespace {
 // Largest element count handed to one MPI call; larger transfers are split into pieces that
 // every member splits identically.
@@ -35,23 +52,6 @@ template <>
 MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
 template <>
 MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
-
-double timeout_resolve(double timeout_seconds) {
-  if (timeout_seconds < 0) {
-    throw Error(fmt::format("communicator timeout {} s is negative", timeout_seconds), {},
-                "give a positive number of seconds, or 0 for ALLOY_COMM_TIMEOUT / the 300 s default");
-  }
-  if (timeout_seconds > 0) return timeout_seconds;
-  const char* text = std::getenv("ALLOY_COMM_TIMEOUT");
-  if (text == nullptr || *text == '\0') return kCommDefaultTimeoutSeconds;
-  char* end = nullptr;
-  double value = std::strtod(text, &end);
-  if (*end != '\0' || !(value > 0)) {
-    throw Error(fmt::format("ALLOY_COMM_TIMEOUT='{}' is not a positive number of seconds", text),
-                {"", "ALLOY_COMM_TIMEOUT"}, "set it to e.g. 600, or unset it for the 300 s default");
-  }
-  return value;
-}
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -107,7 +107,7 @@ class MpiCommunicator final : public Communicator {
 };
 
 MpiCommunicator::MpiCommunicator(double timeout_seconds)
-    : timeout_seconds_(timeout_resolve(timeout_seconds)), progress_(this, timeout_seconds_) {
+    : timeout_seconds_(communicator_timeout_resolve(timeout_seconds)), progress_(this, timeout_seconds_) {
   mpi_acquire();
   MPI_Comm world_comm = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &world_comm);

@@ -45,6 +45,10 @@ std::string CommHandle::State::describe() const {
 }
 
 void CommHandle::wait() const {
+  if (completion_) {
+    completion_->wait();
+    return;
+  }
   if (!state_) throw Error("wait on an empty CommHandle", {}, "wait only on handles returned by a Communicator call");
   std::unique_lock lock(state_->mutex);
   Clock::time_point start = Clock::now();
@@ -65,6 +69,7 @@ void CommHandle::wait() const {
 }
 
 bool CommHandle::done() const {
+  if (completion_) return completion_->done();
   if (!state_) return false;
   std::lock_guard lock(state_->mutex);
   return state_->done;

@@ -123,6 +123,10 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
                     fmt::format("{:.0f}", r.tokens_per_second), r.reason});
     }
     out += table(ru);
+  } else if (options.show_runner_ups) {
+    out += fmt::format("\n  Runner-ups\n    none: no other layout of the {} device(s) fits (micro-batch, recomputation and "
+                       "ZeRO are chosen inside the layout)\n",
+                       plan.num_used_devices());
   }
   if (!plan.notes.empty()) {
     out += "\n  Notes\n";

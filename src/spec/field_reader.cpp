@@ -92,6 +92,11 @@ YAML::Node spec_text_parse(const std::string& text, const std::string& path, boo
       size_t cut = detail.find("syntax error");
       throw Error("malformed JSON: " + (cut == std::string::npos ? detail : detail.substr(cut)),
                   {path, "", line, column}, "fix the JSON syntax at that position");
+    } catch (const nlohmann::json::out_of_range& e) {  // a number too large for a double
+      std::string detail = e.what();
+      size_t cut = detail.find("number overflow");
+      throw Error("unreadable JSON: " + (cut == std::string::npos ? detail : detail.substr(cut)), {path, ""},
+                  "write numbers a double can hold");
     }
     if (!j.is_object()) throw Error("the file must hold a JSON object", {path, "", 1, 1}, "wrap the fields in { }");
     return json_to_yaml(j);

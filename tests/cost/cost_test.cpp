@@ -145,7 +145,8 @@ TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
 }
 
 TEST_F(StageCost, RecomputeAndOffloadTradeMemoryForTime) {
-  EXPECT_LT(memory(0, 32, 0, 0).activations_bytes, memory(0, 0, 0, 0).activations_bytes);
+  // On GPUs attention is fused: no scores are kept, so selective recomputation drops nothing.
+  EXPECT_DOUBLE_EQ(memory(0, 32, 0, 0).activations_bytes, memory(0, 0, 0, 0).activations_bytes);
   EXPECT_LT(memory(0, 0, 32, 0).activations_bytes, memory(0, 32, 0, 0).activations_bytes);
   const MemoryBreakdown off = memory(0, 0, 0, 32);
   EXPECT_LT(off.total_bytes(), memory(0, 0, 0, 0).total_bytes());

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "../common/test_util.hpp"
 #include "cuda_test_util.hpp"
@@ -120,7 +121,13 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest,
                          ::testing::Values(Case{kGpt2, Recompute::Recompute_none, 2, 80},
                                            Case{kGpt2, Recompute::Recompute_full, 3, 33},
                                            Case{kLlama, Recompute::Recompute_none, 2, 96},
-                                           Case{kLlama, Recompute::Recompute_full, 1, 17}));
+                                           Case{kLlama, Recompute::Recompute_full, 1, 17}),
+                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                           const Case& c = param_info.param;
+                           return std::string(c.yaml == kGpt2 ? "gpt2" : "llama") +
+                                  (c.recompute == Recompute::Recompute_full ? "_full" : "_none") + "_B" +
+                                  std::to_string(c.B) + "_T" + std::to_string(c.T);
+                         });
 
 TEST(GpuModel, RejectsTokensOutsideTheVocabulary) {
   ALLOY_REQUIRE_GPU();

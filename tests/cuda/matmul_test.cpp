@@ -3,6 +3,8 @@
 // and not, on aligned and odd shapes.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "cuda_test_util.hpp"
 #include "runtime/cpu/matmul.hpp"
 #include "runtime/cuda/matmul.hpp"
@@ -83,7 +85,12 @@ TEST_P(MatmulTest, BackwardProductsMatchCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                          ::testing::Values(Shape{64, 128, 96, 96}, Shape{256, 768, 2304, 2304},
-                                           Shape{37, 72, 45, 64}, Shape{130, 64, 300, 320}));
+                                           Shape{37, 72, 45, 64}, Shape{130, 64, 300, 320}),
+                         [](const ::testing::TestParamInfo<Shape>& param_info) {
+                           const Shape& s = param_info.param;
+                           return "N" + std::to_string(s.N) + "_K" + std::to_string(s.K) + "_M" + std::to_string(s.M) +
+                                  "_ld" + std::to_string(s.ldo);
+                         });
 
 TEST(MatmulPeak, MeasuresAPlausibleRate) {
   ALLOY_REQUIRE_GPU();

@@ -67,6 +67,14 @@ TEST(SpecErrors, MalformedJsonHasLineAndColumn) {
   EXPECT_NE(e.message().find("malformed JSON"), std::string::npos);
 }
 
+TEST(SpecErrors, JsonNumberBeyondADoubleIsACleanError) {
+  TempDir dir;
+  std::string path = dir.write("m.json", "{\"model_type\": \"llama\", \"hidden_size\": 1e3084096}");
+  Error e = expect_error([&] { model_load_file(path); });
+  EXPECT_EQ(e.where().file, path);
+  EXPECT_NE(e.message().find("number overflow"), std::string::npos) << e.format();
+}
+
 TEST(SpecErrors, MalformedYamlHasLineAndColumn) {
   TempDir dir;
   std::string path = dir.write("c.yaml", "name: t\nnodes:\n  - {count: 2, device: [a100\n");

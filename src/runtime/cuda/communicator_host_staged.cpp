@@ -199,6 +199,9 @@ class HostStagedCommunicator final : public Communicator {
   CommHandle all_reduce_typed(T* data, int64_t count, const CommGroup& group, ReduceOp op);
   // Copies `bytes` from `device_data` into `buffer` at `offset_bytes` and waits for the copy.
   void stage_in(PinnedBuffer& buffer, size_t offset_bytes, const void* device_data, int64_t bytes);
+  // Orders later copies back (on the copy stream) after the work queued on the producer stream
+  // so far: a receiver's buffer may still be being written (a pageable upload's DMA returns early).
+  void order_after_producer();
   CommHandle handle_make(CommHandle transfer, std::shared_ptr<PinnedBuffer> buffer, CopyBack copy) {
     return CommHandle(
         std::make_shared<StagedCompletion>(std::move(transfer), std::move(buffer), copy, device_, copy_stream_));
@@ -229,14 +232,20 @@ HostStagedCommunicator::~HostStagedCommunicator() {
 
 void HostStagedCommunicator::stage_in(PinnedBuffer& buffer, size_t offset_bytes, const void* device_data,
                                       int64_t bytes) {
-  if (bytes == 0) return;
   std::lock_guard lock(stage_mutex_);
   cuda_check(cudaSetDevice(device_), "selecting the GPU for staging");
-  cuda_stream_order_after(copy_stream_, producer_, order_event_);
+  cuda_stream_order_after(copy_stream_, producer_, order_event_);  // also when nothing is staged:
+  if (bytes == 0) return;                                          // copies back follow it
   cuda_check(cudaMemcpyAsync(buffer.data + offset_bytes, device_data, static_cast<size_t>(bytes),
                              cudaMemcpyDeviceToHost, copy_stream_),
              "copying device data to the staging buffer");
   cuda_check(cudaStreamSynchronize(copy_stream_), "copying device data to the staging buffer");
+}
+
+void HostStagedCommunicator::order_after_producer() {
+  std::lock_guard lock(stage_mutex_);
+  cuda_check(cudaSetDevice(device_), "selecting the GPU for staging");
+  cuda_stream_order_after(copy_stream_, producer_, order_event_);
 }
 
 void group_member_check(const CommGroup& group, const char* kind) {
@@ -256,6 +265,7 @@ CommHandle HostStagedCommunicator::send(const void* data, int64_t bytes, int pee
 CommHandle HostStagedCommunicator::recv(void* data, int64_t bytes, int peer, int tag) {
   if (bytes < 0) throw Error(fmt::format("recv of {} bytes", bytes));
   auto buffer = pool_->lease(bytes);
+  order_after_producer();
   CommHandle transfer = mpi_.recv(buffer->data, bytes, peer, tag);
   return handle_make(std::move(transfer), buffer, CopyBack{static_cast<char*>(data), 0, bytes});
 }
@@ -306,7 +316,11 @@ CommHandle HostStagedCommunicator::broadcast(void* data, int64_t bytes, int root
   if (bytes < 0) throw Error(fmt::format("broadcast of {} bytes", bytes));
   auto buffer = pool_->lease(bytes);
   const bool root = group.my_index == root_index;
-  if (root) stage_in(*buffer, 0, data, bytes);
+  if (root) {
+    stage_in(*buffer, 0, data, bytes);
+  } else {
+    order_after_producer();
+  }
   CommHandle transfer = mpi_.broadcast(buffer->data, bytes, root_index, group);
   return handle_make(std::move(transfer), buffer, root ? CopyBack{} : CopyBack{static_cast<char*>(data), 0, bytes});
 }

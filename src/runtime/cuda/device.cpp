@@ -78,4 +78,10 @@ void cuda_memory_free(void* pointer) { cudaFree(pointer); }
 
 ArenaMemory cuda_arena_memory() { return {cuda_memory_allocate, cuda_memory_free, "GPU"}; }
 
+CudaStream::CudaStream() {
+  cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a CUDA stream");
+}
+
+CudaStream::~CudaStream() { cudaStreamDestroy(stream_); }
+
 }  // namespace alloy

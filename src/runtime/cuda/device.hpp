@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include <cuda_runtime.h>
+
 #include "runtime/arena.hpp"
 
 namespace alloy {
@@ -28,5 +30,18 @@ CudaDeviceInfo cuda_device_open(int index);
 
 // Device memory through cudaMalloc / cudaFree, for Arena.
 ArenaMemory cuda_arena_memory();
+
+// A non-blocking CUDA stream of the current device, destroyed at scope end.
+class CudaStream {
+ public:
+  CudaStream();
+  ~CudaStream();
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
 
 }  // namespace alloy

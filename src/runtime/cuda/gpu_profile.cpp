@@ -116,12 +116,8 @@ GpuProfile gpu_profile_measure(const ModelSpec& spec, const TrainSpec& train, in
   Model host(two_blocks, host_arena);
   model_init_weights(host, train.seed);
   Arena arena(out.device.free_memory_bytes - (int64_t{1} << 30), out.device.name, cuda_arena_memory());
-  cudaStream_t stream = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating a stream");
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { cudaStreamDestroy(s); }
-  } stream_guard{stream};
+  const CudaStream compute_stream;
+  cudaStream_t stream = compute_stream.get();
   {
     GpuModel model(host, arena, stream);
     out.gemm_peak_flops = cuda_matmul_peak_flops(model.matmul);

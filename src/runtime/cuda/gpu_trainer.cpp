@@ -133,12 +133,8 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
   const int64_t capacity = o.common.memory_cap_bytes > 0 ? static_cast<int64_t>(o.common.memory_cap_bytes)
                                                          : out.device.free_memory_bytes - (int64_t{1} << 30);
   Arena arena(capacity, out.device.name, cuda_arena_memory());
-  cudaStream_t stream = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating a stream");
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { cudaStreamDestroy(s); }
-  } stream_guard{stream};
+  const CudaStream compute_stream;
+  cudaStream_t stream = compute_stream.get();
 
   GpuModel model(host, arena, stream);
   model.recompute = o.layer_recompute.empty() ? std::vector<Recompute>(static_cast<size_t>(spec.num_layers), o.common.recompute)

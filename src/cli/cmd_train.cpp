@@ -36,8 +36,9 @@ struct TrainCommand {
   std::string export_weights;
   std::string profile;             // the profile the plan was made with
   std::string calibrated_profile;  // where to write it corrected by this run's measurements
-  std::string device = "cpu";      // cpu, or cuda (one GPU)
-  int gpu = 0;
+  std::string device = "cpu";      // cpu, or cuda (one GPU per rank)
+  int gpu = -1;                    // -1: the rank's index on its host
+  std::string gpu_comm = "auto";
 };
 
 TrainSpec train_spec_from(const TrainCommand& c, const ModelSpec& model) {
@@ -197,7 +198,7 @@ void run_gpu(TrainCommand& c, const ModelSpec& model, int* exit_code) {
   }
   parse_single_run_options(c);
   TrainSpec train = train_spec_from(c, model);
-  GpuTrainRequest request{c.options, c.plan, c.cluster, c.gpu};
+  GpuTrainRequest request{c.options, c.plan, c.cluster, c.gpu, c.gpu_comm};
   train_on_gpu(model, train, request);
   *exit_code = 0;
 }
@@ -254,9 +255,13 @@ void add_train(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--memory-cap", c->memory_cap, "Arena capacity, e.g. 2GiB (training fails clearly above it)");
   cmd->add_flag("--progress,!--no-progress", c->options.progress, "Per-step line on stderr (--no-progress: none)");
-  cmd->add_option("--device", c->device, "cpu, or cuda: train on one GPU in bf16 (alone or running a one-GPU --plan)")
+  cmd->add_option("--device", c->device,
+                  "cpu, or cuda: train in bf16 on one GPU, or on one GPU per rank under mpirun (data parallel, --plan or not)")
       ->capture_default_str();
-  cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index")->capture_default_str();
+  cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index (default: the rank's index on its host)");
+  cmd->add_option("--gpu-comm", c->gpu_comm,
+                  "With --device cuda under mpirun: how replicas sum gradients: auto, nccl, or host (through host memory)")
+      ->capture_default_str();
   cmd->add_option("--plan,-p", c->plan, "Run this plan: mpirun -np <devices the plan uses> alloy train --plan plan.json ...");
   cmd->add_option("--cluster,-c", c->cluster, "The plan's cluster (preset or path; default: the plan's cluster name)");
   cmd->add_option("--trace", c->trace, "With --plan: Chrome trace of the last step of every rank");

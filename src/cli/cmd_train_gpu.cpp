@@ -9,6 +9,7 @@
 #ifdef ALLOY_WITH_CUDA
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"
+#include "runtime/dist/communicator.hpp"
 #include "runtime/dist/dist_trainer.hpp"
 #include "runtime/cuda/gpu_trainer.hpp"
 #include "spec/units.hpp"
@@ -21,16 +22,20 @@ namespace alloy::cli {
 namespace {
 
 // The plan's batch, micro-batches and per-layer recomputation, once it is known to be a plan
-// the GPU runtime can run.
+// the GPU runtime can run: one stage, data parallel only, as many ranks as the plan's devices.
 const PlanStage& plan_apply(const Plan& plan, const ModelSpec& model, TrainSpec& train, GpuTrainerOptions& o,
-                            const std::string& path) {
-  if (plan.num_used_devices() != 1 || plan.stages.size() != 1) {
-    throw Error(fmt::format("the plan uses {} devices in {} stages; the GPU runtime runs one-GPU plans so far",
-                            plan.num_used_devices(), plan.stages.size()),
-                {path, "stages"},
-                "plan for a cluster of one GPU, or run multi-device plans on CPU ranks under mpirun");
-  }
+                            int ranks, const std::string& path) {
   const PlanStage& stage = plan.stages.front();
+  if (plan.stages.size() != 1 || stage.tp != 1 || stage.zero != 0) {
+    throw Error(fmt::format("the plan has {} stage(s), tp {} and ZeRO {}; the GPU runtime runs one-stage, "
+                            "data-parallel plans without ZeRO so far",
+                            plan.stages.size(), stage.tp, stage.zero),
+                {path, "stages"}, "plan with alloy plan --pp 1 --tp 1 --zero 0, or run the plan on CPU ranks");
+  }
+  if (plan.num_used_devices() != ranks) {
+    throw Error(fmt::format("the plan uses {} GPU(s) but {} rank(s) were started", plan.num_used_devices(), ranks),
+                {path, "stages"}, fmt::format("start one rank per GPU: mpirun -np {} alloy train ...", plan.num_used_devices()));
+  }
   for (bool offloaded : stage.offload) {
     if (offloaded) {
       throw Error("the plan offloads layers to host memory, which the GPU runtime does not run yet", {path, "offload"},
@@ -45,9 +50,37 @@ const PlanStage& plan_apply(const Plan& plan, const ModelSpec& model, TrainSpec&
   train.seq_len = plan.seq_len;
   train.global_batch_sequences = plan.global_batch_sequences;
   o.common.batch_size = plan.global_batch_sequences;
-  o.micro_batch_sequences = plan.micro_batch_sequences;
+  o.micro_batch_sequences = plan.micro_batch_sequences / stage.dp;
   o.layer_recompute = stage.recompute;
   return stage;
+}
+
+// Data parallelism under mpirun: the GPU of each rank and the gradients' path.
+void data_parallel_setup(Communicator& mpi, const GpuTrainRequest& request, GpuTrainerOptions& o) {
+  if (!o.common.val_data.empty() && mpi.world_size() > 1) {
+    throw Error("validation runs on one rank only", {"", "--val-data"}, "drop --val-data under mpirun");
+  }
+  const int gpus = cuda_device_count();
+  const int local_rank = mpi.rank() % mpi.local_size();
+  o.mpi = &mpi;
+  o.device = request.gpu >= 0 ? request.gpu : (gpus > 0 ? local_rank % gpus : 0);
+  const bool shared = mpi.local_size() > gpus;
+  if (request.gradient_path == "nccl" || (request.gradient_path == "auto" && !shared)) {
+    if (shared) {
+      throw Error(fmt::format("{} ranks on host {} share {} GPU(s), and NCCL needs a GPU per rank", mpi.local_size(),
+                              mpi.host_name(), gpus),
+                  {"", "--gpu-comm"}, "start one rank per GPU, or use --gpu-comm host");
+    }
+    o.gradient_path = GpuGradientPath::GpuGradientPath_nccl;
+  } else if (request.gradient_path == "host" || request.gradient_path == "auto") {
+    o.gradient_path = GpuGradientPath::GpuGradientPath_host_staged;
+    if (mpi.rank() == 0 && shared) {
+      fmt::print("{} ranks share {} GPU(s) on {}: gradients go through host memory (slow; start one rank per GPU for NCCL)\n",
+                 mpi.local_size(), gpus, mpi.host_name());
+    }
+  } else {
+    throw Error("unknown gradient path '" + request.gradient_path + "'", {"", "--gpu-comm"}, "use auto, nccl or host");
+  }
 }
 
 void print_gpu_summary(const ModelSpec& model, const TrainSpec& train, const GpuTrainerResult& r, const Plan* plan,
@@ -59,14 +92,15 @@ void print_gpu_summary(const ModelSpec& model, const TrainSpec& train, const Gpu
   }
   const double step_tokens = static_cast<double>(train.global_batch_sequences) * static_cast<double>(train.seq_len);
   const double tokens_per_second = step_tokens / r.median_step_seconds;
-  const double model_flops = tokens_per_second * model_flops_per_token(model, train.seq_len).training;
+  // Per GPU, against one GPU's peak.
+  const double model_flops = tokens_per_second * model_flops_per_token(model, train.seq_len).training / r.replicas;
   fmt::print("\ntrained {} on {} ({}) for steps {}..{}: loss {:.4f} -> {:.4f}\n", model.name, r.device.name,
              units_format_bytes(static_cast<double>(r.device.memory_bytes)), run.first_step + 1, run.steps.back().step,
              run.steps.front().loss, run.steps.back().loss);
   if (run.final_val_loss) fmt::print("validation loss {:.4f}\n", *run.final_val_loss);
-  fmt::print("median step {:.2f} ms over {} micro-batch(es) of {} x {} tokens: {:.0f} tokens/s\n",
-             1e3 * r.median_step_seconds, r.micro_batches, train.global_batch_sequences / r.micro_batches,
-             train.seq_len, tokens_per_second);
+  fmt::print("median step {:.2f} ms over {} replica(s) x {} micro-batch(es) of {} x {} tokens: {:.0f} tokens/s\n",
+             1e3 * r.median_step_seconds, r.replicas, r.micro_batches,
+             train.global_batch_sequences / (r.micro_batches * r.replicas), train.seq_len, tokens_per_second);
   fmt::print("model FLOPs utilisation {:.1f}% of the measured bf16 GEMM peak ({})", 100.0 * model_flops / run.gemm_peak_flops,
              units_format_flops(run.gemm_peak_flops));
   if (r.datasheet_peak_flops > 0) {
@@ -91,19 +125,28 @@ void print_gpu_summary(const ModelSpec& model, const TrainSpec& train, const Gpu
 void train_on_gpu(const ModelSpec& model, TrainSpec train, const GpuTrainRequest& request) {
   GpuTrainerOptions o;
   o.common = request.options;
-  o.device = request.gpu;
+  o.device = std::max(request.gpu, 0);
   train.precision = Precision::Precision_bf16;
-  Plan plan;
-  const PlanStage* stage = nullptr;
-  if (!request.plan_path.empty()) {
-    plan = plan_load(request.plan_path);
-    const ClusterSpec cluster =
-        cluster_load(request.cluster.empty() ? plan.cluster_name : request.cluster, catalog_builtin());
-    plan_validate_for(plan, model, cluster, request.plan_path);
-    stage = &plan_apply(plan, model, train, o, request.plan_path);
+  std::unique_ptr<Communicator> mpi = communicator_launched_by_mpi() ? communicator_mpi() : nullptr;
+  const bool lead = mpi == nullptr || mpi->rank() == 0;
+  try {
+    if (mpi) data_parallel_setup(*mpi, request, o);
+    if (!lead) o.common.progress = false;
+    Plan plan;
+    const PlanStage* stage = nullptr;
+    if (!request.plan_path.empty()) {
+      plan = plan_load(request.plan_path);
+      const ClusterSpec cluster =
+          cluster_load(request.cluster.empty() ? plan.cluster_name : request.cluster, catalog_builtin());
+      plan_validate_for(plan, model, cluster, request.plan_path);
+      stage = &plan_apply(plan, model, train, o, mpi ? mpi->world_size() : 1, request.plan_path);
+    }
+    const GpuTrainerResult r = gpu_trainer_run(model, train, o);
+    if (lead) print_gpu_summary(model, train, r, stage != nullptr ? &plan : nullptr, stage);
+  } catch (const Error& e) {
+    if (!mpi) throw;
+    mpi->abort(e.format(), kExitBadInput);  // the other ranks may wait in a collective
   }
-  const GpuTrainerResult r = gpu_trainer_run(model, train, o);
-  print_gpu_summary(model, train, r, stage != nullptr ? &plan : nullptr, stage);
 }
 
 #else

@@ -12,13 +12,15 @@ namespace alloy::cli {
 
 struct GpuTrainRequest {
   TrainerOptions options;  // data, batch, validation, checkpoints, log, recomputation, memory cap
-  std::string plan_path;   // a one-GPU plan whose batch, micro-batches and recomputation to run
+  std::string plan_path;   // a plan whose batch, micro-batches and recomputation to run
   std::string cluster;     // the plan's cluster (default: the plan's cluster name)
-  int gpu = 0;             // CUDA device index
+  int gpu = -1;            // CUDA device index; -1: the rank's index on its host
+  std::string gradient_path = "auto";  // data parallel: auto, nccl or host
 };
 
 // Trains and prints the summary (with the plan's predictions against the measurements when a
-// plan is given). Throws alloy::Error for bad input or when this build has no CUDA backend.
+// plan is given). Under mpirun every rank is a data-parallel replica on its own GPU. Throws
+// alloy::Error for bad input or when this build has no CUDA backend.
 void train_on_gpu(const ModelSpec& model, TrainSpec train, const GpuTrainRequest& request);
 
 // Measures the model's layer times and optimizer rate on GPU `gpu` and writes them to `output`

@@ -13,7 +13,7 @@
 namespace alloy {
 
 TrainerData trainer_data_open(const ModelSpec& model, const TrainSpec& train, const TrainerOptions& o,
-                              int64_t batch) {
+                              int64_t batch, int64_t sample_begin, int64_t sample_end) {
   if (o.train_data.empty()) {
     throw Error("no training data given", {"", "--data"}, "pass --data FILE.bin (make one with `alloy tokenize`)");
   }
@@ -21,6 +21,8 @@ TrainerData trainer_data_open(const ModelSpec& model, const TrainSpec& train, co
   lo.batch_size = batch;
   lo.seq_len = train.seq_len;
   lo.seed = train.seed;
+  lo.sample_begin = sample_begin;
+  lo.sample_end = sample_end;
   TrainerData d{batch_loader_create(token_file_open(o.train_data, model.vocab_size), lo), std::nullopt};
   if (!o.val_data.empty()) {
     BatchLoaderOptions vo = lo;

@@ -23,8 +23,9 @@ struct TrainerData {
 };
 
 // Throws alloy::Error naming --data when no training file is given, or the file's problem.
+// A data-parallel replica reads samples [sample_begin, sample_end) of each global batch.
 TrainerData trainer_data_open(const ModelSpec& model, const TrainSpec& train, const TrainerOptions& options,
-                              int64_t batch_sequences);
+                              int64_t batch_sequences, int64_t sample_begin = 0, int64_t sample_end = -1);
 
 // Throws alloy::Error when train.seq_len exceeds what the model allows.
 void trainer_check_seq_len(const ModelSpec& model, const TrainSpec& train);

@@ -349,6 +349,7 @@ void gpu_model_backward(GpuModel& m) {
       block_forward(m, d, w.blocks[layer], x, a);
     }
     block_backward(m, d, w.blocks[layer], x, a, sc);
+    if (m.on_block_gradients) m.on_block_gradients(static_cast<int>(layer));
     release_block_internals(m, a);
     give(m, a.out);
     mark(m, &GpuPhaseEvents::backward, 2 + (L - 1 - layer));

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "runtime/arena.hpp"
@@ -60,6 +61,9 @@ struct GpuModel {
                                    // products over an aligned vocabulary run ~7x faster
   std::vector<Recompute> recompute;  // one per block
   GpuPhaseEvents* phases = nullptr;  // recorded when set (alloy profile --device cuda)
+  // Called by the backward right after block `layer`'s gradients are queued (on `stream`): lets
+  // a data-parallel trainer post their reduction while the blocks below still run.
+  std::function<void(int layer)> on_block_gradients;
 
   // The device copy of one of host's tensors (a pointer into host->params): the bf16 weight or
   // the fp32 gradient at the same offset; nullptr for nullptr.

@@ -11,6 +11,8 @@
 
 #include "hw/catalog.hpp"
 #include "runtime/cpu/optimizer.hpp"
+#include "runtime/cuda/communicator_host_staged.hpp"
+#include "runtime/cuda/communicator_nccl.hpp"
 #include "runtime/cuda/gpu_model.hpp"
 #include "runtime/cuda/kernels.hpp"
 #include "runtime/trainer_common.hpp"
@@ -78,6 +80,37 @@ std::vector<DecayRange> decay_ranges(const Model& host) {
   return ranges;
 }
 
+// Gradient ranges summed over replicas: one per block (its tensors are contiguous), then what
+// lies before the first block (embeddings) and after the last (final norm, head).
+struct GradientBuckets {
+  std::vector<DecayRange> blocks;  // by layer; decay unused
+  std::vector<DecayRange> edges;
+};
+
+GradientBuckets gradient_buckets(const Model& host) {
+  GradientBuckets b;
+  const size_t L = static_cast<size_t>(host.spec.num_layers);
+  b.blocks.assign(L, DecayRange{-1, 0, false});
+  for (const TensorView& v : host.views) {
+    if (v.name.rfind("layers.", 0) != 0) continue;
+    DecayRange& r = b.blocks[static_cast<size_t>(std::stoi(v.name.substr(7)))];
+    const int64_t end = std::max(r.offset + r.count, v.offset + v.numel);
+    r.offset = r.offset < 0 ? v.offset : std::min(r.offset, v.offset);
+    r.count = end - r.offset;
+  }
+  const int64_t first = b.blocks.front().offset;
+  const int64_t last_end = b.blocks.back().offset + b.blocks.back().count;
+  if (first > 0) b.edges.push_back({0, first, false});
+  if (last_end < host.num_parameters) b.edges.push_back({last_end, host.num_parameters - last_end, false});
+  return b;
+}
+
+std::unique_ptr<Communicator> gradient_communicator(const GpuTrainerOptions& o, cudaStream_t stream) {
+  if (o.mpi == nullptr) return nullptr;
+  if (o.gradient_path == GpuGradientPath::GpuGradientPath_nccl) return communicator_nccl_create(*o.mpi, o.device, stream);
+  return communicator_host_staged_create(*o.mpi, o.device, stream);
+}
+
 double datasheet_bf16_flops(const std::string& device_name) {
   std::string name = device_name;
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -117,14 +150,26 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
   out.device = cuda_device_open(o.device);
   out.datasheet_peak_flops = datasheet_bf16_flops(out.device.name);
   const int64_t batch = o.common.batch_size > 0 ? o.common.batch_size : train.global_batch_sequences;
-  const int64_t micro = o.micro_batch_sequences > 0 ? o.micro_batch_sequences : batch;
-  if (batch % micro != 0) {
-    throw Error(fmt::format("the batch of {} sequences does not split into micro-batches of {}", batch, micro),
-                {"", "--micro-batch"}, "pick a micro-batch size that divides the batch");
+  out.replicas = o.mpi != nullptr ? o.mpi->world_size() : 1;
+  const int replica = o.mpi != nullptr ? o.mpi->rank() : 0;
+  const bool lead = replica == 0;
+  if (batch % out.replicas != 0) {
+    throw Error(fmt::format("the batch of {} sequences does not split over {} data-parallel ranks", batch, out.replicas),
+                {"", "--batch"}, "use a batch that the number of ranks divides");
   }
-  out.micro_batches = batch / micro;
+  const int64_t local = batch / out.replicas;
+  const int64_t micro = o.micro_batch_sequences > 0 ? o.micro_batch_sequences : local;
+  if (local % micro != 0) {
+    throw Error(fmt::format("a replica's {} sequences do not split into micro-batches of {}", local, micro),
+                {"", "--micro-batch"}, "pick a micro-batch size that divides the batch per replica");
+  }
+  out.micro_batches = local / micro;
+  if (!o.layer_recompute.empty() && static_cast<int64_t>(o.layer_recompute.size()) != spec.num_layers) {
+    throw Error(fmt::format("{} recomputation levels for {} layers", o.layer_recompute.size(), spec.num_layers), {},
+                "give one level per layer");
+  }
   trainer_check_seq_len(spec, train);
-  TrainerData data = trainer_data_open(spec, train, o.common, batch);
+  TrainerData data = trainer_data_open(spec, train, o.common, batch, replica * local, (replica + 1) * local);
 
   // The host model holds the layout, the initial weights and the checkpoint side.
   Arena host_arena(int64_t{1} << 40, "host");
@@ -137,6 +182,9 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
   cudaStream_t stream = compute_stream.get();
 
   GpuModel model(host, arena, stream);
+  const std::unique_ptr<Communicator> gradient_comm = gradient_communicator(o, stream);
+  const GradientBuckets buckets = gradient_buckets(host);
+  std::vector<CommHandle> reductions;
   model.recompute = o.layer_recompute.empty() ? std::vector<Recompute>(static_cast<size_t>(spec.num_layers), o.common.recompute)
                                               : o.layer_recompute;
   GpuAdamW optimizer(arena, model.num_parameters);
@@ -162,14 +210,14 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
   result.gemm_peak_flops = cuda_matmul_peak_flops(model.matmul);
   const double flops_per_token = model_flops_per_token(spec, train.seq_len).training;
   const int Bm = static_cast<int>(micro), T = static_cast<int>(train.seq_len);
-  const int64_t step_tokens = batch * T;
+  const int64_t step_tokens = local * T;  // this replica's
   // Pinned, so the token uploads of every micro-batch are truly asynchronous.
   PinnedBuffer<int32_t> inputs(step_tokens), targets(step_tokens);
   PinnedBuffer<float> losses(step_tokens);
   float* norm_squared = arena.allocate_floats(1, "gradient norm");
   PinnedBuffer<float> norm_host(1);
   const std::vector<DecayRange> ranges = decay_ranges(host);
-  StepLog log(o.common.log_path);
+  StepLog log(lead ? o.common.log_path : std::string());
   if (data.val && !o.common.resume) {
     result.initial_val_loss = gpu_validation_loss(model, *data.val, o.common.val_batches, inputs.get(), targets.get(), losses);
   }
@@ -197,12 +245,31 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
     const int64_t micro_tokens = int64_t{Bm} * T;
     for (int64_t k = 0; k < out.micro_batches; ++k) {
       const size_t at = static_cast<size_t>(k * micro_tokens);
+      // The last micro-batch's backward finishes each block's gradients: sum them over the
+      // replicas at once, on the communicator's stream, behind the block's kernels.
+      if (gradient_comm && k + 1 == out.micro_batches) {
+        model.on_block_gradients = [&](int layer) {
+          const DecayRange& r = buckets.blocks[static_cast<size_t>(layer)];
+          reductions.push_back(gradient_comm->all_reduce(model.grads + r.offset, r.count, gradient_comm->world(),
+                                                         ReduceOp::ReduceOp_sum));
+        };
+      }
       gpu_model_forward(model, inputs.get() + at, targets.get() + at, Bm, T, true,
-                        1.0f / static_cast<float>(out.micro_batches));
+                        1.0f / static_cast<float>(out.micro_batches * out.replicas));
       cuda_check(cudaMemcpyAsync(losses.get() + at, model.losses, static_cast<size_t>(micro_tokens) * sizeof(float),
                                  cudaMemcpyDeviceToHost, stream),
                  "copying losses");
       gpu_model_backward(model);
+    }
+    if (gradient_comm) {
+      model.on_block_gradients = nullptr;
+      for (const DecayRange& r : buckets.edges) {
+        reductions.push_back(
+            gradient_comm->all_reduce(model.grads + r.offset, r.count, gradient_comm->world(), ReduceOp::ReduceOp_sum));
+      }
+      // Each wait returns once its sum is in device memory, so the kernels queued after see it.
+      for (const CommHandle& h : reductions) h.wait();
+      reductions.clear();
     }
     cuda_check(cudaMemsetAsync(norm_squared, 0, sizeof(float), stream), "gradient norm");
     cuda_sum_squares(norm_squared, model.grads, model.num_parameters, stream);
@@ -222,17 +289,18 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
     }
     gpu_model_refresh_head(model);
     cuda_check(cudaStreamSynchronize(stream), "the optimizer step");
-    double loss_sum = 0;
-    for (int64_t i = 0; i < step_tokens; ++i) loss_sum += losses.get()[i];
+    double loss_sums[2] = {0, static_cast<double>(step_tokens)};  // this replica's sum and tokens
+    for (int64_t i = 0; i < step_tokens; ++i) loss_sums[0] += losses.get()[i];
+    if (o.mpi != nullptr) o.mpi->all_reduce(loss_sums, 2, o.mpi->world(), ReduceOp::ReduceOp_sum).wait();
 
     StepReport report;
     report.step = step;
-    report.loss = loss_sum / static_cast<double>(step_tokens);
+    report.loss = loss_sums[0] / loss_sums[1];
     report.learning_rate = lr;
     report.grad_norm = norm;
     report.step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    report.tokens_per_second = static_cast<double>(step_tokens) / report.step_seconds;
-    report.mfu = report.tokens_per_second * flops_per_token / result.gemm_peak_flops;
+    report.tokens_per_second = loss_sums[1] / report.step_seconds;
+    report.mfu = report.tokens_per_second * flops_per_token / (result.gemm_peak_flops * out.replicas);
     report.peak_arena_bytes = arena.peak_bytes();
     step_seconds.push_back(report.step_seconds);
     const bool last = step == train.steps;
@@ -240,11 +308,12 @@ GpuTrainerResult gpu_trainer_run(const ModelSpec& spec, const TrainSpec& train, 
       report.val_loss = gpu_validation_loss(model, *data.val, o.common.val_batches, inputs.get(), targets.get(), losses);
       if (last) result.final_val_loss = report.val_loss;
     }
-    if (!o.common.checkpoint_dir.empty() && ((o.common.checkpoint_every > 0 && step % o.common.checkpoint_every == 0) || last)) {
-      save(step);
+    if (lead && !o.common.checkpoint_dir.empty() &&
+        ((o.common.checkpoint_every > 0 && step % o.common.checkpoint_every == 0) || last)) {
+      save(step);  // the replicas hold the same weights
     }
     log.write(report);
-    if (o.common.progress) trainer_print_progress(report, train.steps);
+    if (o.common.progress && lead) trainer_print_progress(report, train.steps);
     if (on_step) on_step(report);
     result.steps.push_back(report);
   }

@@ -64,6 +64,22 @@ bool cheapest_recompute_search(const Context& c, int offloaded, int* selective, 
   return best < std::numeric_limits<double>::infinity();
 }
 
+// When selective recomputation frees nothing (fused attention keeps no scores), only full
+// recomputation saves memory: the fewest fully recomputed blocks that fit. Memory is affine in
+// their count from one block on, so two evaluations place it and exact checks settle it.
+bool cheapest_full_recompute(const Context& c, int offloaded, int* selective, int* full) {
+  const int n = c.blocks;
+  *selective = 0;
+  const double one = memory_bytes(c, 0, 1, offloaded);
+  const double per_block = n >= 2 ? one - memory_bytes(c, 0, 2, offloaded) : 0;
+  int f = 1;
+  if (per_block > 0) f = std::clamp(1 + static_cast<int>(std::ceil((one - c.slot.capacity_bytes) / per_block - 1e-9)), 1, n);
+  while (f < n && !fits(c, 0, f, offloaded)) ++f;
+  while (f > 1 && fits(c, 0, f - 1, offloaded)) --f;
+  *full = f;
+  return fits(c, 0, f, offloaded);
+}
+
 // Cheapest recomputation that fits with `offloaded` blocks offloaded. Once any block is
 // recomputed, memory is affine in the selective and full counts, so three evaluations give the
 // slopes and every full count is scored arithmetically; the winner is then checked exactly.
@@ -85,6 +101,7 @@ bool cheapest_recompute(const Context& c, int recompute_pin, int offloaded, int*
   const double per_sel = one_sel - memory_bytes(c, 2, 0, offloaded);
   const double base = one_sel + per_sel;  // intercept of the affine region
   const double per_full = base - memory_bytes(c, 0, 1, offloaded);
+  if (per_sel <= 0 && per_full > 0) return cheapest_full_recompute(c, offloaded, selective, full);
   if (per_sel <= 0 || per_full <= 0) return cheapest_recompute_search(c, offloaded, selective, full);
   const double r_sel = c.unit.recompute_selective_seconds;
   const double r_full = c.unit.recompute_full_seconds;
@@ -255,6 +272,14 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
     *full = 0;
     return true;
   }
+  if (!(a.per_selective < 0)) {  // selective frees nothing (fused attention): the fewest full blocks
+    const double excess = a.at(0, 0, off) + a.transient - cap;
+    const int f = std::max(1, static_cast<int>(std::ceil(excess / -a.per_full - 1e-9)));
+    if (f > n) return false;
+    *selective = 0;
+    *full = f;
+    return true;
+  }
   const double r_sel = c.unit.recompute_selective_seconds;
   const double r_full = c.unit.recompute_full_seconds;
   double best = std::numeric_limits<double>::infinity();
@@ -288,7 +313,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
     for (int zero : zero_levels(slot, pins)) {
       const Context c{cost, slot, *slot.unit[sp], blocks, zero};
       const AffineStage a = affine_stage(c);
-      if (!(a.per_selective < 0) || !(a.per_full < a.per_selective) || a.t_per_offload < 0) return false;
+      if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective) || a.t_per_offload < 0) return false;
       const int max_offloaded = pins.allow_offload ? blocks : 0;
       double best_t = std::numeric_limits<double>::infinity();
       double previous_u = -1;
@@ -323,6 +348,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
       // A cheaper recomputation must not fit (rounding at the boundary).
       if (o.selective > (o.full == 0 ? 1 : 0) && fits(c, o.selective - 1, o.full, o.offloaded)) return false;
       if (o.selective + o.full > 0 && fits(c, 0, 0, o.offloaded)) return false;
+      if (o.selective == 0 && o.full > 1 && fits(c, 0, o.full - 1, o.offloaded)) return false;
     }
   }
   return true;

@@ -269,7 +269,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
 
   // Alloy's GPU runtime fuses attention (docs/runtime-gpu.md); the CPU runtime stores the scores.
   const bool gpu = !cluster_.device_types[shape.device_type].is_cpu;
-  const AttentionMemory attention = gpu ? AttentionMemory::AttentionMemory_fused : AttentionMemory::AttentionMemory_unfused;
+  const AttentionMemory attention = gpu ? AttentionMemory::AttentionMemory_fused : AttentionMemory::AttentionMemory_scores;
   for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
     u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, attention);
   u.embedding_activation_bytes = embedding_activation_bytes(m, b, s, tp, sp, p);

@@ -111,7 +111,7 @@ double model_flops_per_sequence(const ModelSpec& m, int64_t seq_len) {
 double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
                               bool sequence_parallel, Recompute recompute, Precision precision,
                               AttentionMemory attention) {
-  const bool fused = attention == AttentionMemory::AttentionMemory_fused;
+  const bool megatron = attention == AttentionMemory::AttentionMemory_megatron;
   const double e = precision_bytes(precision);
   const double sb = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double c = static_cast<double>(m.hidden_size);
@@ -120,30 +120,35 @@ double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t s
   const double kv = static_cast<double>(kv_width(m));
   const double scores = static_cast<double>(micro_batch) * static_cast<double>(m.num_heads) *
                         static_cast<double>(seq_len) * static_cast<double>(seq_len);
-  const bool dropout = m.family == ModelFamily::ModelFamily_gpt2 && !fused;
+  const bool dropout = megatron && m.family == ModelFamily::ModelFamily_gpt2;
   // Tensors at the tp region boundaries are replicated unless sequence parallelism splits them.
   const double boundary_share = sequence_parallel ? 1.0 / tp : 1.0;
 
   if (recompute == Recompute::Recompute_full) return sb * c * e * boundary_share;
 
   // Replicated across tp without sequence parallelism: two norm inputs, the attention and MLP
-  // inputs, and the two dropout masks (1 byte per element).
+  // inputs, and (Megatron, GPT-2) the two dropout masks (1 byte per element).
   double boundary = sb * c * e * 4.0;
   if (dropout) boundary += 2.0 * sb * c;
+  // Alloy's runtimes keep each norm's fp32 statistics (LayerNorm: mean and rstd; RMSNorm: rstd).
+  if (!megatron) boundary += sb * 2.0 * (m.family == ModelFamily::ModelFamily_gpt2 ? 8.0 : 4.0);
   // Split across tp: Q, K, V, the attention output projection input and the MLP intermediates
   // (GELU: its input and output; SwiGLU: gate, up and their product).
   const double mlp_tensors = is_llama(m) ? 3.0 : 2.0;
   const double inner = sb * (q + 2.0 * kv + q + mlp_tensors * f) * e;
   double stored = boundary * boundary_share + inner / tp;
-  if (fused) {
-    // The log-sum-exp of each query row (fp32); selective recomputation has nothing to drop.
-    return stored + static_cast<double>(micro_batch) * static_cast<double>(m.num_heads) *
-                        static_cast<double>(seq_len) * 4.0 / tp;
-  }
-  if (recompute == Recompute::Recompute_none) {
-    // Softmax output, plus (GPT-2) the attention dropout mask and its output.
-    const double score_bytes = dropout ? (2.0 * e + 1.0) : e;
-    stored += scores * score_bytes / tp;
+  switch (attention) {
+    case AttentionMemory::AttentionMemory_fused:
+      // The log-sum-exp of each query row (fp32); selective recomputation has nothing to drop.
+      return stored + scores / static_cast<double>(seq_len) * 4.0 / tp;
+    case AttentionMemory::AttentionMemory_scores:
+      // Selective recomputation drops the scores and the attention context.
+      if (recompute == Recompute::Recompute_selective) return stored - sb * q * e / tp;
+      return stored + scores * e / tp;
+    case AttentionMemory::AttentionMemory_megatron:
+      // Softmax output, plus (GPT-2) the attention dropout mask and its output.
+      if (recompute == Recompute::Recompute_none) stored += scores * (dropout ? 2.0 * e + 1.0 : e) / tp;
+      return stored;
   }
   return stored;
 }
@@ -168,14 +173,18 @@ double block_backward_workspace_bytes(const ModelSpec& m, int64_t micro_batch, i
 double head_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
                              Precision precision, AttentionMemory attention) {
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
-  if (attention == AttentionMemory::AttentionMemory_fused) {
-    // Final norm output, and the logits (their gradient in place) with a per-token loss.
-    return hidden_state_bytes(m, micro_batch, seq_len, precision) +
-           tokens * (static_cast<double>(m.vocab_size) * precision_bytes(precision) / tp + 4.0);
+  const double logits = tokens * static_cast<double>(m.vocab_size) * precision_bytes(precision) / tp;
+  const double norm_out = hidden_state_bytes(m, micro_batch, seq_len, precision);
+  const double statistics = tokens * (m.family == ModelFamily::ModelFamily_gpt2 ? 8.0 : 4.0);
+  switch (attention) {
+    case AttentionMemory::AttentionMemory_fused:  // the loss works in place; one fp32 loss per token
+      return norm_out + statistics + logits + tokens * 4.0;
+    case AttentionMemory::AttentionMemory_scores:  // fp32 loss and log-sum-exp per token
+      return norm_out + statistics + logits + tokens * 8.0;
+    case AttentionMemory::AttentionMemory_megatron:  // logits and their fp32 softmax
+      return norm_out + logits + tokens * static_cast<double>(m.vocab_size) * 4.0 / tp;
   }
-  // Final norm input, logits in the compute precision and their fp32 softmax for the loss.
-  return hidden_state_bytes(m, micro_batch, seq_len, precision) +
-         tokens * static_cast<double>(m.vocab_size) * (precision_bytes(precision) + 4.0) / tp;
+  return norm_out + logits;
 }
 
 double hidden_state_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Precision precision) {

@@ -39,18 +39,19 @@ LayerWork head_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len
 // Model FLOPs of one sequence through forward and backward (no recomputation), all layers.
 double model_flops_per_sequence(const ModelSpec& model, int64_t seq_len);
 
-// How a runtime keeps attention: unfused (scores and, for GPT-2, dropout masks stored, the
-// Megatron-LM accounting) or fused (Alloy's GPU runtime: flash-style attention keeps only the
-// per-row log-sum-exp, there is no dropout, and the loss is computed in place on the logits).
-enum class AttentionMemory { AttentionMemory_unfused, AttentionMemory_fused };
+// How a runtime keeps its activations. megatron: the Megatron-LM accounting (arXiv 2205.05198,
+// sbh(34 + 5as/h) at 16 bits without recompute): softmax scores and, for GPT-2, dropout masks.
+// Alloy's runtimes have no dropout and keep fp32 norm statistics: scores (the CPU runtime) keeps
+// the softmax scores once in the compute precision and an fp32 copy of nothing else; fused (the
+// GPU runtime) keeps only each query row's log-sum-exp and computes the loss in place.
+enum class AttentionMemory { AttentionMemory_megatron, AttentionMemory_scores, AttentionMemory_fused };
 
 // Bytes of activations one block keeps between its forward and backward for one micro-batch,
-// on one device. The single place that defines activation memory: unfused runs follow the
-// Megatron-LM accounting (arXiv 2205.05198, sbh(34 + 5as/h) at 16 bits without recompute),
-// generalised to grouped-query attention and SwiGLU; fp32 runs scale element sizes.
+// on one device: the single place that defines activation memory, generalised to grouped-query
+// attention and SwiGLU; fp32 runs scale element sizes.
 double block_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
                               bool sequence_parallel, Recompute recompute, Precision precision,
-                              AttentionMemory attention = AttentionMemory::AttentionMemory_unfused);
+                              AttentionMemory attention = AttentionMemory::AttentionMemory_megatron);
 // Gradient buffers one block's backward holds while it runs (fused runtime): the residual, MLP,
 // norm, attention-context and q/k/v gradients in the compute precision, and the fp32 query
 // gradient accumulator of the fused attention.
@@ -60,7 +61,7 @@ double block_backward_workspace_bytes(const ModelSpec& model, int64_t micro_batc
 double embedding_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len,
                                   int tp, bool sequence_parallel, Precision precision);
 double head_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
-                             Precision precision, AttentionMemory attention = AttentionMemory::AttentionMemory_unfused);
+                             Precision precision, AttentionMemory attention = AttentionMemory::AttentionMemory_megatron);
 
 // Bytes of one hidden-state tensor (micro_batch, seq_len, hidden) in the compute precision:
 // what crosses a pipeline stage boundary and what tp collectives move.

@@ -348,15 +348,22 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const double params = resident_blocks * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
                         (c.has_head ? head_params : 0);
   const double dp = shape.dp;
-  mem.parameters_bytes = params * e / (c.zero >= 3 ? dp : 1.0);
+  // A table tied between the pipeline's first and last stage is synchronised whole between them,
+  // so the runtime keeps it (and its optimizer state) unsharded under ZeRO.
+  const bool tied_across_stages = model_.tied_embeddings && !(c.has_embedding && c.has_head) &&
+                                  (c.has_embedding || (c.has_head && c.head_holds_lm_matrix));
+  const double whole = tied_across_stages ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
+  const auto sharded = [&](double over) { return (params - whole) / over + whole; };
+  mem.parameters_bytes = sharded(c.zero >= 3 ? dp : 1.0) * e;
   // The step schedule reduces gradients once, after the last micro-batch's backward, so every
   // member accumulates all of its stage's gradients whatever the ZeRO stage (ZeRO 2-3 shard what
   // the reduction leaves, not the accumulation buffer; docs/runtime-distributed.md). With fp32
   // master weights they accumulate in fp32, as Alloy's GPU runtime and Megatron-LM's do.
   mem.gradients_bytes = params * (master ? 4.0 : e);
-  mem.master_weights_bytes = master ? params * 4.0 / (c.zero >= 1 ? dp : 1.0) : 0;
-  mem.optimizer_states_bytes = params * 4.0 * states / (c.zero >= 1 ? dp : 1.0);
-  if (c.zero >= 3 && dp > 1) mem.zero3_gather_bytes = 2.0 * u.block_parameters * e;
+  mem.master_weights_bytes = master ? sharded(c.zero >= 1 ? dp : 1.0) * 4.0 : 0;
+  mem.optimizer_states_bytes = sharded(c.zero >= 1 ? dp : 1.0) * 4.0 * states;
+  // ZeRO 3 gathers one unit's weights at a time: a block, or the head with its matrix.
+  if (c.zero >= 3 && dp > 1) mem.zero3_gather_bytes = std::max(u.block_parameters, c.has_head ? head_params : 0.0) * e;
   if (c.offloaded > 0) mem.offload_window_bytes = std::min(c.offloaded, 2) * u.block_parameters * e * 2.0;
   const double offloaded_params = c.offloaded * u.block_parameters;
   mem.host_offload_bytes = offloaded_params * (2.0 * e + (master ? 4.0 : 0) + 4.0 * states);

@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -48,7 +49,7 @@ Arena::Arena(int64_t capacity_bytes, std::string device_name, ArenaMemory memory
 }
 
 Arena::~Arena() {
-  for (auto& [pointer, bytes] : live_) memory_.free(pointer);
+  for (auto& [pointer, live] : live_) memory_.free(pointer);
   trim();
 }
 
@@ -79,9 +80,13 @@ void* Arena::allocate(int64_t bytes, const char* what) {
                   {}, fmt::format("lower the memory cap or free {} memory", memory_.kind));
     }
   }
-  live_.emplace(pointer, rounded);
+  live_.emplace(pointer, Live{rounded, what});
   bytes_in_use_ += rounded;
-  if (bytes_in_use_ > peak_bytes_) peak_bytes_ = bytes_in_use_;
+  if (bytes_in_use_ > peak_bytes_) {
+    peak_bytes_ = bytes_in_use_;
+    peak_by_name_.clear();
+    for (const auto& [p, live] : live_) peak_by_name_[live.what] += live.bytes;
+  }
   return pointer;
 }
 
@@ -91,9 +96,15 @@ void Arena::release(void* pointer) {
   if (it == live_.end()) {
     throw Error("release of a pointer that the device arena did not allocate (or released twice)");
   }
-  bytes_in_use_ -= it->second;
-  cached_.emplace(it->second, pointer);
+  bytes_in_use_ -= it->second.bytes;
+  cached_.emplace(it->second.bytes, pointer);
   live_.erase(it);
+}
+
+std::vector<std::pair<std::string, int64_t>> Arena::peak_breakdown() const {
+  std::vector<std::pair<std::string, int64_t>> out(peak_by_name_.begin(), peak_by_name_.end());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
 }
 
 void Arena::trim() {

@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace alloy {
 
@@ -51,6 +53,8 @@ class Arena {
   int64_t bytes_in_use() const { return bytes_in_use_; }
   int64_t peak_bytes() const { return peak_bytes_; }
   void reset_peak() { peak_bytes_ = bytes_in_use_; }
+  // What was allocated at the peak: rounded bytes by buffer name, largest first.
+  std::vector<std::pair<std::string, int64_t>> peak_breakdown() const;
   const std::string& device_name() const { return device_name_; }
 
  private:
@@ -59,7 +63,12 @@ class Arena {
   ArenaMemory memory_;
   int64_t bytes_in_use_ = 0;
   int64_t peak_bytes_ = 0;
-  std::unordered_map<void*, int64_t> live_;   // pointer -> rounded bytes
+  struct Live {
+    int64_t bytes;     // rounded
+    std::string what;  // the buffer's name
+  };
+  std::unordered_map<void*, Live> live_;
+  std::map<std::string, int64_t> peak_by_name_;  // live_ summed by name at the last peak
   std::multimap<int64_t, void*> cached_;      // rounded bytes -> free block kept for reuse
 };
 

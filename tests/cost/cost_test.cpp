@@ -144,6 +144,34 @@ TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
   EXPECT_LT(z1.total_bytes(), z0.total_bytes());
 }
 
+TEST(StageCostTied, ZeroKeepsATableTiedAcrossStagesWhole) {
+  // GPT-2's token table is tied between the first and last stage and synchronised whole between
+  // them: ZeRO shards the rest of the first stage's state, not the table (as the runtime does).
+  const ModelSpec model = testing::gpt2("gpt", 4, 768, 12, 50257, 1024);
+  const ClusterSpec cluster = testing::cluster("a100x8", {testing::a100_80()}, {{0, 1, 8}});
+  const CostModel cost{model, cluster, testing::train(1024, 16)};
+  const StageShape shape = cost.stage_shape({0, 1}, 1, 2, 1);
+  const StageUnitCosts unit = cost.unit_costs(shape, false);
+  StageChoice first;
+  first.blocks = 2;
+  first.has_embedding = true;
+  const auto optimizer = [&](int zero) {
+    StageChoice c = first;
+    c.zero = zero;
+    return cost.stage_memory(shape, unit, c, 1, true).optimizer_states_bytes;
+  };
+  const double table = 50257.0 * 768 * 8;  // two fp32 Adam moments
+  EXPECT_DOUBLE_EQ(optimizer(1), (optimizer(0) - table) / 2 + table);
+  // A stage holding both ends has no partner: everything shards.
+  StageChoice both = first;
+  both.has_head = true;
+  both.zero = 1;
+  StageChoice both0 = both;
+  both0.zero = 0;
+  EXPECT_DOUBLE_EQ(cost.stage_memory(shape, unit, both, 1, false).optimizer_states_bytes,
+                   cost.stage_memory(shape, unit, both0, 1, false).optimizer_states_bytes / 2);
+}
+
 TEST_F(StageCost, RecomputeAndOffloadTradeMemoryForTime) {
   // On GPUs attention is fused: no scores are kept, so selective recomputation drops nothing.
   EXPECT_DOUBLE_EQ(memory(0, 32, 0, 0).activations_bytes, memory(0, 0, 0, 0).activations_bytes);

@@ -51,5 +51,24 @@ TEST(Arena, OverCapacityThrowsWithNumbersAndHint) {
   EXPECT_THROW(Arena(0), Error);
 }
 
+TEST(Arena, NamesWhatFilledItAtThePeak) {
+  Arena arena(1 << 20, "cpu:0");
+  void* weights = arena.allocate(1000, "weights");
+  void* a = arena.allocate(200, "activations");
+  void* b = arena.allocate(200, "activations");
+  arena.release(a);
+  arena.release(b);
+  void* small = arena.allocate(64, "workspace");  // below the peak: the breakdown stays
+  const auto breakdown = arena.peak_breakdown();
+  ASSERT_EQ(breakdown.size(), 2u);
+  EXPECT_EQ(breakdown[0].first, "weights");
+  EXPECT_EQ(breakdown[0].second, arena_rounded_bytes(1000));
+  EXPECT_EQ(breakdown[1].first, "activations");
+  EXPECT_EQ(breakdown[1].second, 2 * arena_rounded_bytes(200));
+  EXPECT_EQ(breakdown[0].second + breakdown[1].second, arena.peak_bytes());
+  arena.release(small);
+  arena.release(weights);
+}
+
 }  // namespace
 }  // namespace alloy

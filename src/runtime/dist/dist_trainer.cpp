@@ -200,6 +200,11 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
   comm.all_gather_bytes(&mine, result.ranks.data(), sizeof(RankSummary), comm.world()).wait();
   if (!o.trace_path.empty() && !history.empty()) dist_save_trace(runtime, plan, comm, o.trace_path);
   if (!o.export_path.empty()) dist_export_weights(runtime, plan, comm, o.export_path);
+  if (std::getenv("ALLOY_ARENA_REPORT") != nullptr) {  // what filled each rank's arena at its peak
+    std::string line = fmt::format("rank {} arena peak {:.2f} MiB:", comm.rank(), runtime.arena().peak_bytes() / 1048576.0);
+    for (const auto& [name, bytes] : runtime.arena().peak_breakdown()) line += fmt::format(" {} {:.2f};", name, bytes / 1048576.0);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
   return result;
 }
 

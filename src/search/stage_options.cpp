@@ -308,16 +308,18 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
                           std::vector<StageOption>* out) {
   out->clear();
   std::vector<StageOption> points;
+  const std::vector<int> zeros = zero_levels(slot, pins);
+  const int max_offloaded = pins.allow_offload ? blocks : 0;
+  const std::vector<int> offload_counts = stage_offload_counts(max_offloaded);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
-    for (int zero : zero_levels(slot, pins)) {
+    for (int zero : zeros) {
       const Context c{cost, slot, *slot.unit[sp], blocks, zero};
       const AffineStage a = affine_stage(c);
       if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective) || a.t_per_offload < 0) return false;
-      const int max_offloaded = pins.allow_offload ? blocks : 0;
       double best_t = std::numeric_limits<double>::infinity();
       double previous_u = -1;
-      for (int off : stage_offload_counts(max_offloaded)) {
+      for (int off : offload_counts) {
         const double plain_t = a.t + off * a.t_per_offload;
         const double u = a.u + off * a.u_per_offload;
         if (plain_t >= best_t && u >= previous_u) break;

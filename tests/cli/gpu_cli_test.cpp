@@ -1,0 +1,66 @@
+// The GPU commands' bad input, checked where CI runs (no GPU, with or without the CUDA build):
+// each ends in exit 2 with a message that names the option and says what to do.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "../common/test_util.hpp"
+
+namespace alloy {
+namespace {
+
+using testing::alloy;
+using testing::TempDir;
+
+std::string data_file(const TempDir& dir) {
+  const std::string text = std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt";
+  EXPECT_EQ(alloy("tokenize " + text + " -o " + dir.path() + "/data.bin").exit_code, 0);
+  return dir.path() + "/data.bin";
+}
+
+TEST(GpuCli, NoUsableGpuIsOneClearLine) {
+  TempDir dir;
+  const auto r = alloy("train --device cuda --model tiny-gpt --data " + data_file(dir) + " --steps 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  // Either this build has no CUDA backend, or the machine has no driver or GPU.
+  const bool explained = r.output.find("without the CUDA backend") != std::string::npos ||
+                         r.output.find("no CUDA GPU is usable here") != std::string::npos;
+  EXPECT_TRUE(explained) << r.output;
+  EXPECT_NE(r.output.find("--device"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fix:"), std::string::npos) << r.output;
+}
+
+TEST(GpuCli, UnknownDeviceAndUnsupportedOptionsAreRefused) {
+  TempDir dir;
+  const std::string data = data_file(dir);
+  const auto device = alloy("train --device tpu --model tiny-gpt --data " + data);
+  EXPECT_EQ(device.exit_code, 2) << device.output;
+  EXPECT_NE(device.output.find("unknown device 'tpu'"), std::string::npos) << device.output;
+  const auto trace = alloy("train --device cuda --model tiny-gpt --data " + data + " --trace " + dir.path() + "/t.json");
+  EXPECT_EQ(trace.exit_code, 2) << trace.output;
+  EXPECT_NE(trace.output.find("--trace is not run on the GPU yet"), std::string::npos) << trace.output;
+  const auto profile = alloy("profile --device cuda --model tiny-gpt --cluster local-cpu-2 -o " + dir.path() + "/p.json");
+  EXPECT_EQ(profile.exit_code, 2) << profile.output;
+}
+
+TEST(GpuCli, PlansTheGpuRuntimeCannotRunAreRefusedBeforeAnyGpuWork) {
+  TempDir dir;
+  const std::string data = data_file(dir);
+  const std::string cluster = dir.write("h200-2.yaml", "name: h200-2\nnodes:\n  - {name: n, count: 1, device: h200-sxm, "
+                                                       "devices_per_node: 2, host_memory: 64GiB, host_link: 25GB/s}\n");
+  const std::string train = dir.write("train.yaml", "seq_len: 128\nglobal_batch: 16\nsteps: 2\n");
+  const std::string plan = dir.path() + "/tp.json";
+  ASSERT_EQ(alloy("plan --model small-gpt --cluster " + cluster + " --train " + train +
+                  " --tp 2 --dp 1 --pp 1 --no-offload -o " + plan)
+                .exit_code,
+            0);
+  const auto r = alloy("train --device cuda --plan " + plan + " --cluster " + cluster + " --model small-gpt --data " +
+                       data + " --train " + train);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const bool explained = r.output.find("data-parallel plans") != std::string::npos ||
+                         r.output.find("without the CUDA backend") != std::string::npos;
+  EXPECT_TRUE(explained) << r.output;
+}
+
+}  // namespace
+}  // namespace alloy

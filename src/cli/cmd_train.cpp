@@ -189,7 +189,7 @@ void parse_single_run_options(TrainCommand& c) {
   }
 }
 
-// One GPU: alone, or running a one-GPU plan (no mpirun needed).
+// GPUs: one alone or with a one-GPU plan, or under mpirun one data-parallel replica per GPU.
 void run_gpu(TrainCommand& c, const ModelSpec& model, int* exit_code) {
   if (!c.plan.empty()) check_plan_options(c);
   for (const auto& [given, option] : {std::pair{!c.trace.empty(), "--trace"}, std::pair{!c.export_weights.empty(), "--export"},

@@ -15,6 +15,8 @@
 namespace alloy {
 
 inline constexpr int kPlanVersion = 1;
+// Deepest offload prefetch a plan may ask for (blocks fetched ahead of their use).
+inline constexpr int kMaxOffloadPrefetchDepth = 8;
 
 // Decoder blocks [begin, end) of one model chunk.
 struct LayerRange {
@@ -41,6 +43,7 @@ struct PlanStage {
   bool has_head = false;           // last stage (final norm and LM head)
   std::vector<Recompute> recompute;  // per block of the stage, chunks in order
   std::vector<bool> offload;         // per block: weights and optimizer state in host memory
+  int offload_prefetch_depth = 1;    // offloaded blocks fetched ahead of their use (1-8)
 
   // Predictions of the cost model.
   double forward_seconds = 0;        // per micro-batch, all chunks

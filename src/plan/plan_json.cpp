@@ -67,6 +67,7 @@ std::string plan_to_json(const Plan& plan) {
     json off = json::array();
     for (bool b : s.offload) off.push_back(b);
     st["offload"] = off;
+    st["offload_prefetch_depth"] = s.offload_prefetch_depth;
     st["predicted"] = {{"forward_seconds", s.forward_seconds},
                        {"backward_seconds", s.backward_seconds},
                        {"gradient_sync_seconds", s.gradient_sync_seconds},
@@ -155,6 +156,7 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
       s.recompute.push_back(r);
     }
     for (bool b : get<std::vector<bool>>(st, "offload", source, prefix)) s.offload.push_back(b);
+    if (st.contains("offload_prefetch_depth")) s.offload_prefetch_depth = get<int>(st, "offload_prefetch_depth", source, prefix);
     if (st.contains("predicted")) {
       const json& pr = st.at("predicted");
       const std::string pp = prefix + ".predicted";

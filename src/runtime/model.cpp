@@ -52,14 +52,49 @@ float** tensor_slot(const ModelSpec& spec, ModelTensors& tensors, const std::str
   return nullptr;
 }
 
-ModelTensors model_resolve(const Model& model, float* base) {
+// The views' pointers into the parameters (or gradients) where they live on the device; views of
+// blocks in host memory stay nullptr until the parameter source brings them in.
+ModelTensors model_resolve(const Model& model, bool gradients) {
   ModelTensors tensors;
   tensors.blocks.resize(static_cast<size_t>(model.spec.num_layers));
   for (const TensorView& view : model.views) {
-    if (float** slot = tensor_slot(model.spec, tensors, view.name)) *slot = base + view.offset;
+    float** slot = tensor_slot(model.spec, tensors, view.name);
+    if (slot == nullptr) continue;
+    for (const ParameterSegment& segment : model.segments)
+      if (segment.host_block < 0 && view.offset >= segment.offset && view.offset < segment.offset + segment.count)
+        *slot = (gradients ? segment.grads : segment.params) + (view.offset - segment.offset);
   }
   if (model.spec.tied_embeddings) tensors.lm_head = tensors.token;
   return tensors;
+}
+
+// The block a view belongs to, or -1 for the embedding, final norm and head.
+int view_block(const TensorView& view) {
+  return view.name.rfind("layers.", 0) == 0 ? std::stoi(view.name.substr(7)) : -1;
+}
+
+// Consecutive views share a segment while they live in the same place: one segment for the
+// device's parameters between offloaded blocks, one per offloaded block.
+std::vector<ParameterSegment> model_segments(const std::vector<TensorView>& views, const HostPlacement& host) {
+  std::vector<ParameterSegment> segments;
+  for (const TensorView& view : views) {
+    const int block = view_block(view);
+    const bool on_host = block >= 0 && static_cast<size_t>(block) < host.blocks.size() && host.blocks[static_cast<size_t>(block)];
+    const int place = on_host ? block : -1;
+    if (segments.empty() || segments.back().host_block != place) segments.push_back({view.offset, 0, nullptr, nullptr, place});
+    segments.back().count += view.numel;
+  }
+  return segments;
+}
+
+float* segment_pointer(const Model& model, int64_t offset, int64_t count, bool gradients) {
+  for (const ParameterSegment& segment : model.segments) {
+    if (offset < segment.offset || offset >= segment.offset + segment.count) continue;
+    if (offset + count > segment.offset + segment.count) break;
+    return (gradients ? segment.grads : segment.params) + (offset - segment.offset);
+  }
+  throw Error(fmt::format("parameters [{}, {}) of model '{}' do not lie in one place (device or host)", offset,
+                          offset + count, model.spec.name));
 }
 
 // splitmix64 stream with Box-Muller normals: deterministic for a seed on every platform.
@@ -89,8 +124,8 @@ bool ends_with(const std::string& text, const char* suffix) {
 
 }  // namespace
 
-Model::Model(const ModelSpec& model_spec, Arena& device_arena, const ModelShard& model_shard)
-    : spec(model_spec), shard(model_shard), arena(&device_arena) {
+Model::Model(const ModelSpec& model_spec, Arena& device_arena, const ModelShard& model_shard, const HostPlacement& host)
+    : spec(model_spec), shard(model_shard), arena(&device_arena), host_arena(host.arena) {
   model_check_spec(spec);
   runtime_threads();  // applies the thread policy (OpenBLAS single-threaded) if nobody has yet
   for (const ShardedTensor& t : shard_tensors(spec, shard)) {
@@ -100,19 +135,32 @@ Model::Model(const ModelSpec& model_spec, Arena& device_arena, const ModelShard&
     num_parameters += numel;
   }
 
-  params = arena->allocate_floats(num_parameters, "parameters");
-  grads = arena->allocate_floats(num_parameters, "gradients");
-  std::memset(params, 0, static_cast<size_t>(num_parameters) * sizeof(float));
-  std::memset(grads, 0, static_cast<size_t>(num_parameters) * sizeof(float));
-  weights = model_resolve(*this, params);
-  gradients = model_resolve(*this, grads);
+  segments = model_segments(views, host);
+  for (ParameterSegment& segment : segments) {
+    const bool on_host = segment.host_block >= 0;
+    if (on_host && host_arena == nullptr) throw Error("blocks placed in host memory without a host arena");
+    Arena& from = on_host ? *host_arena : *arena;
+    segment.params = from.allocate_floats(segment.count, on_host ? "offloaded parameters" : "parameters");
+    segment.grads = from.allocate_floats(segment.count, on_host ? "offloaded gradients" : "gradients");
+    std::memset(segment.params, 0, static_cast<size_t>(segment.count) * sizeof(float));
+    std::memset(segment.grads, 0, static_cast<size_t>(segment.count) * sizeof(float));
+  }
+  if (segments.size() == 1 && segments.front().host_block < 0) {
+    params = segments.front().params;
+    grads = segments.front().grads;
+  }
+  weights = model_resolve(*this, false);
+  gradients = model_resolve(*this, true);
   recompute.assign(static_cast<size_t>(spec.num_layers), Recompute::Recompute_none);
 }
 
 Model::~Model() {
   chunk_release(*this, pass);
-  arena->release(grads);
-  arena->release(params);
+  for (ParameterSegment& segment : segments) {
+    Arena& from = segment.host_block >= 0 ? *host_arena : *arena;
+    from.release(segment.grads);
+    from.release(segment.params);
+  }
 }
 
 void model_init_weights(Model& model, uint64_t seed) {
@@ -136,7 +184,7 @@ void model_init_weights(Model& model, uint64_t seed) {
     }
     full.resize(static_cast<size_t>(numel));
     for (int64_t i = 0; i < numel; i++) full[i] = random ? static_cast<float>(stddev * rng.next()) : constant;
-    float* out = model.params + model.views[k].offset;
+    float* out = model_parameters_at(model, model.views[k].offset, model.views[k].numel);
     for (const ShardSegment& segment : mine[k].segments) {
       std::memcpy(out, full.data() + segment.full_offset, static_cast<size_t>(segment.count) * sizeof(float));
       out += segment.count;
@@ -150,6 +198,12 @@ std::vector<float**> model_weight_slots(Model& model) {
   return slots;
 }
 
+std::vector<float**> model_gradient_slots(Model& model) {
+  std::vector<float**> slots;
+  for (const TensorView& view : model.views) slots.push_back(tensor_slot(model.spec, model.gradients, view.name));
+  return slots;
+}
+
 const TensorView& model_view(const Model& model, const std::string& name) {
   for (const TensorView& view : model.views) {
     if (view.name == name) return view;
@@ -158,8 +212,17 @@ const TensorView& model_view(const Model& model, const std::string& name) {
               "parameter names look like layers.0.attn.qkv.weight (see src/runtime/model.hpp)");
 }
 
+float* model_parameters_at(const Model& model, int64_t offset, int64_t count) {
+  return segment_pointer(model, offset, count, false);
+}
+
+float* model_gradients_at(const Model& model, int64_t offset, int64_t count) {
+  return segment_pointer(model, offset, count, true);
+}
+
 void model_zero_grad(Model& model) {
-  std::memset(model.grads, 0, static_cast<size_t>(model.num_parameters) * sizeof(float));
+  for (const ParameterSegment& segment : model.segments)
+    std::memset(segment.grads, 0, static_cast<size_t>(segment.count) * sizeof(float));
 }
 
 }  // namespace alloy

@@ -94,8 +94,10 @@ inline constexpr int kUnitHead = -2;       // final norm and LM head
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
-  virtual void acquire(int unit) = 0;  // a block index, kUnitEmbedding or kUnitHead
-  virtual void release(int unit) = 0;
+  // unit: a block index, kUnitEmbedding or kUnitHead; backward: for a backward pass (which also
+  // accumulates into the unit's gradients), else a forward one.
+  virtual void acquire(int unit, bool backward) = 0;
+  virtual void release(int unit, bool backward) = 0;
 };
 
 // One micro-batch through one chunk of consecutive blocks [block_begin, block_end): what the
@@ -119,8 +121,26 @@ struct ChunkPass {
   bool active = false;
 };
 
+// A contiguous range of the flat parameter index and where its parameters and gradients live:
+// the device arena, or host memory for a block offloaded there (weights reach the device only
+// through the model's parameter source, a block at a time).
+struct ParameterSegment {
+  int64_t offset = 0;       // floats, into the flat index of model.views
+  int64_t count = 0;
+  float* params = nullptr;  // (count)
+  float* grads = nullptr;   // (count)
+  int host_block = -1;      // the offloaded block held in host memory; -1: in the device arena
+};
+
+// Blocks whose parameters and gradients live in host memory (per global block), allocated from
+// `arena`, the host memory's accounting.
+struct HostPlacement {
+  std::vector<bool> blocks;
+  Arena* arena = nullptr;
+};
+
 struct Model {
-  Model(const ModelSpec& spec, Arena& arena, const ModelShard& shard);
+  Model(const ModelSpec& spec, Arena& arena, const ModelShard& shard, const HostPlacement& host = {});
   Model(const ModelSpec& spec, Arena& arena) : Model(spec, arena, shard_full(spec)) {}
   ~Model();
   Model(const Model&) = delete;
@@ -131,8 +151,12 @@ struct Model {
   Arena* arena;
   std::vector<TensorView> views;
   int64_t num_parameters = 0;  // on this rank
-  float* params = nullptr;  // (num_parameters) in the arena
-  float* grads = nullptr;   // (num_parameters) in the arena
+  // (num_parameters) in the arena when every parameter is there; nullptr when blocks live in
+  // host memory (use the segments, or model_parameters_at / model_gradients_at).
+  float* params = nullptr;
+  float* grads = nullptr;
+  std::vector<ParameterSegment> segments;  // ascending, covering [0, num_parameters)
+  Arena* host_arena = nullptr;  // where host segments come from (nullptr: none)
   ModelTensors weights;     // views into params; blocks indexed by global layer (nullptr when elsewhere)
   ModelTensors gradients;   // the same views into grads
   std::vector<Recompute> recompute;  // one per global block, Recompute_none by default
@@ -149,9 +173,16 @@ void model_init_weights(Model& model, uint64_t seed);
 
 const TensorView& model_view(const Model& model, const std::string& name);
 
+// Parameters (or gradients) [offset, offset + count) of the flat index, wherever they live; the
+// range must lie inside one segment (a view always does). Throws alloy::Error otherwise.
+float* model_parameters_at(const Model& model, int64_t offset, int64_t count);
+float* model_gradients_at(const Model& model, int64_t offset, int64_t count);
+
 // For each view (in order), the field of model.weights that points at it: lets a runtime that
 // keeps parameters elsewhere (ZeRO 3) point the passes at gathered copies.
 std::vector<float**> model_weight_slots(Model& model);
+// The same for model.gradients (offload binds a block's gradients to its device slot).
+std::vector<float**> model_gradient_slots(Model& model);
 
 // Starts `pass` through blocks [block_begin, block_end) for a micro-batch of (B, T) tokens.
 // embeds: the chunk starts from `inputs` (B, T); otherwise pass.input (B, T, C) is allocated here

@@ -101,14 +101,16 @@ inline void norm_backward(const Dims& d, float* dinp, float* dw, float* db, cons
 }
 
 // The weights of `unit` resident for a scope: gathered by the model's parameter source (ZeRO 3)
-// and let go at the end; nothing to do when the weights live in model.params.
+// or fetched from host memory (offload) and let go at the end; nothing to do when the weights
+// live in the device arena.
 class UnitWeights {
  public:
-  UnitWeights(const Model& model, int unit) : source_(model.parameter_source), unit_(unit) {
-    if (source_ != nullptr) source_->acquire(unit_);
+  UnitWeights(const Model& model, int unit, bool backward)
+      : source_(model.parameter_source), unit_(unit), backward_(backward) {
+    if (source_ != nullptr) source_->acquire(unit_, backward_);
   }
   ~UnitWeights() {
-    if (source_ != nullptr) source_->release(unit_);
+    if (source_ != nullptr) source_->release(unit_, backward_);
   }
   UnitWeights(const UnitWeights&) = delete;
   UnitWeights& operator=(const UnitWeights&) = delete;
@@ -116,6 +118,7 @@ class UnitWeights {
  private:
   ParameterSource* source_;
   int unit_;
+  bool backward_;
 };
 
 // inputs, targets: (B, T) or nullptr when the chunk does not read them. Throws alloy::Error for

@@ -263,16 +263,16 @@ void chunk_begin(Model& model, ChunkPass& pass, int block_begin, int block_end, 
 const float* chunk_forward(Model& model, ChunkPass& pass) {
   const Dims d = model_dims(model, pass);
   if (pass.embeds) {
-    UnitWeights weights(model, kUnitEmbedding);
+    UnitWeights weights(model, kUnitEmbedding, false);
     embedding_pass_forward(model, pass, dims_all_rows(d));
   }
   for (int layer = pass.block_begin; layer < pass.block_end; layer++) {
-    UnitWeights weights(model, layer);
+    UnitWeights weights(model, layer, false);
     block_forward(model, pass, d, layer, block_input(pass, d, layer));
   }
   const float* out = chunk_output(model, pass, d);
   if (!pass.heads) return out;
-  UnitWeights weights(model, kUnitHead);
+  UnitWeights weights(model, kUnitHead, false);
   pass.loss = head_pass_forward(model, pass, dims_all_rows(d), out);
   return nullptr;
 }
@@ -291,13 +291,13 @@ const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int 
   }
   const Dims d = model_dims(model, pass);
   if (block_end == pass.block_end && pass.heads) {
-    UnitWeights weights(model, kUnitHead);
+    UnitWeights weights(model, kUnitHead, true);
     head_pass_backward(model, pass, dims_all_rows(d), chunk_output(model, pass, d), loss_scale);
   }
   if (pass.gradient == nullptr) throw Error("chunk backward started without the gradient of its output");
   float* dres = pass.gradient + (d.sp ? d.row_offset() : 0);
   for (int layer = block_end - 1; layer >= block_begin; layer--) {
-    UnitWeights weights(model, layer);
+    UnitWeights weights(model, layer, true);
     block_backward(model, pass, d, layer, block_input(pass, d, layer), dres);
     release_block(model, pass.blocks[static_cast<size_t>(layer - pass.block_begin)]);
   }

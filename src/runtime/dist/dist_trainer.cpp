@@ -27,14 +27,50 @@ namespace alloy {
 
 namespace {
 
+// Bytes of host memory one rank of `stage` needs for its offloaded blocks: parameters,
+// gradients and the two AdamW moments, fp32 in the CPU runtime.
+double offloaded_host_bytes(const Plan& plan, const ModelSpec& model, size_t stage) {
+  const PlanStage& st = plan.stages[stage];
+  std::vector<bool> offloaded(static_cast<size_t>(model.num_layers), false);
+  size_t local = 0;
+  for (const LayerRange& c : st.chunks)
+    for (int b = c.begin; b < c.end; ++b) offloaded[static_cast<size_t>(b)] = st.offload[local++];
+  double floats = 0;
+  for (const ShardedTensor& t : shard_tensors(model, rank_shard(plan, static_cast<int>(stage), 0))) {
+    if (t.name.rfind("layers.", 0) != 0 || !offloaded[static_cast<size_t>(std::stoi(t.name.substr(7)))]) continue;
+    double numel = 1;
+    for (int64_t extent : t.local_shape) numel *= static_cast<double>(extent);
+    floats += numel;
+  }
+  return floats * 4.0 * sizeof(float);
+}
+
+// Offloading stages: data parallelism is not run with offload, and the offloaded state must fit
+// each device's share of its node's host memory.
+void check_offload(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const std::string& source) {
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    if (std::find(st.offload.begin(), st.offload.end(), true) == st.offload.end()) continue;
+    if (st.dp > 1)
+      throw Error(fmt::format("stage {} offloads blocks with data parallelism {}: the CPU runtime offloads only without it", s, st.dp),
+                  {source, fmt::format("stages[{}].dp", s)}, "re-plan with --dp 1, or without offload (--no-offload)");
+    const NodeGroup& group = cluster.node_groups[static_cast<size_t>(cluster.devices[static_cast<size_t>(st.device_ids.front())].node_group)];
+    const double share = group.host_memory_bytes / group.devices_per_node;
+    const double needed = offloaded_host_bytes(plan, model, s);
+    if (needed > share)
+      throw Error(fmt::format("stage {} keeps {} of offloaded blocks in host memory per device, but each of node group "
+                              "'{}''s {} devices has {} ({} per node)",
+                              s, units_format_bytes(needed), group.name, group.devices_per_node, units_format_bytes(share),
+                              units_format_bytes(group.host_memory_bytes)),
+                  {cluster.source_path, "nodes[].host_memory"},
+                  "give the nodes more host memory, offload fewer blocks, or spread the model over more devices");
+  }
+}
+
 // What the CPU runtime cannot run yet, named with the plan field to change.
 void check_runnable(const Plan& plan, const ModelSpec& model, const std::string& source) {
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
-    for (bool offloaded : st.offload)
-      if (offloaded)
-        throw Error("layer offload is not run by the CPU runtime yet", {source, fmt::format("stages[{}].offload", s)},
-                    "re-plan with `alloy plan ... --no-offload` (offload at run time is issue #8)");
     const int64_t tokens = plan.micro_batch_sequences / st.dp * plan.seq_len;
     if (st.sequence_parallel && st.tp > 1 && tokens % st.tp != 0)
       throw Error(fmt::format("sequence parallelism splits each replica's {} tokens over tp {}: they do not divide", tokens, st.tp),
@@ -51,16 +87,12 @@ std::string plan_layout_fingerprint(const Plan& plan) {
   for (const PlanStage& st : plan.stages) {
     text += fmt::format("|{} {} {}", st.tp, st.dp, st.zero);
     for (const LayerRange& c : st.chunks) text += fmt::format(" [{},{})", c.begin, c.end);
+    for (bool offloaded : st.offload) text += offloaded ? "o" : "-";
   }
   return fmt::format("{:016x}", std::hash<std::string>{}(text));
 }
 
 std::string rank_checkpoint_dir(const std::string& dir, int rank) { return fmt::format("{}/rank-{:05d}", dir, rank); }
-
-std::vector<TensorRef> optimizer_refs(RankRuntime& runtime) {
-  const int64_t floats = runtime.layout().optimizer_floats();
-  return {{"adamw.m", {floats}, runtime.adam_m()}, {"adamw.v", {floats}, runtime.adam_v()}};
-}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -121,15 +153,15 @@ void print_progress(const DistStepReport& r, int64_t total) {
 
 // The steps of one rank, from building its runtime to the gathered summaries.
 DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, const Plan& plan, Communicator& comm,
-                            const DistTrainOptions& o, std::optional<BatchLoader>& loader, double cap, double slowdown) {
-  RankRuntime runtime(plan, model, train, comm, static_cast<int64_t>(cap), slowdown);
+                            const DistTrainOptions& o, std::optional<BatchLoader>& loader, const RankResources& resources) {
+  RankRuntime runtime(plan, model, train, comm, resources);
   DistTrainResult result;
   const std::string fingerprint =
       fmt::format("{}|plan {}|rank {}", trainer_model_fingerprint(model), plan_layout_fingerprint(plan), comm.rank());
   if (o.resume) {
     dist_agree_on(comm, [&] {
       CheckpointState state = checkpoint_load(rank_checkpoint_dir(o.checkpoint_dir, comm.rank()), fingerprint,
-                                              runtime.parameter_refs(), optimizer_refs(runtime));
+                                              runtime.parameter_refs(), runtime.optimizer_refs());
       result.first_step = state.step;
     });
     double steps[2] = {static_cast<double>(result.first_step), -static_cast<double>(result.first_step)};
@@ -155,7 +187,7 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
     state.step = step;
     state.fingerprint = fingerprint;
     checkpoint_save(rank_checkpoint_dir(o.checkpoint_dir, comm.rank()), runtime.parameter_refs(),
-                    optimizer_refs(runtime), state);
+                    runtime.optimizer_refs(), state);
     if (comm.rank() == 0) plan_save(plan, o.checkpoint_dir + "/plan.json");
   };
   for (int64_t step = result.first_step + 1; step <= train.steps; ++step) {
@@ -244,6 +276,7 @@ DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Pl
   dist_agree_on(comm, [&] {
     plan_validate_for(plan, model, cluster, o.plan_path);
     check_runnable(plan, model, o.plan_path);
+    check_offload(plan, model, cluster, o.plan_path);
     if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume needs --checkpoint DIR", {"", "--resume"}, "name the checkpoint folder");
   });
   runtime_set_threads(o.threads);
@@ -256,7 +289,11 @@ DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Pl
   double slowdown = 1.0;
   const int sharing = emulated_ranks_on_host(cluster, comm.local_size(), comm.local_size() == comm.world_size());
   dist_agree_on(comm, [&] { slowdown = device_slowdown(device, sharing, runtime_threads()); });
-  const double cap = o.memory_cap_bytes > 0 ? o.memory_cap_bytes : device.memory_bytes;
+  const NodeGroup& node_group = cluster.node_groups[static_cast<size_t>(cluster.devices[me.device_id].node_group)];
+  RankResources resources;
+  resources.memory_cap_bytes = static_cast<int64_t>(o.memory_cap_bytes > 0 ? o.memory_cap_bytes : device.memory_bytes);
+  resources.host_memory_bytes = node_group.host_memory_bytes / node_group.devices_per_node;
+  resources.host_link_bytes_per_second = node_group.host_link_bytes_per_second;
 
   std::optional<BatchLoader> loader;
   dist_agree_on(comm, [&] {
@@ -272,7 +309,8 @@ DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Pl
   // From here an error on one rank alone ends the job at once (before buffers that transfers
   // in flight still use are freed); errors every rank agrees on still return normally.
   try {
-    return train_ranks(model, train, plan, comm, o, loader, cap, slowdown);
+    resources.slowdown = slowdown;
+    return train_ranks(model, train, plan, comm, o, loader, resources);
   } catch (const AgreedError&) {
     throw;
   } catch (const Error& e) {

@@ -71,6 +71,15 @@ double clock_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// Per global block: whether the stage keeps it in host memory.
+std::vector<bool> stage_offloaded_blocks(const PlanStage& stage, int64_t num_layers) {
+  std::vector<bool> blocks(static_cast<size_t>(num_layers), false);
+  size_t local = 0;
+  for (const LayerRange& c : stage.chunks)
+    for (int b = c.begin; b < c.end; ++b) blocks[static_cast<size_t>(b)] = local < stage.offload.size() && stage.offload[local++];
+  return blocks;
+}
+
 }  // namespace
 
 ModelShard rank_shard(const Plan& plan, int stage_index, int tp_rank) {
@@ -123,15 +132,22 @@ RankGroups rank_groups_build(const Plan& plan, const ModelSpec& model, Communica
 }
 
 RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpec& train, Communicator& comm,
-                         int64_t memory_cap_bytes, double slowdown)
-    : plan_(plan), train_(train), comm_(comm), slowdown_(std::max(1.0, slowdown)) {
+                         const RankResources& resources)
+    : plan_(plan), train_(train), comm_(comm), slowdown_(std::max(1.0, resources.slowdown)) {
   schedule_ = schedule_build_rank(plan, spec, comm.rank());
   groups_ = rank_groups_build(plan, spec, comm);
   for (const ScheduleOp& op : schedule_.ops)
     if (op.kind == OpKind::OpKind_send_gradient) gradient_sends_[{op.micro_batch, op.chunk}]++;
   const PlanStage& stage = plan.stages[schedule_.stage];
-  arena_ = std::make_unique<Arena>(memory_cap_bytes, stage.device_type);
-  model_ = std::make_unique<Model>(spec, *arena_, rank_shard(plan, schedule_.stage, schedule_.tp_rank));
+  arena_ = std::make_unique<Arena>(resources.memory_cap_bytes, stage.device_type);
+  HostPlacement host;
+  host.blocks = stage_offloaded_blocks(stage, spec.num_layers);
+  const bool offloads = std::find(host.blocks.begin(), host.blocks.end(), true) != host.blocks.end();
+  if (offloads) {
+    host_arena_ = std::make_unique<Arena>(static_cast<int64_t>(resources.host_memory_bytes), "the host of " + stage.device_type);
+    host.arena = host_arena_.get();
+  }
+  model_ = std::make_unique<Model>(spec, *arena_, rank_shard(plan, schedule_.stage, schedule_.tp_rank), host);
   if (stage.tp > 1) {
     tp_ops_ = std::make_unique<CommTensorParallel>(comm, groups_.tp);
     model_->tp_ops = tp_ops_.get();
@@ -143,17 +159,68 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   const bool tied_sync = spec.tied_embeddings && plan.stages.size() > 1 && (stage.has_embedding || stage.has_head);
   layout_ = param_layout_build(plan, *model_, schedule_, tied_sync);
   if (layout_.sharded && stage.zero == 3) zero3_ = std::make_unique<Zero3Parameters>(*model_, layout_, comm, groups_.dp);
-  const int64_t floats = layout_.optimizer_floats();
-  m_ = arena_->allocate_floats(floats, "adamw.m");
-  v_ = arena_->allocate_floats(floats, "adamw.v");
-  std::memset(m_, 0, static_cast<size_t>(floats) * sizeof(float));
-  std::memset(v_, 0, static_cast<size_t>(floats) * sizeof(float));
+  build_moments();
+  if (offloads) {
+    offload_ = std::make_unique<LayerOffload>(*model_, offload_uses_from_schedule(schedule_, host.blocks),
+                                              stage.offload_prefetch_depth, resources.host_link_bytes_per_second);
+  }
 }
 
 RankRuntime::~RankRuntime() {
+  offload_.reset();
   for (auto& slot : passes_) chunk_release(*model_, slot->pass);
-  arena_->release(v_);
-  arena_->release(m_);
+  for (MomentSegment& ms : moments_) {
+    Arena& from = ms.on_host ? *host_arena_ : *arena_;
+    from.release(ms.v);
+    from.release(ms.m);
+  }
+}
+
+// One moment segment for the packed optimizer ranges; with offload (data parallelism 1, so the
+// packed ranges are the flat index) one per parameter segment, in host memory for offloaded blocks.
+void RankRuntime::build_moments() {
+  if (host_arena_ == nullptr) {
+    moments_.push_back({0, layout_.optimizer_floats(), nullptr, nullptr, false});
+  } else {
+    for (const ParameterSegment& p : model_->segments) moments_.push_back({p.offset, p.count, nullptr, nullptr, p.host_block >= 0});
+  }
+  for (MomentSegment& ms : moments_) {
+    Arena& from = ms.on_host ? *host_arena_ : *arena_;
+    ms.m = from.allocate_floats(ms.count, ms.on_host ? "offloaded adamw.m" : "adamw.m");
+    ms.v = from.allocate_floats(ms.count, ms.on_host ? "offloaded adamw.v" : "adamw.v");
+    std::memset(ms.m, 0, static_cast<size_t>(ms.count) * sizeof(float));
+    std::memset(ms.v, 0, static_cast<size_t>(ms.count) * sizeof(float));
+  }
+}
+
+const MomentSegment& RankRuntime::moments_at(int64_t packed) const {
+  for (const MomentSegment& ms : moments_)
+    if (packed >= ms.packed_offset && packed < ms.packed_offset + ms.count) return ms;
+  throw Error(fmt::format("rank {}: packed optimizer offset {} has no AdamW moments", comm_.rank(), packed));
+}
+
+std::vector<TensorRef> RankRuntime::optimizer_refs() {
+  std::vector<TensorRef> refs;
+  for (const MomentSegment& ms : moments_) {
+    const std::string suffix = moments_.size() == 1 ? "" : fmt::format("@{}", ms.packed_offset);
+    refs.push_back({"adamw.m" + suffix, {ms.count}, ms.m});
+    refs.push_back({"adamw.v" + suffix, {ms.count}, ms.v});
+  }
+  return refs;
+}
+
+void RankRuntime::record_offload_copies() {
+  for (const OffloadCopy& c : offload_->take_copies()) {
+    SimInterval iv;
+    iv.stream = SimStream::SimStream_copy;
+    iv.kind = c.to_device ? OpKind::OpKind_prefetch : OpKind::OpKind_evict;
+    iv.op_index = c.use.op_index;
+    iv.micro_batch = c.use.micro_batch;
+    iv.chunk = c.use.chunk;
+    iv.start_seconds = c.start_seconds - step_start_;
+    iv.end_seconds = c.end_seconds - step_start_;
+    intervals_.push_back(iv);
+  }
 }
 
 double RankRuntime::now() const { return clock_seconds() - step_start_; }
@@ -296,8 +363,9 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         slot.input_gradient = chunk_backward(*model_, slot.pass, op.block_begin, op.block_end, loss_scale);
         slot.finished = slot.pass.backward_next == slot.pass.block_begin;
       }
-      const double tp_wait =
-          (tp_ops_ ? tp_ops_->take_wait_seconds() : 0.0) + (zero3_ ? zero3_->take_wait_seconds() : 0.0);
+      const double tp_wait = (tp_ops_ ? tp_ops_->take_wait_seconds() : 0.0) +
+                             (zero3_ ? zero3_->take_wait_seconds() : 0.0) +
+                             (offload_ ? offload_->take_wait_seconds() : 0.0);
       const double end = stretch_compute(compute_start, tp_wait);
       stats.compute_seconds += end - compute_start - tp_wait;
       stats.wait_seconds += tp_wait;
@@ -333,6 +401,11 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
     case OpKind::OpKind_optimizer: {
       for (const CommHandle& h : pending_reductions_) wait(h, stats);
       pending_reductions_.clear();
+      if (offload_) {  // the offloaded blocks' gradients must be back in host memory
+        const double start = now();
+        offload_->step_end();
+        stats.wait_seconds += now() - start;
+      }
       const double compute_start = now();
       const double waited_before = stats.wait_seconds;
       optimizer(stats);
@@ -345,8 +418,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
     }
     case OpKind::OpKind_prefetch:
     case OpKind::OpKind_evict:
-      throw Error("layer offload is not run by the CPU runtime yet", {"", "stages[].offload"},
-                  "plan without offload (every stages[].offload false)");
+      return;  // the offload engine copies block by block in the passes' order, ahead of them
   }
 }
 
@@ -356,7 +428,7 @@ void RankRuntime::optimizer(RankStepStats& stats) {
   if (model.shard.sequence_parallel && model.shard.tp > 1) sum_sequence_parallel_norms(stats);
   double squares = 0;
   for (const FlatRange& r : layout_.norm_ranges) {
-    const float* g = model.grads + r.offset;
+    const float* g = model_gradients_at(model, r.offset, r.count);
     double sum = 0;
 #pragma omp parallel for reduction(+ : sum)
     for (int64_t i = 0; i < r.count; ++i) sum += static_cast<double>(g[i]) * g[i];
@@ -377,8 +449,10 @@ void RankRuntime::optimizer(RankStepStats& stats) {
       if (begin >= end) continue;
       hyper.weight_decay = view.weight_decay ? static_cast<float>(train_.weight_decay) : 0.0f;
       const int64_t at = packed + begin - r.offset;
-      float* params = zero3_ ? zero3_->pieces() + at : model.params + begin;
-      adamw_update(params, m_ + at, v_ + at, model.grads + begin, end - begin, hyper, optimizer_steps_);
+      float* params = zero3_ ? zero3_->pieces() + at : model_parameters_at(model, begin, end - begin);
+      const MomentSegment& ms = moments_at(at);
+      adamw_update(params, ms.m + (at - ms.packed_offset), ms.v + (at - ms.packed_offset),
+                   model_gradients_at(model, begin, end - begin), end - begin, hyper, optimizer_steps_);
     }
     packed += r.count;
   }
@@ -390,7 +464,7 @@ void RankRuntime::optimizer(RankStepStats& stats) {
 // same tp on both, tp rank t of each holds the same rows; otherwise whole tables are summed,
 // each rank placing its rows.
 void RankRuntime::sum_tied_embedding(RankStepStats& stats) {
-  float* grads = model_->grads + layout_.tied_embedding.offset;
+  float* grads = model_gradients_at(*model_, layout_.tied_embedding.offset, layout_.tied_embedding.count);
   if (plan_.stages.front().tp == plan_.stages.back().tp) {
     wait(comm_.all_reduce(grads, layout_.tied_embedding.count, groups_.embedding), stats);
     return;
@@ -421,13 +495,15 @@ void RankRuntime::sum_sequence_parallel_norms(RankStepStats& stats) {
   std::vector<float> packed(static_cast<size_t>(total));
   int64_t at = 0;
   for (const TensorView* view : norms) {
-    std::memcpy(packed.data() + at, model.grads + view->offset, static_cast<size_t>(view->numel) * sizeof(float));
+    std::memcpy(packed.data() + at, model_gradients_at(model, view->offset, view->numel),
+                static_cast<size_t>(view->numel) * sizeof(float));
     at += view->numel;
   }
   wait(comm_.all_reduce(packed.data(), total, groups_.tp), stats);
   at = 0;
   for (const TensorView* view : norms) {
-    std::memcpy(model.grads + view->offset, packed.data() + at, static_cast<size_t>(view->numel) * sizeof(float));
+    std::memcpy(model_gradients_at(model, view->offset, view->numel), packed.data() + at,
+                static_cast<size_t>(view->numel) * sizeof(float));
     at += view->numel;
   }
 }
@@ -440,6 +516,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   arena_->reset_peak();
   comm_.take_busy_seconds();
   model_zero_grad(*model_);
+  if (offload_) offload_->step_begin();
   for (size_t i = 0; i < schedule_.ops.size(); ++i) {
     run_op(i, schedule_.ops[i], inputs, targets, stats);
     reap_finished_passes(false, stats);
@@ -449,6 +526,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   pending_gathers_.clear();
   reap_finished_passes(true, stats);
   record_completed(true);
+  if (offload_) record_offload_copies();
   if (!passes_.empty()) throw Error(fmt::format("rank {}: {} micro-batch passes left at the end of the step", comm_.rank(), passes_.size()));
   stats.step_seconds = now();
   stats.communication_seconds = comm_.take_busy_seconds();
@@ -464,13 +542,16 @@ std::vector<float> RankRuntime::full_parameters() {
       handles.push_back(comm_.all_gather(model_->params + b.range.offset, b.piece_counts, groups_.dp));
     for (const CommHandle& h : handles) h.wait();
   }
-  return std::vector<float>(model_->params, model_->params + model_->num_parameters);
+  std::vector<float> full(static_cast<size_t>(model_->num_parameters));
+  for (const ParameterSegment& segment : model_->segments)
+    std::memcpy(full.data() + segment.offset, segment.params, static_cast<size_t>(segment.count) * sizeof(float));
+  return full;
 }
 
 std::vector<TensorRef> RankRuntime::parameter_refs() {
   if (zero3_) return {{"zero3.pieces", {layout_.optimizer_floats()}, zero3_->pieces()}};
   std::vector<TensorRef> refs;
-  for (const TensorView& v : model_->views) refs.push_back({v.name, v.shape, model_->params + v.offset});
+  for (const TensorView& v : model_->views) refs.push_back({v.name, v.shape, model_parameters_at(*model_, v.offset, v.numel)});
   return refs;
 }
 

@@ -16,6 +16,7 @@
 #include "runtime/dist/zero3.hpp"
 #include "runtime/io/safetensors.hpp"
 #include "runtime/model.hpp"
+#include "runtime/offload.hpp"
 #include "sim/simulate.hpp"
 #include "spec/train.hpp"
 
@@ -44,12 +45,29 @@ struct RankStepStats {
   int64_t peak_arena_bytes = 0;
 };
 
+// What one rank's device offers the runtime.
+struct RankResources {
+  int64_t memory_cap_bytes = 0;            // the device arena's capacity
+  double slowdown = 1.0;                   // >= 1 stretches compute to emulate a slower device
+  double host_memory_bytes = 0;            // this rank's share of its node's host memory
+  double host_link_bytes_per_second = 0;   // offload copies, per direction (<= 0: unpaced)
+};
+
+// Where the AdamW moments of a range of the packed optimizer ranges live.
+struct MomentSegment {
+  int64_t packed_offset = 0;
+  int64_t count = 0;
+  float* m = nullptr;  // (count)
+  float* v = nullptr;
+  bool on_host = false;  // an offloaded block's, in host memory
+};
+
 class RankRuntime {
  public:
   // Builds the shard, groups and layout of `rank`; every rank of the world must call it (group
-  // creation is collective). `slowdown` >= 1 stretches compute to emulate a slower device.
+  // creation is collective).
   RankRuntime(const Plan& plan, const ModelSpec& model, const TrainSpec& train, Communicator& comm,
-              int64_t memory_cap_bytes, double slowdown);
+              const RankResources& resources);
   ~RankRuntime();
 
   // Runs one optimizer step on the global batch inputs, targets: (global_batch, T) token ids
@@ -61,9 +79,10 @@ class RankRuntime {
   const ParamLayout& layout() const { return layout_; }
   const RankGroups& groups() const { return groups_; }
   Arena& arena() { return *arena_; }
-  // AdamW moments of optimizer_ranges, packed: (layout().optimizer_floats()) each.
-  float* adam_m() { return m_; }
-  float* adam_v() { return v_; }
+  // Checkpoint views of the AdamW moments of optimizer_ranges, packed: "adamw.m" and "adamw.v"
+  // ((layout().optimizer_floats()) each), or one pair per place ("adamw.m@<offset>") when
+  // offloaded blocks keep theirs in host memory.
+  std::vector<TensorRef> optimizer_refs();
   int64_t& optimizer_steps() { return optimizer_steps_; }
   // Every parameter of the rank's shard in model order (num_parameters), gathered from the
   // data-parallel members' pieces where ZeRO shards them. Collective over the dp group.
@@ -96,6 +115,9 @@ class RankRuntime {
   int64_t replica_begin(int micro_batch) const;
   int gradient_sends(int micro_batch, int chunk) const;  // send_gradient ops of the pass
   double now() const;
+  void build_moments();
+  const MomentSegment& moments_at(int64_t packed) const;
+  void record_offload_copies();
 
   const Plan& plan_;
   TrainSpec train_;
@@ -103,12 +125,13 @@ class RankRuntime {
   RankSchedule schedule_;
   RankGroups groups_;
   std::unique_ptr<Arena> arena_;
+  std::unique_ptr<Arena> host_arena_;       // offloaded blocks' parameters, gradients and moments
   std::unique_ptr<CommTensorParallel> tp_ops_;
   std::unique_ptr<Model> model_;
   ParamLayout layout_;
   std::unique_ptr<Zero3Parameters> zero3_;  // ZeRO 3 with dp > 1
-  float* m_ = nullptr;
-  float* v_ = nullptr;
+  std::unique_ptr<LayerOffload> offload_;   // when the stage offloads blocks
+  std::vector<MomentSegment> moments_;      // ascending packed offsets, covering the optimizer ranges
   int64_t optimizer_steps_ = 0;
   double slowdown_ = 1.0;
   std::vector<std::unique_ptr<PassSlot>> passes_;

@@ -30,6 +30,7 @@ Zero3Parameters::Zero3Parameters(Model& model, const ParamLayout& layout, Commun
   }
   model.arena->release(model.params);
   model.params = nullptr;
+  model.segments.front().params = nullptr;
   for (float** slot : slots_)
     if (slot != nullptr) *slot = nullptr;
   model.weights.lm_head = nullptr;
@@ -84,9 +85,9 @@ void Zero3Parameters::bind(const Unit& unit, float* base) {
   if (model_.spec.tied_embeddings) model_.weights.lm_head = model_.weights.token;
 }
 
-void Zero3Parameters::acquire(int id) {
+void Zero3Parameters::acquire(int id, bool /*backward*/) {
   // A tied head reads the embedding's table when both are on this stage.
-  if (id == kUnitHead && model_.spec.tied_embeddings && model_.shard.has_embedding) acquire(kUnitEmbedding);
+  if (id == kUnitHead && model_.spec.tied_embeddings && model_.shard.has_embedding) acquire(kUnitEmbedding, false);
   auto it = units_.find(id);
   if (it == units_.end()) throw Error(fmt::format("ZeRO 3: unit {} has no parameters on this rank", id));
   Unit& unit = it->second;
@@ -96,22 +97,22 @@ void Zero3Parameters::acquire(int id) {
   bind(unit, unit.buffer);
 }
 
-void Zero3Parameters::release(int id) {
+void Zero3Parameters::release(int id, bool /*backward*/) {
   Unit& unit = units_.at(id);
   if (--unit.holders == 0) {
     bind(unit, nullptr);
     model_.arena->release(unit.buffer);
     unit.buffer = nullptr;
   }
-  if (id == kUnitHead && model_.spec.tied_embeddings && model_.shard.has_embedding) release(kUnitEmbedding);
+  if (id == kUnitHead && model_.spec.tied_embeddings && model_.shard.has_embedding) release(kUnitEmbedding, false);
 }
 
 std::vector<float> Zero3Parameters::full_parameters() {
   std::vector<float> full(static_cast<size_t>(model_.num_parameters));
   for (auto& [id, unit] : units_) {
-    acquire(id);
+    acquire(id, false);
     std::memcpy(full.data() + unit.range.offset, unit.buffer, static_cast<size_t>(unit.range.count) * sizeof(float));
-    release(id);
+    release(id, false);
   }
   return full;
 }

@@ -22,8 +22,8 @@ class Zero3Parameters : public ParameterSource {
   Zero3Parameters(const Zero3Parameters&) = delete;
   Zero3Parameters& operator=(const Zero3Parameters&) = delete;
 
-  void acquire(int unit) override;
-  void release(int unit) override;
+  void acquire(int unit, bool backward) override;
+  void release(int unit, bool backward) override;
 
   // This member's pieces: (layout.optimizer_floats()), what the optimizer updates.
   float* pieces() { return pieces_; }

@@ -1,0 +1,241 @@
+// The offload engine: a fetch thread fills device slots with offloaded blocks' weights (and, for
+// a backward that is not the block's first of the step, its accumulated gradients) in the order
+// the passes will use them, at most `depth` uses ahead; a write-back thread returns gradients to
+// host memory after each backward use. The passes wait only when a slot is not ready yet.
+#include "runtime/offload.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+namespace {
+
+double clock_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::vector<OffloadUse> offload_uses_from_schedule(const RankSchedule& schedule, const std::vector<bool>& offloaded) {
+  std::vector<OffloadUse> uses;
+  std::vector<bool> seen_backward(offloaded.size(), false);
+  const auto is_offloaded = [&](int b) { return b >= 0 && static_cast<size_t>(b) < offloaded.size() && offloaded[static_cast<size_t>(b)]; };
+  for (size_t i = 0; i < schedule.ops.size(); ++i) {
+    const ScheduleOp& op = schedule.ops[i];
+    const bool forward = op.kind == OpKind::OpKind_forward;
+    if (!forward && op.kind != OpKind::OpKind_backward) continue;
+    for (int k = 0; k < op.block_end - op.block_begin; ++k) {
+      const int b = forward ? op.block_begin + k : op.block_end - 1 - k;
+      if (!is_offloaded(b)) continue;
+      OffloadUse use{b, !forward, false, static_cast<int>(i), op.micro_batch, op.chunk};
+      if (!forward) {
+        use.first_backward = !seen_backward[static_cast<size_t>(b)];
+        seen_backward[static_cast<size_t>(b)] = true;
+      }
+      uses.push_back(use);
+    }
+  }
+  return uses;
+}
+
+LayerOffload::LayerOffload(Model& model, std::vector<OffloadUse> uses, int prefetch_depth, double host_link_bytes_per_second)
+    : model_(model),
+      uses_(std::move(uses)),
+      depth_(std::max(1, prefetch_depth)),
+      bytes_per_second_(host_link_bytes_per_second),
+      weight_slots_(model_weight_slots(model)),
+      gradient_slots_(model_gradient_slots(model)) {
+  int64_t block_floats = 0;
+  int blocks = 0;
+  for (const ParameterSegment& s : model.segments) {
+    if (s.host_block < 0) continue;
+    block_floats = std::max(block_floats, s.count);
+    ++blocks;
+  }
+  const int count = std::min(depth_ + 1, blocks);
+  if (count > 0) slot_memory_ = model.arena->allocate_floats(2 * block_floats * count, "offload window");
+  for (int k = 0; k < count; ++k) {
+    slots_.push_back({slot_memory_ + 2 * block_floats * k, slot_memory_ + 2 * block_floats * k + block_floats});
+    free_slots_.push_back(k);
+  }
+  pending_write_backs_.assign(static_cast<size_t>(model.spec.num_layers), 0);
+  states_.assign(uses_.size(), UseState::UseState_done);
+  use_slot_.assign(uses_.size(), -1);
+  cursor_ = next_fetch_ = uses_.size();
+  model.parameter_source = this;
+  fetcher_ = std::thread([this] { fetch_loop(); });
+  writer_ = std::thread([this] { write_back_loop(); });
+}
+
+LayerOffload::~LayerOffload() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  fetcher_.join();
+  writer_.join();
+  if (model_.parameter_source == this) model_.parameter_source = nullptr;
+  model_.arena->release(slot_memory_);
+}
+
+const ParameterSegment* LayerOffload::host_segment(int block) const {
+  for (const ParameterSegment& s : model_.segments)
+    if (s.host_block == block) return &s;
+  return nullptr;
+}
+
+void LayerOffload::step_begin() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::fill(states_.begin(), states_.end(), UseState::UseState_waiting);
+  cursor_ = next_fetch_ = 0;
+  running_ = true;
+  changed_.notify_all();
+}
+
+void LayerOffload::step_end() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (cursor_ != uses_.size()) {
+    throw Error(fmt::format("offload: the step ended after {} of the {} planned uses of offloaded blocks", cursor_,
+                            uses_.size()));
+  }
+  changed_.wait(lock, [&] { return write_backs_.empty() && free_slots_.size() == slots_.size(); });
+  running_ = false;
+}
+
+bool LayerOffload::can_fetch() const {
+  if (!running_ || next_fetch_ >= uses_.size() || next_fetch_ > cursor_ + static_cast<size_t>(depth_)) return false;
+  if (free_slots_.empty()) return false;
+  const OffloadUse& use = uses_[next_fetch_];
+  // Accumulated gradients are read back only once the previous write-back of the block landed.
+  return !use.backward || use.first_backward || pending_write_backs_[static_cast<size_t>(use.block)] == 0;
+}
+
+void LayerOffload::pace(double start_seconds, int64_t bytes) const {
+  if (bytes_per_second_ <= 0) return;
+  const double end = start_seconds + static_cast<double>(bytes) / bytes_per_second_;
+  const double left = end - clock_seconds();
+  if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
+}
+
+void LayerOffload::fetch_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stop_ || can_fetch(); });
+    if (stop_) return;
+    const size_t i = next_fetch_++;
+    const int slot = free_slots_.back();
+    free_slots_.pop_back();
+    use_slot_[i] = slot;
+    states_[i] = UseState::UseState_fetching;
+    const OffloadUse use = uses_[i];
+    lock.unlock();
+
+    const ParameterSegment& host = *host_segment(use.block);
+    const size_t bytes = static_cast<size_t>(host.count) * sizeof(float);
+    const double start = clock_seconds();
+    std::memcpy(slots_[static_cast<size_t>(slot)].weights, host.params, bytes);
+    int64_t moved = static_cast<int64_t>(bytes);
+    if (use.backward && use.first_backward) {
+      std::memset(slots_[static_cast<size_t>(slot)].gradients, 0, bytes);
+    } else if (use.backward) {
+      std::memcpy(slots_[static_cast<size_t>(slot)].gradients, host.grads, bytes);
+      moved += static_cast<int64_t>(bytes);
+    }
+    pace(start, moved);
+
+    lock.lock();
+    states_[i] = UseState::UseState_ready;
+    copies_.push_back({true, moved, start, clock_seconds(), use});
+    changed_.notify_all();
+  }
+}
+
+void LayerOffload::write_back_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stop_ || !write_backs_.empty(); });
+    if (stop_) return;
+    const size_t i = write_backs_.front();
+    const OffloadUse use = uses_[i];
+    const int slot = use_slot_[i];
+    lock.unlock();
+
+    const ParameterSegment& host = *host_segment(use.block);
+    const size_t bytes = static_cast<size_t>(host.count) * sizeof(float);
+    const double start = clock_seconds();
+    std::memcpy(host.grads, slots_[static_cast<size_t>(slot)].gradients, bytes);
+    pace(start, static_cast<int64_t>(bytes));
+
+    lock.lock();
+    write_backs_.pop_front();
+    pending_write_backs_[static_cast<size_t>(use.block)]--;
+    states_[i] = UseState::UseState_done;
+    use_slot_[i] = -1;
+    free_slots_.push_back(slot);
+    copies_.push_back({false, static_cast<int64_t>(bytes), start, clock_seconds(), use});
+    changed_.notify_all();
+  }
+}
+
+void LayerOffload::bind(int block, const Slot* slot) {
+  const ParameterSegment& host = *host_segment(block);
+  for (size_t k = 0; k < model_.views.size(); ++k) {
+    const TensorView& view = model_.views[k];
+    if (view.offset < host.offset || view.offset >= host.offset + host.count) continue;
+    const int64_t at = view.offset - host.offset;
+    if (weight_slots_[k] != nullptr) *weight_slots_[k] = slot == nullptr ? nullptr : slot->weights + at;
+    if (gradient_slots_[k] != nullptr) *gradient_slots_[k] = slot == nullptr ? nullptr : slot->gradients + at;
+  }
+}
+
+void LayerOffload::acquire(int unit, bool backward) {
+  if (unit < 0 || host_segment(unit) == nullptr) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (cursor_ >= uses_.size() || uses_[cursor_].block != unit || uses_[cursor_].backward != backward) {
+    throw Error(fmt::format("offload: the {} of block {} is not the next planned use of an offloaded block", backward ? "backward" : "forward", unit),
+                {}, "run the passes in the order of the rank's schedule");
+  }
+  const size_t i = cursor_;
+  const auto start = std::chrono::steady_clock::now();
+  changed_.wait(lock, [&] { return states_[i] == UseState::UseState_ready; });
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  states_[i] = UseState::UseState_in_use;
+  bind(unit, &slots_[static_cast<size_t>(use_slot_[i])]);
+}
+
+void LayerOffload::release(int unit, bool backward) {
+  if (unit < 0 || host_segment(unit) == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t i = cursor_;
+  bind(unit, nullptr);
+  if (backward) {
+    states_[i] = UseState::UseState_writing;
+    pending_write_backs_[static_cast<size_t>(unit)]++;
+    write_backs_.push_back(i);
+  } else {
+    states_[i] = UseState::UseState_done;
+    free_slots_.push_back(use_slot_[i]);
+    use_slot_[i] = -1;
+  }
+  ++cursor_;
+  changed_.notify_all();
+}
+
+double LayerOffload::take_wait_seconds() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(wait_seconds_, 0.0);
+}
+
+std::vector<OffloadCopy> LayerOffload::take_copies() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(copies_, {});
+}
+
+}  // namespace alloy

@@ -1,0 +1,169 @@
+// Layer offload at run time: a plan with offloaded blocks trains with losses and weights
+// bit-identical to the same plan without offload, needs less device memory, shows its copies in
+// the trace and resumes exactly; offload with data parallelism and offloaded state over the
+// host memory are refused before training.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../common/test_util.hpp"
+#include "dist_plans.hpp"
+#include "hw/catalog.hpp"
+#include "runtime/io/safetensors.hpp"
+
+namespace alloy::testing {
+
+class OffloadTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    mpi_test_environment_set();
+    setenv("ALLOY_THREADS", "1", 0);
+    dir_ = new TempDir();
+    gpt_path_ = dir_->write("gpt-6.yaml", kGpt6Yaml);
+    cluster_path_ = dir_->write("local-cpu-8.yaml", kCpu8Yaml);
+    data_ = dir_->path() + "/data.bin";
+    CommandResult r = run_command(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}", ALLOY_BINARY,
+                                              ALLOY_SOURCE_DIR, data_));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static ClusterSpec cluster() { return cluster_load(cluster_path_, catalog_builtin()); }
+
+  // A 2-stage 1F1B pipeline of gpt-6 over 3 ranks: tp 2 then tp 1, 4 micro-batches, mixed
+  // recomputation; `offloaded` marks blocks 0-5 (stage 0 holds 0-2, stage 1 3-5).
+  using R = Recompute;
+
+  static Plan pipeline(const std::vector<bool>& offloaded, int depth, const ClusterSpec& on = cluster()) {
+    Plan plan = test_plan(model_load(gpt_path_), on,
+                          {{2, 1, 0, {3}, {R::Recompute_none, R::Recompute_full, R::Recompute_none}},
+                           {1, 1, 0, {3}, {R::Recompute_selective, R::Recompute_none, R::Recompute_none}}},
+                          Schedule::Schedule_1f1b, 4);
+    for (size_t s = 0; s < 2; ++s) {
+      plan.stages[s].offload.assign(offloaded.begin() + 3 * static_cast<long>(s), offloaded.begin() + 3 * static_cast<long>(s) + 3);
+      plan.stages[s].offload_prefetch_depth = depth;
+    }
+    return plan;
+  }
+
+  static CommandResult train(const Plan& plan, const std::string& name, int steps, const std::string& extra = "") {
+    const std::string plan_path = dir_->path() + "/" + name + ".json";
+    plan_save(plan, plan_path);
+    return run_command(fmt::format("mpirun -np {} --oversubscribe --bind-to none {} train --model {} --data {} --train "
+                                   "{}/examples/train/tiny-cpu.yaml --steps {} --no-progress --plan {} --cluster {} "
+                                   "--log {}/{}.jsonl {}",
+                                   plan.num_used_devices(), ALLOY_BINARY, gpt_path_, data_, ALLOY_SOURCE_DIR, steps,
+                                   plan_path, cluster_path_, dir_->path(), name, extra),
+                       300);
+  }
+
+  static std::vector<nlohmann::json> log(const std::string& name) {
+    std::vector<nlohmann::json> lines;
+    std::istringstream in(read_text(dir_->path() + "/" + name + ".jsonl"));
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  }
+
+  static std::vector<float> weights(const std::string& path, const std::string& name) {
+    SafetensorsFile file = safetensors_open(path);
+    const SafetensorsEntry* e = file.entry_find(name);
+    if (e == nullptr) return {};
+    std::vector<float> values((e->end_bytes - e->begin_bytes) / 4);
+    file.entry_copy(*e, values.data());
+    return values;
+  }
+
+  static TempDir* dir_;
+  static std::string gpt_path_, cluster_path_, data_;
+};
+
+TempDir* OffloadTest::dir_ = nullptr;
+std::string OffloadTest::gpt_path_, OffloadTest::cluster_path_, OffloadTest::data_;
+
+TEST_F(OffloadTest, LossesAndWeightsAreBitIdenticalToTheSamePlanWithoutOffload) {
+  const std::vector<bool> none(6, false), some = {true, true, false, false, true, true};
+  const std::string trace = dir_->path() + "/offload-trace.json";
+  for (const auto& [name, offloaded, depth, extra] :
+       {std::tuple{"plain", none, 1, std::string()}, std::tuple{"offload-1", some, 1, std::string()},
+        std::tuple{"offload-2", some, 2, "--trace " + trace}}) {
+    CommandResult r = train(pipeline(offloaded, depth), name, 6, fmt::format("--export {}/{}.safetensors {}", dir_->path(), name, extra));
+    ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+  }
+  const std::vector<nlohmann::json> plain = log("plain");
+  ASSERT_EQ(plain.size(), 6u);
+  for (const char* name : {"offload-1", "offload-2"}) {
+    const std::vector<nlohmann::json> got = log(name);
+    ASSERT_EQ(got.size(), plain.size()) << name;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].at("loss").get<double>(), plain[i].at("loss").get<double>()) << name << " step " << i + 1;
+      EXPECT_EQ(got[i].at("grad_norm").get<double>(), plain[i].at("grad_norm").get<double>()) << name << " step " << i + 1;
+      // Stage 1 (rank 2) keeps one block of three resident: its arena peak must drop.
+      EXPECT_LT(got[i].at("ranks")[2].at("peak_arena_bytes").get<double>(),
+                plain[i].at("ranks")[2].at("peak_arena_bytes").get<double>()) << name;
+    }
+    const std::string a = dir_->path() + "/plain.safetensors", b = dir_->path() + fmt::format("/{}.safetensors", name);
+    for (const char* tensor : {"layers.0.attn.qkv.weight", "layers.4.mlp.up.weight", "layers.5.mlp.down.bias"}) {
+      const std::vector<float> x = weights(a, tensor), y = weights(b, tensor);
+      ASSERT_FALSE(x.empty()) << tensor;
+      EXPECT_EQ(x, y) << name << " " << tensor;
+    }
+  }
+  // The real run's trace shows the copies over the host link as their own stream.
+  std::set<std::string> copies;
+  const nlohmann::json doc = nlohmann::json::parse(read_text(trace));
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.at("ph") == "X" && (e.at("cat") == "prefetch" || e.at("cat") == "evict")) copies.insert(e.at("cat").get<std::string>());
+  EXPECT_EQ(copies, (std::set<std::string>{"prefetch", "evict"}));
+}
+
+TEST_F(OffloadTest, ResumeWithOffloadContinuesExactly) {
+  const Plan plan = pipeline({false, true, false, true, false, true}, 1);
+  const std::string ck = dir_->path() + "/offload-ck";
+  ASSERT_EQ(train(plan, "resume-full", 4).exit_code, 0);
+  ASSERT_EQ(train(plan, "resume-part", 2, "--checkpoint " + ck).exit_code, 0);
+  CommandResult r = train(plan, "resume-part", 4, fmt::format("--checkpoint {} --resume", ck));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> full = log("resume-full"), part = log("resume-part");
+  ASSERT_EQ(full.size(), 4u);
+  ASSERT_EQ(part.size(), 4u);
+  for (size_t i = 0; i < full.size(); ++i)
+    EXPECT_EQ(full[i].at("loss").get<double>(), part[i].at("loss").get<double>()) << "step " << i + 1;
+}
+
+TEST_F(OffloadTest, DataParallelOffloadIsRefusedBeforeTraining) {
+  Plan plan = test_plan(model_load(gpt_path_), cluster(), {{1, 2, 0, {6}}}, Schedule::Schedule_1f1b, 2);
+  plan.stages[0].offload[0] = true;
+  CommandResult r = train(plan, "dp-offload", 2);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("stages[0].dp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--dp 1"), std::string::npos) << r.output;
+}
+
+TEST_F(OffloadTest, OffloadOverTheHostMemoryIsRefusedBeforeTraining) {
+  // 8 devices share 64 KiB of host memory: 8 KiB each, less than one gpt-6 block's state.
+  const std::string tight = dir_->write("tight-host.yaml", R"(name: local-cpu-8
+device_types:
+  cpu-fast: {base: cpu, memory: 2GiB}
+nodes:
+  - {name: host, count: 1, device: cpu-fast, devices_per_node: 8, host_memory: 64KiB}
+)");
+  const Plan plan = pipeline({true, false, false, false, false, false}, 1, cluster_load(tight, catalog_builtin()));
+  const std::string plan_path = dir_->path() + "/tight.json";
+  plan_save(plan, plan_path);
+  CommandResult r = run_command(fmt::format("mpirun -np 3 --oversubscribe --bind-to none {} train --model {} --data {} "
+                                            "--steps 2 --no-progress --plan {} --cluster {}",
+                                            ALLOY_BINARY, gpt_path_, data_, plan_path, tight),
+                                120);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("host_memory"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("offload fewer blocks"), std::string::npos) << r.output;
+}
+
+}  // namespace alloy::testing

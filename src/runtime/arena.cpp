@@ -4,7 +4,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include <fmt/format.h>
@@ -23,18 +25,34 @@ std::string arena_mib(int64_t bytes) {
 // (madvise mode): GEMMs on cold logits and weights run ~5% faster with fewer TLB misses. The
 // accounting stays in requested (64-byte rounded) bytes.
 constexpr int64_t kHugePageBytes = int64_t{2} << 20;
+// Every block starts a few cache lines past its boundary, staggered from one block to the next:
+// buffers read together element by element (a parameter, its gradient and its AdamW moments)
+// otherwise share all their low address bits, and their loads and stores collide in the caches
+// (the AdamW update ran 7x slower on blocks that happened to align). The 8 bytes before a block
+// hold the address to free.
+constexpr int64_t kColorStrideBytes = 17 * kArenaAlignmentBytes;
+constexpr int kColors = 16;
 
 void* arena_host_allocate(int64_t rounded) {
-  if (rounded < kHugePageBytes) {
-    return std::aligned_alloc(kArenaAlignmentBytes, static_cast<size_t>(rounded));
-  }
-  const int64_t backed = (rounded + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-  void* pointer = std::aligned_alloc(kHugePageBytes, static_cast<size_t>(backed));
-  if (pointer != nullptr) madvise(pointer, static_cast<size_t>(backed), MADV_HUGEPAGE);
-  return pointer;
+  static std::atomic<int> next_color{0};
+  const int64_t offset = (next_color++ % kColors + 1) * kColorStrideBytes;
+  const bool huge = rounded >= kHugePageBytes;
+  const int64_t alignment = huge ? kHugePageBytes : kArenaAlignmentBytes;
+  const int64_t backed = (rounded + offset + alignment - 1) / alignment * alignment;
+  char* base = static_cast<char*>(std::aligned_alloc(static_cast<size_t>(alignment), static_cast<size_t>(backed)));
+  if (base == nullptr) return nullptr;
+  if (huge) madvise(base, static_cast<size_t>(backed), MADV_HUGEPAGE);
+  char* block = base + offset;
+  std::memcpy(block - sizeof(void*), &base, sizeof(void*));
+  return block;
 }
 
-void arena_host_free(void* pointer) { std::free(pointer); }
+void arena_host_free(void* pointer) {
+  if (pointer == nullptr) return;
+  void* base = nullptr;
+  std::memcpy(&base, static_cast<char*>(pointer) - sizeof(void*), sizeof(void*));
+  std::free(base);
+}
 
 }  // namespace
 

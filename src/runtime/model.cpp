@@ -221,8 +221,10 @@ float* model_gradients_at(const Model& model, int64_t offset, int64_t count) {
 }
 
 void model_zero_grad(Model& model) {
+  // An offloaded block's first backward of a step starts from a zeroed device slot and its
+  // write-back replaces the host copy whole: nothing to clear there.
   for (const ParameterSegment& segment : model.segments)
-    std::memset(segment.grads, 0, static_cast<size_t>(segment.count) * sizeof(float));
+    if (segment.host_block < 0) std::memset(segment.grads, 0, static_cast<size_t>(segment.count) * sizeof(float));
 }
 
 }  // namespace alloy

@@ -4,6 +4,7 @@
 // host memory are refused before training.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 #include <string>
@@ -164,6 +165,53 @@ nodes:
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("host_memory"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("offload fewer blocks"), std::string::npos) << r.output;
+}
+
+TEST_F(OffloadTest, UnderACapNothingElseFitsThePlannerOffloadsAndTrainingStaysUnderIt) {
+  // An 8-block model whose weights, gradients and moments alone (~100 MiB) exceed the 56 MiB device.
+  const std::string model = dir_->write("gpt-8w.yaml", R"(name: gpt-8w
+family: gpt2
+layers: 8
+hidden_size: 256
+heads: 4
+ffn_hidden_size: 1024
+vocab_size: 256
+max_seq_len: 64
+tied_embeddings: true
+norm_eps: 1.0e-5
+)");
+  const std::string tight = dir_->write("cpu-tight.yaml", R"(name: cpu-tight
+device_types:
+  cpu-small: {base: cpu, memory: 56MiB}
+nodes:
+  - {name: host, count: 1, device: cpu-small, devices_per_node: 1, host_memory: 4GiB, host_link: 4GB/s}
+)");
+  const std::string train = fmt::format("{}/examples/train/tiny-cpu.yaml", ALLOY_SOURCE_DIR);
+  const std::string plan_path = dir_->path() + "/tight-plan.json";
+  CommandResult refused = run_command(fmt::format("{} plan -m {} -c {} -t {} --no-offload", ALLOY_BINARY, model, tight, train));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  CommandResult planned = run_command(fmt::format("{} plan -m {} -c {} -t {} -o {}", ALLOY_BINARY, model, tight, train, plan_path));
+  ASSERT_EQ(planned.exit_code, 0) << planned.output;
+  const Plan plan = plan_load(plan_path);
+  ASSERT_EQ(plan.stages.size(), 1u);
+  EXPECT_NE(std::find(plan.stages[0].offload.begin(), plan.stages[0].offload.end(), true), plan.stages[0].offload.end());
+  double predicted = 0;
+  for (const MemoryTerm& t : plan.stages[0].memory)
+    if (t.name != "framework_context" && t.name != "communication_buffers" && t.name != "allocator_margin" && t.name != "host_offload")
+      predicted += t.bytes;
+
+  CommandResult r = run_command(fmt::format("{} train --model {} --data {} --steps 3 --no-progress --plan {} --cluster {} "
+                                            "--log {}/tight.jsonl",
+                                            ALLOY_BINARY, model, data_, plan_path, tight, dir_->path()),
+                                120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> steps = log("tight");
+  ASSERT_EQ(steps.size(), 3u);
+  for (const nlohmann::json& step : steps) {
+    const double peak = step.at("peak_arena_bytes").get<double>();
+    EXPECT_LE(peak, 56.0 * 1024 * 1024);
+    EXPECT_NEAR(peak / predicted, 1.0, 0.05) << "measured " << peak << " B, predicted " << predicted << " B";
+  }
 }
 
 }  // namespace alloy::testing

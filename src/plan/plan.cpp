@@ -106,6 +106,9 @@ void plan_validate(const Plan& plan, const std::string& source) {
     if (static_cast<int>(st.offload.size()) != st.num_blocks())
       fail(source, stage_field(s, "offload"),
            fmt::format("has {} entries for {} blocks", st.offload.size(), st.num_blocks()));
+    if (!st.offload_activations.empty() && static_cast<int>(st.offload_activations.size()) != st.num_blocks())
+      fail(source, stage_field(s, "offload_activations"),
+           fmt::format("has {} entries for {} blocks", st.offload_activations.size(), st.num_blocks()));
     if (st.offload_prefetch_depth < 1 || st.offload_prefetch_depth > kMaxOffloadPrefetchDepth)
       fail(source, stage_field(s, "offload_prefetch_depth"),
            fmt::format("is {}; it counts blocks fetched ahead, 1 to {}", st.offload_prefetch_depth, kMaxOffloadPrefetchDepth));

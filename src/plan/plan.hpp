@@ -43,6 +43,8 @@ struct PlanStage {
   bool has_head = false;           // last stage (final norm and LM head)
   std::vector<Recompute> recompute;  // per block of the stage, chunks in order
   std::vector<bool> offload;         // per block: weights and optimizer state in host memory
+  std::vector<bool> offload_activations;  // per block: its saved activations wait in host memory
+                                          // between forward and backward (empty: none)
   int offload_prefetch_depth = 1;    // offloaded blocks fetched ahead of their use (1-8)
 
   // Predictions of the cost model.

@@ -1,4 +1,5 @@
 // Plan <-> JSON (versioned, documented in docs/plan-format.md).
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -67,6 +68,11 @@ std::string plan_to_json(const Plan& plan) {
     json off = json::array();
     for (bool b : s.offload) off.push_back(b);
     st["offload"] = off;
+    if (std::find(s.offload_activations.begin(), s.offload_activations.end(), true) != s.offload_activations.end()) {
+      json acts = json::array();
+      for (bool b : s.offload_activations) acts.push_back(b);
+      st["offload_activations"] = acts;
+    }
     st["offload_prefetch_depth"] = s.offload_prefetch_depth;
     st["predicted"] = {{"forward_seconds", s.forward_seconds},
                        {"backward_seconds", s.backward_seconds},
@@ -156,6 +162,8 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
       s.recompute.push_back(r);
     }
     for (bool b : get<std::vector<bool>>(st, "offload", source, prefix)) s.offload.push_back(b);
+    if (st.contains("offload_activations"))
+      for (bool b : get<std::vector<bool>>(st, "offload_activations", source, prefix)) s.offload_activations.push_back(b);
     if (st.contains("offload_prefetch_depth")) s.offload_prefetch_depth = get<int>(st, "offload_prefetch_depth", source, prefix);
     if (st.contains("predicted")) {
       const json& pr = st.at("predicted");

@@ -125,6 +125,12 @@ std::vector<std::pair<std::string, int64_t>> Arena::peak_breakdown() const {
   return out;
 }
 
+std::pair<int64_t, const std::string*> Arena::allocation(const void* pointer) const {
+  auto it = live_.find(const_cast<void*>(pointer));
+  if (it == live_.end()) throw Error("the device arena has no live allocation at this address");
+  return {it->second.bytes, &it->second.what};
+}
+
 void Arena::trim() {
   for (auto& [bytes, pointer] : cached_) memory_.free(pointer);
   cached_.clear();

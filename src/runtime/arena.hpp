@@ -48,6 +48,8 @@ class Arena {
   void release(void* pointer);
   // Frees the memory kept for reuse back to the system.
   void trim();
+  // The rounded bytes and the name of a live allocation (throws alloy::Error for others).
+  std::pair<int64_t, const std::string*> allocation(const void* pointer) const;
 
   int64_t capacity_bytes() const { return capacity_bytes_; }
   int64_t bytes_in_use() const { return bytes_in_use_; }

@@ -100,6 +100,17 @@ class ParameterSource {
   virtual void release(int unit, bool backward) = 0;
 };
 
+struct ChunkPass;
+// Where the passes hand the activations a block saved for its backward, when they may wait
+// elsewhere (host memory) in between. Every block of every pass is announced; the store picks.
+class ActivationStore {
+ public:
+  virtual ~ActivationStore() = default;
+  virtual void saved(ChunkPass& pass, int layer) = 0;   // the block's forward is done
+  virtual void needed(ChunkPass& pass, int layer) = 0;  // its backward starts: they must be back
+  virtual void dropped(ChunkPass& pass) = 0;            // the pass is being released
+};
+
 // One micro-batch through one chunk of consecutive blocks [block_begin, block_end): what the
 // forward keeps until the backward.
 struct ChunkPass {
@@ -162,6 +173,7 @@ struct Model {
   std::vector<Recompute> recompute;  // one per global block, Recompute_none by default
   TensorParallelOps* tp_ops = nullptr;  // set when shard.tp > 1
   ParameterSource* parameter_source = nullptr;  // set when the weights are gathered for each use
+  ActivationStore* activation_store = nullptr;  // set when saved activations may leave the device
 
   ChunkPass pass;  // the single-rank passes (model_forward / model_backward)
 };

@@ -269,6 +269,7 @@ const float* chunk_forward(Model& model, ChunkPass& pass) {
   for (int layer = pass.block_begin; layer < pass.block_end; layer++) {
     UnitWeights weights(model, layer, false);
     block_forward(model, pass, d, layer, block_input(pass, d, layer));
+    if (model.activation_store != nullptr) model.activation_store->saved(pass, layer);
   }
   const float* out = chunk_output(model, pass, d);
   if (!pass.heads) return out;
@@ -298,6 +299,7 @@ const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int 
   float* dres = pass.gradient + (d.sp ? d.row_offset() : 0);
   for (int layer = block_end - 1; layer >= block_begin; layer--) {
     UnitWeights weights(model, layer, true);
+    if (model.activation_store != nullptr) model.activation_store->needed(pass, layer);
     block_backward(model, pass, d, layer, block_input(pass, d, layer), dres);
     release_block(model, pass.blocks[static_cast<size_t>(layer - pass.block_begin)]);
   }
@@ -311,6 +313,7 @@ const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int 
 
 void chunk_release(Model& model, ChunkPass& pass) {
   if (!pass.active) return;
+  if (model.activation_store != nullptr) model.activation_store->dropped(pass);
   for (BlockActivations& a : pass.blocks) release_block(model, a);
   head_pass_release(model, pass);
   give(model, pass.input);

@@ -14,13 +14,23 @@
 
 namespace alloy {
 
-namespace {
-
-double clock_seconds() {
+double offload_clock_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-}  // namespace
+double HostLink::pace(int64_t bytes, bool to_device, double start_seconds) {
+  if (bytes_per_second_ <= 0) return offload_clock_seconds();
+  double end = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    double& busy = busy_until_[to_device ? 1 : 0];
+    end = std::max(busy, start_seconds) + static_cast<double>(bytes) / bytes_per_second_;
+    busy = end;
+  }
+  const double left = end - offload_clock_seconds();
+  if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
+  return end;
+}
 
 std::vector<OffloadUse> offload_uses_from_schedule(const RankSchedule& schedule, const std::vector<bool>& offloaded) {
   std::vector<OffloadUse> uses;
@@ -44,11 +54,11 @@ std::vector<OffloadUse> offload_uses_from_schedule(const RankSchedule& schedule,
   return uses;
 }
 
-LayerOffload::LayerOffload(Model& model, std::vector<OffloadUse> uses, int prefetch_depth, double host_link_bytes_per_second)
+LayerOffload::LayerOffload(Model& model, std::vector<OffloadUse> uses, int prefetch_depth, HostLink& link)
     : model_(model),
       uses_(std::move(uses)),
       depth_(std::max(1, prefetch_depth)),
-      bytes_per_second_(host_link_bytes_per_second),
+      link_(link),
       weight_slots_(model_weight_slots(model)),
       gradient_slots_(model_gradient_slots(model)) {
   int64_t block_floats = 0;
@@ -117,13 +127,6 @@ bool LayerOffload::can_fetch() const {
   return !use.backward || use.first_backward || pending_write_backs_[static_cast<size_t>(use.block)] == 0;
 }
 
-void LayerOffload::pace(double start_seconds, int64_t bytes) const {
-  if (bytes_per_second_ <= 0) return;
-  const double end = start_seconds + static_cast<double>(bytes) / bytes_per_second_;
-  const double left = end - clock_seconds();
-  if (left > 0) std::this_thread::sleep_for(std::chrono::duration<double>(left));
-}
-
 void LayerOffload::fetch_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
@@ -139,7 +142,7 @@ void LayerOffload::fetch_loop() {
 
     const ParameterSegment& host = *host_segment(use.block);
     const size_t bytes = static_cast<size_t>(host.count) * sizeof(float);
-    const double start = clock_seconds();
+    const double start = offload_clock_seconds();
     std::memcpy(slots_[static_cast<size_t>(slot)].weights, host.params, bytes);
     int64_t moved = static_cast<int64_t>(bytes);
     if (use.backward && use.first_backward) {
@@ -148,11 +151,11 @@ void LayerOffload::fetch_loop() {
       std::memcpy(slots_[static_cast<size_t>(slot)].gradients, host.grads, bytes);
       moved += static_cast<int64_t>(bytes);
     }
-    pace(start, moved);
+    const double end = link_.pace(moved, true, start);
 
     lock.lock();
     states_[i] = UseState::UseState_ready;
-    copies_.push_back({true, moved, start, clock_seconds(), use});
+    copies_.push_back({true, moved, std::max(start, link_.start_of(moved, end)), end, use});
     changed_.notify_all();
   }
 }
@@ -169,9 +172,9 @@ void LayerOffload::write_back_loop() {
 
     const ParameterSegment& host = *host_segment(use.block);
     const size_t bytes = static_cast<size_t>(host.count) * sizeof(float);
-    const double start = clock_seconds();
+    const double start = offload_clock_seconds();
     std::memcpy(host.grads, slots_[static_cast<size_t>(slot)].gradients, bytes);
-    pace(start, static_cast<int64_t>(bytes));
+    const double end = link_.pace(static_cast<int64_t>(bytes), false, start);
 
     lock.lock();
     write_backs_.pop_front();
@@ -179,7 +182,7 @@ void LayerOffload::write_back_loop() {
     states_[i] = UseState::UseState_done;
     use_slot_[i] = -1;
     free_slots_.push_back(slot);
-    copies_.push_back({false, static_cast<int64_t>(bytes), start, clock_seconds(), use});
+    copies_.push_back({false, static_cast<int64_t>(bytes), std::max(start, link_.start_of(static_cast<int64_t>(bytes), end)), end, use});
     changed_.notify_all();
   }
 }

@@ -17,6 +17,28 @@
 
 namespace alloy {
 
+// The host link of one device, shared by every copy over it: per direction, copies take turns at
+// the link's bandwidth (full duplex: the two directions do not slow each other).
+class HostLink {
+ public:
+  explicit HostLink(double bytes_per_second) : bytes_per_second_(bytes_per_second) {}
+  // For a copy of `bytes` whose data moved at `start_seconds` (system clock): sleeps until the
+  // link, after the copies booked before it, would have carried it; returns that time. A link
+  // without a bandwidth (<= 0) does not pace.
+  double pace(int64_t bytes, bool to_device, double start_seconds);
+  // When a copy of `bytes` that ended at `end_seconds` had the link to itself from.
+  double start_of(int64_t bytes, double end_seconds) const {
+    return bytes_per_second_ > 0 ? end_seconds - static_cast<double>(bytes) / bytes_per_second_ : end_seconds;
+  }
+
+ private:
+  double bytes_per_second_;
+  std::mutex mutex_;
+  double busy_until_[2] = {0, 0};  // to host, to device
+};
+
+double offload_clock_seconds();
+
 // One use of an offloaded block in a step, in the order the rank's schedule runs them.
 struct OffloadUse {
   int block = 0;
@@ -43,8 +65,8 @@ struct OffloadCopy {
 class LayerOffload : public ParameterSource {
  public:
   // model: its offloaded blocks are its host segments. Allocates min(depth + 1, blocks) slots
-  // of (weights + gradients) in the device arena. host_link_bytes_per_second <= 0: unpaced.
-  LayerOffload(Model& model, std::vector<OffloadUse> uses, int prefetch_depth, double host_link_bytes_per_second);
+  // of (weights + gradients) in the device arena.
+  LayerOffload(Model& model, std::vector<OffloadUse> uses, int prefetch_depth, HostLink& link);
   ~LayerOffload() override;
   LayerOffload(const LayerOffload&) = delete;
   LayerOffload& operator=(const LayerOffload&) = delete;
@@ -73,12 +95,11 @@ class LayerOffload : public ParameterSource {
   void fetch_loop();
   void write_back_loop();
   void bind(int block, const Slot* slot);
-  void pace(double start_seconds, int64_t bytes) const;
 
   Model& model_;
   std::vector<OffloadUse> uses_;
   int depth_;
-  double bytes_per_second_;
+  HostLink& link_;
   std::vector<float**> weight_slots_;    // per view of the model
   std::vector<float**> gradient_slots_;
   std::vector<Slot> slots_;

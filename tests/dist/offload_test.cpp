@@ -1,5 +1,5 @@
-// Layer offload at run time: a plan with offloaded blocks trains with losses and weights
-// bit-identical to the same plan without offload, needs less device memory, shows its copies in
+// Layer offload at run time: a plan with offloaded blocks (weights, saved activations or both)
+// trains with losses and weights bit-identical to the same plan without offload, needs less device memory, shows its copies in
 // the trace and resumes exactly; offload with data parallelism and offloaded state over the
 // host memory are refused before training.
 #include <gtest/gtest.h>
@@ -42,7 +42,8 @@ class OffloadTest : public ::testing::Test {
   // recomputation; `offloaded` marks blocks 0-5 (stage 0 holds 0-2, stage 1 3-5).
   using R = Recompute;
 
-  static Plan pipeline(const std::vector<bool>& offloaded, int depth, const ClusterSpec& on = cluster()) {
+  static Plan pipeline(const std::vector<bool>& offloaded, int depth, const ClusterSpec& on = cluster(),
+                       const std::vector<bool>& activations = {}) {
     Plan plan = test_plan(model_load(gpt_path_), on,
                           {{2, 1, 0, {3}, {R::Recompute_none, R::Recompute_full, R::Recompute_none}},
                            {1, 1, 0, {3}, {R::Recompute_selective, R::Recompute_none, R::Recompute_none}}},
@@ -50,6 +51,9 @@ class OffloadTest : public ::testing::Test {
     for (size_t s = 0; s < 2; ++s) {
       plan.stages[s].offload.assign(offloaded.begin() + 3 * static_cast<long>(s), offloaded.begin() + 3 * static_cast<long>(s) + 3);
       plan.stages[s].offload_prefetch_depth = depth;
+      if (!activations.empty())
+        plan.stages[s].offload_activations.assign(activations.begin() + 3 * static_cast<long>(s),
+                                                  activations.begin() + 3 * static_cast<long>(s) + 3);
     }
     return plan;
   }
@@ -90,22 +94,27 @@ std::string OffloadTest::gpt_path_, OffloadTest::cluster_path_, OffloadTest::dat
 
 TEST_F(OffloadTest, LossesAndWeightsAreBitIdenticalToTheSamePlanWithoutOffload) {
   const std::vector<bool> none(6, false), some = {true, true, false, false, true, true};
+  const std::vector<bool> others = {true, false, true, true, true, false};
   const std::string trace = dir_->path() + "/offload-trace.json";
-  for (const auto& [name, offloaded, depth, extra] :
-       {std::tuple{"plain", none, 1, std::string()}, std::tuple{"offload-1", some, 1, std::string()},
-        std::tuple{"offload-2", some, 2, "--trace " + trace}}) {
-    CommandResult r = train(pipeline(offloaded, depth), name, 6, fmt::format("--export {}/{}.safetensors {}", dir_->path(), name, extra));
+  for (const auto& [name, offloaded, depth, activations, extra] :
+       {std::tuple{"plain", none, 1, none, std::string()}, std::tuple{"offload-1", some, 1, none, std::string()},
+        std::tuple{"offload-2", some, 2, none, "--trace " + trace},
+        std::tuple{"offload-activations", none, 1, others, std::string()},
+        std::tuple{"offload-both", some, 2, others, std::string()}}) {
+    CommandResult r = train(pipeline(offloaded, depth, cluster(), activations), name, 6,
+                            fmt::format("--export {}/{}.safetensors {}", dir_->path(), name, extra));
     ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
   }
   const std::vector<nlohmann::json> plain = log("plain");
   ASSERT_EQ(plain.size(), 6u);
-  for (const char* name : {"offload-1", "offload-2"}) {
+  for (const char* name : {"offload-1", "offload-2", "offload-activations", "offload-both"}) {
     const std::vector<nlohmann::json> got = log(name);
     ASSERT_EQ(got.size(), plain.size()) << name;
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_EQ(got[i].at("loss").get<double>(), plain[i].at("loss").get<double>()) << name << " step " << i + 1;
       EXPECT_EQ(got[i].at("grad_norm").get<double>(), plain[i].at("grad_norm").get<double>()) << name << " step " << i + 1;
-      // Stage 1 (rank 2) keeps one block of three resident: its arena peak must drop.
+      // Stage 1 (rank 2) keeps one block of three resident, or the activations of one: its
+      // arena peak must drop.
       EXPECT_LT(got[i].at("ranks")[2].at("peak_arena_bytes").get<double>(),
                 plain[i].at("ranks")[2].at("peak_arena_bytes").get<double>()) << name;
     }

@@ -71,14 +71,16 @@ double clock_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// Per global block: whether the stage keeps it in host memory.
-std::vector<bool> stage_offloaded_blocks(const PlanStage& stage, int64_t num_layers) {
+// Per global block: the stage's per-block flags (`per_block`, chunks in order; empty: none).
+std::vector<bool> stage_block_flags(const PlanStage& stage, const std::vector<bool>& per_block, int64_t num_layers) {
   std::vector<bool> blocks(static_cast<size_t>(num_layers), false);
   size_t local = 0;
   for (const LayerRange& c : stage.chunks)
-    for (int b = c.begin; b < c.end; ++b) blocks[static_cast<size_t>(b)] = local < stage.offload.size() && stage.offload[local++];
+    for (int b = c.begin; b < c.end; ++b, ++local) blocks[static_cast<size_t>(b)] = local < per_block.size() && per_block[local];
   return blocks;
 }
+
+bool any_set(const std::vector<bool>& flags) { return std::find(flags.begin(), flags.end(), true) != flags.end(); }
 
 }  // namespace
 
@@ -141,11 +143,13 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   const PlanStage& stage = plan.stages[schedule_.stage];
   arena_ = std::make_unique<Arena>(resources.memory_cap_bytes, stage.device_type);
   HostPlacement host;
-  host.blocks = stage_offloaded_blocks(stage, spec.num_layers);
-  const bool offloads = std::find(host.blocks.begin(), host.blocks.end(), true) != host.blocks.end();
-  if (offloads) {
+  host.blocks = stage_block_flags(stage, stage.offload, spec.num_layers);
+  const std::vector<bool> activations = stage_block_flags(stage, stage.offload_activations, spec.num_layers);
+  const bool offloads = any_set(host.blocks);
+  if (offloads || any_set(activations)) {
     host_arena_ = std::make_unique<Arena>(static_cast<int64_t>(resources.host_memory_bytes), "the host of " + stage.device_type);
     host.arena = host_arena_.get();
+    host_link_ = std::make_unique<HostLink>(resources.host_link_bytes_per_second);
   }
   model_ = std::make_unique<Model>(spec, *arena_, rank_shard(plan, schedule_.stage, schedule_.tp_rank), host);
   if (stage.tp > 1) {
@@ -162,13 +166,18 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   build_moments();
   if (offloads) {
     offload_ = std::make_unique<LayerOffload>(*model_, offload_uses_from_schedule(schedule_, host.blocks),
-                                              stage.offload_prefetch_depth, resources.host_link_bytes_per_second);
+                                              stage.offload_prefetch_depth, *host_link_);
+  }
+  if (any_set(activations)) {
+    activation_offload_ = std::make_unique<ActivationOffload>(*model_, activations, stage.offload_prefetch_depth,
+                                                              *host_link_, *host_arena_);
   }
 }
 
 RankRuntime::~RankRuntime() {
-  offload_.reset();
   for (auto& slot : passes_) chunk_release(*model_, slot->pass);
+  activation_offload_.reset();
+  offload_.reset();
   for (MomentSegment& ms : moments_) {
     Arena& from = ms.on_host ? *host_arena_ : *arena_;
     from.release(ms.v);
@@ -210,7 +219,10 @@ std::vector<TensorRef> RankRuntime::optimizer_refs() {
 }
 
 void RankRuntime::record_offload_copies() {
-  for (const OffloadCopy& c : offload_->take_copies()) {
+  std::vector<OffloadCopy> copies = offload_ ? offload_->take_copies() : std::vector<OffloadCopy>{};
+  if (activation_offload_)
+    for (const OffloadCopy& c : activation_offload_->take_copies()) copies.push_back(c);
+  for (const OffloadCopy& c : copies) {
     SimInterval iv;
     iv.stream = SimStream::SimStream_copy;
     iv.kind = c.to_device ? OpKind::OpKind_prefetch : OpKind::OpKind_evict;
@@ -365,7 +377,8 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       }
       const double tp_wait = (tp_ops_ ? tp_ops_->take_wait_seconds() : 0.0) +
                              (zero3_ ? zero3_->take_wait_seconds() : 0.0) +
-                             (offload_ ? offload_->take_wait_seconds() : 0.0);
+                             (offload_ ? offload_->take_wait_seconds() : 0.0) +
+                             (activation_offload_ ? activation_offload_->take_wait_seconds() : 0.0);
       const double end = stretch_compute(compute_start, tp_wait);
       stats.compute_seconds += end - compute_start - tp_wait;
       stats.wait_seconds += tp_wait;
@@ -526,7 +539,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   pending_gathers_.clear();
   reap_finished_passes(true, stats);
   record_completed(true);
-  if (offload_) record_offload_copies();
+  if (host_link_) record_offload_copies();
   if (!passes_.empty()) throw Error(fmt::format("rank {}: {} micro-batch passes left at the end of the step", comm_.rank(), passes_.size()));
   stats.step_seconds = now();
   stats.communication_seconds = comm_.take_busy_seconds();

@@ -16,6 +16,7 @@
 #include "runtime/dist/zero3.hpp"
 #include "runtime/io/safetensors.hpp"
 #include "runtime/model.hpp"
+#include "runtime/activation_offload.hpp"
 #include "runtime/offload.hpp"
 #include "sim/simulate.hpp"
 #include "spec/train.hpp"
@@ -130,7 +131,9 @@ class RankRuntime {
   std::unique_ptr<Model> model_;
   ParamLayout layout_;
   std::unique_ptr<Zero3Parameters> zero3_;  // ZeRO 3 with dp > 1
-  std::unique_ptr<LayerOffload> offload_;   // when the stage offloads blocks
+  std::unique_ptr<HostLink> host_link_;     // when the stage offloads weights or activations
+  std::unique_ptr<LayerOffload> offload_;   // when the stage offloads blocks' weights
+  std::unique_ptr<ActivationOffload> activation_offload_;  // when it offloads saved activations
   std::vector<MomentSegment> moments_;      // ascending packed offsets, covering the optimizer ranges
   int64_t optimizer_steps_ = 0;
   double slowdown_ = 1.0;

@@ -2,6 +2,8 @@
 // given one, and the plan's predicted step time and memory set against what the run measured.
 #include "cli/gpu_commands.hpp"
 
+#include <algorithm>
+
 #include <fmt/core.h>
 
 #include "spec/error.hpp"
@@ -36,10 +38,11 @@ const PlanStage& plan_apply(const Plan& plan, const ModelSpec& model, TrainSpec&
     throw Error(fmt::format("the plan uses {} GPU(s) but {} rank(s) were started", plan.num_used_devices(), ranks),
                 {path, "stages"}, fmt::format("start one rank per GPU: mpirun -np {} alloy train ...", plan.num_used_devices()));
   }
-  for (bool offloaded : stage.offload) {
-    if (offloaded) {
-      throw Error("the plan offloads layers to host memory, which the GPU runtime does not run yet", {path, "offload"},
-                  "re-plan with alloy plan --no-offload");
+  for (const std::vector<bool>* flags : {&stage.offload, &stage.offload_activations}) {
+    if (std::find(flags->begin(), flags->end(), true) != flags->end()) {
+      throw Error("the plan offloads layers to host memory, which the GPU runtime does not run yet",
+                  {path, flags == &stage.offload ? "stages[0].offload" : "stages[0].offload_activations"},
+                  "re-plan with alloy plan --no-offload, or run the plan on CPU ranks");
     }
   }
   if (plan.num_layers != model.num_layers) {

@@ -31,8 +31,9 @@ struct Point {
 // Brute force over: ordered subsets of device types; per type every (tp | devices per node,
 // stages, dp) using all its devices; every micro-batch count; GPipe, 1F1B and interleaved
 // (v = 2, 4); every contiguous layer split; per stage every ZeRO stage, sequence parallelism,
-// every number of selective and full-recompute blocks, and every offload count of the space
-// (stage_offload_counts: exact up to 4 blocks, then coarse buckets).
+// every number of selective and full-recompute blocks, every offload count of the space
+// (stage_offload_counts: exact up to 4 blocks, then coarse buckets) that host memory holds, and
+// prefetch depths 1, 2 and 4.
 class Exhaustive {
  public:
   explicit Exhaustive(const CostModel& cost) : cost_(cost) {}
@@ -174,21 +175,26 @@ class Exhaustive {
       for (int zero = 0; zero <= 3; ++zero)
         for (int full = 0; full <= blocks; ++full)
           for (int sel = 0; sel + full <= blocks; ++sel)
-            for (int off : stage_offload_counts(blocks)) {
-              StageChoice c;
-              c.blocks = blocks;
-              c.selective = sel;
-              c.full = full;
-              c.offloaded = off;
-              c.zero = zero;
-              c.has_embedding = s == 0;
-              c.has_head = s == p - 1;
-              c.head_holds_lm_matrix = !(cost_.model().tied_embeddings && p == 1);
-              const MemoryBreakdown mem = cost_.stage_memory(shape, unit, c, in_flight, p > 1);
-              if (mem.total_bytes() > cost_.device_memory_bytes(shape.device_type)) continue;
-              const StageTiming timing = cost_.stage_timing(shape, unit, c, send, chunks_sent);
-              all.push_back({timing.per_micro_batch_seconds(), timing.step_overhead_seconds()});
-            }
+            for (int off : stage_offload_counts(blocks))
+              for (int depth : {1, 2, 4}) {
+                if (off == 0 && depth > 1) continue;  // the depth of nothing offloaded changes nothing
+                StageChoice c;
+                c.blocks = blocks;
+                c.selective = sel;
+                c.full = full;
+                c.offloaded = off;
+                c.prefetch_depth = depth;
+                c.micro_batches = m;
+                c.zero = zero;
+                c.has_embedding = s == 0;
+                c.has_head = s == p - 1;
+                c.head_holds_lm_matrix = !(cost_.model().tied_embeddings && p == 1);
+                const MemoryBreakdown mem = cost_.stage_memory(shape, unit, c, in_flight, p > 1);
+                if (mem.total_bytes() > cost_.device_memory_bytes(shape.device_type)) continue;
+                if (mem.host_offload_bytes > cost_.host_memory_share_bytes(shape.device_type)) continue;
+                const StageTiming timing = cost_.stage_timing(shape, unit, c, send, chunks_sent);
+                all.push_back({timing.per_micro_batch_seconds(), timing.step_overhead_seconds()});
+              }
     }
     std::sort(all.begin(), all.end(), [](const Point& a, const Point& b) { return a.t != b.t ? a.t < b.t : a.u < b.u; });
     std::vector<Point> front;

@@ -151,6 +151,15 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
   return {0, 1, 2, 3};
 }
 
+// A deeper prefetch only adds window memory (so recomputation too) unless it hides more of the
+// copies: when it is no faster than the shallowest depth at this count, that depth's option
+// dominates it (or ties, and ties go to the smaller depth).
+bool deeper_gains_nothing(const Context& c, int shallowest, const StageOption& plain, int offloaded) {
+  if (c.depth == shallowest || offloaded == 0) return false;
+  const Context shallow{c.cost, c.slot, c.unit, c.blocks, c.zero, shallowest};
+  return plain.t >= option_timing(shallow, 0, 0, offloaded).t;
+}
+
 // The offload counts of the space (stage_offload_counts) that host memory holds.
 std::vector<int> offload_counts(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {
   std::vector<int> counts = stage_offload_counts(pins.allow_offload ? blocks : 0);
@@ -225,8 +234,12 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
-    for (int zero : zero_levels(slot, pins))
+    for (int zero : zero_levels(slot, pins)) {
+      // Overhead does not depend on the depth; offload only adds time per block.
+      const double last_u = option_timing({cost, slot, *slot.unit[sp], blocks, zero, depths.front()}, 0, 0, counts.back()).u;
+      bool offload_cannot_win = false;
       for (int depth : depths) {
+        if (offload_cannot_win) break;
         const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth};
         double best_t = std::numeric_limits<double>::infinity();
         double previous_u = -1;
@@ -235,6 +248,7 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
           // Offload only adds time per block; once that alone exceeds the fastest option found,
           // every further count is dominated (its overhead does not fall either, checked below).
           const StageOption plain = option_timing(c, 0, 0, off);
+          if (deeper_gains_nothing(c, depths.front(), plain, off)) continue;
           if (plain.t >= best_t && plain.u >= previous_u) break;
           int sel = 0;
           int full = 0;
@@ -243,13 +257,13 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
             points.push_back(o);
             best_t = std::min(best_t, o.t);
             previous_u = o.u;
-            if (sel == 0 && full == 0 && pins.recompute < 0) {
-              // Fits without recomputation: more offload helps only if it lowers the overhead.
-              if (off == counts.back() || option_timing(c, 0, 0, counts.back()).u >= o.u) break;
-            }
+            offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);
+            // Fits without recomputation: more offload helps only if it lowers the overhead.
+            if (sel == 0 && full == 0 && pins.recompute < 0 && (off == counts.back() || last_u >= o.u)) break;
           }
         }
       }
+    }
   }
   pareto_front(&points, out);
 }
@@ -339,14 +353,18 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
     for (int zero : zeros) {
       const AffineStage a = affine_stage({cost, slot, *slot.unit[sp], blocks, zero, depths.front()});
       if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective)) return false;
+      // Overhead does not depend on the depth; offload only adds time per block.
+      const double last_u = option_timing({cost, slot, *slot.unit[sp], blocks, zero, depths.front()}, 0, 0, counts.back()).u;
+      bool offload_cannot_win = false;
       for (int depth : depths) {
+        if (offload_cannot_win) break;
         const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth};
         double best_t = std::numeric_limits<double>::infinity();
         double previous_u = -1;
-        const double last_u = option_timing(c, 0, 0, counts.back()).u;
         for (int off : counts) {
           if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
           const StageOption plain = option_timing(c, 0, 0, off);
+          if (deeper_gains_nothing(c, depths.front(), plain, off)) continue;
           if (plain.t >= best_t && plain.u >= previous_u) break;
           int sel = 0;
           int full = 0;
@@ -358,6 +376,9 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
           points.push_back(o);
           best_t = std::min(best_t, o.t);
           previous_u = o.u;
+          // Without offload it fits at a recomputation offload cannot lower, and offload does not
+          // lower the overhead: no deeper prefetch can win either.
+          offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);
           if (sel == 0 && full == 0 && pins.recompute < 0 && last_u >= o.u) break;
         }
       }

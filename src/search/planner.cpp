@@ -396,7 +396,7 @@ class Searcher {
 
 SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   const auto started = std::chrono::steady_clock::now();
-  check_inputs(cost, options);
+  search_options_validate(cost, options);
   const ClusterSpec& cluster = cost.cluster();
   const std::vector<TypePool> pools = type_pools(cluster);
   std::vector<Structure> structures = structures_enumerate(cost, pools, options);
@@ -522,7 +522,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     stats.stage_option_sets += searchers[t]->stats.stage_option_sets;
   }
 
-  if (kept.empty() && host_shortfall.ratio < kInfinity) host_memory_fail(cluster, host_shortfall);
+  if (kept.empty() && host_shortfall.ratio < kInfinity) search_host_memory_fail(cluster, host_shortfall);
   if (kept.empty()) {
     const DeviceType& type = cluster.device_types[frugal_type];
     std::string hint = "add devices";

@@ -13,7 +13,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
 
-void check_inputs(const CostModel& cost, const SearchOptions& o) {
+void search_options_validate(const CostModel& cost, const SearchOptions& o) {
   const ClusterSpec& cluster = cost.cluster();
   const TrainSpec& train = cost.train();
   const int layers = static_cast<int>(cost.model().num_layers);
@@ -68,7 +68,7 @@ void check_inputs(const CostModel& cost, const SearchOptions& o) {
   }
 }
 
-void host_memory_fail(const ClusterSpec& cluster, const HostShortfall& need) {
+void search_host_memory_fail(const ClusterSpec& cluster, const HostShortfall& need) {
   const DeviceType& type = cluster.device_types[need.type];
   const NodeGroup* group = nullptr;  // the type's node group with the least host memory per device
   for (const NodeGroup& g : cluster.node_groups)

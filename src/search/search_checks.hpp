@@ -16,10 +16,10 @@ struct HostShortfall {
 };
 
 // Throws alloy::Error for pins that contradict each other or the specs.
-void check_inputs(const CostModel& cost, const SearchOptions& options);
+void search_options_validate(const CostModel& cost, const SearchOptions& options);
 
 // Nothing fits device memory unless more is offloaded than host memory holds: throws
 // alloy::Error with the host memory per node needed, what the node has and the fixes.
-[[noreturn]] void host_memory_fail(const ClusterSpec& cluster, const HostShortfall& need);
+[[noreturn]] void search_host_memory_fail(const ClusterSpec& cluster, const HostShortfall& need);
 
 }  // namespace alloy

@@ -34,7 +34,7 @@ struct StageOption {
   int selective = 0;
   int full = 0;
   int offloaded = 0;
-  int prefetch_depth = 1;
+  int prefetch_depth = 1;  // offloaded blocks fetched ahead (1 when none is offloaded, unless pinned)
 };
 
 struct OptionPins {

@@ -289,8 +289,41 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   return u;
 }
 
+double CostModel::stage_parameters(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c) const {
+  return c.blocks * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
+         (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
+                                               : static_cast<double>(head_parameters(model_, false)) / shape.tp)
+                     : 0);
+}
+
+double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& u,
+                                              const StageChoice& c) const {
+  if (shape.dp <= 1 || c.zero >= 3) return 0;
+  // Gradient reduction overlaps the last backward; ZeRO-1/2 also re-gather updated weights.
+  const double grad_bytes = stage_parameters(shape, u, c) * precision_bytes(train_.precision);
+  const double reduce = c.zero == 0
+                            ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, grad_bytes, shape.dp_group)
+                            : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, grad_bytes, shape.dp_group);
+  // The window is the plain backward (recomputation and transfers excluded), so the exposed
+  // sync depends on the stage's layers and shape only.
+  const double n = c.blocks;
+  const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
+                                (c.has_head ? u.head.backward_seconds : 0);
+  const double window = kGradientOverlapFraction * plain_backward;
+  double sync = std::max(0.0, reduce - window);
+  if (c.zero >= 1) sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
+  return sync;
+}
+
 StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
                                     double boundary_send_seconds, int chunks_sent) const {
+  StageTiming t = stage_timing_without_sync(shape, u, c, boundary_send_seconds, chunks_sent);
+  t.gradient_sync_seconds = stage_gradient_sync_seconds(shape, u, c);
+  return t;
+}
+
+StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
+                                                 double boundary_send_seconds, int chunks_sent) const {
   StageTiming t;
   const double n = c.blocks;
   if (c.offloaded > 0) {
@@ -333,25 +366,7 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
   t.backward_seconds += chunks_sent * boundary_send_seconds;
 
   const double e = precision_bytes(train_.precision);
-  const double params = n * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
-                        (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
-                                                              : static_cast<double>(head_parameters(model_, false)) / shape.tp)
-                                    : 0);
-  if (shape.dp > 1 && c.zero < 3) {
-    // Gradient reduction overlaps the last backward; ZeRO-1/2 also re-gather updated weights.
-    const double grad_bytes = params * e;
-    const double reduce = c.zero == 0
-                              ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, grad_bytes, shape.dp_group)
-                              : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, grad_bytes, shape.dp_group);
-    // The window is the plain backward (recomputation and transfers excluded), so the exposed
-    // sync depends on the stage's layers and shape only.
-    const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
-                                  (c.has_head ? u.head.backward_seconds : 0);
-    const double window = kGradientOverlapFraction * plain_backward;
-    t.gradient_sync_seconds = std::max(0.0, reduce - window);
-    if (c.zero >= 1)
-      t.gradient_sync_seconds += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
-  }
+  const double params = stage_parameters(shape, u, c);
   const int states = optimizer_states(train_);
   const bool master = train_.master_weights_fp32 && e < 4;
   const double bytes_per_update = 8.0 * states + e + (master ? 8.0 + e : 2.0 * e);

@@ -124,6 +124,12 @@ class CostModel {
   // chunks_sent: boundary sends per micro-batch (v, or v-1 for the last stage when interleaved).
   StageTiming stage_timing(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
                            double boundary_send_seconds, int chunks_sent) const;
+  // The two parts of stage_timing: everything but the gradient sync (left 0), and the exposed
+  // gradient sync per step, which depends on the stage's layers, shape and ZeRO stage only (not
+  // on recomputation, offload or prefetch depth), so a search can price it once for all of them.
+  StageTiming stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
+                                        double boundary_send_seconds, int chunks_sent) const;
+  double stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   MemoryBreakdown stage_memory(const StageShape& shape, const StageUnitCosts& unit,
                                const StageChoice& choice, double micro_batches_in_flight,
                                bool has_next_stage) const;
@@ -147,6 +153,8 @@ class CostModel {
   // A collective on a group of a device type: measured when the profile has it, else analytic.
   double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const;
   LayerTimes layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const;
+  // Parameters per device of a stage's layers (all of them, offloaded or not).
+  double stage_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
 
   // Copies: a cost model outlives the specs it was built from.
   ModelSpec model_;

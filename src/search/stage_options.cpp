@@ -14,8 +14,17 @@ struct Context {
   const StageUnitCosts& unit;
   int blocks;
   int zero;
-  int depth;  // offload prefetch depth
+  int depth;            // offload prefetch depth
+  double sync_seconds;  // exposed gradient sync per step: the same for every count and depth
 };
+
+// The exposed gradient sync of a stage's layers at a ZeRO stage, priced once per (sp, zero).
+double gradient_sync_seconds(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit, int blocks,
+                             int zero) {
+  StageOption o;
+  o.zero = zero;
+  return cost.stage_gradient_sync_seconds(slot.shape, unit, stage_choice_of(slot, o, blocks));
+}
 
 double memory_bytes(const Context& c, int selective, int full, int offloaded) {
   StageOption o;
@@ -137,8 +146,9 @@ StageOption option_timing(const Context& c, int selective, int full, int offload
   o.selective = selective;
   o.full = full;
   o.offloaded = offloaded;
-  const StageTiming t = c.cost.stage_timing(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks),
-                                            c.slot.boundary_seconds, c.slot.chunks_sent);
+  StageTiming t = c.cost.stage_timing_without_sync(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks),
+                                                   c.slot.boundary_seconds, c.slot.chunks_sent);
+  t.gradient_sync_seconds = c.sync_seconds;
   o.t = t.per_micro_batch_seconds();
   o.u = t.step_overhead_seconds();
   return o;
@@ -156,7 +166,7 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
 // dominates it (or ties, and ties go to the smaller depth).
 bool deeper_gains_nothing(const Context& c, int shallowest, const StageOption& plain, int offloaded) {
   if (c.depth == shallowest || offloaded == 0) return false;
-  const Context shallow{c.cost, c.slot, c.unit, c.blocks, c.zero, shallowest};
+  const Context shallow{c.cost, c.slot, c.unit, c.blocks, c.zero, shallowest, c.sync_seconds};
   return plain.t >= option_timing(shallow, 0, 0, offloaded).t;
 }
 
@@ -235,14 +245,18 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
     for (int zero : zero_levels(slot, pins)) {
+      const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
       // Overhead does not depend on the depth; offload only adds time per block.
-      const double last_u = option_timing({cost, slot, *slot.unit[sp], blocks, zero, depths.front()}, 0, 0, counts.back()).u;
+      const double last_u = option_timing({cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync}, 0, 0, counts.back()).u;
       bool offload_cannot_win = false;
+      // Fastest time and largest overhead found at any depth: an option no faster and with no
+      // less overhead is dominated by the fastest (overhead grows with the count or never meets
+      // the bound), and so are the larger counts after it.
+      double best_t = std::numeric_limits<double>::infinity();
+      double previous_u = -1;
       for (int depth : depths) {
         if (offload_cannot_win) break;
-        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth};
-        double best_t = std::numeric_limits<double>::infinity();
-        double previous_u = -1;
+        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync};
         for (int off : counts) {
           if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
           // Offload only adds time per block; once that alone exceeds the fastest option found,
@@ -256,7 +270,7 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
             const StageOption o = option_timing(c, sel, full, off);
             points.push_back(o);
             best_t = std::min(best_t, o.t);
-            previous_u = o.u;
+            previous_u = std::max(previous_u, o.u);
             offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);
             // Fits without recomputation: more offload helps only if it lowers the overhead.
             if (sel == 0 && full == 0 && pins.recompute < 0 && (off == counts.back() || last_u >= o.u)) break;
@@ -351,16 +365,20 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
     for (int zero : zeros) {
-      const AffineStage a = affine_stage({cost, slot, *slot.unit[sp], blocks, zero, depths.front()});
+      const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
+      const AffineStage a = affine_stage({cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync});
       if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective)) return false;
       // Overhead does not depend on the depth; offload only adds time per block.
-      const double last_u = option_timing({cost, slot, *slot.unit[sp], blocks, zero, depths.front()}, 0, 0, counts.back()).u;
+      const double last_u = option_timing({cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync}, 0, 0, counts.back()).u;
       bool offload_cannot_win = false;
+      // Fastest time and largest overhead found at any depth: an option no faster and with no
+      // less overhead is dominated by the fastest (overhead grows with the count or never meets
+      // the bound), and so are the larger counts after it.
+      double best_t = std::numeric_limits<double>::infinity();
+      double previous_u = -1;
       for (int depth : depths) {
         if (offload_cannot_win) break;
-        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth};
-        double best_t = std::numeric_limits<double>::infinity();
-        double previous_u = -1;
+        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync};
         for (int off : counts) {
           if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
           const StageOption plain = option_timing(c, 0, 0, off);
@@ -375,7 +393,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
           o.t += sel * c.unit.recompute_selective_seconds + full * c.unit.recompute_full_seconds;
           points.push_back(o);
           best_t = std::min(best_t, o.t);
-          previous_u = o.u;
+          previous_u = std::max(previous_u, o.u);
           // Without offload it fits at a recomputation offload cannot lower, and offload does not
           // lower the overhead: no deeper prefetch can win either.
           offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);
@@ -387,7 +405,8 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
   pareto_front(&points, out);
   // Settle the survivors on the exact memory model.
   for (const StageOption& o : *out) {
-    const Context c{cost, slot, *slot.unit[o.sequence_parallel ? 1 : 0], blocks, o.zero, o.prefetch_depth};
+    // Memory checks only: the gradient sync does not enter them.
+    const Context c{cost, slot, *slot.unit[o.sequence_parallel ? 1 : 0], blocks, o.zero, o.prefetch_depth, 0};
     if (!fits(c, o.selective, o.full, o.offloaded)) return false;
     if (pins.recompute < 0 && o.selective + o.full > 0) {
       // A cheaper recomputation must not fit (rounding at the boundary).

@@ -246,12 +246,14 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
     for (int zero : zero_levels(slot, pins)) {
       const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
+      const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync};
       // Overhead does not depend on the depth; offload only adds time per block.
-      const double last_u = option_timing({cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync}, 0, 0, counts.back()).u;
+      const double last_u = option_timing(first, 0, 0, counts.back()).u;
       bool offload_cannot_win = false;
-      // Fastest time and largest overhead found at any depth: an option no faster and with no
-      // less overhead is dominated by the fastest (overhead grows with the count or never meets
-      // the bound), and so are the larger counts after it.
+      // Fastest time and largest overhead found at any depth: when overhead grows with the
+      // count, an option no faster and with no less overhead is dominated by the fastest, and
+      // so are the larger counts after it (their time and overhead only grow).
+      const bool u_grows = last_u >= option_timing(first, 0, 0, 0).u;
       double best_t = std::numeric_limits<double>::infinity();
       double previous_u = -1;
       for (int depth : depths) {
@@ -259,11 +261,9 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
         const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync};
         for (int off : counts) {
           if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
-          // Offload only adds time per block; once that alone exceeds the fastest option found,
-          // every further count is dominated (its overhead does not fall either, checked below).
           const StageOption plain = option_timing(c, 0, 0, off);
           if (deeper_gains_nothing(c, depths.front(), plain, off)) continue;
-          if (plain.t >= best_t && plain.u >= previous_u) break;
+          if (u_grows && plain.t >= best_t && plain.u >= previous_u) break;
           int sel = 0;
           int full = 0;
           if (cheapest_recompute(c, pins.recompute, off, &sel, &full)) {
@@ -366,14 +366,16 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
     for (int zero : zeros) {
       const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
-      const AffineStage a = affine_stage({cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync});
+      const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync};
+      const AffineStage a = affine_stage(first);
       if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective)) return false;
       // Overhead does not depend on the depth; offload only adds time per block.
-      const double last_u = option_timing({cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync}, 0, 0, counts.back()).u;
+      const double last_u = option_timing(first, 0, 0, counts.back()).u;
       bool offload_cannot_win = false;
-      // Fastest time and largest overhead found at any depth: an option no faster and with no
-      // less overhead is dominated by the fastest (overhead grows with the count or never meets
-      // the bound), and so are the larger counts after it.
+      // Fastest time and largest overhead found at any depth: when overhead grows with the
+      // count, an option no faster and with no less overhead is dominated by the fastest, and
+      // so are the larger counts after it (their time and overhead only grow).
+      const bool u_grows = last_u >= option_timing(first, 0, 0, 0).u;
       double best_t = std::numeric_limits<double>::infinity();
       double previous_u = -1;
       for (int depth : depths) {
@@ -383,7 +385,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
           if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
           const StageOption plain = option_timing(c, 0, 0, off);
           if (deeper_gains_nothing(c, depths.front(), plain, off)) continue;
-          if (plain.t >= best_t && plain.u >= previous_u) break;
+          if (u_grows && plain.t >= best_t && plain.u >= previous_u) break;
           int sel = 0;
           int full = 0;
           if (!affine_recompute(c, a, pins.recompute, memory_bytes(c, 0, 0, off) - a.memory, &sel, &full)) continue;

@@ -38,6 +38,7 @@ void run_simulate(const SimulateCommand& c, bool print_table) {
   CostModel cost(model, cluster, train);
   const double saved_step_seconds = plan.step_seconds;
   plan_evaluate(&plan, cost);
+  plan_check_host_memory(plan, cluster, c.plan);
   if (saved_step_seconds > 0 && std::abs(plan.step_seconds / saved_step_seconds - 1.0) > 1e-6) {
     fmt::print("note: the plan's saved predictions differ from the cost model's for its choices "
                "(step {} saved, {} now); using the cost model's\n",

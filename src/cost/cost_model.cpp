@@ -118,6 +118,16 @@ double CostModel::device_memory_bytes(int device_type) const {
   return cluster_.device_types[device_type].memory_bytes;
 }
 
+double CostModel::host_memory_share_bytes(int device_type) const {
+  double share = 0;
+  for (const NodeGroup& g : cluster_.node_groups) {
+    if (g.device_type_index != device_type || g.devices_per_node <= 0) continue;
+    const double per_device = g.host_memory_bytes / g.devices_per_node;
+    if (share == 0 || per_device < share) share = per_device;
+  }
+  return share;
+}
+
 Link CostModel::type_intra_node_link(int device_type) const { return type_links_[device_type]; }
 
 std::vector<std::string> CostModel::fallback_notes() const {
@@ -245,9 +255,9 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
     if (g.device_type_index == shape.device_type && (host_link == 0 || g.host_link_bytes_per_second < host_link))
       host_link = g.host_link_bytes_per_second;
   // Without a host link offloading is impossible: a prohibitive cost keeps the planner away.
-  const double fetch = host_link > 0 ? u.block_parameters * e / host_link : kNoHostLinkSeconds;
-  u.offload_forward_seconds = std::max(0.0, fetch - compute_only.forward_seconds);
-  u.offload_backward_seconds = std::max(0.0, 2.0 * fetch - compute_only.backward_seconds);
+  const double g = train_.master_weights_fp32 && e < 4 ? 4.0 : e;
+  u.offload_weights_seconds = host_link > 0 ? u.block_parameters * e / host_link : kNoHostLinkSeconds;
+  u.offload_gradients_seconds = host_link > 0 ? u.block_parameters * g / host_link : kNoHostLinkSeconds;
   if (shape.dp > 1) {
     const double gather = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, u.block_parameters * e, shape.dp_group);
     const double scatter =
@@ -279,13 +289,66 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   return u;
 }
 
+double CostModel::stage_parameters(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c) const {
+  return c.blocks * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
+         (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
+                                               : static_cast<double>(head_parameters(model_, false)) / shape.tp)
+                     : 0);
+}
+
+double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& u,
+                                              const StageChoice& c) const {
+  if (shape.dp <= 1 || c.zero >= 3) return 0;
+  // Gradient reduction overlaps the last backward; ZeRO-1/2 also re-gather updated weights.
+  const double grad_bytes = stage_parameters(shape, u, c) * precision_bytes(train_.precision);
+  const double reduce = c.zero == 0
+                            ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, grad_bytes, shape.dp_group)
+                            : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, grad_bytes, shape.dp_group);
+  // The window is the plain backward (recomputation and transfers excluded), so the exposed
+  // sync depends on the stage's layers and shape only.
+  const double n = c.blocks;
+  const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
+                                (c.has_head ? u.head.backward_seconds : 0);
+  const double window = kGradientOverlapFraction * plain_backward;
+  double sync = std::max(0.0, reduce - window);
+  if (c.zero >= 1) sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
+  return sync;
+}
+
 StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
                                     double boundary_send_seconds, int chunks_sent) const {
+  StageTiming t = stage_timing_without_sync(shape, u, c, boundary_send_seconds, chunks_sent);
+  t.gradient_sync_seconds = stage_gradient_sync_seconds(shape, u, c);
+  return t;
+}
+
+StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
+                                                 double boundary_send_seconds, int chunks_sent) const {
   StageTiming t;
   const double n = c.blocks;
-  t.forward_seconds = n * u.block.forward_seconds + c.offloaded * u.offload_forward_seconds;
+  if (c.offloaded > 0) {
+    // Forward fetches the weights; backward fetches them again plus the gradients accumulated by
+    // the step's earlier micro-batches ((m - 1) / m of the time) while it writes the new ones back.
+    const double m = std::max(1, c.micro_batches);
+    const double forward_transfer = u.offload_weights_seconds;
+    const double backward_transfer = std::max(u.offload_weights_seconds + u.offload_gradients_seconds * (m - 1.0) / m,
+                                              u.offload_gradients_seconds);
+    // The first fetches hide behind the work that precedes the offloaded run inside its own
+    // pass, whatever the schedule puts before the pass: the embedding in forward (the offloaded
+    // blocks come first), the head and the resident blocks in backward (they come last).
+    const double resident = c.blocks - c.offloaded;
+    const double before_forward = c.has_embedding ? u.embedding.forward_seconds : 0;
+    const double before_backward = resident * u.block.backward_seconds + (c.has_head ? u.head.backward_seconds : 0);
+    // Recomputation would hide more of the backward copies; leaving it out keeps the estimate an
+    // upper bound and the time separable in the recomputation counts.
+    t.offload_forward_seconds = offload_exposed_seconds(c.offloaded, c.prefetch_depth, forward_transfer,
+                                                        u.block.forward_seconds, before_forward);
+    t.offload_backward_seconds = offload_exposed_seconds(c.offloaded, c.prefetch_depth, backward_transfer,
+                                                         u.block.backward_seconds, before_backward);
+  }
+  t.forward_seconds = n * u.block.forward_seconds + t.offload_forward_seconds;
   t.backward_seconds = n * u.block.backward_seconds + c.selective * u.recompute_selective_seconds +
-                       c.full * u.recompute_full_seconds + c.offloaded * u.offload_backward_seconds;
+                       c.full * u.recompute_full_seconds + t.offload_backward_seconds;
   if (c.zero == 3) {
     t.forward_seconds += n * u.zero3_forward_seconds;
     t.backward_seconds += n * u.zero3_backward_seconds;
@@ -303,25 +366,7 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
   t.backward_seconds += chunks_sent * boundary_send_seconds;
 
   const double e = precision_bytes(train_.precision);
-  const double params = n * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
-                        (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
-                                                              : static_cast<double>(head_parameters(model_, false)) / shape.tp)
-                                    : 0);
-  if (shape.dp > 1 && c.zero < 3) {
-    // Gradient reduction overlaps the last backward; ZeRO-1/2 also re-gather updated weights.
-    const double grad_bytes = params * e;
-    const double reduce = c.zero == 0
-                              ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, grad_bytes, shape.dp_group)
-                              : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, grad_bytes, shape.dp_group);
-    // The window is the plain backward (recomputation and transfers excluded), so the exposed
-    // sync depends on the stage's layers and shape only.
-    const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
-                                  (c.has_head ? u.head.backward_seconds : 0);
-    const double window = kGradientOverlapFraction * plain_backward;
-    t.gradient_sync_seconds = std::max(0.0, reduce - window);
-    if (c.zero >= 1)
-      t.gradient_sync_seconds += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
-  }
+  const double params = stage_parameters(shape, u, c);
   const int states = optimizer_states(train_);
   const bool master = train_.master_weights_fp32 && e < 4;
   const double bytes_per_update = 8.0 * states + e + (master ? 8.0 + e : 2.0 * e);
@@ -364,9 +409,14 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   mem.optimizer_states_bytes = sharded(c.zero >= 1 ? dp : 1.0) * 4.0 * states;
   // ZeRO 3 gathers one unit's weights at a time: a block, or the head with its matrix.
   if (c.zero >= 3 && dp > 1) mem.zero3_gather_bytes = std::max(u.block_parameters, c.has_head ? head_params : 0.0) * e;
-  if (c.offloaded > 0) mem.offload_window_bytes = std::min(c.offloaded, 2) * u.block_parameters * e * 2.0;
+  // The block in use and `depth` fetched ahead are resident, each with its weights and its
+  // gradient buffer (fp32 under master weights).
+  const double g = master ? 4.0 : e;
+  if (c.offloaded > 0)
+    mem.offload_window_bytes = std::min(c.offloaded, c.prefetch_depth + 1) * u.block_parameters * (e + g);
+  // On the host: weights, gradients, the fp32 master copy and the optimizer states.
   const double offloaded_params = c.offloaded * u.block_parameters;
-  mem.host_offload_bytes = offloaded_params * (2.0 * e + (master ? 4.0 : 0) + 4.0 * states);
+  mem.host_offload_bytes = offloaded_params * (e + g + (master ? 4.0 : 0) + 4.0 * states);
 
   const int none = c.blocks - c.selective - c.full;
   const double per_micro_batch = none * u.block_activation_bytes[0] + c.selective * u.block_activation_bytes[1] +
@@ -388,6 +438,16 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
     mem.allocator_margin_bytes =
         kGpuAllocatorMarginFraction * (mem.activations_bytes + mem.workspace_bytes + mem.communication_buffers_bytes);
   return mem;
+}
+
+double offload_exposed_seconds(int offloaded, int depth, double transfer_seconds, double compute_seconds,
+                               double window_compute_seconds) {
+  if (offloaded <= 0) return 0;
+  const double t = transfer_seconds;
+  // The first fetch plus the link's excess over compute for every later block, less the head
+  // start the prefetcher gets during the work before the run (at most `depth` fetches).
+  const double head_start = std::min(window_compute_seconds, std::max(1, depth) * t);
+  return std::max(0.0, t + (offloaded - 1) * std::max(0.0, t - compute_seconds) - head_start);
 }
 
 double schedule_micro_batches_in_flight(Schedule schedule, int stages, int stage, int micro_batches, int v) {

@@ -48,8 +48,8 @@ struct StageUnitCosts {
   LayerTimes head;
   double recompute_selective_seconds = 0;  // extra backward time of one block
   double recompute_full_seconds = 0;
-  double offload_forward_seconds = 0;      // exposed weight prefetch of one offloaded block
-  double offload_backward_seconds = 0;     // exposed prefetch and gradient write-back
+  double offload_weights_seconds = 0;      // one offloaded block's weights over the host link
+  double offload_gradients_seconds = 0;    // one offloaded block's gradients over the host link
   double zero3_forward_seconds = 0;        // exposed per-micro-batch gathers of one block
   double zero3_backward_seconds = 0;
   double block_parameters = 0;             // per device (divided by tp)
@@ -68,6 +68,8 @@ struct StageChoice {
   int selective = 0;   // blocks under selective recompute
   int full = 0;        // blocks under full recompute
   int offloaded = 0;   // blocks whose weights and optimizer state live in host memory
+  int prefetch_depth = 1;  // offloaded blocks fetched ahead of their use (window: depth + 1)
+  int micro_batches = 1;   // per optimizer step: later backwards also fetch the gradients so far
   int zero = 0;        // ZeRO stage 0-3
   bool has_embedding = false;
   bool has_head = false;
@@ -79,6 +81,8 @@ struct StageTiming {
   double backward_seconds = 0;      // per micro-batch, recomputation and exposed transfers included
   double gradient_sync_seconds = 0;  // per step, exposed after overlap with the last backward
   double optimizer_seconds = 0;      // per step
+  double offload_forward_seconds = 0;   // per micro-batch, host copies not hidden (in forward_seconds)
+  double offload_backward_seconds = 0;  // per micro-batch, host copies not hidden (in backward_seconds)
   double step_overhead_seconds() const { return gradient_sync_seconds + optimizer_seconds; }
   double per_micro_batch_seconds() const { return forward_seconds + backward_seconds; }
 };
@@ -120,6 +124,12 @@ class CostModel {
   // chunks_sent: boundary sends per micro-batch (v, or v-1 for the last stage when interleaved).
   StageTiming stage_timing(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
                            double boundary_send_seconds, int chunks_sent) const;
+  // The two parts of stage_timing: everything but the gradient sync (left 0), and the exposed
+  // gradient sync per step, which depends on the stage's layers, shape and ZeRO stage only (not
+  // on recomputation, offload or prefetch depth), so a search can price it once for all of them.
+  StageTiming stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
+                                        double boundary_send_seconds, int chunks_sent) const;
+  double stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   MemoryBreakdown stage_memory(const StageShape& shape, const StageUnitCosts& unit,
                                const StageChoice& choice, double micro_batches_in_flight,
                                bool has_next_stage) const;
@@ -131,6 +141,9 @@ class CostModel {
 
   // Capacity of one device of a type, and the intra-node link of a type's nodes.
   double device_memory_bytes(int device_type) const;
+  // One device's share of its node's host memory (host_memory / devices_per_node), the smallest
+  // over the type's node groups: what its offloaded blocks may keep on the host.
+  double host_memory_share_bytes(int device_type) const;
   Link type_intra_node_link(int device_type) const;
 
   // Shapes where a profile was given but had no measurement, so the analytic model was used.
@@ -140,6 +153,8 @@ class CostModel {
   // A collective on a group of a device type: measured when the profile has it, else analytic.
   double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const;
   LayerTimes layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const;
+  // Parameters per device of a stage's layers (all of them, offloaded or not).
+  double stage_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
 
   // Copies: a cost model outlives the specs it was built from.
   ModelSpec model_;
@@ -150,6 +165,13 @@ class CostModel {
   mutable std::mutex notes_mutex_;
   mutable std::set<std::string> notes_;
 };
+
+// Exposed seconds of one pass over `offloaded` blocks streamed from host memory, each taking
+// `transfer_seconds` on the link and `compute_seconds` on the device, `depth` fetched ahead, with
+// `window_compute_seconds` of other work before the run to hide the first fetches behind:
+// max(0, t + (k - 1) max(0, t - c) - min(W, depth t)); 0 without offloaded blocks.
+double offload_exposed_seconds(int offloaded, int depth, double transfer_seconds, double compute_seconds,
+                               double window_compute_seconds);
 
 // Micro-batches whose activations a stage holds at its peak under a schedule; for interleaved
 // schedules in units of whole-stage activations (chunks held / v).

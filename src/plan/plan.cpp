@@ -171,6 +171,34 @@ void plan_validate_for(const Plan& plan, const ModelSpec& model, const ClusterSp
              "tensor parallelism must stay inside one node");
     }
   }
+  plan_check_host_memory(plan, cluster, source);
+}
+
+std::vector<double> plan_host_offload_bytes_by_node(const Plan& plan, const ClusterSpec& cluster) {
+  std::vector<double> by_node(cluster.num_nodes, 0.0);
+  for (const PlanStage& st : plan.stages) {
+    double per_device = 0;
+    for (const MemoryTerm& t : st.memory)
+      if (t.name == "host_offload") per_device = t.bytes;
+    for (int id : st.device_ids) by_node[cluster.devices[id].node] += per_device;
+  }
+  return by_node;
+}
+
+void plan_check_host_memory(const Plan& plan, const ClusterSpec& cluster, const std::string& source) {
+  const std::vector<double> by_node = plan_host_offload_bytes_by_node(plan, cluster);
+  for (const Device& d : cluster.devices) {
+    const NodeGroup& g = cluster.node_group(d);
+    const double need = by_node[d.node];
+    if (need <= g.host_memory_bytes) continue;
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    fail(source, "stages[].offload",
+         fmt::format("the offloaded layers need {:.1f} GiB of host memory on node {} (group '{}'), which has {:.1f} GiB "
+                     "(cluster {}, nodes.host_memory)",
+                     need / kGiB, d.node, g.name, g.host_memory_bytes / kGiB, cluster.name),
+         "give the nodes more host memory, offload fewer layers, or spread the model over more devices; then re-run "
+         "`alloy plan`");
+  }
 }
 
 std::vector<RankInfo> plan_rank_map(const Plan& plan) {

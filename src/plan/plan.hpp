@@ -52,6 +52,7 @@ struct PlanStage {
   double backward_seconds = 0;       // per micro-batch, recomputation included
   double gradient_sync_seconds = 0;  // per step, exposed part
   double optimizer_seconds = 0;      // per step
+  double offload_exposed_seconds = 0;  // per micro-batch: host copies not hidden (in fwd + bwd)
   double micro_batches_in_flight = 0;
   std::vector<MemoryTerm> memory;    // per device
   double memory_capacity_bytes = 0;
@@ -95,6 +96,9 @@ struct Plan {
   double hfu = 0;               // counting recomputation
   double bubble_fraction = 0;
   double price_per_million_tokens = 0;  // 0 when the cluster has no prices
+  double offload_step_seconds = 0;      // what the exposed host copies add to the step
+  double host_offload_bytes_per_node = 0;  // offloaded state on the node that holds the most
+  double host_memory_bytes_per_node = 0;   // that node's host memory (0: nothing offloaded)
   std::vector<RunnerUp> runner_ups;
   std::vector<std::string> notes;
 
@@ -114,6 +118,12 @@ void plan_validate(const Plan& plan, const std::string& source = "");
 // types, tp groups inside one node).
 void plan_validate_for(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster,
                        const std::string& source = "");
+// Offloaded state per node (each stage's predicted host_offload term, per device) against the
+// node's host memory: throws alloy::Error with the need, the capacity and the fixes. Part of
+// plan_validate_for; run it again after re-predicting a plan.
+void plan_check_host_memory(const Plan& plan, const ClusterSpec& cluster, const std::string& source = "");
+// Host memory the plan's offloaded state takes on each node of the cluster (by node index).
+std::vector<double> plan_host_offload_bytes_by_node(const Plan& plan, const ClusterSpec& cluster);
 
 std::string plan_to_json(const Plan& plan);
 // Parses and validates (plan_validate). Throws alloy::Error naming file and field.

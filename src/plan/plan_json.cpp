@@ -78,6 +78,7 @@ std::string plan_to_json(const Plan& plan) {
                        {"backward_seconds", s.backward_seconds},
                        {"gradient_sync_seconds", s.gradient_sync_seconds},
                        {"optimizer_seconds", s.optimizer_seconds},
+                       {"offload_exposed_seconds", s.offload_exposed_seconds},
                        {"micro_batches_in_flight", s.micro_batches_in_flight},
                        {"memory_capacity_bytes", s.memory_capacity_bytes},
                        {"memory_bytes", memory_to_json(s.memory)}};
@@ -96,6 +97,9 @@ std::string plan_to_json(const Plan& plan) {
                     {"hfu", plan.hfu},
                     {"bubble_fraction", plan.bubble_fraction},
                     {"price_per_million_tokens", plan.price_per_million_tokens},
+                    {"offload_step_seconds", plan.offload_step_seconds},
+                    {"host_offload_bytes_per_node", plan.host_offload_bytes_per_node},
+                    {"host_memory_bytes_per_node", plan.host_memory_bytes_per_node},
                     {"runner_ups", runner_ups},
                     {"notes", plan.notes}};
   return j.dump(2) + "\n";
@@ -172,6 +176,7 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
       s.backward_seconds = get<double>(pr, "backward_seconds", source, pp);
       s.gradient_sync_seconds = get<double>(pr, "gradient_sync_seconds", source, pp);
       s.optimizer_seconds = get<double>(pr, "optimizer_seconds", source, pp);
+      s.offload_exposed_seconds = pr.value("offload_exposed_seconds", 0.0);
       s.micro_batches_in_flight = get<double>(pr, "micro_batches_in_flight", source, pp);
       s.memory_capacity_bytes = get<double>(pr, "memory_capacity_bytes", source, pp);
       const json memory = get<json>(pr, "memory_bytes", source, pp);
@@ -192,6 +197,9 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
     plan.hfu = get<double>(pr, "hfu", source, "predicted");
     plan.bubble_fraction = get<double>(pr, "bubble_fraction", source, "predicted");
     plan.price_per_million_tokens = pr.value("price_per_million_tokens", 0.0);
+    plan.offload_step_seconds = pr.value("offload_step_seconds", 0.0);
+    plan.host_offload_bytes_per_node = pr.value("host_offload_bytes_per_node", 0.0);
+    plan.host_memory_bytes_per_node = pr.value("host_memory_bytes_per_node", 0.0);
     if (pr.contains("runner_ups"))
       for (const json& r : pr.at("runner_ups"))
         plan.runner_ups.push_back({r.value("shape", ""), r.value("step_seconds", 0.0),

@@ -76,7 +76,13 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
   out += fmt::format("  batch {} sequences x {} tokens = {} micro-batches of {}, schedule {}", plan.global_batch_sequences,
                      plan.seq_len, plan.num_micro_batches, plan.micro_batch_sequences, schedule_name(plan.schedule));
   if (plan.virtual_chunks > 1) out += fmt::format(" with {} chunks per stage", plan.virtual_chunks);
-  out += fmt::format(", {}\n\n", precision_name(plan.precision));
+  out += fmt::format(", {}\n", precision_name(plan.precision));
+  if (plan.host_offload_bytes_per_node > 0)
+    out += fmt::format("  offload: {:.1f} GiB of host memory per node (of {:.1f} GiB), host copies add {:.1f} ms to "
+                       "the step\n",
+                       plan.host_offload_bytes_per_node / kGiB, plan.host_memory_bytes_per_node / kGiB,
+                       plan.offload_step_seconds * 1e3);
+  out += "\n";
 
   std::vector<std::vector<std::string>> rows = {{"stage", "type", "devices", "layers", "tp", "dp", "zero", "sp",
                                                  "recompute", "offload", "fwd ms", "bwd ms", "sync ms", "opt ms",
@@ -88,7 +94,7 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
     rows.push_back({fmt::format("{}", s), st.device_type, id_ranges(st.device_ids), layer_ranges(st),
                     fmt::format("{}", st.tp), fmt::format("{}", st.dp), fmt::format("{}", st.zero),
                     st.sequence_parallel ? "yes" : "no", recompute_summary(st),
-                    offloaded > 0 ? fmt::format("{} layers", offloaded) : "none",
+                    offloaded > 0 ? fmt::format("{} layers, depth {}", offloaded, st.offload_prefetch_depth) : "none",
                     fmt::format("{:.2f}", st.forward_seconds * 1e3), fmt::format("{:.2f}", st.backward_seconds * 1e3),
                     fmt::format("{:.2f}", st.gradient_sync_seconds * 1e3),
                     fmt::format("{:.2f}", st.optimizer_seconds * 1e3),

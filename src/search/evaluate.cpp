@@ -58,6 +58,7 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
   const int v = plan->virtual_chunks;
   const int m = plan->num_micro_batches;
   std::vector<double> per_micro_batch(p);
+  std::vector<double> without_copies(p);  // per micro-batch, exposed host copies left out
   std::vector<double> overhead(p);
   double peak_flops = 0;
   double recompute_flops = 0;
@@ -74,6 +75,8 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
       if (st.recompute[i] == Recompute::Recompute_full) ++choice.full;
       if (st.offload[i]) ++choice.offloaded;
     }
+    choice.prefetch_depth = st.offload_prefetch_depth;
+    choice.micro_batches = m;
     choice.zero = st.zero;
     choice.has_embedding = st.has_embedding;
     choice.has_head = st.has_head;
@@ -94,9 +97,11 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
     st.backward_seconds = timing.backward_seconds;
     st.gradient_sync_seconds = timing.gradient_sync_seconds;
     st.optimizer_seconds = timing.optimizer_seconds;
+    st.offload_exposed_seconds = timing.offload_forward_seconds + timing.offload_backward_seconds;
     st.memory = memory_terms(mem);
     st.memory_capacity_bytes = cost.device_memory_bytes(shape.device_type);
     per_micro_batch[s] = timing.per_micro_batch_seconds();
+    without_copies[s] = per_micro_batch[s] - st.offload_exposed_seconds;
     overhead[s] = timing.step_overhead_seconds();
 
     const DeviceType& type = cluster.device_types[shape.device_type];
@@ -107,6 +112,20 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
     for (int id : st.device_ids) price_per_second += cluster.node_group(cluster.devices[id]).price_per_device_hour / 3600.0;
   }
   plan->step_seconds = pipeline_step_seconds(per_micro_batch, overhead, m, v);
+  plan->offload_step_seconds = plan->step_seconds - pipeline_step_seconds(without_copies, overhead, m, v);
+  // The node whose offloaded state takes the largest share of its host memory.
+  plan->host_offload_bytes_per_node = 0;
+  plan->host_memory_bytes_per_node = 0;
+  const std::vector<double> host_by_node = plan_host_offload_bytes_by_node(*plan, cluster);
+  double worst_share = 0;
+  for (const Device& d : cluster.devices) {
+    const double capacity = cluster.node_group(d).host_memory_bytes;
+    if (host_by_node[d.node] > 0 && host_by_node[d.node] / capacity > worst_share) {
+      worst_share = host_by_node[d.node] / capacity;
+      plan->host_offload_bytes_per_node = host_by_node[d.node];
+      plan->host_memory_bytes_per_node = capacity;
+    }
+  }
   const double tokens = static_cast<double>(plan->global_batch_sequences) * static_cast<double>(plan->seq_len);
   plan->tokens_per_second = tokens / plan->step_seconds;
   const double model_flops = static_cast<double>(plan->global_batch_sequences) * model_flops_per_sequence(model, plan->seq_len);

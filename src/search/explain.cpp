@@ -69,6 +69,7 @@ Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std
       const StageOption& o = options[stage];
       st.zero = o.zero;
       st.sequence_parallel = o.sequence_parallel;
+      st.offload_prefetch_depth = o.prefetch_depth;
       st.has_embedding = stage == 0;
       st.has_head = static_cast<int>(stage) == p - 1;
       const int n = blocks[stage];

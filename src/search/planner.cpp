@@ -17,6 +17,7 @@
 
 #include "search/explain.hpp"
 #include "search/layouts.hpp"
+#include "search/search_checks.hpp"
 #include "search/stage_options.hpp"
 #include "spec/error.hpp"
 
@@ -36,7 +37,7 @@ struct UnitKey {
 struct OptionKey {
   UnitKey unit;
   double in_flight, boundary_seconds;
-  int blocks, chunks_sent, flags;
+  int blocks, chunks_sent, flags, micro_batches;
   bool operator==(const OptionKey&) const = default;
 };
 
@@ -59,6 +60,7 @@ struct KeyHash {
     h = mix(h, bits(k.in_flight));
     h = mix(h, bits(k.boundary_seconds));
     h = mix(h, static_cast<uint64_t>(k.blocks) * 131 + k.chunks_sent * 7 + k.flags);
+    h = mix(h, static_cast<uint64_t>(k.micro_batches));
     return h;
   }
 };
@@ -85,6 +87,7 @@ class Searcher {
     pins_.sequence_parallel = options.sequence_parallel ? (*options.sequence_parallel ? 1 : 0) : -1;
     pins_.recompute = options.recompute ? static_cast<int>(*options.recompute) : -1;
     pins_.allow_offload = options.allow_offload;
+    pins_.prefetch_depth = options.prefetch_depth;
   }
 
   const StageUnitCosts* unit(const StageShape& shape, UnitKey key) {
@@ -96,7 +99,8 @@ class Searcher {
   const std::vector<StageOption>& options(const SlotInfo& info, int blocks) {
     OptionKey key{info.unit_key, info.slot.in_flight, info.slot.boundary_seconds, blocks, info.slot.chunks_sent,
                   (info.slot.has_embedding ? 1 : 0) | (info.slot.has_head ? 2 : 0) |
-                      (info.slot.head_holds_lm_matrix ? 4 : 0) | (info.slot.has_next ? 8 : 0)};
+                      (info.slot.head_holds_lm_matrix ? 4 : 0) | (info.slot.has_next ? 8 : 0),
+                  info.slot.micro_batches};
     auto it = option_sets_.find(key);
     if (it != option_sets_.end()) return it->second;
     ++stats.stage_option_sets;
@@ -136,12 +140,14 @@ class Searcher {
         k.sp = 1;
         if (sp_allowed) slot.unit[1] = unit(slot.shape, k);
         slot.capacity_bytes = cost_.device_memory_bytes(g.device_type);
+        slot.host_capacity_bytes = cost_.host_memory_share_bytes(g.device_type);
         out.push_back(std::move(info));
       }
     }
     for (int i = 0; i < p; ++i) {
       StageSlot& slot = out[i].slot;
       slot.in_flight = schedule_micro_batches_in_flight(s.schedule, p, i, s.micro_batches, s.virtual_chunks);
+      slot.micro_batches = s.micro_batches;
       slot.has_next = p > 1;
       slot.has_embedding = i == 0;
       slot.has_head = i == p - 1;
@@ -339,22 +345,31 @@ class Searcher {
     return sum / v + (s.micro_batches - 1.0 / v) * lo;
   }
 
-  // Memory the most frugal even split of a structure needs, as a multiple of capacity.
-  double frugal_memory_ratio(const Structure& s, std::vector<SlotInfo>& slot_infos, double* bytes, int* type) {
+  // Memory the most frugal even split of a structure needs, as a multiple of capacity; and,
+  // when every stage would fit device memory by offloading more than host memory holds, the
+  // host memory per device the most demanding stage needs, as a multiple of its share.
+  double frugal_memory_ratio(const Structure& s, std::vector<SlotInfo>& slot_infos, double* bytes, int* type,
+                             HostShortfall* host) {
     const int p = static_cast<int>(slot_infos.size());
     const int v = s.virtual_chunks;
     const int units = static_cast<int>(cost_.model().num_layers) / v;
     double worst = 0;
+    HostShortfall need{0, 0, 0};
     for (int st = 0; st < p; ++st) {
-      const int k = units / p + (st < units % p ? 1 : 0);
-      const double need = stage_min_memory_bytes(cost_, slot_infos[st].slot, k * v, pins_);
-      const double ratio = need / slot_infos[st].slot.capacity_bytes;
+      const StageSlot& slot = slot_infos[st].slot;
+      const int k = (units / p + (st < units % p ? 1 : 0)) * v;
+      const double bytes_needed = stage_min_memory_bytes(cost_, slot, k, pins_);
+      const double ratio = bytes_needed / slot.capacity_bytes;
       if (ratio > worst) {
         worst = ratio;
-        *bytes = need;
-        *type = slot_infos[st].slot.shape.device_type;
+        *bytes = bytes_needed;
+        *type = slot.shape.device_type;
       }
+      const double host_bytes = stage_min_host_bytes(cost_, slot, k, pins_);
+      const double host_ratio = host_bytes / slot.host_capacity_bytes;
+      if (host_ratio > need.ratio) need = {host_ratio, host_bytes, slot.shape.device_type};
     }
+    if (worst > 1 && need.ratio > 1 && need.ratio < kInfinity && need.ratio < host->ratio) *host = need;
     return worst;
   }
 
@@ -377,63 +392,11 @@ class Searcher {
   } scratch_;
 };
 
-void check_inputs(const CostModel& cost, const SearchOptions& o) {
-  const ClusterSpec& cluster = cost.cluster();
-  const TrainSpec& train = cost.train();
-  const int layers = static_cast<int>(cost.model().num_layers);
-  if (cluster.devices.empty())
-    throw Error("the cluster has no devices", {cluster.source_path, "nodes"}, "add at least one node with devices");
-  if (layers <= 0) throw Error("the model has no layers", {cost.model().source_path, "num_layers"});
-  if (o.threads < 1 || o.threads > 2) throw Error("threads must be 1 or 2", {"", "threads"});
-  if (train.global_batch_sequences <= 0)
-    throw Error("global batch must be positive", {train.source_path, "global_batch"});
-  if (o.objective == Objective::Objective_cost) {
-    for (const NodeGroup& g : cluster.node_groups)
-      if (g.price_per_device_hour <= 0)
-        throw Error("objective 'cost' needs a price for every node group; '" + g.name + "' has none",
-                    {cluster.source_path, "nodes.price_per_device_hour"},
-                    "add price_per_device_hour to each node group, or use --objective throughput");
-  }
-  const int64_t batch = train.global_batch_sequences;
-  const bool fixed_batch = train.min_global_batch <= 0 || train.max_global_batch <= 0;
-  if (fixed_batch && o.num_micro_batches > 0 && batch % o.num_micro_batches != 0)
-    throw Error(fmt::format("global batch of {} sequences is not divisible by {} micro-batches", batch,
-                            o.num_micro_batches),
-                {train.source_path, "global_batch"}, "choose a micro-batch count that divides the global batch");
-  if (fixed_batch && o.micro_batch_sequences > 0 && batch % o.micro_batch_sequences != 0)
-    throw Error(fmt::format("global batch of {} sequences is not divisible into micro-batches of {}", batch,
-                            o.micro_batch_sequences),
-                {train.source_path, "global_batch"}, "choose a micro-batch size that divides the global batch");
-  if (fixed_batch && o.micro_batch_sequences > 0 && o.num_micro_batches > 0 &&
-      o.micro_batch_sequences * o.num_micro_batches != batch)
-    throw Error(fmt::format("micro-batch {} x {} micro-batches is not the global batch {}", o.micro_batch_sequences,
-                            o.num_micro_batches, batch),
-                {train.source_path, "global_batch"}, "pin only one of the two, or make them multiply to the batch");
-  if (fixed_batch && o.dp > 0 && batch % o.dp != 0)
-    throw Error(fmt::format("global batch of {} sequences does not split over dp {}", batch, o.dp),
-                {train.source_path, "global_batch"}, "choose a dp that divides the global batch");
-  if (o.tp > 0 && (o.tp & (o.tp - 1)) != 0)
-    throw Error(fmt::format("tp {} is not a power of two", o.tp), {"", "tp"}, "use 1, 2, 4, 8, ...");
-  if (o.zero > 3) throw Error(fmt::format("ZeRO stage {} does not exist", o.zero), {"", "zero"}, "use 0, 1, 2 or 3");
-  if (!o.layer_split.empty()) {
-    int total = 0;
-    for (int n : o.layer_split) {
-      if (n <= 0) throw Error("every stage needs at least one layer", {"", "layer_split"});
-      total += n;
-    }
-    if (total != layers)
-      throw Error(fmt::format("layer split covers {} layers, the model has {}", total, layers), {"", "layer_split"},
-                  "give one count per stage, summing to the model's layers");
-    if (o.pp > 0 && static_cast<int>(o.layer_split.size()) != o.pp)
-      throw Error(fmt::format("layer split has {} stages but pp is {}", o.layer_split.size(), o.pp), {"", "layer_split"});
-  }
-}
-
 }  // namespace
 
 SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   const auto started = std::chrono::steady_clock::now();
-  check_inputs(cost, options);
+  search_options_validate(cost, options);
   const ClusterSpec& cluster = cost.cluster();
   const std::vector<TypePool> pools = type_pools(cluster);
   std::vector<Structure> structures = structures_enumerate(cost, pools, options);
@@ -477,12 +440,14 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   double frugal_ratio = kInfinity;
   double frugal_bytes = 0;
   int frugal_type = 0;
+  HostShortfall host_shortfall;
   struct Outcome {
     bool refined_pruned = false;
     std::optional<Solution> solution;
     double frugal_ratio = kInfinity;
     double frugal_bytes = 0;
     int frugal_type = 0;
+    HostShortfall host;
   };
   auto evaluate = [&](Searcher& searcher, const Structure& s, double threshold) {
     Outcome out;
@@ -495,7 +460,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     }
     out.solution = searcher.solve(s, slots, threshold / factor);
     if (out.solution) out.solution->score = out.solution->step_seconds * factor;
-    else out.frugal_ratio = searcher.frugal_memory_ratio(s, slots, &out.frugal_bytes, &out.frugal_type);
+    else out.frugal_ratio = searcher.frugal_memory_ratio(s, slots, &out.frugal_bytes, &out.frugal_type, &out.host);
     return out;
   };
   constexpr size_t kRound = 8;
@@ -537,6 +502,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
           frugal_bytes = out.frugal_bytes;
           frugal_type = out.frugal_type;
         }
+        if (out.host.ratio < host_shortfall.ratio) host_shortfall = out.host;
         continue;
       }
       const Solution& solution = *out.solution;
@@ -556,6 +522,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     stats.stage_option_sets += searchers[t]->stats.stage_option_sets;
   }
 
+  if (kept.empty() && host_shortfall.ratio < kInfinity) search_host_memory_fail(cluster, host_shortfall);
   if (kept.empty()) {
     const DeviceType& type = cluster.device_types[frugal_type];
     std::string hint = "add devices";

@@ -32,6 +32,7 @@ struct SearchOptions {
   std::optional<Recompute> recompute;  // one level for every block
   std::optional<bool> sequence_parallel;
   bool allow_offload = true;
+  int prefetch_depth = 0;              // offloaded blocks fetched ahead (1-8); 0: free (1, 2 or 4)
   std::vector<int> layer_split;        // blocks per stage, pipeline order
   std::vector<std::string> device_order;  // device type names in pipeline order (only these used)
   int threads = 1;                     // 1 or 2; the plan does not depend on it
@@ -55,7 +56,8 @@ struct SearchResult {
   std::vector<Plan> candidates;  // the chosen plan and its runner-ups as full plans, best first
 };
 
-// Throws alloy::Error when nothing fits (with the memory needed and what would help), when the
+// Throws alloy::Error when nothing fits (with the device or host memory needed and what would
+// help), when the
 // batch cannot be divided as pinned, when the cluster has no devices or pins contradict it.
 SearchResult plan_search(const CostModel& cost, const SearchOptions& options);
 

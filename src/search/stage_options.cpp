@@ -14,11 +14,22 @@ struct Context {
   const StageUnitCosts& unit;
   int blocks;
   int zero;
+  int depth;            // offload prefetch depth
+  double sync_seconds;  // exposed gradient sync per step: the same for every count and depth
 };
+
+// The exposed gradient sync of a stage's layers at a ZeRO stage, priced once per (sp, zero).
+double gradient_sync_seconds(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit, int blocks,
+                             int zero) {
+  StageOption o;
+  o.zero = zero;
+  return cost.stage_gradient_sync_seconds(slot.shape, unit, stage_choice_of(slot, o, blocks));
+}
 
 double memory_bytes(const Context& c, int selective, int full, int offloaded) {
   StageOption o;
   o.zero = c.zero;
+  o.prefetch_depth = c.depth;
   o.selective = selective;
   o.full = full;
   o.offloaded = offloaded;
@@ -130,12 +141,14 @@ bool cheapest_recompute(const Context& c, int recompute_pin, int offloaded, int*
 StageOption option_timing(const Context& c, int selective, int full, int offloaded) {
   StageOption o;
   o.zero = c.zero;
+  o.prefetch_depth = c.depth;
   o.sequence_parallel = c.unit.sequence_parallel;
   o.selective = selective;
   o.full = full;
   o.offloaded = offloaded;
-  const StageTiming t = c.cost.stage_timing(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks),
-                                            c.slot.boundary_seconds, c.slot.chunks_sent);
+  StageTiming t = c.cost.stage_timing_without_sync(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks),
+                                                   c.slot.boundary_seconds, c.slot.chunks_sent);
+  t.gradient_sync_seconds = c.sync_seconds;
   o.t = t.per_micro_batch_seconds();
   o.u = t.step_overhead_seconds();
   return o;
@@ -148,7 +161,43 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
   return {0, 1, 2, 3};
 }
 
+// A deeper prefetch only adds window memory (so recomputation too) unless it hides more of the
+// copies: when it is no faster than the shallowest depth at this count, that depth's option
+// dominates it (or ties, and ties go to the smaller depth).
+bool deeper_gains_nothing(const Context& c, int shallowest, const StageOption& plain, int offloaded) {
+  if (c.depth == shallowest || offloaded == 0) return false;
+  const Context shallow{c.cost, c.slot, c.unit, c.blocks, c.zero, shallowest, c.sync_seconds};
+  return plain.t >= option_timing(shallow, 0, 0, offloaded).t;
+}
+
+// The offload counts of the space (stage_offload_counts) that host memory holds.
+std::vector<int> offload_counts(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {
+  std::vector<int> counts = stage_offload_counts(pins.allow_offload ? blocks : 0);
+  const int most = stage_max_offloaded(cost, slot, blocks);
+  counts.erase(std::remove_if(counts.begin(), counts.end(), [&](int n) { return n > most; }), counts.end());
+  return counts;
+}
+
 }  // namespace
+
+std::vector<int> stage_prefetch_depths(const OptionPins& pins) {
+  if (pins.prefetch_depth > 0) return {pins.prefetch_depth};
+  if (!pins.allow_offload) return {1};
+  return {1, 2, 4};
+}
+
+int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks) {
+  const StageUnitCosts* unit = slot.unit[0] ? slot.unit[0] : slot.unit[1];
+  if (!unit || blocks <= 0) return 0;
+  StageOption one;
+  one.offloaded = 1;
+  // Host bytes are linear in the offloaded count.
+  const double per_block =
+      cost.stage_memory(slot.shape, *unit, stage_choice_of(slot, one, blocks), slot.in_flight, slot.has_next)
+          .host_offload_bytes;
+  if (per_block <= 0) return blocks;
+  return std::clamp(static_cast<int>(std::floor(slot.host_capacity_bytes / per_block * (1 + 1e-12))), 0, blocks);
+}
 
 std::vector<int> stage_offload_counts(int blocks) {
   std::vector<int> counts;
@@ -163,6 +212,8 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
   c.selective = option.selective;
   c.full = option.full;
   c.offloaded = option.offloaded;
+  c.prefetch_depth = option.prefetch_depth;
+  c.micro_batches = slot.micro_batches;
   c.zero = option.zero;
   c.has_embedding = slot.has_embedding;
   c.has_head = slot.has_head;
@@ -175,7 +226,8 @@ namespace {
 void pareto_front(std::vector<StageOption>* points, std::vector<StageOption>* out) {
   std::sort(points->begin(), points->end(), [](const StageOption& x, const StageOption& y) {
     if (x.t != y.t) return x.t < y.t;
-    return x.u < y.u;
+    if (x.u != y.u) return x.u < y.u;
+    return x.prefetch_depth < y.prefetch_depth;  // equal cost: the smaller window
   });
   out->clear();
   for (const StageOption& o : *points)
@@ -188,28 +240,40 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
                          std::vector<StageOption>* out) {
   out->clear();
   std::vector<StageOption> points;
+  const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
+  const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
     for (int zero : zero_levels(slot, pins)) {
-      const Context c{cost, slot, *slot.unit[sp], blocks, zero};
-      const int max_offloaded = pins.allow_offload ? blocks : 0;
+      const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
+      const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync};
+      // Overhead does not depend on the depth; offload only adds time per block.
+      const double last_u = option_timing(first, 0, 0, counts.back()).u;
+      bool offload_cannot_win = false;
+      // Fastest time and largest overhead found at any depth: when overhead grows with the
+      // count, an option no faster and with no less overhead is dominated by the fastest, and
+      // so are the larger counts after it (their time and overhead only grow).
+      const bool u_grows = last_u >= option_timing(first, 0, 0, 0).u;
       double best_t = std::numeric_limits<double>::infinity();
       double previous_u = -1;
-      for (int off : stage_offload_counts(max_offloaded)) {
-        // Offload only adds time per block; once that alone exceeds the fastest option found,
-        // every further count is dominated (its overhead does not fall either, checked below).
-        const StageOption plain = option_timing(c, 0, 0, off);
-        if (plain.t >= best_t && plain.u >= previous_u) break;
-        int sel = 0;
-        int full = 0;
-        if (cheapest_recompute(c, pins.recompute, off, &sel, &full)) {
-          const StageOption o = option_timing(c, sel, full, off);
-          points.push_back(o);
-          best_t = std::min(best_t, o.t);
-          previous_u = o.u;
-          if (sel == 0 && full == 0 && pins.recompute < 0) {
+      for (int depth : depths) {
+        if (offload_cannot_win) break;
+        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync};
+        for (int off : counts) {
+          if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
+          const StageOption plain = option_timing(c, 0, 0, off);
+          if (deeper_gains_nothing(c, depths.front(), plain, off)) continue;
+          if (u_grows && plain.t >= best_t && plain.u >= previous_u) break;
+          int sel = 0;
+          int full = 0;
+          if (cheapest_recompute(c, pins.recompute, off, &sel, &full)) {
+            const StageOption o = option_timing(c, sel, full, off);
+            points.push_back(o);
+            best_t = std::min(best_t, o.t);
+            previous_u = std::max(previous_u, o.u);
+            offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);
             // Fits without recomputation: more offload helps only if it lowers the overhead.
-            if (off == max_offloaded || option_timing(c, 0, 0, max_offloaded).u >= o.u) break;
+            if (sel == 0 && full == 0 && pins.recompute < 0 && (off == counts.back() || last_u >= o.u)) break;
           }
         }
       }
@@ -218,25 +282,20 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
   pareto_front(&points, out);
 }
 
-// Memory and time are affine in the selective, full and offloaded counts (apart from the
-// recomputation transient, which appears once any block recomputes, and the offload window,
-// which grows up to two blocks), so a few exact evaluations give every coefficient and the
-// counts are then scored arithmetically. The winners are checked exactly at the end.
+// Memory is affine in the selective and full counts (apart from the recomputation transient,
+// which appears once any block recomputes), so a few exact evaluations give the coefficients
+// and the counts are scored arithmetically. Offload moves memory by a window that grows with
+// the count and time by exposed copies that are not linear in it, so each offload count is
+// evaluated exactly. The winners are checked exactly at the end.
 struct AffineStage {
   double memory = 0;        // no recomputation, no offload
   double per_selective = 0;
   double per_full = 0;
   double transient = 0;     // added once any block recomputes
-  double offload[3] = {0, 0, 0};  // memory change for 0, 1, 2 offloaded blocks
-  double per_offload = 0;   // beyond two
-  double t = 0;
-  double u = 0;
-  double t_per_offload = 0;
-  double u_per_offload = 0;
 
-  double offload_delta(int off) const { return off <= 2 ? offload[off] : offload[2] + (off - 2) * per_offload; }
-  double at(int sel, int full, int off) const {
-    return memory + offload_delta(off) + (sel + full > 0 ? transient : 0) + sel * per_selective + full * per_full;
+  // Memory with `offload_delta` bytes added by the offloaded blocks.
+  double at(int sel, int full, double offload_delta) const {
+    return memory + offload_delta + (sel + full > 0 ? transient : 0) + sel * per_selective + full * per_full;
   }
 };
 
@@ -247,19 +306,11 @@ AffineStage affine_stage(const Context& c) {
   a.per_selective = memory_bytes(c, 2, 0, 0) - one_sel;
   a.transient = one_sel - a.memory - a.per_selective;
   a.per_full = memory_bytes(c, 0, 1, 0) - a.memory - a.transient;
-  for (int off = 1; off <= 2; ++off) a.offload[off] = memory_bytes(c, 0, 0, off) - a.memory;
-  a.per_offload = memory_bytes(c, 0, 0, 3) - a.memory - a.offload[2];
-  const StageOption zero = option_timing(c, 0, 0, 0);
-  const StageOption one = option_timing(c, 0, 0, 1);
-  a.t = zero.t;
-  a.u = zero.u;
-  a.t_per_offload = one.t - zero.t;
-  a.u_per_offload = one.u - zero.u;
   return a;
 }
 
-// Cheapest recomputation that fits with `off` blocks offloaded, on the affine model.
-bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin, int off, int* selective, int* full) {
+// Cheapest recomputation that fits with offload changing memory by `off` bytes, on the affine model.
+bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin, double off, int* selective, int* full) {
   const int n = c.blocks;
   const double cap = c.slot.capacity_bytes;
   if (recompute_pin >= 0) {
@@ -285,7 +336,7 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
   double best = std::numeric_limits<double>::infinity();
   // Fewer full blocks than this cannot fit even with every other block selective (one block
   // of slack for rounding): sel(f) <= n - f needs f >= (R + S n) / (S - F).
-  const double excess = a.memory + a.offload_delta(off) + a.transient - cap;
+  const double excess = a.memory + off + a.transient - cap;
   const double first_full = (excess + a.per_selective * n) / (a.per_selective - a.per_full);
   const int f_start = std::max(0, static_cast<int>(std::floor(first_full)) - 1);
   for (int f = f_start; f <= n; ++f) {
@@ -309,42 +360,55 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
   out->clear();
   std::vector<StageOption> points;
   const std::vector<int> zeros = zero_levels(slot, pins);
-  const int max_offloaded = pins.allow_offload ? blocks : 0;
-  const std::vector<int> offload_counts = stage_offload_counts(max_offloaded);
+  const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
+  const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
     for (int zero : zeros) {
-      const Context c{cost, slot, *slot.unit[sp], blocks, zero};
-      const AffineStage a = affine_stage(c);
-      if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective) || a.t_per_offload < 0) return false;
+      const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
+      const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync};
+      const AffineStage a = affine_stage(first);
+      if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective)) return false;
+      // Overhead does not depend on the depth; offload only adds time per block.
+      const double last_u = option_timing(first, 0, 0, counts.back()).u;
+      bool offload_cannot_win = false;
+      // Fastest time and largest overhead found at any depth: when overhead grows with the
+      // count, an option no faster and with no less overhead is dominated by the fastest, and
+      // so are the larger counts after it (their time and overhead only grow).
+      const bool u_grows = last_u >= option_timing(first, 0, 0, 0).u;
       double best_t = std::numeric_limits<double>::infinity();
       double previous_u = -1;
-      for (int off : offload_counts) {
-        const double plain_t = a.t + off * a.t_per_offload;
-        const double u = a.u + off * a.u_per_offload;
-        if (plain_t >= best_t && u >= previous_u) break;
-        int sel = 0;
-        int full = 0;
-        if (!affine_recompute(c, a, pins.recompute, off, &sel, &full)) continue;
-        StageOption o;
-        o.zero = zero;
-        o.sequence_parallel = sp == 1;
-        o.selective = sel;
-        o.full = full;
-        o.offloaded = off;
-        o.t = plain_t + sel * c.unit.recompute_selective_seconds + full * c.unit.recompute_full_seconds;
-        o.u = u;
-        points.push_back(o);
-        best_t = std::min(best_t, o.t);
-        previous_u = o.u;
-        if (sel == 0 && full == 0 && pins.recompute < 0 && a.u_per_offload >= 0) break;
+      for (int depth : depths) {
+        if (offload_cannot_win) break;
+        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync};
+        for (int off : counts) {
+          if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
+          const StageOption plain = option_timing(c, 0, 0, off);
+          if (deeper_gains_nothing(c, depths.front(), plain, off)) continue;
+          if (u_grows && plain.t >= best_t && plain.u >= previous_u) break;
+          int sel = 0;
+          int full = 0;
+          if (!affine_recompute(c, a, pins.recompute, memory_bytes(c, 0, 0, off) - a.memory, &sel, &full)) continue;
+          StageOption o = plain;
+          o.selective = sel;
+          o.full = full;
+          o.t += sel * c.unit.recompute_selective_seconds + full * c.unit.recompute_full_seconds;
+          points.push_back(o);
+          best_t = std::min(best_t, o.t);
+          previous_u = std::max(previous_u, o.u);
+          // Without offload it fits at a recomputation offload cannot lower, and offload does not
+          // lower the overhead: no deeper prefetch can win either.
+          offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);
+          if (sel == 0 && full == 0 && pins.recompute < 0 && last_u >= o.u) break;
+        }
       }
     }
   }
   pareto_front(&points, out);
   // Settle the survivors on the exact memory model.
   for (const StageOption& o : *out) {
-    const Context c{cost, slot, *slot.unit[o.sequence_parallel ? 1 : 0], blocks, o.zero};
+    // Memory checks only: the gradient sync does not enter them.
+    const Context c{cost, slot, *slot.unit[o.sequence_parallel ? 1 : 0], blocks, o.zero, o.prefetch_depth, 0};
     if (!fits(c, o.selective, o.full, o.offloaded)) return false;
     if (pins.recompute < 0 && o.selective + o.full > 0) {
       // A cheaper recomputation must not fit (rounding at the boundary).
@@ -364,7 +428,11 @@ void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, con
   stage_options_exact(cost, slot, blocks, pins, out);
 }
 
-double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {
+namespace {
+
+// Memory of the most frugal choice with `offloaded` blocks offloaded.
+double frugal_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
+                           int offloaded) {
   double best = std::numeric_limits<double>::infinity();
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp]) continue;
@@ -373,7 +441,8 @@ double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int 
       o.zero = zero;
       o.full = pins.recompute >= 0 && pins.recompute != static_cast<int>(Recompute::Recompute_full) ? 0 : blocks;
       o.selective = pins.recompute == static_cast<int>(Recompute::Recompute_selective) ? blocks : 0;
-      o.offloaded = pins.allow_offload ? blocks : 0;
+      o.offloaded = offloaded;
+      o.prefetch_depth = stage_prefetch_depths(pins).front();
       const StageChoice choice = stage_choice_of(slot, o, blocks);
       best = std::min(best, cost.stage_memory(slot.shape, *slot.unit[sp], choice, slot.in_flight, slot.has_next).total_bytes());
     }
@@ -381,5 +450,28 @@ double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int 
   return best;
 }
 
-}  // namespace alloy
+}  // namespace
 
+double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
+                              bool host_limited) {
+  const int most = !pins.allow_offload ? 0 : (host_limited ? stage_max_offloaded(cost, slot, blocks) : blocks);
+  // The offload window can outweigh what a few offloaded blocks free: take the best count.
+  double best = std::numeric_limits<double>::infinity();
+  for (int off : stage_offload_counts(blocks))
+    if (off <= most) best = std::min(best, frugal_memory_bytes(cost, slot, blocks, pins, off));
+  return best;
+}
+
+double stage_min_host_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {
+  const StageUnitCosts* unit = slot.unit[0] ? slot.unit[0] : slot.unit[1];
+  for (int off : stage_offload_counts(pins.allow_offload ? blocks : 0)) {
+    if (frugal_memory_bytes(cost, slot, blocks, pins, off) > slot.capacity_bytes) continue;
+    StageOption o;
+    o.offloaded = off;
+    return cost.stage_memory(slot.shape, *unit, stage_choice_of(slot, o, blocks), slot.in_flight, slot.has_next)
+        .host_offload_bytes;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+}  // namespace alloy

@@ -1,6 +1,7 @@
 // Per-stage choices inside the planner: for a stage position and a number of blocks, the
 // Pareto set of (time per micro-batch, per-step overhead) over ZeRO stage, sequence
-// parallelism, recomputation and offload counts that fit the device's memory.
+// parallelism, recomputation, offload counts and prefetch depth that fit the device's memory
+// and the device's share of host memory.
 #pragma once
 
 #include <vector>
@@ -20,7 +21,9 @@ struct StageSlot {
   bool has_embedding = false;
   bool has_head = false;
   bool head_holds_lm_matrix = true;
+  int micro_batches = 1;          // per optimizer step
   double capacity_bytes = 0;
+  double host_capacity_bytes = 0;  // this device's share of its node's host memory
 };
 
 struct StageOption {
@@ -31,6 +34,7 @@ struct StageOption {
   int selective = 0;
   int full = 0;
   int offloaded = 0;
+  int prefetch_depth = 1;  // offloaded blocks fetched ahead (1 when none is offloaded, unless pinned)
 };
 
 struct OptionPins {
@@ -38,7 +42,11 @@ struct OptionPins {
   int sequence_parallel = -1;  // -1: free, 0/1 pinned
   int recompute = -1;        // -1: free, else a Recompute value for every block
   bool allow_offload = true;
+  int prefetch_depth = 0;      // 0: free (1, 2 or 4 where the stage offloads)
 };
+
+// Prefetch depths the planner tries: the pinned one, else 1, 2 and 4 (1 alone without offload).
+std::vector<int> stage_prefetch_depths(const OptionPins& pins);
 
 // Offloaded-block counts the planner considers for a stage of `blocks` blocks: 0-4, then
 // steps of about 1.5x (6, 9, 13, ...), and all of them. Offload moves memory in coarse buckets.
@@ -51,7 +59,17 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
 void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                    std::vector<StageOption>* out);
 
-// Memory of the most frugal choice for `blocks` blocks (for infeasibility reports).
-double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins);
+// Most blocks of a stage whose offloaded state fits the slot's share of host memory.
+int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks);
+
+// Memory of the most frugal choice for `blocks` blocks (for infeasibility reports); with
+// `host_limited`, offloading no more than host memory holds.
+double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
+                              bool host_limited = true);
+
+// Host memory per device that the fewest offloaded blocks letting the stage fit device memory
+// need (with the most frugal other choices); 0 when it fits without offload, infinity when it
+// does not fit even with every block offloaded.
+double stage_min_host_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins);
 
 }  // namespace alloy

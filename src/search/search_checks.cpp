@@ -1,0 +1,88 @@
+// Checks around the search: pinned options against the specs, and the host-memory failure.
+#include "search/search_checks.hpp"
+
+#include <fmt/format.h>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+}  // namespace
+
+void search_options_validate(const CostModel& cost, const SearchOptions& o) {
+  const ClusterSpec& cluster = cost.cluster();
+  const TrainSpec& train = cost.train();
+  const int layers = static_cast<int>(cost.model().num_layers);
+  if (cluster.devices.empty())
+    throw Error("the cluster has no devices", {cluster.source_path, "nodes"}, "add at least one node with devices");
+  if (layers <= 0) throw Error("the model has no layers", {cost.model().source_path, "num_layers"});
+  if (o.threads < 1 || o.threads > 2) throw Error("threads must be 1 or 2", {"", "threads"});
+  if (train.global_batch_sequences <= 0)
+    throw Error("global batch must be positive", {train.source_path, "global_batch"});
+  if (o.objective == Objective::Objective_cost) {
+    for (const NodeGroup& g : cluster.node_groups)
+      if (g.price_per_device_hour <= 0)
+        throw Error("objective 'cost' needs a price for every node group; '" + g.name + "' has none",
+                    {cluster.source_path, "nodes.price_per_device_hour"},
+                    "add price_per_device_hour to each node group, or use --objective throughput");
+  }
+  const int64_t batch = train.global_batch_sequences;
+  const bool fixed_batch = train.min_global_batch <= 0 || train.max_global_batch <= 0;
+  if (fixed_batch && o.num_micro_batches > 0 && batch % o.num_micro_batches != 0)
+    throw Error(fmt::format("global batch of {} sequences is not divisible by {} micro-batches", batch,
+                            o.num_micro_batches),
+                {train.source_path, "global_batch"}, "choose a micro-batch count that divides the global batch");
+  if (fixed_batch && o.micro_batch_sequences > 0 && batch % o.micro_batch_sequences != 0)
+    throw Error(fmt::format("global batch of {} sequences is not divisible into micro-batches of {}", batch,
+                            o.micro_batch_sequences),
+                {train.source_path, "global_batch"}, "choose a micro-batch size that divides the global batch");
+  if (fixed_batch && o.micro_batch_sequences > 0 && o.num_micro_batches > 0 &&
+      o.micro_batch_sequences * o.num_micro_batches != batch)
+    throw Error(fmt::format("micro-batch {} x {} micro-batches is not the global batch {}", o.micro_batch_sequences,
+                            o.num_micro_batches, batch),
+                {train.source_path, "global_batch"}, "pin only one of the two, or make them multiply to the batch");
+  if (fixed_batch && o.dp > 0 && batch % o.dp != 0)
+    throw Error(fmt::format("global batch of {} sequences does not split over dp {}", batch, o.dp),
+                {train.source_path, "global_batch"}, "choose a dp that divides the global batch");
+  if (o.tp > 0 && (o.tp & (o.tp - 1)) != 0)
+    throw Error(fmt::format("tp {} is not a power of two", o.tp), {"", "tp"}, "use 1, 2, 4, 8, ...");
+  if (o.prefetch_depth < 0 || o.prefetch_depth > kMaxOffloadPrefetchDepth)
+    throw Error(fmt::format("prefetch depth {} is out of range", o.prefetch_depth), {"", "prefetch_depth"},
+                fmt::format("use 1 to {} offloaded blocks fetched ahead", kMaxOffloadPrefetchDepth));
+  if (o.zero > 3) throw Error(fmt::format("ZeRO stage {} does not exist", o.zero), {"", "zero"}, "use 0, 1, 2 or 3");
+  if (!o.layer_split.empty()) {
+    int total = 0;
+    for (int n : o.layer_split) {
+      if (n <= 0) throw Error("every stage needs at least one layer", {"", "layer_split"});
+      total += n;
+    }
+    if (total != layers)
+      throw Error(fmt::format("layer split covers {} layers, the model has {}", total, layers), {"", "layer_split"},
+                  "give one count per stage, summing to the model's layers");
+    if (o.pp > 0 && static_cast<int>(o.layer_split.size()) != o.pp)
+      throw Error(fmt::format("layer split has {} stages but pp is {}", o.layer_split.size(), o.pp), {"", "layer_split"});
+  }
+}
+
+void search_host_memory_fail(const ClusterSpec& cluster, const HostShortfall& need) {
+  const DeviceType& type = cluster.device_types[need.type];
+  const NodeGroup* group = nullptr;  // the type's node group with the least host memory per device
+  for (const NodeGroup& g : cluster.node_groups)
+    if (g.device_type_index == need.type &&
+        (!group || g.host_memory_bytes / g.devices_per_node < group->host_memory_bytes / group->devices_per_node))
+      group = &g;
+  throw Error(fmt::format("offloading enough layers to fit {} device memory needs {:.1f} GiB of host memory per node "
+                          "({:.2f} GiB for each of its {} devices), but node group '{}' has {:.1f} GiB (host_memory)",
+                          type.name, need.bytes_per_device * group->devices_per_node / kGiB,
+                          need.bytes_per_device / kGiB, group->devices_per_node, group->name,
+                          group->host_memory_bytes / kGiB),
+              {cluster.source_path, "nodes.host_memory"},
+              "give the nodes more host memory (host_memory in the cluster file), offload fewer layers (more "
+              "recomputation, ZeRO or a smaller micro-batch), or add devices");
+}
+
+}  // namespace alloy

@@ -1,0 +1,25 @@
+// Checks around the search: pinned options against the specs before it starts, and the
+// error raised when nothing fits because host memory cannot hold the offload it needs.
+#pragma once
+
+#include <limits>
+
+#include "search/planner.hpp"
+
+namespace alloy {
+
+// Host memory a structure would need per device to fit device memory by offload.
+struct HostShortfall {
+  double ratio = std::numeric_limits<double>::infinity();  // of the device's share of host memory
+  double bytes_per_device = 0;
+  int type = 0;
+};
+
+// Throws alloy::Error for pins that contradict each other or the specs.
+void search_options_validate(const CostModel& cost, const SearchOptions& options);
+
+// Nothing fits device memory unless more is offloaded than host memory holds: throws
+// alloy::Error with the host memory per node needed, what the node has and the fixes.
+[[noreturn]] void search_host_memory_fail(const ClusterSpec& cluster, const HostShortfall& need);
+
+}  // namespace alloy

@@ -154,6 +154,9 @@ void add_plan(CLI::App& app, int* exit_code) {
   cmd->add_flag("--no-offload", c->no_offload, "Never offload layers to host memory");
   cmd->add_option("--prefetch-depth", c->search.prefetch_depth,
                   "Pin the offloaded layers fetched ahead of their use (1-8; default: 1, 2 or 4 per stage)");
+  cmd->add_option("--offload-activations", c->search.offload_activations,
+                  "Park the saved activations of this many layers per stage in host memory between forward and backward "
+                  "(the first layers not fully recomputed; default 0)");
   cmd->add_flag("--no-simulate", c->no_rerank,
                 "Rank candidates by the analytic formula alone (default: the best few are re-ranked by simulation)");
   cmd->add_option("--layer-split", c->layer_split, "Pin blocks per stage in pipeline order, e.g. 10,10,12");

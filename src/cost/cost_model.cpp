@@ -27,6 +27,18 @@ constexpr double kNoHostLinkSeconds = 1e9;
 
 int optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
 
+// Link seconds of one offloaded block's backward (0 without weight offload). It fetches the
+// weights again plus the gradients accumulated by the step's earlier micro-batches ((m - 1) / m
+// of the time) while it writes the new ones back. With depth 1 the window's two slots serialise
+// the directions: the next fetch needs the slot whose gradients are still being written back.
+// Deeper windows overlap them.
+double weights_backward_link_seconds(const StageUnitCosts& u, const StageChoice& c) {
+  if (c.offloaded <= 0) return 0;
+  const double m = std::max(1, c.micro_batches);
+  const double fetch_in = u.offload_weights_seconds + u.offload_gradients_seconds * (m - 1.0) / m;
+  return c.prefetch_depth <= 1 ? fetch_in + u.offload_gradients_seconds : std::max(fetch_in, u.offload_gradients_seconds);
+}
+
 double peak_efficiency(Precision p, bool is_cpu) {
   if (is_cpu) return 0.85;
   switch (p) {
@@ -286,6 +298,10 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, attention);
   if (gpu) u.backward_workspace_bytes = block_backward_workspace_bytes(m, b, s, tp, p);
   u.boundary_bytes = hidden_state_bytes(m, b * shape.dp, s, p);
+  u.block_output_bytes = hidden_state_bytes(m, b, s, p) / (sp ? tp : 1);
+  for (int r = 0; r < 3; ++r)
+    u.activations_link_seconds[r] = host_link > 0 ? std::max(0.0, u.block_activation_bytes[r] - u.block_output_bytes) / host_link
+                                                  : kNoHostLinkSeconds;
   return u;
 }
 
@@ -327,12 +343,8 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   StageTiming t;
   const double n = c.blocks;
   if (c.offloaded > 0) {
-    // Forward fetches the weights; backward fetches them again plus the gradients accumulated by
-    // the step's earlier micro-batches ((m - 1) / m of the time) while it writes the new ones back.
-    const double m = std::max(1, c.micro_batches);
     const double forward_transfer = u.offload_weights_seconds;
-    const double backward_transfer = std::max(u.offload_weights_seconds + u.offload_gradients_seconds * (m - 1.0) / m,
-                                              u.offload_gradients_seconds);
+    const double backward_transfer = weights_backward_link_seconds(u, c);
     // The first fetches hide behind the work that precedes the offloaded run inside its own
     // pass, whatever the schedule puts before the pass: the embedding in forward (the offloaded
     // blocks come first), the head and the resident blocks in backward (they come last).
@@ -345,6 +357,23 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
                                                         u.block.forward_seconds, before_forward);
     t.offload_backward_seconds = offload_exposed_seconds(c.offloaded, c.prefetch_depth, backward_transfer,
                                                          u.block.backward_seconds, before_backward);
+  }
+  const int parked = c.parked_selective + c.parked_none;
+  if (parked > 0) {
+    // Parked activations leave after each forward (the other direction from weight fetches; a
+    // forward waits once `depth` are on their way out) and come back ahead of the backward,
+    // sharing the way in with the weights.
+    // Blocks with weights and activations in host memory are priced as if they were the same
+    // blocks (their copies add up on the way in): an upper bound when they are not.
+    const double activations = c.parked_none > 0 ? u.activations_link_seconds[0] : u.activations_link_seconds[1];
+    t.offload_forward_seconds +=
+        std::max(0, parked - c.prefetch_depth) * std::max(0.0, activations - u.block.forward_seconds);
+    const double weights_in = c.offloaded > 0 ? t.offload_backward_seconds : 0;
+    const double resident = c.blocks - parked;
+    const double before_backward = resident * u.block.backward_seconds + (c.has_head ? u.head.backward_seconds : 0);
+    t.offload_backward_seconds = std::max(weights_in, offload_exposed_seconds(std::max(parked, c.offloaded), c.prefetch_depth,
+                                                                              activations + weights_backward_link_seconds(u, c),
+                                                                              u.block.backward_seconds, before_backward));
   }
   t.forward_seconds = n * u.block.forward_seconds + t.offload_forward_seconds;
   t.backward_seconds = n * u.block.backward_seconds + c.selective * u.recompute_selective_seconds +
@@ -376,8 +405,13 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   const double measured_rate = profile_ ? profile_->optimizer_rate(type.name) : 0.0;
   const double device_seconds_per_parameter =
       measured_rate > 0 ? measured_rate : bytes_per_update / type.memory_bandwidth_bytes_per_second;
+  // A CPU device's host is the device itself: its offloaded blocks update at the same rate.
+  const double host_seconds_per_parameter =
+      type.is_cpu ? device_seconds_per_parameter : bytes_per_update / kHostOptimizerBytesPerSecond;
   t.optimizer_seconds = (params - offloaded_params) / shard * device_seconds_per_parameter +
-                        offloaded_params / shard * bytes_per_update / kHostOptimizerBytesPerSecond;
+                        offloaded_params / shard * host_seconds_per_parameter;
+  // The optimizer waits for the last block's gradients to reach host memory.
+  if (c.offloaded > 0) t.optimizer_seconds += u.offload_gradients_seconds;
   return t;
 }
 
@@ -424,6 +458,21 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
                                  (c.has_embedding ? u.embedding_activation_bytes : 0) +
                                  (c.has_head ? u.head_activation_bytes : 0);
   mem.activations_bytes = in_flight * per_micro_batch;
+  // Parked activations (all but each block's output) wait in host memory. While the link keeps
+  // up with the forward, one block's are on their way at a time; when it does not, `depth` queue
+  // behind the one being computed (and as many come back ahead of the backward).
+  const int parked = c.parked_selective + c.parked_none;
+  if (parked > 0) {
+    const int level = c.parked_none > 0 ? 0 : 1;
+    const double per_block = std::max(0.0, u.block_activation_bytes[level] - u.block_output_bytes);
+    const double per_micro_batch_parked =
+        c.parked_none * std::max(0.0, u.block_activation_bytes[0] - u.block_output_bytes) +
+        c.parked_selective * std::max(0.0, u.block_activation_bytes[1] - u.block_output_bytes);
+    const bool link_behind = u.activations_link_seconds[level] > u.block.forward_seconds;
+    mem.activations_bytes -= in_flight * per_micro_batch_parked;
+    mem.offload_window_bytes += std::min(parked, link_behind ? c.prefetch_depth + 1 : 1) * per_block;
+    mem.host_offload_bytes += in_flight * per_micro_batch_parked;
+  }
 
   const DeviceType& type = cluster_.device_types[shape.device_type];
   // Recomputing a block rebuilds its full activations for the duration of its backward.

@@ -60,6 +60,9 @@ struct StageUnitCosts {
   double head_activation_bytes = 0;
   double backward_workspace_bytes = 0;     // gradient buffers of one block's backward (GPU runtime)
   double boundary_bytes = 0;               // one hidden state of the whole micro-batch
+  double block_output_bytes = 0;           // one block's output on this device, per micro-batch
+  double activations_link_seconds[3] = {0, 0, 0};  // one block's saved activations but its output over
+                                                   // the host link, by recomputation level
 };
 
 // What a stage runs: layer counts by choice. Blocks are identical, so counts define the cost.
@@ -70,6 +73,8 @@ struct StageChoice {
   int offloaded = 0;   // blocks whose weights and optimizer state live in host memory
   int prefetch_depth = 1;  // offloaded blocks fetched ahead of their use (window: depth + 1)
   int micro_batches = 1;   // per optimizer step: later backwards also fetch the gradients so far
+  int parked_selective = 0;  // blocks under selective recompute whose saved activations wait in host memory
+  int parked_none = 0;       // the same, blocks without recomputation (full recompute saves nothing to park)
   int zero = 0;        // ZeRO stage 0-3
   bool has_embedding = false;
   bool has_head = false;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "plan/plan.hpp"
 
@@ -30,6 +31,16 @@ std::string layer_ranges(const PlanStage& st) {
   std::string out;
   for (const LayerRange& r : st.chunks) out += fmt::format("{}[{},{})", out.empty() ? "" : " ", r.begin, r.end);
   return out;
+}
+
+// "8 layers, depth 2", "activations of 4 layers, depth 1", both joined by " + ", or "none".
+std::string offload_summary(const PlanStage& st) {
+  const auto count = [](const std::vector<bool>& flags) { return std::count(flags.begin(), flags.end(), true); };
+  std::vector<std::string> parts;
+  if (count(st.offload) > 0) parts.push_back(fmt::format("{} layers", count(st.offload)));
+  if (count(st.offload_activations) > 0) parts.push_back(fmt::format("activations of {}", count(st.offload_activations)));
+  if (parts.empty()) return "none";
+  return fmt::format("{}, depth {}", fmt::join(parts, " + "), st.offload_prefetch_depth);
 }
 
 std::string recompute_summary(const PlanStage& st) {
@@ -89,12 +100,11 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
                                                  "memory GiB", "use"}};
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
-    const int offloaded = static_cast<int>(std::count(st.offload.begin(), st.offload.end(), true));
     const double total = st.memory_total_bytes();
     rows.push_back({fmt::format("{}", s), st.device_type, id_ranges(st.device_ids), layer_ranges(st),
                     fmt::format("{}", st.tp), fmt::format("{}", st.dp), fmt::format("{}", st.zero),
                     st.sequence_parallel ? "yes" : "no", recompute_summary(st),
-                    offloaded > 0 ? fmt::format("{} layers, depth {}", offloaded, st.offload_prefetch_depth) : "none",
+                    offload_summary(st),
                     fmt::format("{:.2f}", st.forward_seconds * 1e3), fmt::format("{:.2f}", st.backward_seconds * 1e3),
                     fmt::format("{:.2f}", st.gradient_sync_seconds * 1e3),
                     fmt::format("{:.2f}", st.optimizer_seconds * 1e3),

@@ -74,6 +74,10 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
       if (st.recompute[i] == Recompute::Recompute_selective) ++choice.selective;
       if (st.recompute[i] == Recompute::Recompute_full) ++choice.full;
       if (st.offload[i]) ++choice.offloaded;
+      if (i < st.offload_activations.size() && st.offload_activations[i]) {
+        if (st.recompute[i] == Recompute::Recompute_selective) ++choice.parked_selective;
+        if (st.recompute[i] == Recompute::Recompute_none) ++choice.parked_none;
+      }
     }
     choice.prefetch_depth = st.offload_prefetch_depth;
     choice.micro_batches = m;

@@ -78,6 +78,7 @@ Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std
                                           : (b < o.full + o.selective ? Recompute::Recompute_selective
                                                                       : Recompute::Recompute_none));
         st.offload.push_back(b < o.offloaded);
+        if (o.parked > 0) st.offload_activations.push_back(b >= o.full && b < o.full + o.parked);
       }
       plan.stages.push_back(std::move(st));
     }

@@ -88,6 +88,7 @@ class Searcher {
     pins_.recompute = options.recompute ? static_cast<int>(*options.recompute) : -1;
     pins_.allow_offload = options.allow_offload;
     pins_.prefetch_depth = options.prefetch_depth;
+    pins_.offload_activations = options.offload_activations;
   }
 
   const StageUnitCosts* unit(const StageShape& shape, UnitKey key) {

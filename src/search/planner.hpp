@@ -33,6 +33,7 @@ struct SearchOptions {
   std::optional<bool> sequence_parallel;
   bool allow_offload = true;
   int prefetch_depth = 0;              // offloaded blocks fetched ahead (1-8); 0: free (1, 2 or 4)
+  int offload_activations = 0;         // blocks per stage whose saved activations wait in host memory
   std::vector<int> layer_split;        // blocks per stage, pipeline order
   std::vector<std::string> device_order;  // device type names in pipeline order (only these used)
   int threads = 1;                     // 1 or 2; the plan does not depend on it

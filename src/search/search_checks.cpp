@@ -53,6 +53,9 @@ void search_options_validate(const CostModel& cost, const SearchOptions& o) {
   if (o.prefetch_depth < 0 || o.prefetch_depth > kMaxOffloadPrefetchDepth)
     throw Error(fmt::format("prefetch depth {} is out of range", o.prefetch_depth), {"", "prefetch_depth"},
                 fmt::format("use 1 to {} offloaded blocks fetched ahead", kMaxOffloadPrefetchDepth));
+  if (o.offload_activations < 0)
+    throw Error(fmt::format("--offload-activations {} is negative", o.offload_activations), {"", "--offload-activations"},
+                "give the number of layers per stage whose activations wait in host memory (0 for none)");
   if (o.zero > 3) throw Error(fmt::format("ZeRO stage {} does not exist", o.zero), {"", "zero"}, "use 0, 1, 2 or 3");
   if (!o.layer_split.empty()) {
     int total = 0;

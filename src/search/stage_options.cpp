@@ -16,6 +16,7 @@ struct Context {
   int zero;
   int depth;            // offload prefetch depth
   double sync_seconds;  // exposed gradient sync per step: the same for every count and depth
+  int parked = 0;       // blocks whose saved activations wait in host memory (pinned)
 };
 
 // The exposed gradient sync of a stage's layers at a ZeRO stage, priced once per (sp, zero).
@@ -28,6 +29,7 @@ double gradient_sync_seconds(const CostModel& cost, const StageSlot& slot, const
 
 double memory_bytes(const Context& c, int selective, int full, int offloaded) {
   StageOption o;
+  o.parked = c.parked;
   o.zero = c.zero;
   o.prefetch_depth = c.depth;
   o.selective = selective;
@@ -140,6 +142,7 @@ bool cheapest_recompute(const Context& c, int recompute_pin, int offloaded, int*
 
 StageOption option_timing(const Context& c, int selective, int full, int offloaded) {
   StageOption o;
+  o.parked = c.parked;
   o.zero = c.zero;
   o.prefetch_depth = c.depth;
   o.sequence_parallel = c.unit.sequence_parallel;
@@ -166,7 +169,7 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
 // dominates it (or ties, and ties go to the smaller depth).
 bool deeper_gains_nothing(const Context& c, int shallowest, const StageOption& plain, int offloaded) {
   if (c.depth == shallowest || offloaded == 0) return false;
-  const Context shallow{c.cost, c.slot, c.unit, c.blocks, c.zero, shallowest, c.sync_seconds};
+  const Context shallow{c.cost, c.slot, c.unit, c.blocks, c.zero, shallowest, c.sync_seconds, c.parked};
   return plain.t >= option_timing(shallow, 0, 0, offloaded).t;
 }
 
@@ -189,6 +192,9 @@ std::vector<int> stage_prefetch_depths(const OptionPins& pins) {
 int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks) {
   const StageUnitCosts* unit = slot.unit[0] ? slot.unit[0] : slot.unit[1];
   if (!unit || blocks <= 0) return 0;
+  // Alloy's CPU runtime offloads weights only on stages without data parallelism
+  // (docs/runtime-offload.md): plans for CPU devices keep to what it runs.
+  if (cost.cluster().device_types[slot.shape.device_type].is_cpu && slot.shape.dp > 1) return 0;
   StageOption one;
   one.offloaded = 1;
   // Host bytes are linear in the offloaded count.
@@ -213,6 +219,10 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
   c.full = option.full;
   c.offloaded = option.offloaded;
   c.prefetch_depth = option.prefetch_depth;
+  // Parked blocks are the first ones not under full recomputation (which saves nothing to park).
+  const int parked = std::min(option.parked, blocks - option.full);
+  c.parked_selective = std::min(parked, option.selective);
+  c.parked_none = parked - c.parked_selective;
   c.micro_batches = slot.micro_batches;
   c.zero = option.zero;
   c.has_embedding = slot.has_embedding;
@@ -239,6 +249,7 @@ void pareto_front(std::vector<StageOption>* points, std::vector<StageOption>* ou
 void stage_options_exact(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                          std::vector<StageOption>* out) {
   out->clear();
+  const int parked = std::min(pins.offload_activations, blocks);
   std::vector<StageOption> points;
   const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
   const std::vector<int> depths = stage_prefetch_depths(pins);
@@ -246,7 +257,7 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
     for (int zero : zero_levels(slot, pins)) {
       const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
-      const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync};
+      const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync, parked};
       // Overhead does not depend on the depth; offload only adds time per block.
       const double last_u = option_timing(first, 0, 0, counts.back()).u;
       bool offload_cannot_win = false;
@@ -258,9 +269,9 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
       double previous_u = -1;
       for (int depth : depths) {
         if (offload_cannot_win) break;
-        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync};
+        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync, parked};
         for (int off : counts) {
-          if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
+          if (off == 0 && parked == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
           const StageOption plain = option_timing(c, 0, 0, off);
           if (deeper_gains_nothing(c, depths.front(), plain, off)) continue;
           if (u_grows && plain.t >= best_t && plain.u >= previous_u) break;
@@ -424,7 +435,8 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
 
 void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                    std::vector<StageOption>* out) {
-  if (blocks >= 3 && stage_options_affine(cost, slot, blocks, pins, out)) return;
+  // Parked activations move the recomputation's memory steps: only the exact path prices them.
+  if (blocks >= 3 && pins.offload_activations == 0 && stage_options_affine(cost, slot, blocks, pins, out)) return;
   stage_options_exact(cost, slot, blocks, pins, out);
 }
 

@@ -35,6 +35,8 @@ struct StageOption {
   int full = 0;
   int offloaded = 0;
   int prefetch_depth = 1;  // offloaded blocks fetched ahead (1 when none is offloaded, unless pinned)
+  int parked = 0;          // blocks whose saved activations wait in host memory: the first ones
+                           // not under full recomputation
 };
 
 struct OptionPins {
@@ -43,6 +45,7 @@ struct OptionPins {
   int recompute = -1;        // -1: free, else a Recompute value for every block
   bool allow_offload = true;
   int prefetch_depth = 0;      // 0: free (1, 2 or 4 where the stage offloads)
+  int offload_activations = 0; // blocks per stage whose saved activations wait in host memory
 };
 
 // Prefetch depths the planner tries: the pinned one, else 1, 2 and 4 (1 alone without offload).

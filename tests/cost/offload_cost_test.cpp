@@ -141,5 +141,35 @@ TEST(OffloadCost, HostMemoryShareIsTheNodeDividedByItsDevices) {
   EXPECT_DOUBLE_EQ(cost.host_memory_share_bytes(0), 100e9);
 }
 
+TEST(OffloadCost, ParkedActivationsLeaveTheDeviceForHostMemoryAndCostLinkTime) {
+  OffloadSetup fast(25e9), slow(1e9);
+  CostModel cost(fast.model, fast.cluster, fast.train);
+  const StageShape shape = cost.stage_shape({0}, 1, 1, 1);
+  const StageUnitCosts unit = cost.unit_costs(shape, false);
+  const double in_flight = 3;
+  StageChoice plain = offload_choice(0, 1, 4);
+  StageChoice parked = plain;
+  parked.parked_none = 5;
+  const MemoryBreakdown a = cost.stage_memory(shape, unit, plain, in_flight, false);
+  const MemoryBreakdown b = cost.stage_memory(shape, unit, parked, in_flight, false);
+  // All but each block's output leaves, for every micro-batch in flight, into host memory.
+  const double per_block = unit.block_activation_bytes[0] - unit.block_output_bytes;
+  ASSERT_GT(per_block, 0);
+  EXPECT_DOUBLE_EQ(a.activations_bytes - b.activations_bytes, in_flight * 5 * per_block);
+  EXPECT_DOUBLE_EQ(b.host_offload_bytes - a.host_offload_bytes, in_flight * 5 * per_block);
+  // The device keeps at least the block on its way out.
+  EXPECT_GE(b.offload_window_bytes, per_block);
+  EXPECT_LT(b.total_bytes(), a.total_bytes());
+  // The copies cost time only when the link cannot keep up, and more on a slower link.
+  const StageTiming fast_time = cost.stage_timing(shape, unit, parked, 0, 0);
+  CostModel slow_cost(slow.model, slow.cluster, slow.train);
+  const StageUnitCosts slow_unit = slow_cost.unit_costs(shape, false);
+  const StageTiming slow_time = slow_cost.stage_timing(shape, slow_unit, parked, 0, 0);
+  EXPECT_GE(slow_time.offload_backward_seconds + slow_time.offload_forward_seconds,
+            fast_time.offload_backward_seconds + fast_time.offload_forward_seconds);
+  EXPECT_GT(slow_time.offload_backward_seconds, 0);
+  EXPECT_GT(slow_time.per_micro_batch_seconds(), cost.stage_timing(shape, unit, plain, 0, 0).per_micro_batch_seconds());
+}
+
 }  // namespace
 }  // namespace alloy

@@ -117,7 +117,8 @@ struct Builder {
     }
   }
 
-  int64_t offloaded_bytes(int stage, const LayerRange& blocks) const {
+  // Index among the stage's blocks (chunks in order) of the chunk's first block.
+  int chunk_first_local(int stage, const LayerRange& blocks) const {
     const PlanStage& st = plan.stages[stage];
     int local = 0;
     for (int c = 0; c < v; ++c) {
@@ -125,9 +126,29 @@ struct Builder {
       if (r.begin == blocks.begin) break;
       local += r.size();
     }
+    return local;
+  }
+
+  int64_t offloaded_bytes(int stage, const LayerRange& blocks) const {
+    const PlanStage& st = plan.stages[stage];
+    const int local = chunk_first_local(stage, blocks);
     int64_t bytes = 0;
     for (int b = blocks.begin; b < blocks.end; ++b)
       if (st.offload[local + b - blocks.begin]) bytes += schedule_parameter_bytes(plan, model, stage, b, b + 1);
+    return bytes;
+  }
+
+  // Saved activations of the chunk's parked blocks, one micro-batch.
+  int64_t parked_bytes(int stage, const LayerRange& blocks) const {
+    const PlanStage& st = plan.stages[stage];
+    if (static_cast<size_t>(stage) >= options.parked_block_bytes.size() || st.offload_activations.empty()) return 0;
+    const int local = chunk_first_local(stage, blocks);
+    int64_t bytes = 0;
+    for (int b = blocks.begin; b < blocks.end; ++b) {
+      const size_t i = static_cast<size_t>(local + b - blocks.begin);
+      if (!st.offload_activations[i] || st.recompute[i] == Recompute::Recompute_full) continue;
+      bytes += options.parked_block_bytes[static_cast<size_t>(stage)][st.recompute[i] == Recompute::Recompute_none ? 0 : 1];
+    }
     return bytes;
   }
 
@@ -177,8 +198,11 @@ struct Builder {
                                 schedule_parameter_bytes(plan, model, s, blocks.begin, blocks.end)));
       rs->ops.back().micro_batch = item.micro_batch;
     }
-    if (offloaded > 0) {
-      rs->ops.push_back(step_op(OpKind::OpKind_prefetch, item.chunk, blocks, offloaded));
+    // Weights come in before every pass, parked activations before the backward.
+    const int64_t parked = parked_bytes(s, blocks);
+    const int64_t fetched = offloaded + (item.forward ? 0 : parked);
+    if (fetched > 0) {
+      rs->ops.push_back(step_op(OpKind::OpKind_prefetch, item.chunk, blocks, fetched));
       rs->ops.back().micro_batch = item.micro_batch;
     }
 
@@ -204,8 +228,9 @@ struct Builder {
       rs->ops.push_back(compute);
     }
 
-    if (offloaded > 0) {
-      ScheduleOp evict = step_op(OpKind::OpKind_evict, item.chunk, blocks, item.forward ? 0 : offloaded);
+    // Gradients go back after the backward, parked activations after the forward.
+    if (offloaded > 0 || parked > 0) {
+      ScheduleOp evict = step_op(OpKind::OpKind_evict, item.chunk, blocks, item.forward ? parked : offloaded);
       evict.micro_batch = item.micro_batch;
       rs->ops.push_back(evict);
     }

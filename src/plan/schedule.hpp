@@ -2,6 +2,7 @@
 // generated once from a plan. The simulator replays it and the runtime executes it unchanged.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -71,6 +72,10 @@ struct ScheduleOptions {
   // at least one block. The last backward of each chunk runs bucket by bucket so reductions
   // overlap the rest of it.
   double bucket_bytes = 64.0 * 1024 * 1024;
+  // Per stage: one block's saved activations but its output, per micro-batch, at recomputation
+  // none and selective, for the blocks the plan parks in host memory (offload_activations):
+  // they leave after the forward and come back before the backward. Empty: not counted.
+  std::vector<std::array<int64_t, 2>> parked_block_bytes;
 };
 
 // The operations of one rank (cheap: the simulator builds only representative ranks).

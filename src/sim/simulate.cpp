@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "cost/comm.hpp"
+#include "cost/cost_model.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 #include "util/table.hpp"
@@ -17,6 +18,27 @@
 namespace alloy {
 
 namespace {
+
+// Per stage: one block's activations parked in host memory (all but its output) per
+// micro-batch, at recomputation none and selective, from the cost model's activation formula.
+std::vector<std::array<int64_t, 2>> parked_block_bytes(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster) {
+  TrainSpec train;
+  train.seq_len = plan.seq_len;
+  train.global_batch_sequences = plan.global_batch_sequences;
+  train.precision = plan.precision;
+  const CostModel cost(model, cluster, train);
+  std::vector<std::array<int64_t, 2>> bytes;
+  for (const PlanStage& st : plan.stages) {
+    bytes.push_back({0, 0});
+    if (std::find(st.offload_activations.begin(), st.offload_activations.end(), true) == st.offload_activations.end()) continue;
+    const StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, plan.micro_batch_sequences / st.dp);
+    const StageUnitCosts unit = cost.unit_costs(shape, st.sequence_parallel);
+    for (int level = 0; level < 2; ++level)
+      bytes.back()[static_cast<size_t>(level)] =
+          static_cast<int64_t>(std::max(0.0, unit.block_activation_bytes[level] - unit.block_output_bytes));
+  }
+  return bytes;
+}
 
 // Links of one lane's device that transfers share: fabric and network, each direction, and
 // the host link for offload copies.
@@ -400,9 +422,11 @@ SimResult Simulator::run() {
                 {"", "num_devices"}, "simulate the plan on the cluster it was made for");
   rank_map_ = plan_rank_map(plan_);
   const int num_lanes = static_cast<int>(plan_.stages.size());
+  ScheduleOptions schedule = options_.schedule;
+  if (schedule.parked_block_bytes.empty()) schedule.parked_block_bytes = parked_block_bytes(plan_, model_, cluster_);
   int first = 0;
   for (int s = 0; s < num_lanes; ++s) {
-    lanes_.push_back(schedule_build_rank(plan_, model_, first, options_.schedule));
+    lanes_.push_back(schedule_build_rank(plan_, model_, first, schedule));
     first += plan_.stages[s].tp * plan_.stages[s].dp;
   }
   static_bytes_.assign(num_lanes, 0);

@@ -203,6 +203,35 @@ TEST(Schedule, OffloadedBlocksArePrefetchedAndEvictedAroundTheirCompute) {
   for (const ScheduleOp& op : sched.ranks[1].ops) EXPECT_NE(op.kind, OpKind::OpKind_prefetch);
 }
 
+TEST(Schedule, ParkedActivationsLeaveAfterTheForwardAndReturnBeforeTheBackward) {
+  const ModelSpec model = model_with_layers(4);
+  Plan plan = hand_plan(model, 2, {StageSpec{1, 1, 0, 2}, StageSpec{1, 1, 0, 2}}, 3, 1, Schedule::Schedule_1f1b);
+  plan.stages[0].offload_activations = {true, true};
+  plan.stages[0].recompute = {Recompute::Recompute_none, Recompute::Recompute_selective};
+  ScheduleOptions options;
+  options.parked_block_bytes = {{1000, 600}, {0, 0}};
+  const StepSchedule sched = schedule_build(plan, model, options);
+  const std::vector<ScheduleOp>& ops = sched.ranks[0].ops;
+  int forwards = 0, backwards = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind == OpKind::OpKind_forward) {
+      ++forwards;
+      EXPECT_NE(ops[i - 1].kind, OpKind::OpKind_prefetch);  // no weights to fetch
+      ASSERT_EQ(ops[i + 1].kind, OpKind::OpKind_evict);
+      EXPECT_EQ(ops[i + 1].bytes, 1600);
+    }
+    if (ops[i].kind == OpKind::OpKind_backward) {
+      ++backwards;
+      ASSERT_EQ(ops[i - 1].kind, OpKind::OpKind_prefetch);
+      EXPECT_EQ(ops[i - 1].bytes, 1600);
+      EXPECT_EQ(ops[i + 1].kind == OpKind::OpKind_evict ? ops[i + 1].bytes : 0, 0);  // nothing goes back
+    }
+  }
+  EXPECT_EQ(forwards, 3);
+  EXPECT_EQ(backwards, 3);
+  for (const ScheduleOp& op : sched.ranks[1].ops) EXPECT_NE(op.kind, OpKind::OpKind_prefetch);
+}
+
 std::string check_message(const StepSchedule& sched) {
   try {
     schedule_check(sched);

@@ -458,19 +458,23 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
                                  (c.has_embedding ? u.embedding_activation_bytes : 0) +
                                  (c.has_head ? u.head_activation_bytes : 0);
   mem.activations_bytes = in_flight * per_micro_batch;
-  // Parked activations (all but each block's output) wait in host memory. While the link keeps
-  // up with the forward, one block's are on their way at a time; when it does not, `depth` queue
-  // behind the one being computed (and as many come back ahead of the backward).
+  // Parked activations (all but each block's output) wait in host memory. At the end of the
+  // forward, one block's are on their way out while the link keeps up with the forward, and
+  // `depth` more queue when it does not. When the backward reaches the parked blocks (the stage's
+  // first), the block and `depth` fetched ahead are back, while the later blocks' and the head's
+  // activations of that micro-batch are gone. The window is the larger of the two.
   const int parked = c.parked_selective + c.parked_none;
   if (parked > 0) {
+    const auto leaves = [&](int level) { return std::max(0.0, u.block_activation_bytes[level] - u.block_output_bytes); };
     const int level = c.parked_none > 0 ? 0 : 1;
-    const double per_block = std::max(0.0, u.block_activation_bytes[level] - u.block_output_bytes);
-    const double per_micro_batch_parked =
-        c.parked_none * std::max(0.0, u.block_activation_bytes[0] - u.block_output_bytes) +
-        c.parked_selective * std::max(0.0, u.block_activation_bytes[1] - u.block_output_bytes);
+    const double per_micro_batch_parked = c.parked_none * leaves(0) + c.parked_selective * leaves(1);
     const bool link_behind = u.activations_link_seconds[level] > u.block.forward_seconds;
+    const double freed_before = (none - c.parked_none) * leaves(0) + (c.selective - c.parked_selective) * leaves(1) +
+                                (c.has_head ? u.head_activation_bytes : 0);
+    const double forward_window = std::min(parked, link_behind ? c.prefetch_depth + 1 : 1) * leaves(level);
+    const double backward_window = std::min(parked, c.prefetch_depth + 1) * leaves(level) - freed_before;
     mem.activations_bytes -= in_flight * per_micro_batch_parked;
-    mem.offload_window_bytes += std::min(parked, link_behind ? c.prefetch_depth + 1 : 1) * per_block;
+    mem.offload_window_bytes += std::max(forward_window, backward_window);
     mem.host_offload_bytes += in_flight * per_micro_batch_parked;
   }
 

@@ -173,6 +173,20 @@ bool deeper_gains_nothing(const Context& c, int shallowest, const StageOption& p
   return plain.t >= option_timing(shallow, 0, 0, offloaded).t;
 }
 
+// A deeper prefetch only hides copies that the shallowest depth exposes, and the exposure grows
+// with the offloaded count: when the largest count exposes nothing, no deeper depth can win.
+bool copies_hidden_at_most_offload(const Context& c, int most, int shallowest) {
+  if (most == 0) return true;
+  StageOption o;
+  o.parked = c.parked;
+  o.zero = c.zero;
+  o.prefetch_depth = shallowest;
+  o.offloaded = most;
+  const StageTiming t = c.cost.stage_timing_without_sync(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks),
+                                                         c.slot.boundary_seconds, c.slot.chunks_sent);
+  return t.offload_forward_seconds + t.offload_backward_seconds <= 0;
+}
+
 // The offload counts of the space (stage_offload_counts) that host memory holds.
 std::vector<int> offload_counts(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {
   std::vector<int> counts = stage_offload_counts(pins.allow_offload ? blocks : 0);
@@ -267,7 +281,9 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
       const bool u_grows = last_u >= option_timing(first, 0, 0, 0).u;
       double best_t = std::numeric_limits<double>::infinity();
       double previous_u = -1;
+      const bool shallow_suffices = pins.prefetch_depth == 0 && copies_hidden_at_most_offload(first, counts.back(), depths.front());
       for (int depth : depths) {
+        if (shallow_suffices && depth != depths.front()) break;
         if (offload_cannot_win) break;
         const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync, parked};
         for (int off : counts) {
@@ -389,7 +405,9 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
       const bool u_grows = last_u >= option_timing(first, 0, 0, 0).u;
       double best_t = std::numeric_limits<double>::infinity();
       double previous_u = -1;
+      const bool shallow_suffices = pins.prefetch_depth == 0 && copies_hidden_at_most_offload(first, counts.back(), depths.front());
       for (int depth : depths) {
+        if (shallow_suffices && depth != depths.front()) break;
         if (offload_cannot_win) break;
         const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync};
         for (int off : counts) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/test_util.hpp"
 #include "plan/plan.hpp"
 #include "spec/cluster.hpp"
 #include "spec/model.hpp"
@@ -54,6 +55,17 @@ struct TestStage {
   std::vector<Recompute> recompute = {};   // per block of the stage; empty: none
   bool sequence_parallel = false;
 };
+
+// What every distributed test suite starts with: mpirun allowed here, one thread per rank, and
+// the shipped text as a byte-level token file in `dir`. Returns its path ("" if tokenizing failed).
+inline std::string dist_test_setup(const TempDir& dir) {
+  mpi_test_environment_set();
+  setenv("ALLOY_THREADS", "1", 0);
+  const std::string data = dir.path() + "/data.bin";
+  const CommandResult r = run_command(std::string(ALLOY_BINARY) + " tokenize " + ALLOY_SOURCE_DIR +
+                                      "/examples/data/fsf_licenses.txt -o " + data);
+  return r.exit_code == 0 ? data : "";
+}
 
 inline constexpr int64_t kTestSeqLen = 32;
 inline constexpr int64_t kTestGlobalBatch = 8;

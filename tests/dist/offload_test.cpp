@@ -24,15 +24,11 @@ namespace alloy::testing {
 class OffloadTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    mpi_test_environment_set();
-    setenv("ALLOY_THREADS", "1", 0);
     dir_ = new TempDir();
     gpt_path_ = dir_->write("gpt-6.yaml", kGpt6Yaml);
     cluster_path_ = dir_->write("local-cpu-8.yaml", kCpu8Yaml);
-    data_ = dir_->path() + "/data.bin";
-    CommandResult r = run_command(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}", ALLOY_BINARY,
-                                              ALLOY_SOURCE_DIR, data_));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    data_ = dist_test_setup(*dir_);
+    ASSERT_FALSE(data_.empty()) << "alloy tokenize failed";
   }
   static void TearDownTestSuite() { delete dir_; }
 

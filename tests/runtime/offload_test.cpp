@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "../support/specs.hpp"
 #include "runtime/activation_offload.hpp"
 #include "runtime/model.hpp"
 #include "runtime/offload.hpp"
@@ -13,22 +14,7 @@
 namespace alloy {
 namespace {
 
-ModelSpec four_block_gpt() {
-  ModelSpec spec;
-  spec.name = "four-block-gpt";
-  spec.family = ModelFamily::ModelFamily_gpt2;
-  spec.num_layers = 4;
-  spec.hidden_size = 64;
-  spec.num_heads = 4;
-  spec.num_kv_heads = 4;
-  spec.head_dim = 16;
-  spec.ffn_hidden_size = 256;
-  spec.vocab_size = 256;
-  spec.max_seq_len = 32;
-  spec.tied_embeddings = true;
-  spec.qkv_bias = spec.linear_bias = spec.norm_bias = true;
-  return spec;
-}
+ModelSpec four_block_gpt() { return testing::gpt2("four-block-gpt", 4, 64, 4, 256, 32); }
 
 constexpr int kB = 2, kT = 16;
 

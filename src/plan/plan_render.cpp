@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "plan/plan.hpp"
+#include "spec/units.hpp"
 
 namespace alloy {
 
@@ -89,10 +90,9 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
   if (plan.virtual_chunks > 1) out += fmt::format(" with {} chunks per stage", plan.virtual_chunks);
   out += fmt::format(", {}\n", precision_name(plan.precision));
   if (plan.host_offload_bytes_per_node > 0)
-    out += fmt::format("  offload: {:.1f} GiB of host memory per node (of {:.1f} GiB), host copies add {:.1f} ms to "
-                       "the step\n",
-                       plan.host_offload_bytes_per_node / kGiB, plan.host_memory_bytes_per_node / kGiB,
-                       plan.offload_step_seconds * 1e3);
+    out += fmt::format("  offload: {} of host memory per node (of {}), host copies add {:.1f} ms to the step\n",
+                       units_format_bytes(plan.host_offload_bytes_per_node),
+                       units_format_bytes(plan.host_memory_bytes_per_node), plan.offload_step_seconds * 1e3);
   out += "\n";
 
   std::vector<std::vector<std::string>> rows = {{"stage", "type", "devices", "layers", "tp", "dp", "zero", "sp",

@@ -20,13 +20,13 @@
 #include "search/search_checks.hpp"
 #include "search/stage_options.hpp"
 #include "spec/error.hpp"
+#include "spec/units.hpp"
 
 namespace alloy {
 
 namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 struct UnitKey {
   int type, tp, dp, dp_nodes, concurrent, sp;
@@ -532,9 +532,9 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     if (options.zero >= 0 && options.zero < 3) hint += ", allow ZeRO-3";
     if (options.micro_batch_sequences > 1 || options.num_micro_batches > 0) hint += ", use a smaller micro-batch";
     if (options.tp > 0 || options.pp > 0 || options.dp > 0) hint += ", unpin tp/pp/dp";
-    throw Error(fmt::format("nothing fits in device memory: the most frugal layout needs {:.1f} GiB per {} device, "
-                            "which has {:.1f} GiB",
-                            frugal_bytes / kGiB, type.name, type.memory_bytes / kGiB),
+    throw Error(fmt::format("nothing fits in device memory: the most frugal layout needs {} per {} device, "
+                            "which has {}",
+                            units_format_bytes(frugal_bytes), type.name, units_format_bytes(type.memory_bytes)),
                 {cluster.source_path, ""}, hint + ", or train a smaller model or shorter sequences");
   }
 

@@ -4,12 +4,12 @@
 #include <fmt/format.h>
 
 #include "spec/error.hpp"
+#include "spec/units.hpp"
 
 namespace alloy {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
 
@@ -78,11 +78,11 @@ void search_host_memory_fail(const ClusterSpec& cluster, const HostShortfall& ne
     if (g.device_type_index == need.type &&
         (!group || g.host_memory_bytes / g.devices_per_node < group->host_memory_bytes / group->devices_per_node))
       group = &g;
-  throw Error(fmt::format("offloading enough layers to fit {} device memory needs {:.1f} GiB of host memory per node "
-                          "({:.2f} GiB for each of its {} devices), but node group '{}' has {:.1f} GiB (host_memory)",
-                          type.name, need.bytes_per_device * group->devices_per_node / kGiB,
-                          need.bytes_per_device / kGiB, group->devices_per_node, group->name,
-                          group->host_memory_bytes / kGiB),
+  throw Error(fmt::format("offloading enough layers to fit {} device memory needs {} of host memory per node "
+                          "({} for each of its {} devices), but node group '{}' has {} (host_memory)",
+                          type.name, units_format_bytes(need.bytes_per_device * group->devices_per_node),
+                          units_format_bytes(need.bytes_per_device), group->devices_per_node, group->name,
+                          units_format_bytes(group->host_memory_bytes)),
               {cluster.source_path, "nodes.host_memory"},
               "give the nodes more host memory (host_memory in the cluster file), offload fewer layers (more "
               "recomputation, ZeRO or a smaller micro-batch), or add devices");

@@ -1,4 +1,5 @@
 #include "cost/cost_model.hpp"
+#include "spec/units.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,8 +11,6 @@ namespace alloy {
 
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
-constexpr double kGiB = 1024.0 * kMiB;
 // Share of the last micro-batch's backward that can hide bucketed gradient reduction.
 constexpr double kGradientOverlapFraction = 0.9;
 // Host memory bandwidth one device's share of a CPU optimizer step gets (offloaded layers).

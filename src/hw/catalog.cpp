@@ -1,6 +1,7 @@
 // The built-in device catalog: one entry per accelerator with its dense datasheet peaks.
 // Conventions (dense vs sparse, per-direction links, GiB vs GB) and sources: docs/catalog.md.
 #include "hw/catalog.hpp"
+#include "spec/units.hpp"
 
 #include <utility>
 
@@ -10,7 +11,6 @@ namespace {
 
 constexpr double kTflops = 1e12;                  // vendors quote FLOP/s in decimal units
 constexpr double kGigabytesPerSecond = 1e9;       // and bandwidth in decimal GB/s
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0; // memory capacities are binary, see docs
 
 // Per-direction bandwidth of the links, from the vendors' bidirectional totals.
 constexpr double kPcie3x16 = 16 * kGigabytesPerSecond;   // "PCIe Gen3 x16: 32 GB/s"

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "spec/error.hpp"
+#include "spec/units.hpp"
 
 namespace alloy {
 
@@ -191,7 +192,6 @@ void plan_check_host_memory(const Plan& plan, const ClusterSpec& cluster, const 
     const NodeGroup& g = cluster.node_group(d);
     const double need = by_node[d.node];
     if (need <= g.host_memory_bytes) continue;
-    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     fail(source, "stages[].offload",
          fmt::format("the offloaded layers need {:.1f} GiB of host memory on node {} (group '{}'), which has {:.1f} GiB "
                      "(cluster {}, nodes.host_memory)",

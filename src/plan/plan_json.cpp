@@ -13,22 +13,22 @@ namespace alloy {
 
 namespace {
 
-using json = nlohmann::ordered_json;
+using OrderedJson = nlohmann::ordered_json;
 
 // Reads `key` from `object` as T, or throws naming the field.
 template <typename T>
-T get(const json& object, const char* key, const std::string& source, const std::string& prefix) {
+T get(const OrderedJson& object, const char* key, const std::string& source, const std::string& prefix) {
   const std::string field = prefix.empty() ? key : prefix + "." + key;
   if (!object.contains(key)) throw Error("missing required field", {source, field}, "see docs/plan-format.md");
   try {
     return object.at(key).get<T>();
-  } catch (const json::exception&) {
+  } catch (const OrderedJson::exception&) {
     throw Error("has the wrong type: " + object.at(key).dump(), {source, field}, "see docs/plan-format.md");
   }
 }
 
-json memory_to_json(const std::vector<MemoryTerm>& terms) {
-  json out = json::object();
+OrderedJson memory_to_json(const std::vector<MemoryTerm>& terms) {
+  OrderedJson out = OrderedJson::object();
   for (const MemoryTerm& t : terms) out[t.name] = t.bytes;
   return out;
 }
@@ -36,7 +36,7 @@ json memory_to_json(const std::vector<MemoryTerm>& terms) {
 }  // namespace
 
 std::string plan_to_json(const Plan& plan) {
-  json j;
+  OrderedJson j;
   j["version"] = plan.version;
   j["model"] = {{"name", plan.model_name}, {"fingerprint", plan.model_fingerprint}, {"num_layers", plan.num_layers}};
   j["cluster"] = {{"name", plan.cluster_name}, {"fingerprint", plan.cluster_fingerprint}, {"num_devices", plan.num_devices}};
@@ -48,28 +48,28 @@ std::string plan_to_json(const Plan& plan) {
   j["schedule"] = schedule_name(plan.schedule);
   j["virtual_chunks"] = plan.virtual_chunks;
   j["precision"] = precision_name(plan.precision);
-  json stages = json::array();
+  OrderedJson stages = OrderedJson::array();
   for (const PlanStage& s : plan.stages) {
-    json st;
+    OrderedJson st;
     st["device_type"] = s.device_type;
     st["device_ids"] = s.device_ids;
     st["tp"] = s.tp;
     st["dp"] = s.dp;
     st["zero"] = s.zero;
     st["sequence_parallel"] = s.sequence_parallel;
-    json chunks = json::array();
+    OrderedJson chunks = OrderedJson::array();
     for (const LayerRange& r : s.chunks) chunks.push_back({r.begin, r.end});
     st["chunks"] = chunks;
     st["has_embedding"] = s.has_embedding;
     st["has_head"] = s.has_head;
-    json rc = json::array();
+    OrderedJson rc = OrderedJson::array();
     for (Recompute r : s.recompute) rc.push_back(recompute_name(r));
     st["recompute"] = rc;
-    json off = json::array();
+    OrderedJson off = OrderedJson::array();
     for (bool b : s.offload) off.push_back(b);
     st["offload"] = off;
     if (std::find(s.offload_activations.begin(), s.offload_activations.end(), true) != s.offload_activations.end()) {
-      json acts = json::array();
+      OrderedJson acts = OrderedJson::array();
       for (bool b : s.offload_activations) acts.push_back(b);
       st["offload_activations"] = acts;
     }
@@ -85,7 +85,7 @@ std::string plan_to_json(const Plan& plan) {
     stages.push_back(st);
   }
   j["stages"] = stages;
-  json runner_ups = json::array();
+  OrderedJson runner_ups = OrderedJson::array();
   for (const RunnerUp& r : plan.runner_ups)
     runner_ups.push_back({{"shape", r.shape},
                           {"step_seconds", r.step_seconds},
@@ -106,10 +106,10 @@ std::string plan_to_json(const Plan& plan) {
 }
 
 Plan plan_from_json(const std::string& text, const std::string& source) {
-  json j;
+  OrderedJson j;
   try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
+    j = OrderedJson::parse(text);
+  } catch (const OrderedJson::parse_error& e) {
     throw Error(std::string("not valid JSON: ") + e.what(), {source, ""}, "a plan file is written by `alloy plan`");
   }
   if (!j.is_object()) throw Error("a plan must be a JSON object", {source, ""});
@@ -118,11 +118,11 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
   if (plan.version != kPlanVersion)
     throw Error(fmt::format("unsupported plan version {}", plan.version), {source, "version"},
                 fmt::format("this Alloy reads version {}; re-run `alloy plan`", kPlanVersion));
-  const json model = get<json>(j, "model", source, "");
+  const OrderedJson model = get<OrderedJson>(j, "model", source, "");
   plan.model_name = get<std::string>(model, "name", source, "model");
   plan.model_fingerprint = get<std::string>(model, "fingerprint", source, "model");
   plan.num_layers = get<int>(model, "num_layers", source, "model");
-  const json cluster = get<json>(j, "cluster", source, "");
+  const OrderedJson cluster = get<OrderedJson>(j, "cluster", source, "");
   plan.cluster_name = get<std::string>(cluster, "name", source, "cluster");
   plan.cluster_fingerprint = get<std::string>(cluster, "fingerprint", source, "cluster");
   plan.num_devices = get<int>(cluster, "num_devices", source, "cluster");
@@ -139,10 +139,10 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
   if (!precision_parse(precision, &plan.precision))
     throw Error("unknown precision '" + precision + "'", {source, "precision"}, "use fp32, tf32, bf16, fp16 or fp8");
 
-  const json stages = get<json>(j, "stages", source, "");
+  const OrderedJson stages = get<OrderedJson>(j, "stages", source, "");
   if (!stages.is_array()) throw Error("must be a list", {source, "stages"});
   for (size_t i = 0; i < stages.size(); ++i) {
-    const json& st = stages[i];
+    const OrderedJson& st = stages[i];
     const std::string prefix = fmt::format("stages[{}]", i);
     PlanStage s;
     s.device_type = get<std::string>(st, "device_type", source, prefix);
@@ -170,7 +170,7 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
       for (bool b : get<std::vector<bool>>(st, "offload_activations", source, prefix)) s.offload_activations.push_back(b);
     if (st.contains("offload_prefetch_depth")) s.offload_prefetch_depth = get<int>(st, "offload_prefetch_depth", source, prefix);
     if (st.contains("predicted")) {
-      const json& pr = st.at("predicted");
+      const OrderedJson& pr = st.at("predicted");
       const std::string pp = prefix + ".predicted";
       s.forward_seconds = get<double>(pr, "forward_seconds", source, pp);
       s.backward_seconds = get<double>(pr, "backward_seconds", source, pp);
@@ -179,7 +179,7 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
       s.offload_exposed_seconds = pr.value("offload_exposed_seconds", 0.0);
       s.micro_batches_in_flight = get<double>(pr, "micro_batches_in_flight", source, pp);
       s.memory_capacity_bytes = get<double>(pr, "memory_capacity_bytes", source, pp);
-      const json memory = get<json>(pr, "memory_bytes", source, pp);
+      const OrderedJson memory = get<OrderedJson>(pr, "memory_bytes", source, pp);
       if (!memory.is_object()) throw Error("must be an object of named byte counts", {source, pp + ".memory_bytes"});
       for (auto it = memory.begin(); it != memory.end(); ++it) {
         if (!it.value().is_number())
@@ -190,7 +190,7 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
     plan.stages.push_back(std::move(s));
   }
   if (j.contains("predicted")) {
-    const json& pr = j.at("predicted");
+    const OrderedJson& pr = j.at("predicted");
     plan.step_seconds = get<double>(pr, "step_seconds", source, "predicted");
     plan.tokens_per_second = get<double>(pr, "tokens_per_second", source, "predicted");
     plan.mfu = get<double>(pr, "mfu", source, "predicted");
@@ -201,7 +201,7 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
     plan.host_offload_bytes_per_node = pr.value("host_offload_bytes_per_node", 0.0);
     plan.host_memory_bytes_per_node = pr.value("host_memory_bytes_per_node", 0.0);
     if (pr.contains("runner_ups"))
-      for (const json& r : pr.at("runner_ups"))
+      for (const OrderedJson& r : pr.at("runner_ups"))
         plan.runner_ups.push_back({r.value("shape", ""), r.value("step_seconds", 0.0),
                                    r.value("tokens_per_second", 0.0), r.value("reason", "")});
     if (pr.contains("notes")) plan.notes = pr.at("notes").get<std::vector<std::string>>();

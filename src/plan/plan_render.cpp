@@ -12,7 +12,6 @@ namespace alloy {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // "0-3,8-11" from ascending or unordered ids.
 std::string id_ranges(std::vector<int> ids) {

@@ -11,6 +11,7 @@
 #include "runtime/cpu/optimizer.hpp"
 #include "runtime/model.hpp"
 #include "runtime/shard.hpp"
+#include "util/clock.hpp"
 
 namespace alloy {
 
@@ -31,10 +32,6 @@ class ComputeOnlyTensorParallel : public TensorParallelOps {
  private:
   int tp_;
 };
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 void fill_small(float* data, int64_t n) {
   for (int64_t i = 0; i < n; ++i) data[i] = 0.01f * std::sin(0.37f * static_cast<float>(i % 1000));

@@ -117,11 +117,6 @@ class NormalRng {
   uint64_t state_;
 };
 
-bool ends_with(const std::string& text, const char* suffix) {
-  const size_t n = std::strlen(suffix);
-  return text.size() >= n && text.compare(text.size() - n, n, suffix) == 0;
-}
-
 }  // namespace
 
 Model::Model(const ModelSpec& model_spec, Arena& device_arena, const ModelShard& model_shard, const HostPlacement& host)
@@ -171,9 +166,9 @@ void model_init_weights(Model& model, uint64_t seed) {
   std::vector<float> full;
   for (const ShardedTensor& t : shard_tensors(model.spec, shard_full(model.spec))) {
     const bool random = t.full_shape.size() == 2;
-    const bool residual = ends_with(t.name, "attn.out.weight") || ends_with(t.name, "mlp.down.weight");
+    const bool residual = t.name.ends_with("attn.out.weight") || t.name.ends_with("mlp.down.weight");
     const double stddev = residual ? residual_std : 0.02;
-    const float constant = ends_with(t.name, "norm.weight") ? 1.0f : 0.0f;
+    const float constant = t.name.ends_with("norm.weight") ? 1.0f : 0.0f;
     int64_t numel = 1;
     for (int64_t extent : t.full_shape) numel *= extent;
     size_t k = 0;

@@ -10,10 +10,6 @@ namespace alloy {
 
 namespace {
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 struct RowRange {
   int64_t begin = 0;
   int64_t end = 0;
@@ -105,10 +101,10 @@ ModelShard shard_full(const ModelSpec& spec) {
 
 ShardSplit shard_split_of(const std::string& name) {
   if (name == "embed.token" || name == "lm_head.weight") return ShardSplit::ShardSplit_vocab;
-  if (ends_with(name, "attn.qkv.weight") || ends_with(name, "attn.qkv.bias")) return ShardSplit::ShardSplit_heads;
-  if (ends_with(name, "mlp.up.weight") || ends_with(name, "mlp.up.bias")) return ShardSplit::ShardSplit_rows;
-  if (ends_with(name, "mlp.gate_up.weight")) return ShardSplit::ShardSplit_gate_up;
-  if (ends_with(name, "attn.out.weight") || ends_with(name, "mlp.down.weight")) return ShardSplit::ShardSplit_columns;
+  if (name.ends_with("attn.qkv.weight") || name.ends_with("attn.qkv.bias")) return ShardSplit::ShardSplit_heads;
+  if (name.ends_with("mlp.up.weight") || name.ends_with("mlp.up.bias")) return ShardSplit::ShardSplit_rows;
+  if (name.ends_with("mlp.gate_up.weight")) return ShardSplit::ShardSplit_gate_up;
+  if (name.ends_with("attn.out.weight") || name.ends_with("mlp.down.weight")) return ShardSplit::ShardSplit_columns;
   return ShardSplit::ShardSplit_replicated;
 }
 

@@ -15,16 +15,13 @@
 #include "runtime/train_step.hpp"
 #include "runtime/trainer_common.hpp"
 #include "spec/error.hpp"
+#include "util/clock.hpp"
 
 namespace alloy {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 double validation_loss(Model& model, const BatchLoader& val, int64_t batches, std::vector<int32_t>& inputs,
                        std::vector<int32_t>& targets) {

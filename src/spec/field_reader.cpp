@@ -25,10 +25,6 @@ std::string read_file_text(const std::string& path) {
   return buffer.str();
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Line and column (1-based) of a byte offset.
 void offset_to_line_column(const std::string& text, size_t offset, int* line, int* column) {
   *line = 1;
@@ -116,7 +112,7 @@ YAML::Node spec_text_parse(const std::string& text, const std::string& path, boo
 }
 
 YAML::Node spec_file_parse(const std::string& path) {
-  return spec_text_parse(read_file_text(path), path, ends_with(path, ".json"));
+  return spec_text_parse(read_file_text(path), path, path.ends_with(".json"));
 }
 
 FieldReader::FieldReader(YAML::Node node, std::string file, std::string path)

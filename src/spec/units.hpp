@@ -7,6 +7,10 @@
 
 namespace alloy {
 
+// Binary byte units: memory capacities and sizes are binary (docs/catalog.md).
+inline constexpr double kMiB = 1024.0 * 1024.0;
+inline constexpr double kGiB = 1024.0 * kMiB;
+
 // Each returns nullopt when the text is not a non-negative finite quantity of that kind.
 std::optional<double> units_parse_bytes(const std::string& text);
 std::optional<double> units_parse_bandwidth(const std::string& text);  // bytes per second

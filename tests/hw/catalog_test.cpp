@@ -1,6 +1,7 @@
 // Tests of the built-in device catalog: completeness of every entry, unique names, spot
 // checks against datasheet figures, and agreement with the table in docs/catalog.md.
 #include "hw/catalog.hpp"
+#include "spec/units.hpp"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +19,6 @@
 namespace alloy {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 const DeviceType& device_get(const std::string& name) {
   const DeviceType* type = catalog_builtin().find(name);

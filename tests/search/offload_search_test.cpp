@@ -7,11 +7,11 @@
 #include "../support/specs.hpp"
 #include "search/planner.hpp"
 #include "spec/error.hpp"
+#include "spec/units.hpp"
 
 namespace alloy {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // A 0.9B-parameter model on one device of 8 GiB: its weights, gradients and Adam states (about
 // 16 GB) only fit with most blocks offloaded.

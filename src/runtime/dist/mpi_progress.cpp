@@ -11,15 +11,12 @@
 
 #include "spec/error.hpp"
 #include "spec/units.hpp"
+#include "util/clock.hpp"
 
 namespace alloy {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Pause between two MPI_Testsome calls while transfers are in flight: short enough for
 // latency, long enough not to take a core from the ranks that share it.

@@ -1,0 +1,13 @@
+// Wall-clock helpers shared by the runtime's timers.
+#pragma once
+
+#include <chrono>
+
+namespace alloy {
+
+// Seconds from `start` to now on the steady clock.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace alloy

@@ -143,6 +143,24 @@ TEST_F(OffloadTest, ResumeWithOffloadContinuesExactly) {
     EXPECT_EQ(full[i].at("loss").get<double>(), part[i].at("loss").get<double>()) << "step " << i + 1;
 }
 
+TEST_F(OffloadTest, ActivationOffloadRunsWithShardedDataParallelism) {
+  // ZeRO 1 over dp 2 keeps each member's moments sharded; parked activations do not change that.
+  Plan plain = test_plan(model_load(gpt_path_), cluster(), {{1, 2, 1, {6}}}, Schedule::Schedule_1f1b, 2);
+  Plan parked = plain;
+  parked.stages[0].offload_activations = {true, true, true, false, false, false};
+  ASSERT_EQ(train(plain, "zero1-plain", 3).exit_code, 0);
+  CommandResult r = train(parked, "zero1-parked", 3);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> a = log("zero1-plain"), b = log("zero1-parked");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].at("loss").get<double>(), b[i].at("loss").get<double>()) << "step " << i + 1;
+    for (size_t rank = 0; rank < 2; ++rank)
+      EXPECT_LT(b[i].at("ranks")[rank].at("peak_arena_bytes").get<double>(),
+                a[i].at("ranks")[rank].at("peak_arena_bytes").get<double>()) << "rank " << rank;
+  }
+}
+
 TEST_F(OffloadTest, DataParallelOffloadIsRefusedBeforeTraining) {
   Plan plan = test_plan(model_load(gpt_path_), cluster(), {{1, 2, 0, {6}}}, Schedule::Schedule_1f1b, 2);
   plan.stages[0].offload[0] = true;

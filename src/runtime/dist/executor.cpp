@@ -185,10 +185,13 @@ RankRuntime::~RankRuntime() {
   }
 }
 
-// One moment segment for the packed optimizer ranges; with offload (data parallelism 1, so the
-// packed ranges are the flat index) one per parameter segment, in host memory for offloaded blocks.
+// One moment segment for the packed optimizer ranges; with weight offload (data parallelism 1, so
+// the packed ranges are the flat index) one per parameter segment, in host memory for offloaded
+// blocks. Activation offload alone keeps the packed (possibly ZeRO-sharded) layout.
 void RankRuntime::build_moments() {
-  if (host_arena_ == nullptr) {
+  const bool weights_on_host = std::any_of(model_->segments.begin(), model_->segments.end(),
+                                           [](const ParameterSegment& p) { return p.host_block >= 0; });
+  if (!weights_on_host) {
     moments_.push_back({0, layout_.optimizer_floats(), nullptr, nullptr, false});
   } else {
     for (const ParameterSegment& p : model_->segments) moments_.push_back({p.offset, p.count, nullptr, nullptr, p.host_block >= 0});

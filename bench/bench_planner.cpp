@@ -66,11 +66,13 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void print_speed_table(int runs) {
+// `only`: run the problems whose name contains it (all when empty).
+void print_speed_table(int runs, const std::string& only) {
   fmt::print("Search time (one core, median of {} runs)\n", runs);
   fmt::print("  {:<40} {:>9} {:>7} {:>4} {:>10} {:>8} {:>8} {:>9} {:>9} {:>10}\n", "problem", "median ms", "target",
              "met", "structures", "bound", "refined", "evaluated", "DP runs", "tokens/s");
   for (const Case& c : speed_cases()) {
+    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
     CostModel cost(c.model, c.cluster, c.train);
     std::vector<double> times;
     SearchResult last;
@@ -201,16 +203,21 @@ void print_heterogeneity_table() {
 int main(int argc, char** argv) {
   int runs = 5;
   bool only_speed = false;
+  std::string only;  // --only TEXT: speed problems whose name contains TEXT
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) runs = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--speed") == 0) only_speed = true;
+    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
+      only_speed = true;
+    }
   }
   try {
     if (!only_speed) {
       alloy::print_uniform_table();
       alloy::print_heterogeneity_table();
     }
-    alloy::print_speed_table(runs);
+    alloy::print_speed_table(runs, only);
   } catch (const alloy::Error& e) {
     std::fprintf(stderr, "%s\n", e.format().c_str());
     return 2;

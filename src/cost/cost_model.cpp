@@ -315,8 +315,10 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
                                               const StageChoice& c) const {
   if (shape.dp <= 1 || c.zero >= 3) return 0;
   // Gradient reduction overlaps the last backward; ZeRO-1/2 also re-gather updated weights.
+  // Alloy's runtime all-reduces under ZeRO 0-1 and reduce-scatters under ZeRO 2-3
+  // (docs/runtime-distributed.md), so ZeRO 1 moves more than ZeRO 2 for the same memory.
   const double grad_bytes = stage_parameters(shape, u, c) * precision_bytes(train_.precision);
-  const double reduce = c.zero == 0
+  const double reduce = c.zero <= 1
                             ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, grad_bytes, shape.dp_group)
                             : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, grad_bytes, shape.dp_group);
   // The window is the plain backward (recomputation and transfers excluded), so the exposed

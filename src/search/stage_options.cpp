@@ -161,16 +161,44 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
   if (pins.zero >= 0) return {pins.zero};
   // With one replica every ZeRO stage is the same layout: keep 0.
   if (slot.shape.dp == 1) return {0};
-  return {0, 1, 2, 3};
+  // Gradients accumulate whole over the micro-batches, so ZeRO 1 keeps what ZeRO 2 keeps and
+  // all-reduces where ZeRO 2 reduce-scatters: it never wins (the exhaustive test tries it).
+  return {0, 2, 3};
 }
 
+// Times without recomputation at the shallowest depth, per offload count, each computed once.
 // A deeper prefetch only adds window memory (so recomputation too) unless it hides more of the
-// copies: when it is no faster than the shallowest depth at this count, that depth's option
+// copies: when it is no faster than the shallowest depth at a count, that depth's option
 // dominates it (or ties, and ties go to the smaller depth).
-bool deeper_gains_nothing(const Context& c, int shallowest, const StageOption& plain, int offloaded) {
-  if (c.depth == shallowest || offloaded == 0) return false;
-  const Context shallow{c.cost, c.slot, c.unit, c.blocks, c.zero, shallowest, c.sync_seconds, c.parked};
-  return plain.t >= option_timing(shallow, 0, 0, offloaded).t;
+class ShallowTimes {
+ public:
+  ShallowTimes(const Context& shallowest, size_t counts)
+      : shallowest_(shallowest), t_(counts, std::numeric_limits<double>::quiet_NaN()) {}
+
+  // `plain`: the option without recomputation at count index `i` and the depth of `c`.
+  bool deeper_gains_nothing(const Context& c, size_t i, int offloaded, const StageOption& plain) {
+    if (c.depth == shallowest_.depth) {
+      t_[i] = plain.t;
+      return false;
+    }
+    if (offloaded == 0) return false;
+    if (std::isnan(t_[i])) t_[i] = option_timing(shallowest_, 0, 0, offloaded).t;
+    return plain.t >= t_[i];
+  }
+
+ private:
+  const Context& shallowest_;
+  std::vector<double> t_;
+};
+
+// True when an option found so far is at least as fast with no more overhead. Recomputation
+// only adds time, so an option whose time without it is dominated is dominated too; when the
+// overhead grows with the offloaded count, so are the larger counts at the same depth (their
+// copies only grow).
+bool dominated(const std::vector<StageOption>& found, const StageOption& plain) {
+  for (const StageOption& o : found)
+    if (o.t <= plain.t && o.u <= plain.u) return true;
+  return false;
 }
 
 // A deeper prefetch only hides copies that the shallowest depth exposes, and the exposure grows
@@ -275,29 +303,32 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
       // Overhead does not depend on the depth; offload only adds time per block.
       const double last_u = option_timing(first, 0, 0, counts.back()).u;
       bool offload_cannot_win = false;
-      // Fastest time and largest overhead found at any depth: when overhead grows with the
-      // count, an option no faster and with no less overhead is dominated by the fastest, and
-      // so are the larger counts after it (their time and overhead only grow).
-      const bool u_grows = last_u >= option_timing(first, 0, 0, 0).u;
-      double best_t = std::numeric_limits<double>::infinity();
-      double previous_u = -1;
+      // Offload adds time per block; when it adds overhead too, a dominated count ends its depth,
+      // and (with no activations parked, whose copies a deeper depth hides) a dominated stage
+      // without offload or recomputation ends the whole (sp, zero) pair.
+      const StageOption bare = option_timing(first, 0, 0, 0);
+      const bool u_grows = last_u >= bare.u;
+      if (u_grows && parked == 0 && dominated(points, bare)) continue;
+      ShallowTimes shallow(first, counts.size());
       const bool shallow_suffices = pins.prefetch_depth == 0 && copies_hidden_at_most_offload(first, counts.back(), depths.front());
       for (int depth : depths) {
         if (shallow_suffices && depth != depths.front()) break;
         if (offload_cannot_win) break;
         const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync, parked};
-        for (int off : counts) {
+        for (size_t i = 0; i < counts.size(); ++i) {
+          const int off = counts[i];
           if (off == 0 && parked == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
           const StageOption plain = option_timing(c, 0, 0, off);
-          if (deeper_gains_nothing(c, depths.front(), plain, off)) continue;
-          if (u_grows && plain.t >= best_t && plain.u >= previous_u) break;
+          if (shallow.deeper_gains_nothing(c, i, off, plain)) continue;
+          if (dominated(points, plain)) {
+            if (u_grows) break;
+            continue;
+          }
           int sel = 0;
           int full = 0;
           if (cheapest_recompute(c, pins.recompute, off, &sel, &full)) {
             const StageOption o = option_timing(c, sel, full, off);
             points.push_back(o);
-            best_t = std::min(best_t, o.t);
-            previous_u = std::max(previous_u, o.u);
             offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);
             // Fits without recomputation: more offload helps only if it lowers the overhead.
             if (sel == 0 && full == 0 && pins.recompute < 0 && (off == counts.back() || last_u >= o.u)) break;
@@ -394,27 +425,31 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
     for (int zero : zeros) {
       const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
       const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync};
-      const AffineStage a = affine_stage(first);
-      if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective)) return false;
       // Overhead does not depend on the depth; offload only adds time per block.
       const double last_u = option_timing(first, 0, 0, counts.back()).u;
       bool offload_cannot_win = false;
-      // Fastest time and largest overhead found at any depth: when overhead grows with the
-      // count, an option no faster and with no less overhead is dominated by the fastest, and
-      // so are the larger counts after it (their time and overhead only grow).
-      const bool u_grows = last_u >= option_timing(first, 0, 0, 0).u;
-      double best_t = std::numeric_limits<double>::infinity();
-      double previous_u = -1;
+      // Offload adds time per block; when it adds overhead too, a dominated count ends its depth,
+      // and a dominated stage without offload or recomputation ends the whole (sp, zero) pair.
+      const StageOption bare = option_timing(first, 0, 0, 0);
+      const bool u_grows = last_u >= bare.u;
+      if (u_grows && dominated(points, bare)) continue;
+      const AffineStage a = affine_stage(first);
+      if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective)) return false;
+      ShallowTimes shallow(first, counts.size());
       const bool shallow_suffices = pins.prefetch_depth == 0 && copies_hidden_at_most_offload(first, counts.back(), depths.front());
       for (int depth : depths) {
         if (shallow_suffices && depth != depths.front()) break;
         if (offload_cannot_win) break;
         const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync};
-        for (int off : counts) {
+        for (size_t i = 0; i < counts.size(); ++i) {
+          const int off = counts[i];
           if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
           const StageOption plain = option_timing(c, 0, 0, off);
-          if (deeper_gains_nothing(c, depths.front(), plain, off)) continue;
-          if (u_grows && plain.t >= best_t && plain.u >= previous_u) break;
+          if (shallow.deeper_gains_nothing(c, i, off, plain)) continue;
+          if (dominated(points, plain)) {
+            if (u_grows) break;
+            continue;
+          }
           int sel = 0;
           int full = 0;
           if (!affine_recompute(c, a, pins.recompute, memory_bytes(c, 0, 0, off) - a.memory, &sel, &full)) continue;
@@ -423,8 +458,6 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
           o.full = full;
           o.t += sel * c.unit.recompute_selective_seconds + full * c.unit.recompute_full_seconds;
           points.push_back(o);
-          best_t = std::min(best_t, o.t);
-          previous_u = std::max(previous_u, o.u);
           // Without offload it fits at a recomputation offload cannot lower, and offload does not
           // lower the overhead: no deeper prefetch can win either.
           offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);

@@ -191,12 +191,12 @@ class ShallowTimes {
   std::vector<double> t_;
 };
 
-// True when an option found so far is at least as fast with no more overhead. Recomputation
-// only adds time, so an option whose time without it is dominated is dominated too; when the
-// overhead grows with the offloaded count, so are the larger counts at the same depth (their
-// copies only grow).
-bool dominated(const std::vector<StageOption>& found, const StageOption& plain) {
-  for (const StageOption& o : found)
+// True when an option of the front found so far is at least as fast with no more overhead.
+// Recomputation only adds time, so an option whose time without it is dominated is dominated
+// too; when the overhead grows with the offloaded count, so are the larger counts at the same
+// depth (their copies only grow).
+bool dominated(const std::vector<StageOption>& front, const StageOption& plain) {
+  for (const StageOption& o : front)
     if (o.t <= plain.t && o.u <= plain.u) return true;
   return false;
 }
@@ -275,15 +275,14 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
 
 namespace {
 
-void pareto_front(std::vector<StageOption>* points, std::vector<StageOption>* out) {
-  std::sort(points->begin(), points->end(), [](const StageOption& x, const StageOption& y) {
-    if (x.t != y.t) return x.t < y.t;
-    if (x.u != y.u) return x.u < y.u;
-    return x.prefetch_depth < y.prefetch_depth;  // equal cost: the smaller window
-  });
-  out->clear();
-  for (const StageOption& o : *points)
-    if (out->empty() || o.u < out->back().u) out->push_back(o);
+// Adds `o` to a Pareto front (t ascending, u strictly descending) unless an option there is at
+// least as good; at equal cost the smaller prefetch window stays.
+void front_add(std::vector<StageOption>* front, const StageOption& o) {
+  for (const StageOption& x : *front)
+    if (x.t <= o.t && x.u <= o.u && !(x.t == o.t && x.u == o.u && o.prefetch_depth < x.prefetch_depth)) return;
+  std::erase_if(*front, [&](const StageOption& x) { return o.t <= x.t && o.u <= x.u; });
+  const auto faster = [](const StageOption& x, const StageOption& y) { return x.t < y.t; };
+  front->insert(std::upper_bound(front->begin(), front->end(), o, faster), o);
 }
 
 // The reference enumeration: every evaluation exact. Used for small stages and whenever the
@@ -292,7 +291,6 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
                          std::vector<StageOption>* out) {
   out->clear();
   const int parked = std::min(pins.offload_activations, blocks);
-  std::vector<StageOption> points;
   const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
@@ -308,7 +306,7 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
       // without offload or recomputation ends the whole (sp, zero) pair.
       const StageOption bare = option_timing(first, 0, 0, 0);
       const bool u_grows = last_u >= bare.u;
-      if (u_grows && parked == 0 && dominated(points, bare)) continue;
+      if (u_grows && parked == 0 && dominated(*out, bare)) continue;
       ShallowTimes shallow(first, counts.size());
       const bool shallow_suffices = pins.prefetch_depth == 0 && copies_hidden_at_most_offload(first, counts.back(), depths.front());
       for (int depth : depths) {
@@ -320,7 +318,7 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
           if (off == 0 && parked == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
           const StageOption plain = option_timing(c, 0, 0, off);
           if (shallow.deeper_gains_nothing(c, i, off, plain)) continue;
-          if (dominated(points, plain)) {
+          if (dominated(*out, plain)) {
             if (u_grows) break;
             continue;
           }
@@ -328,7 +326,7 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
           int full = 0;
           if (cheapest_recompute(c, pins.recompute, off, &sel, &full)) {
             const StageOption o = option_timing(c, sel, full, off);
-            points.push_back(o);
+            front_add(out, o);
             offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);
             // Fits without recomputation: more offload helps only if it lowers the overhead.
             if (sel == 0 && full == 0 && pins.recompute < 0 && (off == counts.back() || last_u >= o.u)) break;
@@ -337,33 +335,56 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
       }
     }
   }
-  pareto_front(&points, out);
 }
 
 // Memory is affine in the selective and full counts (apart from the recomputation transient,
 // which appears once any block recomputes), so a few exact evaluations give the coefficients
-// and the counts are scored arithmetically. Offload moves memory by a window that grows with
-// the count and time by exposed copies that are not linear in it, so each offload count is
-// evaluated exactly. The winners are checked exactly at the end.
+// and the counts are scored arithmetically. Offload takes each offloaded block's resident state
+// off the device and adds a window of min(count, depth + 1) blocks: two more evaluations place
+// it. Time's exposed copies are not linear in the count, so each count's time is evaluated
+// exactly. The winners are checked exactly at the end.
 struct AffineStage {
   double memory = 0;        // no recomputation, no offload
   double per_selective = 0;
   double per_full = 0;
   double transient = 0;     // added once any block recomputes
+  double per_offloaded = 0; // each offloaded block's resident state (negative)
+  double per_window = 0;    // each block of the offload window
 
+  // Memory added by `offloaded` blocks at prefetch `depth`.
+  double offload_delta(int offloaded, int depth) const {
+    return offloaded > 0 ? offloaded * per_offloaded + std::min(offloaded, depth + 1) * per_window : 0;
+  }
   // Memory with `offload_delta` bytes added by the offloaded blocks.
   double at(int sel, int full, double offload_delta) const {
     return memory + offload_delta + (sel + full > 0 ? transient : 0) + sel * per_selective + full * per_full;
   }
 };
 
-AffineStage affine_stage(const Context& c) {
+// The coefficients at `c`'s ZeRO stage. Recomputation frees activations only, the same at every
+// ZeRO stage: `same_activations`, when given, lends its recomputation coefficients.
+AffineStage affine_stage(const Context& c, bool offload, const AffineStage* same_activations) {
   AffineStage a;
   a.memory = memory_bytes(c, 0, 0, 0);
-  const double one_sel = memory_bytes(c, 1, 0, 0);
-  a.per_selective = memory_bytes(c, 2, 0, 0) - one_sel;
-  a.transient = one_sel - a.memory - a.per_selective;
-  a.per_full = memory_bytes(c, 0, 1, 0) - a.memory - a.transient;
+  if (same_activations) {
+    a.per_selective = same_activations->per_selective;
+    a.transient = same_activations->transient;
+    a.per_full = same_activations->per_full;
+  } else {
+    const double one_sel = memory_bytes(c, 1, 0, 0);
+    a.per_selective = memory_bytes(c, 2, 0, 0) - one_sel;
+    a.transient = one_sel - a.memory - a.per_selective;
+    a.per_full = memory_bytes(c, 0, 1, 0) - a.memory - a.transient;
+  }
+  if (offload) {
+    // At depth 1: one block is A + W, three are 3A + 2W.
+    Context shallow = c;
+    shallow.depth = 1;
+    const double one = memory_bytes(shallow, 0, 0, 1) - a.memory;
+    const double three = memory_bytes(shallow, 0, 0, 3) - a.memory;
+    a.per_window = 3 * one - three;
+    a.per_offloaded = one - a.per_window;
+  }
   return a;
 }
 
@@ -416,12 +437,13 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
 bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                           std::vector<StageOption>* out) {
   out->clear();
-  std::vector<StageOption> points;
   const std::vector<int> zeros = zero_levels(slot, pins);
   const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
+    AffineStage activations;  // recomputation coefficients of this sp, from its first ZeRO stage
+    bool have_activations = false;
     for (int zero : zeros) {
       const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
       const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync};
@@ -432,9 +454,11 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
       // and a dominated stage without offload or recomputation ends the whole (sp, zero) pair.
       const StageOption bare = option_timing(first, 0, 0, 0);
       const bool u_grows = last_u >= bare.u;
-      if (u_grows && dominated(points, bare)) continue;
-      const AffineStage a = affine_stage(first);
+      if (u_grows && dominated(*out, bare)) continue;
+      const AffineStage a = affine_stage(first, counts.back() > 0, have_activations ? &activations : nullptr);
       if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective)) return false;
+      activations = a;
+      have_activations = true;
       ShallowTimes shallow(first, counts.size());
       const bool shallow_suffices = pins.prefetch_depth == 0 && copies_hidden_at_most_offload(first, counts.back(), depths.front());
       for (int depth : depths) {
@@ -446,18 +470,18 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
           if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
           const StageOption plain = option_timing(c, 0, 0, off);
           if (shallow.deeper_gains_nothing(c, i, off, plain)) continue;
-          if (dominated(points, plain)) {
+          if (dominated(*out, plain)) {
             if (u_grows) break;
             continue;
           }
           int sel = 0;
           int full = 0;
-          if (!affine_recompute(c, a, pins.recompute, memory_bytes(c, 0, 0, off) - a.memory, &sel, &full)) continue;
+          if (!affine_recompute(c, a, pins.recompute, a.offload_delta(off, depth), &sel, &full)) continue;
           StageOption o = plain;
           o.selective = sel;
           o.full = full;
           o.t += sel * c.unit.recompute_selective_seconds + full * c.unit.recompute_full_seconds;
-          points.push_back(o);
+          front_add(out, o);
           // Without offload it fits at a recomputation offload cannot lower, and offload does not
           // lower the overhead: no deeper prefetch can win either.
           offload_cannot_win = off == 0 && last_u >= o.u && (pins.recompute >= 0 || sel + full == 0);
@@ -466,7 +490,6 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
       }
     }
   }
-  pareto_front(&points, out);
   // Settle the survivors on the exact memory model.
   for (const StageOption& o : *out) {
     // Memory checks only: the gradient sync does not enter them.

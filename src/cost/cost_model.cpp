@@ -339,10 +339,8 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
   return t;
 }
 
-StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
-                                                 double boundary_send_seconds, int chunks_sent) const {
-  StageTiming t;
-  const double n = c.blocks;
+OffloadExposure CostModel::stage_offload_exposure(const StageUnitCosts& u, const StageChoice& c) const {
+  OffloadExposure t;
   if (c.offloaded > 0) {
     const double forward_transfer = u.offload_weights_seconds;
     const double backward_transfer = weights_backward_link_seconds(u, c);
@@ -354,10 +352,10 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
     const double before_backward = resident * u.block.backward_seconds + (c.has_head ? u.head.backward_seconds : 0);
     // Recomputation would hide more of the backward copies; leaving it out keeps the estimate an
     // upper bound and the time separable in the recomputation counts.
-    t.offload_forward_seconds = offload_exposed_seconds(c.offloaded, c.prefetch_depth, forward_transfer,
-                                                        u.block.forward_seconds, before_forward);
-    t.offload_backward_seconds = offload_exposed_seconds(c.offloaded, c.prefetch_depth, backward_transfer,
-                                                         u.block.backward_seconds, before_backward);
+    t.forward_seconds = offload_exposed_seconds(c.offloaded, c.prefetch_depth, forward_transfer,
+                                                u.block.forward_seconds, before_forward);
+    t.backward_seconds = offload_exposed_seconds(c.offloaded, c.prefetch_depth, backward_transfer,
+                                                 u.block.backward_seconds, before_backward);
   }
   const int parked = c.parked_selective + c.parked_none;
   if (parked > 0) {
@@ -367,15 +365,25 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
     // Blocks with weights and activations in host memory are priced as if they were the same
     // blocks (their copies add up on the way in): an upper bound when they are not.
     const double activations = c.parked_none > 0 ? u.activations_link_seconds[0] : u.activations_link_seconds[1];
-    t.offload_forward_seconds +=
+    t.forward_seconds +=
         std::max(0, parked - c.prefetch_depth) * std::max(0.0, activations - u.block.forward_seconds);
-    const double weights_in = c.offloaded > 0 ? t.offload_backward_seconds : 0;
+    const double weights_in = c.offloaded > 0 ? t.backward_seconds : 0;
     const double resident = c.blocks - parked;
     const double before_backward = resident * u.block.backward_seconds + (c.has_head ? u.head.backward_seconds : 0);
-    t.offload_backward_seconds = std::max(weights_in, offload_exposed_seconds(std::max(parked, c.offloaded), c.prefetch_depth,
-                                                                              activations + weights_backward_link_seconds(u, c),
-                                                                              u.block.backward_seconds, before_backward));
+    t.backward_seconds = std::max(weights_in, offload_exposed_seconds(std::max(parked, c.offloaded), c.prefetch_depth,
+                                                                      activations + weights_backward_link_seconds(u, c),
+                                                                      u.block.backward_seconds, before_backward));
   }
+  return t;
+}
+
+StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
+                                                 double boundary_send_seconds, int chunks_sent) const {
+  StageTiming t;
+  const double n = c.blocks;
+  const OffloadExposure exposure = stage_offload_exposure(u, c);
+  t.offload_forward_seconds = exposure.forward_seconds;
+  t.offload_backward_seconds = exposure.backward_seconds;
   t.forward_seconds = n * u.block.forward_seconds + t.offload_forward_seconds;
   t.backward_seconds = n * u.block.backward_seconds + c.selective * u.recompute_selective_seconds +
                        c.full * u.recompute_full_seconds + t.offload_backward_seconds;

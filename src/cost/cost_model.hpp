@@ -92,6 +92,12 @@ struct StageTiming {
   double per_micro_batch_seconds() const { return forward_seconds + backward_seconds; }
 };
 
+// Per micro-batch seconds of host copies not hidden behind compute.
+struct OffloadExposure {
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+};
+
 // Memory of one device of a stage, every term named.
 struct MemoryBreakdown {
   double parameters_bytes = 0;
@@ -135,6 +141,9 @@ class CostModel {
   StageTiming stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
                                         double boundary_send_seconds, int chunks_sent) const;
   double stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
+  // Host copies of offloaded weights and parked activations not hidden behind compute, per
+  // micro-batch: the part of stage_timing that depends on the offloaded count and the depth.
+  OffloadExposure stage_offload_exposure(const StageUnitCosts& unit, const StageChoice& choice) const;
   MemoryBreakdown stage_memory(const StageShape& shape, const StageUnitCosts& unit,
                                const StageChoice& choice, double micro_batches_in_flight,
                                bool has_next_stage) const;

@@ -34,11 +34,20 @@ struct UnitKey {
   bool operator==(const UnitKey&) const = default;
 };
 
-struct OptionKey {
+// A stage position's option sets differ only in their block count: one key for all counts.
+struct SlotKey {
   UnitKey unit;
   double in_flight, boundary_seconds;
-  int blocks, chunks_sent, flags, micro_batches;
-  bool operator==(const OptionKey&) const = default;
+  int chunks_sent, flags, micro_batches;
+  bool operator==(const SlotKey&) const = default;
+};
+
+// Option sets of one slot key by block count, computed on first use. Sized once, so a set's
+// address stays valid.
+struct SlotOptionSets {
+  explicit SlotOptionSets(int layers) : sets(static_cast<size_t>(layers) + 1), computed(static_cast<size_t>(layers) + 1, 0) {}
+  std::vector<std::vector<StageOption>> sets;
+  std::vector<char> computed;
 };
 
 struct KeyHash {
@@ -55,11 +64,11 @@ struct KeyHash {
       h = mix(h, static_cast<uint64_t>(v));
     return h;
   }
-  size_t operator()(const OptionKey& k) const {
+  size_t operator()(const SlotKey& k) const {
     size_t h = (*this)(k.unit);
     h = mix(h, bits(k.in_flight));
     h = mix(h, bits(k.boundary_seconds));
-    h = mix(h, static_cast<uint64_t>(k.blocks) * 131 + k.chunks_sent * 7 + k.flags);
+    h = mix(h, static_cast<uint64_t>(k.chunks_sent) * 7 + k.flags);
     h = mix(h, static_cast<uint64_t>(k.micro_batches));
     return h;
   }
@@ -97,17 +106,25 @@ class Searcher {
     return &it->second;
   }
 
-  const std::vector<StageOption>& options(const SlotInfo& info, int blocks) {
-    OptionKey key{info.unit_key, info.slot.in_flight, info.slot.boundary_seconds, blocks, info.slot.chunks_sent,
-                  (info.slot.has_embedding ? 1 : 0) | (info.slot.has_head ? 2 : 0) |
-                      (info.slot.head_holds_lm_matrix ? 4 : 0) | (info.slot.has_next ? 8 : 0),
-                  info.slot.micro_batches};
+  SlotOptionSets& option_sets(const SlotInfo& info) {
+    SlotKey key{info.unit_key, info.slot.in_flight, info.slot.boundary_seconds, info.slot.chunks_sent,
+                (info.slot.has_embedding ? 1 : 0) | (info.slot.has_head ? 2 : 0) |
+                    (info.slot.head_holds_lm_matrix ? 4 : 0) | (info.slot.has_next ? 8 : 0),
+                info.slot.micro_batches};
     auto it = option_sets_.find(key);
-    if (it != option_sets_.end()) return it->second;
-    ++stats.stage_option_sets;
-    std::vector<StageOption> set;
-    stage_options(cost_, info.slot, blocks, pins_, &set);
-    return option_sets_.emplace(key, std::move(set)).first->second;
+    if (it == option_sets_.end())
+      it = option_sets_.emplace(key, SlotOptionSets(static_cast<int>(cost_.model().num_layers))).first;
+    return it->second;
+  }
+
+  const std::vector<StageOption>& options(const SlotInfo& info, SlotOptionSets& sets, int blocks) {
+    std::vector<StageOption>& set = sets.sets[blocks];
+    if (!sets.computed[blocks]) {
+      ++stats.stage_option_sets;
+      stage_options(cost_, info.slot, blocks, pins_, &set);
+      sets.computed[blocks] = 1;
+    }
+    return set;
   }
 
   std::vector<SlotInfo> slots(const Structure& s, const std::vector<TypePool>& pools) {
@@ -191,9 +208,13 @@ class Searcher {
     for (int st = 0; st < p; ++st) {
       const int k_first = options_.layer_split.empty() ? 1 : options_.layer_split[st] / v;
       const int k_last = options_.layer_split.empty() ? units - (p - 1) : options_.layer_split[st] / v;
+      SlotOptionSets* sets = nullptr;
       for (int k = k_first; k <= k_last; ++k) {
         const std::vector<StageOption>*& cached = option_table_[st * width + k];
-        if (!cached) cached = &options(slot_infos[st], k * v);
+        if (!cached) {
+          if (!sets) sets = &option_sets(slot_infos[st]);
+          cached = &options(slot_infos[st], *sets, k * v);
+        }
         const StageOption* found = nullptr;
         for (const StageOption& o : *cached)
           if (a * o.t + o.u <= cap) {
@@ -382,7 +403,7 @@ class Searcher {
   OptionPins pins_;
   std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
   std::unordered_map<int64_t, StageShape> shapes_;  // placement of (first device, tp, dp)
-  std::unordered_map<OptionKey, std::vector<StageOption>, KeyHash> option_sets_;
+  std::unordered_map<SlotKey, SlotOptionSets, KeyHash> option_sets_;
   std::vector<const std::vector<StageOption>*> option_table_;  // (stage, units) of the structure in solve()
   // Tables of split_min_sum, kept between calls to save allocations.
   struct Scratch {

@@ -166,14 +166,55 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
   return {0, 2, 3};
 }
 
+// Options without recomputation of one (sp, zero) pair, by offloaded count and depth. Exact, each
+// priced by the cost model; or arithmetic: the stage without offload plus the exposed copies,
+// with an overhead affine in the count from one block on (offloaded blocks update at the host's
+// rate, and the optimizer waits once for the last gradients' copy). Arithmetic needs no parked
+// activations.
+class PlainTimes {
+ public:
+  PlainTimes(const Context& first, int most_offloaded, bool arithmetic)
+      : first_(first), arithmetic_(arithmetic && first.parked == 0), bare_(option_timing(first, 0, 0, 0)) {
+    last_u_ = most_offloaded > 0 ? option_timing(first, 0, 0, most_offloaded).u : bare_.u;
+    if (arithmetic_ && most_offloaded > 0) {
+      u_one_ = most_offloaded == 1 ? last_u_ : option_timing(first, 0, 0, 1).u;
+      u_per_block_ = most_offloaded > 1 ? (last_u_ - u_one_) / (most_offloaded - 1) : 0;
+    }
+  }
+
+  const StageOption& bare() const { return bare_; }
+  double most_offloaded_u() const { return last_u_; }
+
+  StageOption at(const Context& c, int offloaded) const {
+    if (offloaded == 0 && c.depth == first_.depth) return bare_;
+    if (!arithmetic_) return option_timing(c, 0, 0, offloaded);
+    StageOption o = bare_;
+    o.prefetch_depth = c.depth;
+    o.offloaded = offloaded;
+    if (offloaded == 0) return o;
+    const OffloadExposure e = c.cost.stage_offload_exposure(c.unit, stage_choice_of(c.slot, o, c.blocks));
+    o.t = bare_.t + e.forward_seconds + e.backward_seconds;
+    o.u = u_one_ + (offloaded - 1) * u_per_block_;
+    return o;
+  }
+
+ private:
+  const Context& first_;
+  bool arithmetic_;
+  StageOption bare_;
+  double last_u_ = 0;
+  double u_one_ = 0;
+  double u_per_block_ = 0;
+};
+
 // Times without recomputation at the shallowest depth, per offload count, each computed once.
 // A deeper prefetch only adds window memory (so recomputation too) unless it hides more of the
 // copies: when it is no faster than the shallowest depth at a count, that depth's option
 // dominates it (or ties, and ties go to the smaller depth).
 class ShallowTimes {
  public:
-  ShallowTimes(const Context& shallowest, size_t counts)
-      : shallowest_(shallowest), t_(counts, std::numeric_limits<double>::quiet_NaN()) {}
+  ShallowTimes(const PlainTimes& plain, const Context& shallowest, size_t counts)
+      : plain_(plain), shallowest_(shallowest), t_(counts, std::numeric_limits<double>::quiet_NaN()) {}
 
   // `plain`: the option without recomputation at count index `i` and the depth of `c`.
   bool deeper_gains_nothing(const Context& c, size_t i, int offloaded, const StageOption& plain) {
@@ -182,11 +223,12 @@ class ShallowTimes {
       return false;
     }
     if (offloaded == 0) return false;
-    if (std::isnan(t_[i])) t_[i] = option_timing(shallowest_, 0, 0, offloaded).t;
+    if (std::isnan(t_[i])) t_[i] = plain_.at(shallowest_, offloaded).t;
     return plain.t >= t_[i];
   }
 
  private:
+  const PlainTimes& plain_;
   const Context& shallowest_;
   std::vector<double> t_;
 };
@@ -210,9 +252,8 @@ bool copies_hidden_at_most_offload(const Context& c, int most, int shallowest) {
   o.zero = c.zero;
   o.prefetch_depth = shallowest;
   o.offloaded = most;
-  const StageTiming t = c.cost.stage_timing_without_sync(c.slot.shape, c.unit, stage_choice_of(c.slot, o, c.blocks),
-                                                         c.slot.boundary_seconds, c.slot.chunks_sent);
-  return t.offload_forward_seconds + t.offload_backward_seconds <= 0;
+  const OffloadExposure e = c.cost.stage_offload_exposure(c.unit, stage_choice_of(c.slot, o, c.blocks));
+  return e.forward_seconds + e.backward_seconds <= 0;
 }
 
 // The offload counts of the space (stage_offload_counts) that host memory holds.
@@ -299,15 +340,16 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
       const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
       const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync, parked};
       // Overhead does not depend on the depth; offload only adds time per block.
-      const double last_u = option_timing(first, 0, 0, counts.back()).u;
+      const PlainTimes plain_times(first, counts.back(), false);
+      const double last_u = plain_times.most_offloaded_u();
       bool offload_cannot_win = false;
       // Offload adds time per block; when it adds overhead too, a dominated count ends its depth,
       // and (with no activations parked, whose copies a deeper depth hides) a dominated stage
       // without offload or recomputation ends the whole (sp, zero) pair.
-      const StageOption bare = option_timing(first, 0, 0, 0);
+      const StageOption& bare = plain_times.bare();
       const bool u_grows = last_u >= bare.u;
       if (u_grows && parked == 0 && dominated(*out, bare)) continue;
-      ShallowTimes shallow(first, counts.size());
+      ShallowTimes shallow(plain_times, first, counts.size());
       const bool shallow_suffices = pins.prefetch_depth == 0 && copies_hidden_at_most_offload(first, counts.back(), depths.front());
       for (int depth : depths) {
         if (shallow_suffices && depth != depths.front()) break;
@@ -316,7 +358,7 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
         for (size_t i = 0; i < counts.size(); ++i) {
           const int off = counts[i];
           if (off == 0 && parked == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
-          const StageOption plain = option_timing(c, 0, 0, off);
+          const StageOption plain = plain_times.at(c, off);
           if (shallow.deeper_gains_nothing(c, i, off, plain)) continue;
           if (dominated(*out, plain)) {
             if (u_grows) break;
@@ -448,18 +490,19 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
       const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
       const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync};
       // Overhead does not depend on the depth; offload only adds time per block.
-      const double last_u = option_timing(first, 0, 0, counts.back()).u;
+      const PlainTimes plain_times(first, counts.back(), true);
+      const double last_u = plain_times.most_offloaded_u();
       bool offload_cannot_win = false;
       // Offload adds time per block; when it adds overhead too, a dominated count ends its depth,
       // and a dominated stage without offload or recomputation ends the whole (sp, zero) pair.
-      const StageOption bare = option_timing(first, 0, 0, 0);
+      const StageOption& bare = plain_times.bare();
       const bool u_grows = last_u >= bare.u;
       if (u_grows && dominated(*out, bare)) continue;
       const AffineStage a = affine_stage(first, counts.back() > 0, have_activations ? &activations : nullptr);
       if (!(a.per_selective <= 0) || !(a.per_full < a.per_selective)) return false;
       activations = a;
       have_activations = true;
-      ShallowTimes shallow(first, counts.size());
+      ShallowTimes shallow(plain_times, first, counts.size());
       const bool shallow_suffices = pins.prefetch_depth == 0 && copies_hidden_at_most_offload(first, counts.back(), depths.front());
       for (int depth : depths) {
         if (shallow_suffices && depth != depths.front()) break;
@@ -468,7 +511,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
         for (size_t i = 0; i < counts.size(); ++i) {
           const int off = counts[i];
           if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
-          const StageOption plain = option_timing(c, 0, 0, off);
+          const StageOption plain = plain_times.at(c, off);
           if (shallow.deeper_gains_nothing(c, i, off, plain)) continue;
           if (dominated(*out, plain)) {
             if (u_grows) break;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "search/split_bound.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -52,31 +53,6 @@ std::vector<ShapeOption> shape_options(const TypePool& pool, const SearchOptions
 }
 
 int64_t lcm64(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
-
-// Smallest slowest-stage time over integer layer splits when a stage's time is its blocks
-// times its block time: every stage holds at least one chunk of v blocks. Returns a value no
-// larger than the true minimum (the largest time found infeasible, or the trivial bound).
-double integer_bottleneck_bound(const std::vector<std::pair<int, double>>& stages_and_block_seconds, int units, int v) {
-  double lo = 0;
-  double hi = 0;
-  for (const auto& [count, t] : stages_and_block_seconds) {
-    lo = std::max(lo, v * t);
-    hi = std::max(hi, units * v * t);
-  }
-  auto enough = [&](double cap) {
-    int64_t total = 0;
-    for (const auto& [count, t] : stages_and_block_seconds)
-      total += static_cast<int64_t>(count) * static_cast<int64_t>(std::floor(cap / (v * t)));
-    return total >= units;
-  };
-  if (enough(lo)) return lo;
-  for (int i = 0; i < 40; ++i) {
-    const double mid = 0.5 * (lo + hi);
-    if (enough(mid)) hi = mid;
-    else lo = mid;
-  }
-  return lo;
-}
 
 }  // namespace
 
@@ -171,6 +147,14 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
 
   std::vector<Structure> out;
   std::vector<TypeGroup> groups;
+  std::vector<StageRate> block_times;  // per type group: stages and block seconds
+  std::vector<StageRate> chunk_times;
+  // The best integer split's slowest stage, with v blocks to a unit.
+  auto bottleneck_bound = [&](const std::vector<StageRate>& per_block, int units, int v) {
+    chunk_times = per_block;
+    for (StageRate& r : chunk_times) r.unit_seconds *= v;
+    return split_bottleneck_bound(chunk_times, units);
+  };
   for (int64_t batch : batches) {
     std::vector<int> divisors;
     for (int64_t m = 1; m <= batch; ++m)
@@ -204,10 +188,10 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
           if (o.num_micro_batches > 0 && m != o.num_micro_batches) continue;
           if (o.micro_batch_sequences > 0 && micro != o.micro_batch_sequences) continue;
           double fastest_block = 1e300;
-          std::vector<std::pair<int, double>> block_times;
+          block_times.clear();
           for (const TypeGroup& g : groups) {
             const double t = block_time(g.device_type, g.tp, micro / g.dp);
-            block_times.emplace_back(g.stages, t);
+            block_times.push_back({g.stages, 0.0, t});
             fastest_block = std::min(fastest_block, t);
           }
           for (Schedule sched : schedules) {
@@ -231,7 +215,7 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
               // Every stage's time is at least its blocks' time: the sum over stages is at least
               // all layers at the fastest type's speed, the slowest stage at least the best
               // integer split's.
-              s.bottleneck_bound_seconds = integer_bottleneck_bound(block_times, layers / v, v);
+              s.bottleneck_bound_seconds = bottleneck_bound(block_times, layers / v, v);
               s.lower_bound_seconds = layers * fastest_block / v + (m - 1.0 / v) * s.bottleneck_bound_seconds;
               s.price_per_second = price;
               s.index = static_cast<int>(out.size());

@@ -18,6 +18,7 @@
 #include "search/explain.hpp"
 #include "search/layouts.hpp"
 #include "search/search_checks.hpp"
+#include "search/split_bound.hpp"
 #include "search/stage_options.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
@@ -324,44 +325,31 @@ class Searcher {
   // A lower bound on the step time from the actual stages: each stage's time is at least its
   // blocks' time plus its fixed part (boundary sends, embedding, head). Returns the bound and
   // sets the matching bound on the slowest stage (per micro-batch).
-  double refined_lower_bound(const Structure& s, const std::vector<SlotInfo>& slot_infos, double* bottleneck) const {
+  double refined_lower_bound(const Structure& s, const std::vector<SlotInfo>& slot_infos, double* bottleneck) {
     const int v = s.virtual_chunks;
     const int layers = static_cast<int>(cost_.model().num_layers);
     const int units = layers / v;
     const int p = static_cast<int>(slot_infos.size());
-    std::vector<double> per_block(p, kInfinity);
-    std::vector<double> fixed(p, kInfinity);
+    std::vector<StageRate>& stages = scratch_.stage_rates;
+    stages.assign(p, StageRate{1, kInfinity, kInfinity});
     double fixed_sum = 0;
     double fastest = kInfinity;
-    double lo = 0;
-    double hi = 0;
     for (int i = 0; i < p; ++i) {
       const StageSlot& slot = slot_infos[i].slot;
+      double per_block = kInfinity;
       for (const StageUnitCosts* u : slot.unit) {
         if (!u) continue;
-        per_block[i] = std::min(per_block[i], u->block.forward_seconds + u->block.backward_seconds);
+        per_block = std::min(per_block, u->block.forward_seconds + u->block.backward_seconds);
         double f = 2.0 * slot.chunks_sent * slot.boundary_seconds;
         if (slot.has_embedding) f += u->embedding.forward_seconds + u->embedding.backward_seconds;
         if (slot.has_head) f += u->head.forward_seconds + u->head.backward_seconds;
-        fixed[i] = std::min(fixed[i], f);
+        stages[i].fixed_seconds = std::min(stages[i].fixed_seconds, f);
       }
-      fixed_sum += fixed[i] + v * per_block[i];
-      fastest = std::min(fastest, per_block[i]);
-      lo = std::max(lo, fixed[i] + v * per_block[i]);
-      hi = std::max(hi, fixed[i] + units * v * per_block[i]);
+      stages[i].unit_seconds = v * per_block;
+      fixed_sum += stages[i].fixed_seconds + v * per_block;
+      fastest = std::min(fastest, per_block);
     }
-    auto enough = [&](double cap) {
-      int64_t total = 0;
-      for (int i = 0; i < p; ++i) total += static_cast<int64_t>(std::floor((cap - fixed[i]) / (v * per_block[i])));
-      return total >= units;
-    };
-    if (!enough(lo)) {
-      for (int i = 0; i < 40; ++i) {
-        const double mid = 0.5 * (lo + hi);
-        if (enough(mid)) hi = mid;
-        else lo = mid;
-      }
-    }
+    const double lo = split_bottleneck_bound(stages, units);
     *bottleneck = lo;
     const double sum = fixed_sum + (layers - p * v) * fastest;
     return sum / v + (s.micro_batches - 1.0 / v) * lo;
@@ -411,6 +399,7 @@ class Searcher {
     std::vector<int> take;
     std::vector<const StageOption*> pick;
     std::vector<const StageOption*> under_cap;
+    std::vector<StageRate> stage_rates;
   } scratch_;
 };
 

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 
@@ -79,7 +81,8 @@ struct KeyHash {
 struct SlotInfo {
   StageSlot slot;
   UnitKey unit_key;  // sp = 0
-  std::vector<int> device_ids;
+  std::span<const int> device_ids;  // into the type's pool
+  int64_t placement = 0;            // first device, tp and dp: identifies the stage's placement
 };
 
 struct Solution {
@@ -128,6 +131,16 @@ class Searcher {
     return set;
   }
 
+  static std::vector<int> ids_of(const SlotInfo& info) { return {info.device_ids.begin(), info.device_ids.end()}; }
+
+  // The path between two adjacent stages, by their placements.
+  const BoundaryLink& boundary(const SlotInfo& from, const SlotInfo& to) {
+    const std::pair<int64_t, int64_t> key{from.placement, to.placement};
+    auto it = boundaries_.find(key);
+    if (it == boundaries_.end()) it = boundaries_.emplace(key, cost_.boundary_link(ids_of(from), ids_of(to))).first;
+    return it->second;
+  }
+
   std::vector<SlotInfo> slots(const Structure& s, const std::vector<TypePool>& pools) {
     const int p = s.num_stages();
     const int64_t micro = s.micro_batch_sequences();
@@ -139,15 +152,14 @@ class Searcher {
       const int size = g.tp * g.dp;
       for (int j = 0; j < g.stages; ++j) {
         SlotInfo info;
-        info.device_ids.assign(pool->device_ids.begin() + static_cast<size_t>(j) * size,
-                               pool->device_ids.begin() + static_cast<size_t>(j + 1) * size);
+        info.device_ids = std::span<const int>(pool->device_ids).subspan(static_cast<size_t>(j) * size, size);
         StageSlot& slot = info.slot;
         // Stages start at multiples of their size in the type's devices: first id, tp, dp
         // identify the placement.
-        const int64_t shape_key = (static_cast<int64_t>(info.device_ids.front()) * 4096 + g.tp) * 65536 + g.dp;
-        auto cached = shapes_.find(shape_key);
+        info.placement = (static_cast<int64_t>(info.device_ids.front()) * 4096 + g.tp) * 65536 + g.dp;
+        auto cached = shapes_.find(info.placement);
         if (cached == shapes_.end())
-          cached = shapes_.emplace(shape_key, cost_.stage_shape(info.device_ids, g.tp, g.dp, 1)).first;
+          cached = shapes_.emplace(info.placement, cost_.stage_shape(ids_of(info), g.tp, g.dp, 1)).first;
         slot.shape = cached->second;
         slot.shape.micro_batch = micro / g.dp;
         info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
@@ -174,8 +186,7 @@ class Searcher {
       const int next = (i + 1) % p;
       if (next != i && (i + 1 < p || s.virtual_chunks > 1)) {
         const StageUnitCosts* u = slot.unit[0] ? slot.unit[0] : slot.unit[1];
-        slot.boundary_seconds =
-            boundary_seconds(u->boundary_bytes, cost_.boundary_link(out[i].device_ids, out[next].device_ids));
+        slot.boundary_seconds = boundary_seconds(u->boundary_bytes, boundary(out[i], out[next]));
         slot.chunks_sent = i + 1 < p ? s.virtual_chunks : s.virtual_chunks - 1;
       }
     }
@@ -391,6 +402,7 @@ class Searcher {
   OptionPins pins_;
   std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
   std::unordered_map<int64_t, StageShape> shapes_;  // placement of (first device, tp, dp)
+  std::map<std::pair<int64_t, int64_t>, BoundaryLink> boundaries_;  // by the two stages' placements
   std::unordered_map<SlotKey, SlotOptionSets, KeyHash> option_sets_;
   std::vector<const std::vector<StageOption>*> option_table_;  // (stage, units) of the structure in solve()
   // Tables of split_min_sum, kept between calls to save allocations.
@@ -552,7 +564,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   for (const auto& [key, sol] : kept) {
     const Structure& s = structures[sol.structure];
     std::vector<std::vector<int>> device_ids;
-    for (const SlotInfo& info : searchers.front()->slots(s, pools)) device_ids.push_back(info.device_ids);
+    for (const SlotInfo& info : searchers.front()->slots(s, pools)) device_ids.emplace_back(info.device_ids.begin(), info.device_ids.end());
     plans.push_back(plan_build(cost, s, device_ids, sol.blocks, sol.options, options.objective));
   }
   SearchResult result;

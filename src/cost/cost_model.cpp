@@ -218,7 +218,7 @@ double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, 
   return collective_seconds(op, bytes, group);
 }
 
-double CostModel::block_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sp) const {
+LayerSecondsBound CostModel::layer_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sp) const {
   StageShape shape;
   shape.device_type = device_type;
   shape.tp = tp;
@@ -228,7 +228,8 @@ double CostModel::block_seconds_bound(int device_type, int tp, int64_t micro_bat
   shape.tp_group.intra_node = type_links_[device_type];
   shape.tp_group.network = cluster_.network;
   const StageUnitCosts u = unit_costs(shape, sp);
-  return u.block.forward_seconds + u.block.backward_seconds;
+  return {u.block.forward_seconds + u.block.backward_seconds, u.embedding.forward_seconds + u.embedding.backward_seconds,
+          u.head.forward_seconds + u.head.backward_seconds};
 }
 
 StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {

@@ -92,6 +92,13 @@ struct StageTiming {
   double per_micro_batch_seconds() const { return forward_seconds + backward_seconds; }
 };
 
+// Forward plus backward seconds of one micro-batch through each kind of layer.
+struct LayerSecondsBound {
+  double block = 0;
+  double embedding = 0;
+  double head = 0;
+};
+
 // Per micro-batch seconds of host copies not hidden behind compute.
 struct OffloadExposure {
   double forward_seconds = 0;
@@ -148,10 +155,10 @@ class CostModel {
                                const StageChoice& choice, double micro_batches_in_flight,
                                bool has_next_stage) const;
 
-  // Forward plus backward of one block with its tp collectives (which stay inside a node, so
-  // they do not depend on placement): a lower bound on a block's time, used to order and
-  // prune candidate layouts.
-  double block_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sequence_parallel) const;
+  // Forward plus backward of one block, the embedding and the head with their tp collectives
+  // (which stay inside a node, so they do not depend on placement): lower bounds on their
+  // times, used to order and prune candidate layouts.
+  LayerSecondsBound layer_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sequence_parallel) const;
 
   // Capacity of one device of a type, and the intra-node link of a type's nodes.
   double device_memory_bytes(int device_type) const;

@@ -54,6 +54,20 @@ std::vector<ShapeOption> shape_options(const TypePool& pool, const SearchOptions
 
 int64_t lcm64(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
 
+// Appends a type group's stages at its block time; the pipeline's first stage also carries the
+// embedding, its last the head.
+void stage_rates_append(int stages, const LayerSecondsBound& t, bool first_group, bool last_group,
+                        std::vector<StageRate>* out) {
+  if (stages == 1) {
+    out->push_back({1, (first_group ? t.embedding : 0) + (last_group ? t.head : 0), t.block});
+    return;
+  }
+  if (first_group) out->push_back({1, t.embedding, t.block});
+  const int middle = stages - (first_group ? 1 : 0) - (last_group ? 1 : 0);
+  if (middle > 0) out->push_back({middle, 0, t.block});
+  if (last_group) out->push_back({1, t.head, t.block});
+}
+
 }  // namespace
 
 int Structure::num_stages() const {
@@ -127,16 +141,21 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
   else schedules = {Schedule::Schedule_1f1b, Schedule::Schedule_interleaved};  // GPipe: same time, more memory
   std::vector<int> chunk_options = o.virtual_chunks > 0 ? std::vector<int>{o.virtual_chunks} : std::vector<int>{2, 4};
 
-  // Lower bound per (type, tp, per-replica batch): compute-only block time, best sp mode.
-  std::unordered_map<int64_t, double> block_seconds;
-  auto block_time = [&](int type, int tp, int64_t b) {
+  // Lower bounds per (type, tp, per-replica batch): block, embedding and head times, each in
+  // its best sp mode.
+  std::unordered_map<int64_t, LayerSecondsBound> layer_seconds;
+  auto layer_time = [&](int type, int tp, int64_t b) {
     const int64_t key = (b * 64 + tp) * 64 + type;
-    auto it = block_seconds.find(key);
-    if (it != block_seconds.end()) return it->second;
-    double t = cost.block_seconds_bound(type, tp, b, false);
-    if (tp > 1 && o.sequence_parallel.value_or(true)) t = std::min(t, cost.block_seconds_bound(type, tp, b, true));
-    if (o.sequence_parallel.has_value() && *o.sequence_parallel && tp > 1) t = cost.block_seconds_bound(type, tp, b, true);
-    block_seconds[key] = t;
+    auto it = layer_seconds.find(key);
+    if (it != layer_seconds.end()) return it->second;
+    const bool sp_only = o.sequence_parallel.has_value() && *o.sequence_parallel && tp > 1;
+    const bool sp_allowed = tp > 1 && o.sequence_parallel.value_or(true);
+    LayerSecondsBound t = cost.layer_seconds_bound(type, tp, b, sp_only);
+    if (sp_allowed && !sp_only) {
+      const LayerSecondsBound with_sp = cost.layer_seconds_bound(type, tp, b, true);
+      t = {std::min(t.block, with_sp.block), std::min(t.embedding, with_sp.embedding), std::min(t.head, with_sp.head)};
+    }
+    layer_seconds[key] = t;
     return t;
   };
 
@@ -188,11 +207,14 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
           if (o.num_micro_batches > 0 && m != o.num_micro_batches) continue;
           if (o.micro_batch_sequences > 0 && micro != o.micro_batch_sequences) continue;
           double fastest_block = 1e300;
+          double end_layers_seconds = 0;  // the first stage's embedding and the last one's head
           block_times.clear();
-          for (const TypeGroup& g : groups) {
-            const double t = block_time(g.device_type, g.tp, micro / g.dp);
-            block_times.push_back({g.stages, 0.0, t});
-            fastest_block = std::min(fastest_block, t);
+          for (size_t g = 0; g < groups.size(); ++g) {
+            const LayerSecondsBound t = layer_time(groups[g].device_type, groups[g].tp, micro / groups[g].dp);
+            stage_rates_append(groups[g].stages, t, g == 0, g + 1 == groups.size(), &block_times);
+            fastest_block = std::min(fastest_block, t.block);
+            if (g == 0) end_layers_seconds += t.embedding;
+            if (g + 1 == groups.size()) end_layers_seconds += t.head;
           }
           for (Schedule sched : schedules) {
             std::vector<int> vs = {1};
@@ -212,11 +234,12 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
               s.schedule = sched;
               s.virtual_chunks = v;
               s.groups = shared_groups;
-              // Every stage's time is at least its blocks' time: the sum over stages is at least
-              // all layers at the fastest type's speed, the slowest stage at least the best
-              // integer split's.
+              // Every stage's time is at least its layers' time: the sum over stages is at least
+              // all blocks at the fastest type's speed plus the embedding and the head, the
+              // slowest stage at least the best integer split's.
               s.bottleneck_bound_seconds = bottleneck_bound(block_times, layers / v, v);
-              s.lower_bound_seconds = layers * fastest_block / v + (m - 1.0 / v) * s.bottleneck_bound_seconds;
+              s.lower_bound_seconds =
+                  (layers * fastest_block + end_layers_seconds) / v + (m - 1.0 / v) * s.bottleneck_bound_seconds;
               s.price_per_second = price;
               s.index = static_cast<int>(out.size());
               out.push_back(std::move(s));

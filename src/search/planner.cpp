@@ -195,8 +195,10 @@ class Searcher {
 
   // Minimum total per-micro-batch time over layer splits whose every stage keeps
   // (m - 1/v) t + u <= cap. Fills blocks and options; false when nothing fits.
-  bool split_min_sum(const Structure& s, std::vector<SlotInfo>& slot_infos, double cap, std::vector<int>* blocks,
-                     std::vector<StageOption>* chosen, double* sum) {
+  // `k_limit`: per stage, the most units it may take (more would make the step no faster than
+  // the threshold).
+  bool split_min_sum(const Structure& s, std::vector<SlotInfo>& slot_infos, double cap, const std::vector<int>& k_limit,
+                     std::vector<int>* blocks, std::vector<StageOption>* chosen, double* sum) {
     ++stats.split_solves;
     const int p = static_cast<int>(slot_infos.size());
     const int v = s.virtual_chunks;
@@ -219,7 +221,7 @@ class Searcher {
     std::vector<int> k_max(p + 1, 0);
     for (int st = 0; st < p; ++st) {
       const int k_first = options_.layer_split.empty() ? 1 : options_.layer_split[st] / v;
-      const int k_last = options_.layer_split.empty() ? units - (p - 1) : options_.layer_split[st] / v;
+      const int k_last = std::min(k_limit[st], options_.layer_split.empty() ? units - (p - 1) : options_.layer_split[st] / v);
       SlotOptionSets* sets = nullptr;
       for (int k = k_first; k <= k_last; ++k) {
         const std::vector<StageOption>*& cached = option_table_[st * width + k];
@@ -278,20 +280,40 @@ class Searcher {
 
   // Exact best split for a structure: walk the bottleneck cap down from infinity, each time
   // solving the min-sum split under the cap; stop when no smaller cap can win.
-  std::optional<Solution> solve(const Structure& s, std::vector<SlotInfo>& slot_infos, double threshold_seconds) {
+  // `*limited`: no split was found below the threshold, though some might fit.
+  std::optional<Solution> solve(const Structure& s, std::vector<SlotInfo>& slot_infos, double threshold_seconds,
+                                bool* limited) {
     option_table_.clear();
     const int v = s.virtual_chunks;
     const double a = s.micro_batches - 1.0 / v;
     double slowest_stage_bound = 0;
-    refined_lower_bound(s, slot_infos, &slowest_stage_bound);
+    const double bound = refined_lower_bound(s, slot_infos, &slowest_stage_bound);
     double bottleneck_bound = a * slowest_stage_bound;
+    // A split whose stage st takes k units has a step of at least the bound's sum part plus
+    // a (fixed + k unit) for that stage: counts past the threshold are never priced.
+    const int p = static_cast<int>(slot_infos.size());
+    const int units = static_cast<int>(cost_.model().num_layers) / v;
+    std::vector<int>& k_limit = scratch_.k_limit;
+    k_limit.assign(p, units);
+    *limited = false;
+    if (threshold_seconds < kInfinity) {
+      const double room = (threshold_seconds - (bound - bottleneck_bound)) / a;
+      for (int st = 0; st < p; ++st) {
+        const StageRate& r = scratch_.stage_rates[st];
+        const double most = std::floor((room - r.fixed_seconds) / r.unit_seconds * (1 + 1e-9));
+        if (most < units) {
+          k_limit[st] = static_cast<int>(std::max(0.0, most));
+          *limited = true;
+        }
+      }
+    }
     std::optional<Solution> best;
     double cap = kInfinity;
     std::vector<int> blocks;
     std::vector<StageOption> chosen;
     while (true) {
       double sum = 0;
-      if (!split_min_sum(s, slot_infos, cap, &blocks, &chosen, &sum)) break;
+      if (!split_min_sum(s, slot_infos, cap, k_limit, &blocks, &chosen, &sum)) break;
       // The first solve filled every (stage, count) option set: the exact smallest
       // bottleneck over all splits bounds every later one.
       if (cap == kInfinity) bottleneck_bound = std::max(bottleneck_bound, min_bottleneck(s, slot_infos));
@@ -411,7 +433,8 @@ class Searcher {
     std::vector<int> take;
     std::vector<const StageOption*> pick;
     std::vector<const StageOption*> under_cap;
-    std::vector<StageRate> stage_rates;
+    std::vector<StageRate> stage_rates;  // of the structure last given to refined_lower_bound
+    std::vector<int> k_limit;
   } scratch_;
 };
 
@@ -481,8 +504,10 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
       out.refined_pruned = true;
       return out;
     }
-    out.solution = searcher.solve(s, slots, threshold / factor);
+    bool limited = false;
+    out.solution = searcher.solve(s, slots, threshold / factor, &limited);
     if (out.solution) out.solution->score = out.solution->step_seconds * factor;
+    else if (limited) out.refined_pruned = true;
     else out.frugal_ratio = searcher.frugal_memory_ratio(s, slots, &out.frugal_bytes, &out.frugal_type, &out.host);
     return out;
   };

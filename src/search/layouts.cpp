@@ -208,11 +208,13 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
           if (o.micro_batch_sequences > 0 && micro != o.micro_batch_sequences) continue;
           double fastest_block = 1e300;
           double end_layers_seconds = 0;  // the first stage's embedding and the last one's head
+          double one_block_per_stage = 0;  // one block on every stage, each at its type's speed
           block_times.clear();
           for (size_t g = 0; g < groups.size(); ++g) {
             const LayerSecondsBound t = layer_time(groups[g].device_type, groups[g].tp, micro / groups[g].dp);
             stage_rates_append(groups[g].stages, t, g == 0, g + 1 == groups.size(), &block_times);
             fastest_block = std::min(fastest_block, t.block);
+            one_block_per_stage += groups[g].stages * t.block;
             if (g == 0) end_layers_seconds += t.embedding;
             if (g + 1 == groups.size()) end_layers_seconds += t.head;
           }
@@ -235,11 +237,13 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
               s.virtual_chunks = v;
               s.groups = shared_groups;
               // Every stage's time is at least its layers' time: the sum over stages is at least
-              // all blocks at the fastest type's speed plus the embedding and the head, the
-              // slowest stage at least the best integer split's.
+              // one unit of blocks per stage at its own speed, the other blocks at the fastest
+              // type's, plus the embedding and the head; the slowest stage at least the best
+              // integer split's.
               s.bottleneck_bound_seconds = bottleneck_bound(block_times, layers / v, v);
               s.lower_bound_seconds =
-                  (layers * fastest_block + end_layers_seconds) / v + (m - 1.0 / v) * s.bottleneck_bound_seconds;
+                  (v * one_block_per_stage + (layers - stages * v) * fastest_block + end_layers_seconds) / v +
+                  (m - 1.0 / v) * s.bottleneck_bound_seconds;
               s.price_per_second = price;
               s.index = static_cast<int>(out.size());
               out.push_back(std::move(s));

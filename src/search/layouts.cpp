@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <unordered_map>
 #include <numeric>
@@ -54,18 +55,20 @@ std::vector<ShapeOption> shape_options(const TypePool& pool, const SearchOptions
 
 int64_t lcm64(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
 
-// Appends a type group's stages at its block time; the pipeline's first stage also carries the
-// embedding, its last the head.
-void stage_rates_append(int stages, const LayerSecondsBound& t, bool first_group, bool last_group,
+int factorial(int n) { return n <= 1 ? 1 : n * factorial(n - 1); }
+
+// Appends a type group's stages, each taking `unit_seconds` per unit of blocks; the pipeline's
+// first stage also carries the embedding, its last the head.
+void stage_rates_append(int stages, double unit_seconds, const LayerSecondsBound& t, bool first_group, bool last_group,
                         std::vector<StageRate>* out) {
   if (stages == 1) {
-    out->push_back({1, (first_group ? t.embedding : 0) + (last_group ? t.head : 0), t.block});
+    out->push_back({1, (first_group ? t.embedding : 0) + (last_group ? t.head : 0), unit_seconds});
     return;
   }
-  if (first_group) out->push_back({1, t.embedding, t.block});
+  if (first_group) out->push_back({1, t.embedding, unit_seconds});
   const int middle = stages - (first_group ? 1 : 0) - (last_group ? 1 : 0);
-  if (middle > 0) out->push_back({middle, 0, t.block});
-  if (last_group) out->push_back({1, t.head, t.block});
+  if (middle > 0) out->push_back({middle, 0, unit_seconds});
+  if (last_group) out->push_back({1, t.head, unit_seconds});
 }
 
 }  // namespace
@@ -103,8 +106,79 @@ std::string structure_layout_key(const Structure& s, const ClusterSpec& cluster)
   return key;
 }
 
+StructureBounds::StructureBounds(const CostModel& cost, const SearchOptions& options) : cost_(cost), options_(options) {}
+
+LayerSecondsBound StructureBounds::layer_time(int type, int tp, int64_t per_replica_batch) {
+  const int64_t key = (per_replica_batch * 64 + tp) * 64 + type;
+  auto it = layer_seconds_.find(key);
+  if (it != layer_seconds_.end()) return it->second;
+  const bool sp_only = options_.sequence_parallel.has_value() && *options_.sequence_parallel && tp > 1;
+  const bool sp_allowed = tp > 1 && options_.sequence_parallel.value_or(true);
+  LayerSecondsBound t = cost_.layer_seconds_bound(type, tp, per_replica_batch, sp_only);
+  if (sp_allowed && !sp_only) {
+    const LayerSecondsBound with_sp = cost_.layer_seconds_bound(type, tp, per_replica_batch, true);
+    t = {std::min(t.block, with_sp.block), std::min(t.embedding, with_sp.embedding), std::min(t.head, with_sp.head)};
+  }
+  layer_seconds_.emplace(key, t);
+  return t;
+}
+
+void StructureBounds::set(Structure* s) {
+  const int layers = static_cast<int>(cost_.model().num_layers);
+  const int v = s->virtual_chunks;
+  const int64_t micro = s->micro_batch_sequences();
+  const std::vector<TypeGroup>& groups = *s->groups;
+  rates_.clear();
+  double fastest_block = std::numeric_limits<double>::infinity();
+  double one_block_per_stage = 0;  // one block on every stage, each at its type's speed
+  double end_layers = 0;           // the first stage's embedding and the last one's head
+  double fewest_embedding = std::numeric_limits<double>::infinity();
+  double fewest_head = std::numeric_limits<double>::infinity();
+  int stages = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const LayerSecondsBound t = layer_time(groups[g].device_type, groups[g].tp, micro / groups[g].dp);
+    const bool first = g == 0;
+    const bool last = g + 1 == groups.size();
+    // A family's order is open: its embedding and head may sit on any group.
+    if (s->all_orders) rates_.push_back({groups[g].stages, 0, v * t.block});
+    else stage_rates_append(groups[g].stages, v * t.block, t, first, last, &rates_);
+    if (first) end_layers += t.embedding;
+    if (last) end_layers += t.head;
+    fewest_embedding = std::min(fewest_embedding, t.embedding);
+    fewest_head = std::min(fewest_head, t.head);
+    fastest_block = std::min(fastest_block, t.block);
+    one_block_per_stage += groups[g].stages * t.block;
+    stages += groups[g].stages;
+  }
+  if (s->all_orders) end_layers = fewest_embedding + fewest_head;
+  // Every stage's time is at least its layers' time: the sum over stages is at least one unit
+  // of blocks per stage at its own speed, the other blocks at the fastest type's, plus the
+  // embedding and the head; the slowest stage at least the best integer split's.
+  s->bottleneck_bound_seconds = split_bottleneck_bound(rates_, layers / v);
+  s->lower_bound_seconds = (v * one_block_per_stage + (layers - stages * v) * fastest_block + end_layers) / v +
+                           (s->micro_batches - 1.0 / v) * s->bottleneck_bound_seconds;
+}
+
+std::vector<Structure> structure_orders(const Structure& family, StructureBounds& bounds) {
+  const std::vector<TypeGroup>& groups = *family.groups;
+  std::vector<int> order(groups.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<Structure> out;
+  do {
+    auto ordered = std::make_shared<std::vector<TypeGroup>>();
+    for (int g : order) ordered->push_back(groups[g]);
+    Structure s = family;
+    s.groups = std::move(ordered);
+    s.all_orders = false;
+    s.orders = 1;
+    bounds.set(&s);
+    out.push_back(std::move(s));
+  } while (std::next_permutation(order.begin(), order.end()));
+  return out;
+}
+
 std::vector<Structure> structures_enumerate(const CostModel& cost, const std::vector<TypePool>& pools,
-                                            const SearchOptions& o) {
+                                            const SearchOptions& o, StructureBounds& bounds) {
   const ClusterSpec& cluster = cost.cluster();
   const int layers = static_cast<int>(cost.model().num_layers);
   const std::vector<int64_t> batches = batch_candidates(cost.train());
@@ -123,15 +197,18 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
     }
     orders.push_back(order);
   } else {
+    // Every subset once, as a family standing for all its pipeline orders: the orders share
+    // their bound but for where the embedding and head sit, so each order becomes a structure
+    // of its own only when the search reaches the family (structure_orders).
     const int n = static_cast<int>(pools.size());
     for (int mask = 1; mask < (1 << n); ++mask) {
       std::vector<int> members;
       for (int i = 0; i < n; ++i)
         if (mask & (1 << i)) members.push_back(i);
-      do orders.push_back(members);
-      while (std::next_permutation(members.begin(), members.end()));
+      orders.push_back(members);
     }
   }
+  const bool families = o.device_order.empty();
 
   std::vector<std::vector<ShapeOption>> shapes(pools.size());
   for (size_t i = 0; i < pools.size(); ++i) shapes[i] = shape_options(pools[i], o, layers);
@@ -141,24 +218,6 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
   else schedules = {Schedule::Schedule_1f1b, Schedule::Schedule_interleaved};  // GPipe: same time, more memory
   std::vector<int> chunk_options = o.virtual_chunks > 0 ? std::vector<int>{o.virtual_chunks} : std::vector<int>{2, 4};
 
-  // Lower bounds per (type, tp, per-replica batch): block, embedding and head times, each in
-  // its best sp mode.
-  std::unordered_map<int64_t, LayerSecondsBound> layer_seconds;
-  auto layer_time = [&](int type, int tp, int64_t b) {
-    const int64_t key = (b * 64 + tp) * 64 + type;
-    auto it = layer_seconds.find(key);
-    if (it != layer_seconds.end()) return it->second;
-    const bool sp_only = o.sequence_parallel.has_value() && *o.sequence_parallel && tp > 1;
-    const bool sp_allowed = tp > 1 && o.sequence_parallel.value_or(true);
-    LayerSecondsBound t = cost.layer_seconds_bound(type, tp, b, sp_only);
-    if (sp_allowed && !sp_only) {
-      const LayerSecondsBound with_sp = cost.layer_seconds_bound(type, tp, b, true);
-      t = {std::min(t.block, with_sp.block), std::min(t.embedding, with_sp.embedding), std::min(t.head, with_sp.head)};
-    }
-    layer_seconds[key] = t;
-    return t;
-  };
-
   std::vector<double> pool_price(pools.size(), 0);
   for (size_t i = 0; i < pools.size(); ++i)
     for (int id : pools[i].device_ids)
@@ -166,14 +225,6 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
 
   std::vector<Structure> out;
   std::vector<TypeGroup> groups;
-  std::vector<StageRate> block_times;  // per type group: stages and block seconds
-  std::vector<StageRate> chunk_times;
-  // The best integer split's slowest stage, with v blocks to a unit.
-  auto bottleneck_bound = [&](const std::vector<StageRate>& per_block, int units, int v) {
-    chunk_times = per_block;
-    for (StageRate& r : chunk_times) r.unit_seconds *= v;
-    return split_bottleneck_bound(chunk_times, units);
-  };
   for (int64_t batch : batches) {
     std::vector<int> divisors;
     for (int64_t m = 1; m <= batch; ++m)
@@ -206,18 +257,6 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
           if (micro % dp_lcm != 0) continue;
           if (o.num_micro_batches > 0 && m != o.num_micro_batches) continue;
           if (o.micro_batch_sequences > 0 && micro != o.micro_batch_sequences) continue;
-          double fastest_block = 1e300;
-          double end_layers_seconds = 0;  // the first stage's embedding and the last one's head
-          double one_block_per_stage = 0;  // one block on every stage, each at its type's speed
-          block_times.clear();
-          for (size_t g = 0; g < groups.size(); ++g) {
-            const LayerSecondsBound t = layer_time(groups[g].device_type, groups[g].tp, micro / groups[g].dp);
-            stage_rates_append(groups[g].stages, t, g == 0, g + 1 == groups.size(), &block_times);
-            fastest_block = std::min(fastest_block, t.block);
-            one_block_per_stage += groups[g].stages * t.block;
-            if (g == 0) end_layers_seconds += t.embedding;
-            if (g + 1 == groups.size()) end_layers_seconds += t.head;
-          }
           for (Schedule sched : schedules) {
             std::vector<int> vs = {1};
             if (sched == Schedule::Schedule_interleaved) vs = chunk_options;
@@ -236,14 +275,9 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
               s.schedule = sched;
               s.virtual_chunks = v;
               s.groups = shared_groups;
-              // Every stage's time is at least its layers' time: the sum over stages is at least
-              // one unit of blocks per stage at its own speed, the other blocks at the fastest
-              // type's, plus the embedding and the head; the slowest stage at least the best
-              // integer split's.
-              s.bottleneck_bound_seconds = bottleneck_bound(block_times, layers / v, v);
-              s.lower_bound_seconds =
-                  (v * one_block_per_stage + (layers - stages * v) * fastest_block + end_layers_seconds) / v +
-                  (m - 1.0 / v) * s.bottleneck_bound_seconds;
+              s.all_orders = families && groups.size() > 1;
+              s.orders = s.all_orders ? factorial(static_cast<int>(groups.size())) : 1;
+              bounds.set(&s);
               s.price_per_second = price;
               s.index = static_cast<int>(out.size());
               out.push_back(std::move(s));

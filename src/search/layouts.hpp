@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cost/cost_model.hpp"
 #include "search/planner.hpp"
+#include "search/split_bound.hpp"
 
 namespace alloy {
 
@@ -30,6 +32,8 @@ struct Structure {
   double bottleneck_bound_seconds = 0;  // no split has a slowest stage faster (per micro-batch)
   double price_per_second = 0;     // of the devices it uses
   int index = 0;                   // enumeration order, for deterministic ties
+  bool all_orders = false;         // a family: stands for every pipeline order of its groups
+  int orders = 1;                  // pipeline orders it stands for
 
   int num_stages() const;
   int64_t micro_batch_sequences() const { return global_batch / micro_batches; }
@@ -43,10 +47,30 @@ struct TypePool {
 };
 std::vector<TypePool> type_pools(const ClusterSpec& cluster);
 
-// Every structure the options allow, with lower bounds. Throws alloy::Error when the pins
-// leave nothing (batch not divisible as pinned, tp that no node allows, ...).
+// Lower bounds of structures from per-layer times, cached by (type, tp, per-replica batch).
+class StructureBounds {
+ public:
+  StructureBounds(const CostModel& cost, const SearchOptions& options);
+  // Sets the structure's bounds: for its pipeline order, or, for a family, for any order.
+  void set(Structure* s);
+
+ private:
+  LayerSecondsBound layer_time(int type, int tp, int64_t per_replica_batch);
+
+  const CostModel& cost_;
+  const SearchOptions& options_;
+  std::unordered_map<int64_t, LayerSecondsBound> layer_seconds_;
+  std::vector<StageRate> rates_;
+};
+
+// Every structure the options allow, with lower bounds; without a pinned device order, the
+// structures of several device types are families over their orders. Throws alloy::Error when
+// the pins leave nothing (batch not divisible as pinned, tp that no node allows, ...).
 std::vector<Structure> structures_enumerate(const CostModel& cost, const std::vector<TypePool>& pools,
-                                            const SearchOptions& options);
+                                            const SearchOptions& options, StructureBounds& bounds);
+
+// Every pipeline order of a family's groups, each a structure with its own bounds (index unset).
+std::vector<Structure> structure_orders(const Structure& family, StructureBounds& bounds);
 
 // "a100-80gb-sxm tp2 dp2 x2 | v100-32gb tp1 dp4 x1": the layout without batching.
 std::string structure_layout_key(const Structure& s, const ClusterSpec& cluster);

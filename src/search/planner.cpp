@@ -445,7 +445,8 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   search_options_validate(cost, options);
   const ClusterSpec& cluster = cost.cluster();
   const std::vector<TypePool> pools = type_pools(cluster);
-  std::vector<Structure> structures = structures_enumerate(cost, pools, options);
+  StructureBounds structure_bounds(cost, options);
+  std::vector<Structure> structures = structures_enumerate(cost, pools, options, structure_bounds);
   if (structures.empty())
     throw Error("no layout matches the pinned choices on this cluster", {"", ""},
                 "check that tp divides the devices per node, that tp x dp x pp uses each device type fully, and "
@@ -457,9 +458,9 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
                    : 1.0 / (static_cast<double>(s.global_batch) * tokens);  // seconds per token
   };
   std::vector<double> bound(structures.size());
-  std::vector<int> order(structures.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    order[i] = static_cast<int>(i);
+  std::vector<int> heap(structures.size());
+  for (size_t i = 0; i < heap.size(); ++i) {
+    heap[i] = static_cast<int>(i);
     bound[i] = structures[i].lower_bound_seconds * score_factor(structures[i]);
   }
   // Best bound first; usually a small prefix is visited, so pop from a heap instead of sorting.
@@ -467,11 +468,22 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     if (bound[x] != bound[y]) return bound[x] > bound[y];
     return x > y;
   };
-  std::make_heap(order.begin(), order.end(), later);
-  size_t heap_size = order.size();
+  std::make_heap(heap.begin(), heap.end(), later);
   auto next_structure = [&]() {
-    std::pop_heap(order.begin(), order.begin() + heap_size, later);
-    return order[--heap_size];
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const int next = heap.back();
+    heap.pop_back();
+    return next;
+  };
+  // A family reached by the search becomes its pipeline orders, each with its own bound.
+  auto expand = [&](int family) {
+    for (Structure& s : structure_orders(structures[family], structure_bounds)) {
+      s.index = static_cast<int>(structures.size());
+      bound.push_back(s.lower_bound_seconds * score_factor(s));
+      structures.push_back(std::move(s));
+      heap.push_back(structures.back().index);
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
   };
 
   // Structures are visited in rounds of a few, best bound first; within a round every
@@ -480,7 +492,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   std::vector<std::unique_ptr<Searcher>> searchers;
   for (int t = 0; t < options.threads; ++t) searchers.push_back(std::make_unique<Searcher>(cost, options));
   SearchStats& stats = searchers.front()->stats;
-  stats.structures = static_cast<int64_t>(structures.size());
+  for (const Structure& s : structures) stats.structures += s.orders;
   const size_t keep = static_cast<size_t>(std::max(0, options.runner_ups)) + 1;
   std::vector<std::pair<std::string, Solution>> kept;  // distinct layouts, best score first
   double frugal_ratio = kInfinity;
@@ -512,17 +524,19 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     return out;
   };
   constexpr size_t kRound = 8;
-  while (heap_size > 0) {
+  while (!heap.empty()) {
     const double threshold = kept.size() < keep ? kInfinity : kept.back().second.score;
     std::vector<int> round;
-    while (heap_size > 0 && round.size() < kRound) {
+    while (!heap.empty() && round.size() < kRound) {
       const int next = next_structure();
       if (bound[next] >= threshold) {
-        stats.pruned_by_bound += static_cast<int64_t>(heap_size) + 1;
-        heap_size = 0;
+        stats.pruned_by_bound += structures[next].orders;
+        for (int left : heap) stats.pruned_by_bound += structures[left].orders;
+        heap.clear();
         break;
       }
-      round.push_back(next);
+      if (structures[next].all_orders) expand(next);
+      else round.push_back(next);
     }
     std::vector<Outcome> outcomes(round.size());
     auto work = [&](int thread) {

@@ -311,19 +311,25 @@ class Searcher {
     double cap = kInfinity;
     std::vector<int> blocks;
     std::vector<StageOption> chosen;
+    bool exact_bottleneck = false;
     while (true) {
       double sum = 0;
       if (!split_min_sum(s, slot_infos, cap, k_limit, &blocks, &chosen, &sum)) break;
-      // The first solve filled every (stage, count) option set: the exact smallest
-      // bottleneck over all splits bounds every later one.
-      if (cap == kInfinity) bottleneck_bound = std::max(bottleneck_bound, min_bottleneck(s, slot_infos));
       double bottleneck = 0;
       for (const StageOption& o : chosen) bottleneck = std::max(bottleneck, a * o.t + o.u);
       const double step = sum / v + bottleneck;
       if (!best || step < best->step_seconds) {
         best = Solution{s.index, step, step, blocks, chosen};
       }
-      if (sum / v + bottleneck_bound >= std::min(best->step_seconds, threshold_seconds)) break;
+      const double target = std::min(best->step_seconds, threshold_seconds);
+      if (sum / v + bottleneck_bound >= target) break;
+      // The first solve filled every (stage, count) option set: the exact smallest bottleneck
+      // over all splits bounds every later one. Priced only when the cheap bound falls short.
+      if (!exact_bottleneck) {
+        bottleneck_bound = std::max(bottleneck_bound, min_bottleneck(s, slot_infos));
+        exact_bottleneck = true;
+        if (sum / v + bottleneck_bound >= target) break;
+      }
       cap = std::nextafter(bottleneck, 0.0);
     }
     return best;
@@ -331,25 +337,45 @@ class Searcher {
 
   // Smallest possible max over stages of (m - 1/v) t + u, over every split, from the option
   // sets the last split_min_sum visited (min-max dynamic program).
-  double min_bottleneck(const Structure& s, const std::vector<SlotInfo>& slot_infos) const {
+  double min_bottleneck(const Structure& s, const std::vector<SlotInfo>& slot_infos) {
     const int p = static_cast<int>(slot_infos.size());
     const int v = s.virtual_chunks;
     const int units = static_cast<int>(cost_.model().num_layers) / v;
     const double a = s.micro_batches - 1.0 / v;
     const size_t width = static_cast<size_t>(units) + 1;
-    std::vector<double> worst((p + 1) * width, kInfinity);
+    // Per (stage, count): the stage's smallest (m - 1/v) t + u; NaN where the structure does not
+    // allow the count (pinned split). Counts end at the first without an option (more blocks
+    // need more memory).
+    std::vector<double>& fastest = scratch_.fastest;
+    fastest.assign(p * width, kInfinity);
+    std::vector<int>& k_end = scratch_.k_end;
+    k_end.assign(p, units + 1);
+    for (int st = 0; st < p; ++st)
+      for (int k = 1; k <= units; ++k) {
+        const std::vector<StageOption>* set = option_table_[st * width + k];
+        if (!set) {
+          fastest[st * width + k] = std::numeric_limits<double>::quiet_NaN();
+          continue;
+        }
+        if (set->empty()) {
+          k_end[st] = k;
+          break;
+        }
+        for (const StageOption& o : *set) fastest[st * width + k] = std::min(fastest[st * width + k], a * o.t + o.u);
+      }
+    std::vector<double>& worst = scratch_.worst;
+    worst.assign((p + 1) * width, kInfinity);
     worst[0] = 0;
     for (int st = 0; st < p; ++st)
       for (int j = 0; j < units; ++j) {
-        if (worst[st * width + j] == kInfinity) continue;
-        for (int k = 1; j + k <= units; ++k) {
-          const std::vector<StageOption>* set = option_table_[st * width + k];
-          if (!set) continue;       // not a count this structure allows (pinned split)
-          if (set->empty()) break;  // more blocks need more memory
-          double g = kInfinity;
-          for (const StageOption& o : *set) g = std::min(g, a * o.t + o.u);
+        const double before = worst[st * width + j];
+        if (before == kInfinity) continue;
+        const int k_last = std::min(units - j, k_end[st] - 1);
+        for (int k = 1; k <= k_last; ++k) {
+          const double g = fastest[st * width + k];
+          if (std::isnan(g)) continue;
           double& cell = worst[(st + 1) * width + j + k];
-          cell = std::min(cell, std::max(worst[st * width + j], g));
+          cell = std::min(cell, std::max(before, g));
         }
       }
     return worst[p * width + units];
@@ -433,6 +459,9 @@ class Searcher {
     std::vector<int> take;
     std::vector<const StageOption*> pick;
     std::vector<const StageOption*> under_cap;
+    std::vector<double> fastest;
+    std::vector<int> k_end;
+    std::vector<double> worst;
     std::vector<StageRate> stage_rates;  // of the structure last given to refined_lower_bound
     std::vector<int> k_limit;
   } scratch_;

@@ -2,6 +2,9 @@
 // the cost objective, determinism, and clear errors for bad input ("done when" 5).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
+
 #include "../support/specs.hpp"
 #include "search/baselines.hpp"
 #include "search/planner.hpp"
@@ -196,6 +199,39 @@ TEST(PlannerErrors, NothingFitsSaysHowMuchAndWhatHelps) {
     EXPECT_NE(e.hint().find("recomputation"), std::string::npos);
     EXPECT_NE(e.hint().find("offload"), std::string::npos);
   }
+}
+
+// Without a pinned order the planner visits each set of device types as one family and expands
+// its pipeline orders only when the search reaches it: the result must equal the best over
+// every pinned order of every subset, and the space it reports must count every order.
+TEST(Planner, OrderFamiliesMatchEveryPinnedOrder) {
+  using namespace testing;
+  const ModelSpec m = llama("toy", 12, 1024, 8, 8, 2816, 8000);
+  const ClusterSpec c = cluster("three", {a100_80(), v100_32(), l4()}, {{0, 1, 4}, {1, 1, 4}, {2, 1, 4}});
+  CostModel cost(m, c, train(1024, 32));
+  const SearchResult free_search = plan_search(cost, {});
+  const std::vector<std::string> names = {"a100-80", "v100-32", "l4"};
+  double best_pinned = std::numeric_limits<double>::infinity();
+  int64_t pinned_space = 0;
+  for (int mask = 1; mask < 8; ++mask) {
+    std::vector<std::string> order;
+    for (int i = 0; i < 3; ++i)
+      if (mask & (1 << i)) order.push_back(names[i]);
+    std::sort(order.begin(), order.end());
+    do {
+      SearchOptions o;
+      o.device_order = order;
+      try {
+        const SearchResult r = plan_search(cost, o);
+        best_pinned = std::min(best_pinned, r.plan.step_seconds);
+        pinned_space += r.stats.structures;
+      } catch (const Error& e) {
+        ADD_FAILURE() << e.message();  // every order of these types fits
+      }
+    } while (std::next_permutation(order.begin(), order.end()));
+  }
+  EXPECT_NEAR(free_search.plan.step_seconds, best_pinned, 1e-9 * best_pinned);
+  EXPECT_EQ(free_search.stats.structures, pinned_space);
 }
 
 TEST(PlannerErrors, PinsThatContradictTheCluster) {

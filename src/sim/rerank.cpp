@@ -36,9 +36,18 @@ RerankReport plan_rerank_by_simulation(SearchResult* result, const CostModel& co
   chosen.runner_ups.clear();
   for (size_t i = 0; i < result->candidates.size(); ++i) {
     if (i == best) continue;
-    RunnerUp r = runner_up_explain(chosen, result->candidates[i], by_cost);
-    r.reason += fmt::format("; simulated {} vs {}", units_format_seconds(report.simulated_step_seconds[i]),
-                            units_format_seconds(report.simulated_step_seconds[best]));
+    const Plan& other = result->candidates[i];
+    RunnerUp r = runner_up_explain(chosen, other, by_cost);
+    const std::string simulated = fmt::format("{} vs {}", units_format_seconds(report.simulated_step_seconds[i]),
+                                              units_format_seconds(report.simulated_step_seconds[best]));
+    // A candidate the formula ranked above the chosen plan lost in the simulation alone.
+    const double formula_gap = by_cost ? other.price_per_million_tokens / chosen.price_per_million_tokens - 1.0
+                                       : chosen.tokens_per_second / other.tokens_per_second - 1.0;
+    if (formula_gap < 0)
+      r.reason = fmt::format("slower when simulated ({}), though {:.0f}% better by the formula", simulated,
+                             -formula_gap * 100);
+    else
+      r.reason += "; simulated " + simulated;
     chosen.runner_ups.push_back(r);
   }
   chosen.notes = result->plan.notes;

@@ -451,8 +451,14 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   mem.gradients_bytes = params * (master ? 4.0 : e);
   mem.master_weights_bytes = master ? sharded(c.zero >= 1 ? dp : 1.0) * 4.0 : 0;
   mem.optimizer_states_bytes = sharded(c.zero >= 1 ? dp : 1.0) * 4.0 * states;
-  // ZeRO 3 gathers one unit's weights at a time: a block, or the head with its matrix.
-  if (c.zero >= 3 && dp > 1) mem.zero3_gather_bytes = std::max(u.block_parameters, c.has_head ? head_params : 0.0) * e;
+  // ZeRO 3 gathers the unit in use and prefetches the next one (Alloy's runtime, like
+  // DeepSpeed's prefetch): two blocks, or a block with the embedding or the head.
+  if (c.zero >= 3 && dp > 1) {
+    double pair = c.blocks > 1 ? 2 * u.block_parameters : u.block_parameters;
+    if (c.has_head) pair = std::max(pair, u.block_parameters + head_params);
+    if (c.has_embedding) pair = std::max(pair, u.embedding_parameters + u.block_parameters);
+    mem.zero3_gather_bytes = pair * e;
+  }
   // The block in use and `depth` fetched ahead are resident, each with its weights and its
   // gradient buffer (fp32 under master weights).
   const double g = master ? 4.0 : e;

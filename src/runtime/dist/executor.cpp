@@ -417,6 +417,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
     case OpKind::OpKind_optimizer: {
       for (const CommHandle& h : pending_reductions_) wait(h, stats);
       pending_reductions_.clear();
+      if (zero3_) zero3_->drop_prefetched();  // gathered before the update: stale after it
       if (offload_) {  // the offloaded blocks' gradients must be back in host memory
         const double start = now();
         offload_->step_end();

@@ -38,16 +38,20 @@ Zero3Parameters::Zero3Parameters(Model& model, const ParamLayout& layout, Commun
 }
 
 Zero3Parameters::~Zero3Parameters() {
-  for (auto& [id, unit] : units_) model_.arena->release(unit.buffer);
+  for (auto& [id, unit] : units_) {
+    if (unit.in_flight) unit.gathering.wait();
+    model_.arena->release(unit.buffer);
+  }
   model_.arena->release(pieces_);
   model_.parameter_source = nullptr;
 }
 
 double Zero3Parameters::take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }
 
-// Fills unit.buffer: the tied table (not sharded) from this member's copy, the rest all-gathered
-// from the members' pieces of the one bucket that holds the unit.
-void Zero3Parameters::gather(Unit& unit) {
+// Allocates and fills unit.buffer: the tied table (not sharded) from this member's copy, the rest
+// all-gathered from the members' pieces of the one bucket that holds the unit (left in flight).
+void Zero3Parameters::gather_start(Unit& unit) {
+  unit.buffer = model_.arena->allocate_floats(unit.range.count, "zero3 gathered weights");
   FlatRange sharded = unit.range;
   const FlatRange& tied = layout_.tied_embedding;
   if (tied.count > 0 && tied.offset >= unit.range.offset && tied.offset < unit.range.offset + unit.range.count) {
@@ -73,9 +77,45 @@ void Zero3Parameters::gather(Unit& unit) {
     }
     piece_begin += bucket->piece_counts[d];
   }
+  unit.gathering = comm_.all_gather(unit.buffer + (sharded.offset - unit.range.offset), counts, dp_);
+  unit.in_flight = true;
+}
+
+void Zero3Parameters::gather_finish(Unit& unit) {
+  if (!unit.in_flight) return;
   const auto start = std::chrono::steady_clock::now();
-  comm_.all_gather(unit.buffer + (sharded.offset - unit.range.offset), counts, dp_).wait();
+  unit.gathering.wait();
+  unit.in_flight = false;
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+Zero3Parameters::Unit* Zero3Parameters::next_unit(int id, bool backward) {
+  const auto found = [&](int other) {
+    auto it = units_.find(other);
+    return it == units_.end() ? nullptr : &it->second;
+  };
+  // Blocks are the non-negative ids, in model order.
+  const int first_block = units_.lower_bound(0) == units_.end() ? -1 : units_.lower_bound(0)->first;
+  const int last_block = units_.empty() || units_.rbegin()->first < 0 ? -1 : units_.rbegin()->first;
+  if (!backward) {
+    if (id == kUnitEmbedding) return first_block >= 0 ? found(first_block) : found(kUnitHead);
+    if (id == kUnitHead) return nullptr;
+    if (Unit* next = found(id + 1)) return next;
+    return id == last_block ? found(kUnitHead) : nullptr;
+  }
+  if (id == kUnitHead) return last_block >= 0 ? found(last_block) : found(kUnitEmbedding);
+  if (id == kUnitEmbedding) return nullptr;
+  if (Unit* previous = found(id - 1)) return previous;
+  return id == first_block ? found(kUnitEmbedding) : nullptr;
+}
+
+void Zero3Parameters::drop_prefetched() {
+  for (auto& [id, unit] : units_) {
+    if (unit.holders > 0 || unit.buffer == nullptr) continue;
+    gather_finish(unit);
+    model_.arena->release(unit.buffer);
+    unit.buffer = nullptr;
+  }
 }
 
 void Zero3Parameters::bind(const Unit& unit, float* base) {
@@ -85,15 +125,18 @@ void Zero3Parameters::bind(const Unit& unit, float* base) {
   if (model_.spec.tied_embeddings) model_.weights.lm_head = model_.weights.token;
 }
 
-void Zero3Parameters::acquire(int id, bool /*backward*/) {
+void Zero3Parameters::acquire(int id, bool backward) {
   // A tied head reads the embedding's table when both are on this stage.
   if (id == kUnitHead && model_.spec.tied_embeddings && model_.shard.has_embedding) acquire(kUnitEmbedding, false);
   auto it = units_.find(id);
   if (it == units_.end()) throw Error(fmt::format("ZeRO 3: unit {} has no parameters on this rank", id));
   Unit& unit = it->second;
   if (unit.holders++ > 0) return;
-  unit.buffer = model_.arena->allocate_floats(unit.range.count, "zero3 gathered weights");
-  gather(unit);
+  if (unit.buffer == nullptr) gather_start(unit);
+  // Every member acquires in the same order, so the prefetches post their collectives alike.
+  Unit* next = next_unit(id, backward);
+  if (next != nullptr && next->buffer == nullptr) gather_start(*next);
+  gather_finish(unit);
   bind(unit, unit.buffer);
 }
 
@@ -114,6 +157,7 @@ std::vector<float> Zero3Parameters::full_parameters() {
     std::memcpy(full.data() + unit.range.offset, unit.buffer, static_cast<size_t>(unit.range.count) * sizeof(float));
     release(id, false);
   }
+  drop_prefetched();
   return full;
 }
 

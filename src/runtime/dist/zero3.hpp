@@ -1,6 +1,8 @@
 // ZeRO 3 parameters: each data-parallel member keeps only its pieces of the stage's weights;
 // the weights of a block (or of the embedding or head) are all-gathered into a temporary
-// buffer just before the passes use them and freed right after.
+// buffer and freed right after the pass that uses them. Acquiring a unit starts the gather of
+// the next one in the pass's order (the next block forward, the previous one backward), so it
+// runs during this unit's compute: two units are gathered at most.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,8 @@ class Zero3Parameters : public ParameterSource {
 
   // This member's pieces: (layout.optimizer_floats()), what the optimizer updates.
   float* pieces() { return pieces_; }
+  // Drops gathered weights no pass holds (a prefetch not used yet): call before the pieces change.
+  void drop_prefetched();
   // Every parameter of the rank's shard in model order (num_parameters). Collective over dp.
   std::vector<float> full_parameters();
   double take_wait_seconds();
@@ -35,10 +39,15 @@ class Zero3Parameters : public ParameterSource {
   struct Unit {
     FlatRange range;                 // the unit's views in the flat layout
     std::vector<size_t> views;       // indices into model.views
-    float* buffer = nullptr;         // gathered weights while acquired
+    float* buffer = nullptr;         // gathered (or being gathered) weights
+    CommHandle gathering;            // the all-gather in flight, if any
+    bool in_flight = false;
     int holders = 0;
   };
-  void gather(Unit& unit);
+  void gather_start(Unit& unit);
+  void gather_finish(Unit& unit);
+  // The unit a pass uses after `id` on this rank's contiguous blocks, or nullptr.
+  Unit* next_unit(int id, bool backward);
   void bind(const Unit& unit, float* base);
 
   Model& model_;

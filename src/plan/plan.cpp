@@ -36,6 +36,14 @@ int PlanStage::num_blocks() const {
   return n;
 }
 
+std::vector<bool> PlanStage::layer_flags(const std::vector<bool>& per_block, int64_t num_layers) const {
+  std::vector<bool> layers(static_cast<size_t>(num_layers), false);
+  size_t local = 0;
+  for (const LayerRange& c : chunks)
+    for (int b = c.begin; b < c.end; ++b, ++local) layers[static_cast<size_t>(b)] = local < per_block.size() && per_block[local];
+  return layers;
+}
+
 double PlanStage::memory_total_bytes() const {
   double total = 0;
   for (const MemoryTerm& t : memory)

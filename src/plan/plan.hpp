@@ -59,6 +59,9 @@ struct PlanStage {
 
   int num_blocks() const;
   double memory_total_bytes() const;
+  // Per-block flags of this stage (chunks in order, like `offload`) as flags per model layer,
+  // false for layers of other stages and past the end of `per_block`.
+  std::vector<bool> layer_flags(const std::vector<bool>& per_block, int64_t num_layers) const;
 };
 
 // A layout that lost, kept to explain the choice.

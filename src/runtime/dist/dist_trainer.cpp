@@ -30,11 +30,7 @@ namespace {
 // Bytes of host memory one rank of `stage` needs for its offloaded blocks: parameters,
 // gradients and the two AdamW moments, fp32 in the CPU runtime.
 double offloaded_host_bytes(const Plan& plan, const ModelSpec& model, size_t stage) {
-  const PlanStage& st = plan.stages[stage];
-  std::vector<bool> offloaded(static_cast<size_t>(model.num_layers), false);
-  size_t local = 0;
-  for (const LayerRange& c : st.chunks)
-    for (int b = c.begin; b < c.end; ++b) offloaded[static_cast<size_t>(b)] = st.offload[local++];
+  const std::vector<bool> offloaded = plan.stages[stage].layer_flags(plan.stages[stage].offload, model.num_layers);
   double floats = 0;
   for (const ShardedTensor& t : shard_tensors(model, rank_shard(plan, static_cast<int>(stage), 0))) {
     if (t.name.rfind("layers.", 0) != 0 || !offloaded[static_cast<size_t>(std::stoi(t.name.substr(7)))]) continue;

@@ -71,15 +71,6 @@ double clock_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// Per global block: the stage's per-block flags (`per_block`, chunks in order; empty: none).
-std::vector<bool> stage_block_flags(const PlanStage& stage, const std::vector<bool>& per_block, int64_t num_layers) {
-  std::vector<bool> blocks(static_cast<size_t>(num_layers), false);
-  size_t local = 0;
-  for (const LayerRange& c : stage.chunks)
-    for (int b = c.begin; b < c.end; ++b, ++local) blocks[static_cast<size_t>(b)] = local < per_block.size() && per_block[local];
-  return blocks;
-}
-
 bool any_set(const std::vector<bool>& flags) { return std::find(flags.begin(), flags.end(), true) != flags.end(); }
 
 }  // namespace
@@ -143,8 +134,8 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   const PlanStage& stage = plan.stages[schedule_.stage];
   arena_ = std::make_unique<Arena>(resources.memory_cap_bytes, stage.device_type);
   HostPlacement host;
-  host.blocks = stage_block_flags(stage, stage.offload, spec.num_layers);
-  const std::vector<bool> activations = stage_block_flags(stage, stage.offload_activations, spec.num_layers);
+  host.blocks = stage.layer_flags(stage.offload, spec.num_layers);
+  const std::vector<bool> activations = stage.layer_flags(stage.offload_activations, spec.num_layers);
   const bool offloads = any_set(host.blocks);
   if (offloads || any_set(activations)) {
     host_arena_ = std::make_unique<Arena>(static_cast<int64_t>(resources.host_memory_bytes), "the host of " + stage.device_type);

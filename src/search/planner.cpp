@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -19,6 +18,7 @@
 
 #include "search/explain.hpp"
 #include "search/layouts.hpp"
+#include "search/option_cache.hpp"
 #include "search/search_checks.hpp"
 #include "search/split_bound.hpp"
 #include "search/stage_options.hpp"
@@ -30,52 +30,6 @@ namespace alloy {
 namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
-
-struct UnitKey {
-  int type, tp, dp, dp_nodes, concurrent, sp;
-  int64_t micro_batch;
-  bool operator==(const UnitKey&) const = default;
-};
-
-// A stage position's option sets differ only in their block count: one key for all counts.
-struct SlotKey {
-  UnitKey unit;
-  double in_flight, boundary_seconds;
-  int chunks_sent, flags, micro_batches;
-  bool operator==(const SlotKey&) const = default;
-};
-
-// Option sets of one slot key by block count, computed on first use. Sized once, so a set's
-// address stays valid.
-struct SlotOptionSets {
-  explicit SlotOptionSets(int layers) : sets(static_cast<size_t>(layers) + 1), computed(static_cast<size_t>(layers) + 1, 0) {}
-  std::vector<std::vector<StageOption>> sets;
-  std::vector<char> computed;
-};
-
-struct KeyHash {
-  static size_t mix(size_t h, uint64_t v) { return (h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2))); }
-  static uint64_t bits(double d) {
-    uint64_t b;
-    std::memcpy(&b, &d, sizeof b);
-    return b;
-  }
-  size_t operator()(const UnitKey& k) const {
-    size_t h = 0;
-    for (int64_t v : {int64_t(k.type), int64_t(k.tp), int64_t(k.dp), int64_t(k.dp_nodes), int64_t(k.concurrent),
-                      int64_t(k.sp), k.micro_batch})
-      h = mix(h, static_cast<uint64_t>(v));
-    return h;
-  }
-  size_t operator()(const SlotKey& k) const {
-    size_t h = (*this)(k.unit);
-    h = mix(h, bits(k.in_flight));
-    h = mix(h, bits(k.boundary_seconds));
-    h = mix(h, static_cast<uint64_t>(k.chunks_sent) * 7 + k.flags);
-    h = mix(h, static_cast<uint64_t>(k.micro_batches));
-    return h;
-  }
-};
 
 // A stage with its key parts, inside one structure.
 struct SlotInfo {

@@ -150,7 +150,8 @@ RunnerUp runner_up_explain(const Plan& best, const Plan& other, bool by_cost) {
     why = fmt::format("exposed gradient sync and optimizer step on {} stage {} ({:.1f} ms vs {:.1f} ms)",
                       slow.device_type, b.bottleneck, b.overhead_seconds * 1e3, a.overhead_seconds * 1e3);
   }
-  r.reason = fmt::format("{}: +{:.0f}%{}", why, gap * 100, by_cost ? " price per token" : "");
+  const std::string margin = gap * 100 < 0.5 ? "+<1%" : fmt::format("+{:.0f}%", gap * 100);
+  r.reason = fmt::format("{}: {}{}", why, margin, by_cost ? " price per token" : "");
   return r;
 }
 

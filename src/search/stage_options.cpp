@@ -533,10 +533,14 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
       }
     }
   }
-  // Settle the survivors on the exact memory model.
+  // Settle the survivors on the exact cost model: time and overhead (offload was priced
+  // arithmetically) and memory.
+  const auto close = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); };
   for (const StageOption& o : *out) {
-    // Memory checks only: the gradient sync does not enter them.
-    const Context c{cost, slot, *slot.unit[o.sequence_parallel ? 1 : 0], blocks, o.zero, o.prefetch_depth, 0};
+    const StageUnitCosts& unit = *slot.unit[o.sequence_parallel ? 1 : 0];
+    const Context c{cost, slot, unit, blocks, o.zero, o.prefetch_depth, gradient_sync_seconds(cost, slot, unit, blocks, o.zero)};
+    const StageOption exact = option_timing(c, o.selective, o.full, o.offloaded);
+    if (!close(exact.t, o.t) || !close(exact.u, o.u)) return false;
     if (!fits(c, o.selective, o.full, o.offloaded)) return false;
     if (pins.recompute < 0 && o.selective + o.full > 0) {
       // A cheaper recomputation must not fit (rounding at the boundary).

@@ -1,6 +1,8 @@
 // Planner benchmark (issue 3, "done when" 2-4): search time on the reference problems, the
 // ratio to the best Megatron-style uniform layout, and the gain from using every device type.
 // Models and clusters are the shipped examples (examples/), plus a few built from the catalog.
+// Usage: bench_planner [--runs N] [--speed] [--only TEXT]; --speed prints only the search
+// times, --only TEXT only the speed problems whose name contains TEXT.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -234,14 +234,14 @@ class Searcher {
 
   // Exact best split for a structure: walk the bottleneck cap down from infinity, each time
   // solving the min-sum split under the cap; stop when no smaller cap can win.
-  // `*limited`: no split was found below the threshold, though some might fit.
+  // `bound` and `slowest_stage_bound`: refined_lower_bound's answers for this structure, the
+  // last structure it was given. `*limited`: no split was found below the threshold, though
+  // some might fit.
   std::optional<Solution> solve(const Structure& s, std::vector<SlotInfo>& slot_infos, double threshold_seconds,
-                                bool* limited) {
+                                double bound, double slowest_stage_bound, bool* limited) {
     option_table_.clear();
     const int v = s.virtual_chunks;
     const double a = s.micro_batches - 1.0 / v;
-    double slowest_stage_bound = 0;
-    const double bound = refined_lower_bound(s, slot_infos, &slowest_stage_bound);
     double bottleneck_bound = a * slowest_stage_bound;
     // A split whose stage st takes k units has a step of at least the bound's sum part plus
     // a (fixed + k unit) for that stage: counts past the threshold are never priced.
@@ -495,12 +495,13 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     const double factor = score_factor(s);
     std::vector<SlotInfo> slots = searcher.slots(s, pools);
     double slowest_stage_bound = 0;
-    if (searcher.refined_lower_bound(s, slots, &slowest_stage_bound) * factor >= threshold) {
+    const double refined = searcher.refined_lower_bound(s, slots, &slowest_stage_bound);
+    if (refined * factor >= threshold) {
       out.refined_pruned = true;
       return out;
     }
     bool limited = false;
-    out.solution = searcher.solve(s, slots, threshold / factor, &limited);
+    out.solution = searcher.solve(s, slots, threshold / factor, refined, slowest_stage_bound, &limited);
     if (out.solution) out.solution->score = out.solution->step_seconds * factor;
     else if (limited) out.refined_pruned = true;
     else out.frugal_ratio = searcher.frugal_memory_ratio(s, slots, &out.frugal_bytes, &out.frugal_type, &out.host);

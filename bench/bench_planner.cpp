@@ -70,11 +70,15 @@ double median(std::vector<double> v) {
 
 // `only`: run the problems whose name contains it (all when empty).
 void print_speed_table(int runs, const std::string& only) {
+  const std::vector<Case> cases = speed_cases();
+  if (std::none_of(cases.begin(), cases.end(), [&](const Case& c) { return c.name.find(only) != std::string::npos; }))
+    throw Error(fmt::format("--only '{}' matches no speed problem", only), {"", "--only"},
+                "give part of a problem's name, e.g. 'llama-3-70b' or 'v100-16-32'");
   fmt::print("Search time (one core, median of {} runs)\n", runs);
   fmt::print("  {:<40} {:>9} {:>7} {:>4} {:>10} {:>8} {:>8} {:>9} {:>9} {:>10}\n", "problem", "median ms", "target",
              "met", "structures", "bound", "refined", "evaluated", "DP runs", "tokens/s");
-  for (const Case& c : speed_cases()) {
-    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+  for (const Case& c : cases) {
+    if (c.name.find(only) == std::string::npos) continue;
     CostModel cost(c.model, c.cluster, c.train);
     std::vector<double> times;
     SearchResult last;

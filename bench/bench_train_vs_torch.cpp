@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "runtime/cpu/blas_core.hpp"
 #include "runtime/model.hpp"
 #include "runtime/profile.hpp"
 #include "runtime/threads.hpp"
@@ -113,14 +114,15 @@ Timing alloy_run(const ModelSpec& spec, int B, int T, int threads, int steps,
   return timing_of(seconds, cpu_seconds);
 }
 
-// Runs bench/torch_step.py; returns false when PyTorch is not available.
+// Runs bench/torch_step.py on the same OpenBLAS kernel family as Alloy (PyTorch's GEMMs go to
+// the same library: Debian builds it with BLAS_INFO=generic); false when PyTorch is missing.
 bool torch_run(const ModelSpec& spec, int B, int T, int threads, int steps, Timing& timing) {
   const bool gpt2 = spec.family == ModelFamily::ModelFamily_gpt2;
   const std::string command = fmt::format(
-      "OPENBLAS_NUM_THREADS={} OMP_NUM_THREADS={} /usr/bin/python3 {}/bench/torch_step.py "
+      "OPENBLAS_CORETYPE={} OPENBLAS_NUM_THREADS={} OMP_NUM_THREADS={} /usr/bin/python3 {}/bench/torch_step.py "
       "--family {} --layers {} --hidden {} --heads {} --kv-heads {} --ffn {} --vocab {} --seq {} "
       "--batch {} --threads {} --steps {} 2>&1",
-      threads, threads, ALLOY_SOURCE_DIR, gpt2 ? "gpt2" : "llama", spec.num_layers,
+      blas_core().name, threads, threads, ALLOY_SOURCE_DIR, gpt2 ? "gpt2" : "llama", spec.num_layers,
       spec.hidden_size,
       spec.num_heads, spec.num_kv_heads, spec.ffn_hidden_size, spec.vocab_size, T, B, threads,
       steps);
@@ -139,6 +141,11 @@ bool torch_run(const ModelSpec& spec, int B, int T, int threads, int steps, Timi
   timing.min_seconds = result["seconds_per_step_min"];
   timing.median_seconds = result["seconds_per_step_median"];
   timing.cpu_min_seconds = result["cpu_seconds_per_step_min"];
+  const std::string torch_core = result.value("blas_core", "unknown");
+  if (torch_core != blas_core().name) {
+    std::fprintf(stderr, "warning: PyTorch ran on OpenBLAS %s kernels, Alloy on %s: the ratio compares different GEMMs\n",
+                 torch_core.c_str(), blas_core().name.c_str());
+  }
   return true;
 }
 
@@ -243,8 +250,8 @@ int bench_main(int argc, char** argv) {
       {"llama L4 C256 H4/2 F688 V4096", bench_spec(ModelFamily::ModelFamily_llama)}};
   std::printf("training step = forward + backward + clip + AdamW, fp32, B=8 T=128; per side the "
               "best of %d rounds of %d steps, Alloy and PyTorch alternating; "
-              "OMP_WAIT_POLICY=%s\n",
-              options.rounds, options.steps, std::getenv("OMP_WAIT_POLICY"));
+              "OMP_WAIT_POLICY=%s\n%s, for both\n",
+              options.rounds, options.steps, std::getenv("OMP_WAIT_POLICY"), blas_core().note.c_str());
   std::printf("%-30s %3s | %16s %16s %13s | %9s %9s %7s | %6s %6s\n", "model", "thr",
               "alloy s (median)", "torch s (median)", "alloy/torch", "alloy cpu", "torch cpu",
               "ratio", "matmul", "attn");

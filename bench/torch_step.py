@@ -5,6 +5,7 @@ clipping and AdamW per step, float32, on a fixed random batch. Prints one JSON l
         --kv-heads 4 --ffn 1024 --vocab 4096 --seq 128 --batch 8 --threads 1 --steps 5"""
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -14,6 +15,16 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 import torch_reference  # noqa: E402
+
+
+def blas_core():
+    """OpenBLAS's kernel family in this process (torch loads the same libblas.so.3), or "unknown"."""
+    try:
+        corename = ctypes.CDLL("libblas.so.3").openblas_get_corename
+    except (OSError, AttributeError):
+        return "unknown"
+    corename.restype = ctypes.c_char_p
+    return corename().decode()
 
 
 def main():
@@ -61,6 +72,7 @@ def main():
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
     print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads(),
+                      "blas_core": blas_core(),
                       "seconds_per_step_min": min(times),
                       "seconds_per_step_median": sorted(times)[len(times) // 2],
                       "cpu_seconds_per_step_min": min(cpu_times),

@@ -15,6 +15,7 @@
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "runtime/device_speed.hpp"
+#include "runtime/cpu/blas_core.hpp"
 #include "runtime/dist/comm_profile.hpp"
 #include "runtime/dist/communicator.hpp"
 #include "runtime/layer_profile.hpp"
@@ -175,8 +176,8 @@ void run_profile(const ProfileCommand& c) {
     table.add_row({shape_text(shapes[i]), units_format_seconds(at(i, 0) / world), units_format_seconds(at(i, 1) / world)});
   fmt::print("Profile of {} on this machine at full speed ({} rank{} measuring at once, {} thread{} each)\n{}", model.name, world,
              world == 1 ? "" : "s", runtime_threads(), runtime_threads() == 1 ? "" : "s", table.render());
-  fmt::print("GEMM peak {}, memory bandwidth {}, optimizer step {:.2f} ns per parameter\n", units_format_flops(gemm),
-             units_format_bandwidth(bandwidth), 1e9 * optimizer[0] / world);
+  fmt::print("GEMM peak {}, memory bandwidth {}, optimizer step {:.2f} ns per parameter\n{}\n", units_format_flops(gemm),
+             units_format_bandwidth(bandwidth), 1e9 * optimizer[0] / world, blas_core().note);
   if (!collectives.empty()) {
     TextTable comm_table({"collective", "ranks>", "latency>", "bandwidth>"});
     for (const ProfiledCollective& pc : collectives)

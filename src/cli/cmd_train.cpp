@@ -11,6 +11,7 @@
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"
+#include "runtime/cpu/blas_core.hpp"
 #include "runtime/dist/dist_trainer.hpp"
 #include "runtime/io/tokenize.hpp"
 #include "runtime/trainer.hpp"
@@ -75,8 +76,8 @@ void print_summary(const ModelSpec& model, const TrainSpec& train, const Trainer
   } else if (r.final_val_loss) {
     fmt::print("validation loss {:.4f}\n", *r.final_val_loss);
   }
-  fmt::print("median {:.0f} tokens/s; measured GEMM peak {}; peak arena memory {}\n", rates[rates.size() / 2],
-             units_format_flops(r.gemm_peak_flops), units_format_bytes(static_cast<double>(r.peak_arena_bytes)));
+  fmt::print("median {:.0f} tokens/s; measured GEMM peak {} ({} kernels); peak arena memory {}\n", rates[rates.size() / 2],
+             units_format_flops(r.gemm_peak_flops), blas_core().name, units_format_bytes(static_cast<double>(r.peak_arena_bytes)));
 }
 
 // Options that the plan decides (batch, sequence, recomputation) or that only one rank runs.

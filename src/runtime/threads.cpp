@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/cpu/blas_core.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -42,6 +43,7 @@ int runtime_default_threads() {
 }
 
 void runtime_set_threads(int n) {
+  blas_core();  // before any GEMM: OpenBLAS's kernel family is chosen once per process
   g_threads = n >= 1 ? n : runtime_default_threads();
   omp_set_num_threads(g_threads);
   openblas_set_num_threads(1);

@@ -9,7 +9,8 @@ namespace alloy {
 int runtime_default_threads();
 
 // Sets the OpenMP thread count to n (n < 1: runtime_default_threads()) and OpenBLAS to one
-// thread per caller, since the kernels parallelise GEMMs themselves.
+// thread per caller, since the kernels parallelise GEMMs themselves; the first call also picks
+// OpenBLAS's kernel family (runtime/cpu/blas_core.hpp).
 void runtime_set_threads(int n);
 
 // The count last set (runtime_default_threads() before any call).

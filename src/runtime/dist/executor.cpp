@@ -13,6 +13,7 @@
 
 #include "runtime/cpu/optimizer.hpp"
 #include "spec/error.hpp"
+#include "util/clock.hpp"
 
 namespace alloy {
 
@@ -247,9 +248,12 @@ void RankRuntime::wait(const CommHandle& handle, RankStepStats& stats) {
   stats.wait_seconds += now() - start;
 }
 
-double RankRuntime::stretch_compute(double start, double waited) {
-  const double computed = now() - start - waited;
-  if (slowdown_ > 1.0) std::this_thread::sleep_for(std::chrono::duration<double>(computed * (slowdown_ - 1.0)));
+double RankRuntime::stretch_compute(double start, double cpu_start, double waited) {
+  if (slowdown_ > 1.0) {
+    const double target = slowdown_ * (thread_cpu_seconds() - cpu_start);
+    const double elapsed = now() - start - waited;
+    if (target > elapsed) std::this_thread::sleep_for(std::chrono::duration<double>(target - elapsed));
+  }
   return now();
 }
 
@@ -354,6 +358,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       for (const CommHandle& h : slot.receives) wait(h, stats);
       slot.receives.clear();
       const double compute_start = now();
+      const double cpu_start = thread_cpu_seconds();
       if (op.kind == OpKind::OpKind_forward) {
         slot.output = chunk_forward(*model_, slot.pass);
         if (slot.pass.heads && schedule_.tp_rank == 0) {
@@ -373,7 +378,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
                              (zero3_ ? zero3_->take_wait_seconds() : 0.0) +
                              (offload_ ? offload_->take_wait_seconds() : 0.0) +
                              (activation_offload_ ? activation_offload_->take_wait_seconds() : 0.0);
-      const double end = stretch_compute(compute_start, tp_wait);
+      const double end = stretch_compute(compute_start, cpu_start, tp_wait);
       stats.compute_seconds += end - compute_start - tp_wait;
       stats.wait_seconds += tp_wait;
       stats.pass_seconds += end - compute_start;
@@ -415,10 +420,11 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         stats.wait_seconds += now() - start;
       }
       const double compute_start = now();
+      const double cpu_start = thread_cpu_seconds();
       const double waited_before = stats.wait_seconds;
       optimizer(stats);
       const double waited = stats.wait_seconds - waited_before;  // the norm's and tied table's sums
-      const double end = stretch_compute(compute_start, waited);
+      const double end = stretch_compute(compute_start, cpu_start, waited);
       stats.compute_seconds += end - compute_start - waited;
       stats.optimizer_seconds += end - compute_start - waited;
       record(SimStream::SimStream_compute, op, index, compute_start, end);

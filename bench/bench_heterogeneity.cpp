@@ -1,21 +1,22 @@
 // Heterogeneity benchmark (issue 7, "heterogeneity gain"), measured with mpirun on emulated
-// unequal CPU devices: Alloy's plan (after `alloy profile`) against the best plan for the same
-// devices treated as equal (planned on a uniform view of the cluster with the smallest memory,
-// then run on the real one), and against the upper bound: the sum of what each device group
-// achieves alone (each planned with the same profile).
+// unequal CPU devices: Alloy's plan (after `alloy profile` and a calibrating run, as a user
+// would) against the best plan for the same devices treated as equal (planned on a uniform view
+// of the cluster with the smallest memory, then run on the real one), and against the upper
+// bound: the sum of what each device group achieves alone (each planned with the same profile).
+// Every plan runs in --rounds interleaved rounds and counts its fastest (this machine's cores
+// have slow spells lasting seconds).
+//   bench_heterogeneity [--steps N] [--rounds R] [--fast-memory M] [--slow-memory M] [--model M] [--train T]
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "hw/catalog.hpp"
 #include "mpi_bench_util.hpp"
@@ -43,6 +44,7 @@ std::string train;
 // cannot give a stage 1/3 or 2/3 of the work). --model and --train replace them.
 std::string kModel = "deep-gpt";
 int steps = 8;
+int rounds = 3;
 
 using alloy::bench::errors_in;
 using alloy::bench::median;
@@ -68,24 +70,35 @@ std::string cluster_yaml(const std::string& name, const std::vector<Group>& grou
   return path;
 }
 
-// Tokens per second of `plan_path` run with mpirun (median of the steps after the first), or 0.
-double measure(const std::string& plan_path, const std::string& cluster_path) {
+std::string train_command(const std::string& plan_path, const std::string& cluster_path, const std::string& log,
+                          const std::string& extra) {
   const alloy::Plan plan = alloy::plan_load(plan_path);
-  const std::string log = plan_path + ".jsonl";
-  const std::string output = plan_path + ".out";
-  if (run(fmt::format("{} {} train --plan {} --cluster {} --model {} --data {}/data.bin --train {} --steps {} "
-                      "--no-progress --log {} > {} 2>&1",
-                      mpirun(plan.num_used_devices()), alloy_binary, plan_path, cluster_path, kModel, dir, train, steps,
-                      log, output)) != 0) {
+  return fmt::format("{} {} train --plan {} --cluster {} --model {} --data {}/data.bin --train {} --steps {} "
+                     "--no-progress --log {} {}",
+                     mpirun(plan.num_used_devices()), alloy_binary, plan_path, cluster_path, kModel, dir, train, steps,
+                     log, extra);
+}
+
+// Tokens per second of `plan_path` run with mpirun (median of the steps after the first), or 0.
+double measure(const std::string& plan_path, const std::string& cluster_path, int round) {
+  const std::string log = fmt::format("{}.{}.jsonl", plan_path, round);
+  const std::string output = fmt::format("{}.{}.out", plan_path, round);
+  if (run(train_command(plan_path, cluster_path, log, "> " + output + " 2>&1")) != 0) {
     std::printf("%s", errors_in(output).c_str());
     return 0;
   }
-  std::ifstream in(log);
-  std::vector<double> rates;
-  int n = 0;
-  for (std::string line; std::getline(in, line); ++n)
-    if (n > 0) rates.push_back(nlohmann::json::parse(line).at("tokens_per_second").get<double>());
-  return median(rates);
+  return alloy::bench::run_result_read(log).tokens_per_second;
+}
+
+// Each plan's best rate over `rounds` rounds; a round runs every plan once, so that all of them
+// meet the machine's slow and fast spells alike. An empty path stays at 0.
+std::vector<double> measure_interleaved(const std::vector<std::pair<std::string, std::string>>& plans_and_clusters) {
+  std::vector<double> best(plans_and_clusters.size(), 0.0);
+  for (int round = 0; round < rounds; ++round)
+    for (size_t k = 0; k < plans_and_clusters.size(); ++k)
+      if (!plans_and_clusters[k].first.empty())
+        best[k] = std::max(best[k], measure(plans_and_clusters[k].first, plans_and_clusters[k].second, round));
+  return best;
 }
 
 std::string plan_for(const std::string& cluster_path, const std::string& name, const std::string& pins = "") {
@@ -122,11 +135,26 @@ void run_case(const Case& c) {
   std::printf("\n%s (time dilation %.2f on %u cores)\n", c.name.c_str(), dilation, std::thread::hardware_concurrency());
   const std::string real = cluster_yaml("real", c.groups, false);
   const std::string uniform = cluster_yaml("uniform", c.groups, true);
-  // Alloy as a user runs it: profile the cluster, then plan with the profile.
+  // Alloy as a user runs it: profile the cluster, plan with the profile, calibrate the profile
+  // from a run of that plan, and plan again with the calibrated profile.
+  const std::string measured = dir + "/measured.json";
   const std::string profile = dir + "/profile.json";
   if (run(fmt::format("{} {} profile --model {} --cluster {} --train {} -o {} > {}.txt 2>&1", mpirun(ranks),
-                      alloy_binary, kModel, real, train, profile, profile)) != 0) {
-    std::printf("  profiling failed (see %s.txt)\n", profile.c_str());
+                      alloy_binary, kModel, real, train, measured, measured)) != 0) {
+    std::printf("  profiling failed (see %s.txt)\n", measured.c_str());
+    return;
+  }
+  const std::string first_plan = plan_for(real, "first", "--profile " + measured);
+  const bool calibrated =
+      !first_plan.empty() &&
+      alloy::bench::calibrate_from_fastest_run(
+          [&](const std::string& log, const std::string& out) {
+            return train_command(first_plan, real, log,
+                                 fmt::format("--profile {} --calibrated-profile {} > /dev/null 2>&1", measured, out));
+          },
+          rounds, dir + "/calibration", profile);
+  if (!calibrated) {
+    std::printf("  calibrating failed (see %s)\n", dir.c_str());
     return;
   }
   const std::string alloy_plan = plan_for(real, "alloy", "--profile " + profile);
@@ -139,22 +167,27 @@ void run_case(const Case& c) {
     std::printf("  planning failed (see %s)\n", dir.c_str());
     return;
   }
-  const double alloy_rate = measure(alloy_plan, real);
-  const double uniform_rate = measure(move_to_real_cluster(uniform_plan, real), real);
-  double bound = 0;
+  std::vector<std::pair<std::string, std::string>> runs = {{alloy_plan, real},
+                                                           {move_to_real_cluster(uniform_plan, real), real}};
   for (size_t i = 0; i < c.groups.size(); ++i) {
     const std::string alone = cluster_yaml(fmt::format("alone-{}", i), {c.groups[i]}, false);
-    const std::string plan = plan_for(alone, fmt::format("alone-{}", i), "--profile " + profile);
-    const double rate = plan.empty() ? 0 : measure(plan, alone);
-    if (plan.empty())  // nothing fits these devices alone: they add nothing to the bound
-      std::printf("  %-28s %10s tokens/s (no plan without offload fits its memory)\n",
-                  fmt::format("{} alone", c.groups[i].type).c_str(), "0");
+    runs.emplace_back(plan_for(alone, fmt::format("alone-{}", i), "--profile " + profile), alone);
+  }
+  const std::vector<double> rates = measure_interleaved(runs);
+  const double alloy_rate = rates[0], uniform_rate = rates[1];
+  double bound = 0;
+  for (size_t i = 0; i < c.groups.size(); ++i) {
+    const std::string label = fmt::format("{} alone", c.groups[i].type);
+    if (runs[2 + i].first.empty())  // nothing fits these devices alone: they add nothing to the bound
+      std::printf("  %-28s %10s tokens/s (no plan without offload fits its memory)\n", label.c_str(), "0");
     else
-      std::printf("  %-28s %10.0f tokens/s\n", fmt::format("{} alone", c.groups[i].type).c_str(), rate);
-    bound += rate;
+      std::printf("  %-28s %10.0f tokens/s (predicted %.0f)\n", label.c_str(), rates[2 + i],
+                  alloy::plan_load(runs[2 + i].first).tokens_per_second);
+    bound += rates[2 + i];
   }
   std::printf("  %-28s %10.0f tokens/s\n", "uniform plan (devices equal)", uniform_rate);
-  std::printf("  %-28s %10.0f tokens/s\n", "Alloy's plan", alloy_rate);
+  std::printf("  %-28s %10.0f tokens/s (predicted %.0f)\n", "Alloy's plan", alloy_rate,
+              alloy::plan_load(alloy_plan).tokens_per_second);
   if (uniform_rate > 0 && bound > 0)
     std::printf("  gain over uniform %.2fx (target 1.3x); %.0f%% of the bound %.0f tokens/s (target 85%%)\n",
                 alloy_rate / uniform_rate, 100 * alloy_rate / bound, bound);
@@ -168,6 +201,7 @@ int main(int argc, char** argv) {
   std::string fast_memory = "128MiB", slow_memory = "64MiB";
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
+    if (std::string(argv[i]) == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
     if (std::string(argv[i]) == "--fast-memory") fast_memory = argv[i + 1];
     if (std::string(argv[i]) == "--slow-memory") slow_memory = argv[i + 1];
     if (std::string(argv[i]) == "--model") kModel = argv[i + 1];
@@ -181,8 +215,8 @@ int main(int argc, char** argv) {
   if (run(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}/data.bin > /dev/null", alloy_binary, ALLOY_SOURCE_DIR,
                       dir)) != 0)
     return 1;
-  std::printf("%s, %d steps per run, memory: fast %s, slower %s\n", kModel.c_str(), steps, fast_memory.c_str(),
-              slow_memory.c_str());
+  std::printf("%s, %d steps per run, best of %d rounds, memory: fast %s, slower %s\n", kModel.c_str(), steps, rounds,
+              fast_memory.c_str(), slow_memory.c_str());
   run_case({"4 ranks: speeds 1, 1, 0.5, 0.5",
             {{"cpu-fast", 1.0, fast_memory, 2}, {"cpu-half", 0.5, slow_memory, 2}}});
   run_case({"3 ranks: speeds 1, 0.5, 0.25",

@@ -1,5 +1,6 @@
 // Shared by the benchmarks that drive the alloy binary under mpirun: running commands, the
-// mpirun prefix and environment, medians, and the error lines of a failed run.
+// mpirun prefix and environment, medians, the error lines of a failed run, reading a run's
+// step log, and calibrating a profile from the fastest of a few runs.
 #pragma once
 
 #include <sys/wait.h>
@@ -9,10 +10,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace alloy::bench {
 
@@ -50,6 +54,54 @@ inline std::string errors_in(const std::string& path) {
   for (std::string line; std::getline(in, line);)
     if (line.find("error") != std::string::npos || line.find("fix:") != std::string::npos) text += "    " + line + "\n";
   return text;
+}
+
+// One `alloy train --log` run, from its step log.
+struct RunResult {
+  double step_seconds = 0;               // median of the steps after the first (it warms up)
+  double tokens_per_second = 0;          // median of the same steps
+  std::vector<double> peak_arena_bytes;  // per rank, over all steps
+};
+
+inline RunResult run_result_read(const std::string& log) {
+  RunResult r;
+  std::vector<double> step_seconds, rates;
+  std::ifstream in(log);
+  int line_number = 0;
+  for (std::string line; std::getline(in, line); ++line_number) {
+    if (line_number == 0) continue;
+    const nlohmann::json j = nlohmann::json::parse(line);
+    step_seconds.push_back(j.at("step_seconds").get<double>());
+    rates.push_back(j.at("tokens_per_second").get<double>());
+    const nlohmann::json& ranks = j.at("ranks");
+    r.peak_arena_bytes.resize(ranks.size(), 0.0);
+    for (size_t k = 0; k < ranks.size(); ++k)
+      r.peak_arena_bytes[k] = std::max(r.peak_arena_bytes[k], ranks.at(k).at("peak_arena_bytes").get<double>());
+  }
+  r.step_seconds = median(step_seconds);
+  r.tokens_per_second = median(rates);
+  return r;
+}
+
+// Calibrates a profile as a user would, from a run of a plan made with it, but keeps the fastest
+// of `rounds` runs: this machine's cores have slow spells lasting seconds, and a run caught in
+// one would calibrate every later plan slow. `train_command(log, calibrated)` is the mpirun
+// command line of one run that writes its step log and calibrated profile to those paths.
+// Returns false when a run failed.
+inline bool calibrate_from_fastest_run(const std::function<std::string(const std::string&, const std::string&)>& train_command,
+                                       int rounds, const std::string& work_prefix, const std::string& calibrated_out) {
+  double fastest = 0;
+  for (int round = 0; round < rounds; ++round) {
+    const std::string log = fmt::format("{}-{}.jsonl", work_prefix, round);
+    const std::string calibrated = fmt::format("{}-{}.json", work_prefix, round);
+    if (run(train_command(log, calibrated)) != 0) return false;
+    const double step = run_result_read(log).step_seconds;
+    if (round == 0 || step < fastest) {
+      fastest = step;
+      std::filesystem::copy_file(calibrated, calibrated_out, std::filesystem::copy_options::overwrite_existing);
+    }
+  }
+  return true;
 }
 
 }  // namespace alloy::bench

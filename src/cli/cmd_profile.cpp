@@ -38,6 +38,7 @@ struct ProfileCommand {
   std::string train_file;
   std::string output = "profile.json";
   int repeats = 5;
+  int rounds = 3;
   int threads = 0;
   std::string device = "cpu";
   int gpu = 0;
@@ -68,6 +69,58 @@ std::string shape_text(const LayerShape& s) {
                      s.sequence_parallel ? " sp" : "");
 }
 
+// Who measures when: every rank at once, or one rank at a time (`in_turn`), `rounds` times.
+struct ProfileSchedule {
+  Communicator* comm = nullptr;  // null: this process alone
+  bool in_turn = false;
+  int rounds = 1;
+  bool root = true;
+};
+
+// Runs `measure` once per round on this rank, at its turn when the ranks take turns.
+template <typename Measure>
+void each_round_at_my_turn(const ProfileSchedule& schedule, const Measure& measure) {
+  const int world = schedule.comm ? schedule.comm->world_size() : 1;
+  const int rank = schedule.comm ? schedule.comm->rank() : 0;
+  for (int round = 0; round < schedule.rounds; ++round) {
+    for (int turn = 0; turn < (schedule.in_turn ? world : 1); ++turn) {
+      if (schedule.in_turn) comm_barrier(*schedule.comm);  // the previous rank is done
+      if (!schedule.in_turn || turn == rank) measure(round);
+    }
+  }
+}
+
+// This rank's times per shape: per shape, the fastest of `rounds` sweeps over all the shapes
+// (each the median of `repeats` runs). On a shared machine a spell of slower cores lasts
+// seconds; sweeping again spreads each shape's samples over the whole profile.
+std::vector<LayerTiming> measure_layers(const ModelSpec& model, const std::vector<LayerShape>& shapes, int repeats,
+                                        const ProfileSchedule& schedule) {
+  std::vector<LayerTiming> best(shapes.size());
+  const int rank = schedule.comm ? schedule.comm->rank() : 0;
+  each_round_at_my_turn(schedule, [&](int round) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (schedule.root || schedule.in_turn)
+        progress_line(fmt::format("profile round {}/{}{} [{}/{}] {}", round + 1, schedule.rounds,
+                                  schedule.in_turn ? fmt::format(" rank {}", rank) : "", i + 1, shapes.size(),
+                                  shape_text(shapes[i])));
+      const LayerTiming t = layer_profile_measure(model, shapes[i], repeats);
+      if (round == 0 || t.forward_seconds + t.backward_seconds < best[i].forward_seconds + best[i].backward_seconds)
+        best[i] = t;
+    }
+  });
+  return best;
+}
+
+// Seconds per parameter of this rank's optimizer step, the fastest of the rounds.
+double measure_optimizer(int repeats, const ProfileSchedule& schedule) {
+  double best = 0;
+  each_round_at_my_turn(schedule, [&](int round) {
+    const double seconds = profile_optimizer_seconds_per_parameter(repeats);
+    best = round == 0 ? seconds : std::min(best, seconds);
+  });
+  return best;
+}
+
 void run_profile(const ProfileCommand& c) {
   const ModelSpec model = model_load(c.model);
   const ClusterSpec cluster = cluster_load(c.cluster, catalog_builtin());
@@ -75,6 +128,7 @@ void run_profile(const ProfileCommand& c) {
   if (!c.train_file.empty()) train = train_load(c.train_file);
   train.seq_len = std::min(train.seq_len, model.max_seq_len);
   if (c.repeats < 1) throw Error("needs at least one repetition", {"", "--repeats"}, "use --repeats 3");
+  if (c.rounds < 1) throw Error("needs at least one round", {"", "--rounds"}, "use --rounds 3");
   if (c.device != "cpu" && c.device != "cuda") throw Error("unknown device '" + c.device + "'", {"", "--device"}, "use cpu or cuda");
   if (c.device == "cuda") {
     profile_on_gpu(model, c.cluster, train, c.repeats, c.gpu, c.output);
@@ -107,28 +161,19 @@ void run_profile(const ProfileCommand& c) {
   // With time dilation the ranks of a run do not compete for cores, so they are measured one
   // at a time here; without it they share the cores in training too and measure all at once.
   const bool in_turn = comm && emulation_dilation(ranks_on_host, runtime_threads()) > 1.0;
-  for (int turn = 0; turn < (in_turn ? world : 1); ++turn) {
-    if (in_turn) comm_barrier(*comm);  // the previous rank is done
-    if (in_turn && turn != rank) continue;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      if (root || in_turn)
-        progress_line(fmt::format("profile{} [{}/{}] {}", in_turn ? fmt::format(" rank {}", rank) : "", i + 1,
-                                  shapes.size(), shape_text(shapes[i])));
-      const LayerTiming t = layer_profile_measure(model, shapes[i], c.repeats);
-      at(i, 0) = t.forward_seconds;
-      at(i, 1) = t.backward_seconds;
-      at(i, 2 + 2 * my_type) = t.forward_seconds * my_slowdown;
-      at(i, 3 + 2 * my_type) = t.backward_seconds * my_slowdown;
-    }
+  const ProfileSchedule schedule{comm.get(), in_turn, c.rounds, root};
+  const std::vector<LayerTiming> timings = measure_layers(model, shapes, c.repeats, schedule);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    at(i, 0) = timings[i].forward_seconds;
+    at(i, 1) = timings[i].backward_seconds;
+    at(i, 2 + 2 * my_type) = timings[i].forward_seconds * my_slowdown;
+    at(i, 3 + 2 * my_type) = timings[i].backward_seconds * my_slowdown;
   }
   sums[sums.size() - types + my_type] = 1;
   if (comm) comm->all_reduce(sums.data(), static_cast<int64_t>(sums.size()), comm->world()).wait();
   // The optimizer step's rate: [0] summed over ranks at full speed, [1 + type] stretched per type.
   std::vector<double> optimizer(1 + types, 0.0);
-  for (int turn = 0; turn < (in_turn ? world : 1); ++turn) {
-    if (in_turn) comm_barrier(*comm);
-    if (!in_turn || turn == rank) optimizer[0] = profile_optimizer_seconds_per_parameter(c.repeats);
-  }
+  optimizer[0] = measure_optimizer(c.repeats, schedule);
   optimizer[1 + my_type] = optimizer[0] * my_slowdown;
   if (comm) comm->all_reduce(optimizer.data(), static_cast<int64_t>(optimizer.size()), comm->world()).wait();
   const double* ranks_of_type = sums.data() + sums.size() - types;
@@ -204,6 +249,8 @@ void add_profile(CLI::App& app, int* exit_code) {
   cmd->add_option("--train,-t", c->train_file, "Training setup .yaml (global batch and sequence length to cover)");
   cmd->add_option("--output,-o", c->output, "Profile to write")->capture_default_str();
   cmd->add_option("--repeats", c->repeats, "Timed runs per shape (median; one warm-up run first)")->capture_default_str();
+  cmd->add_option("--rounds", c->rounds, "Sweeps over all shapes; each shape keeps its fastest (a shared machine's slow spells)")
+      ->capture_default_str();
   cmd->add_option("--threads", c->threads, "Threads per rank (default: cores / ranks on this node, or ALLOY_THREADS)");
   cmd->add_option("--device", c->device, "cpu, or cuda: measure on a GPU as the cluster's first (GPU) device type")
       ->capture_default_str();

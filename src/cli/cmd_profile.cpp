@@ -59,66 +59,9 @@ int cpu_devices_per_node(const ClusterSpec& cluster) {
   return most;
 }
 
-void comm_barrier(Communicator& comm) {
-  double token = 0;
-  comm.all_reduce(&token, 1, comm.world()).wait();
-}
-
 std::string shape_text(const LayerShape& s) {
   return fmt::format("{} mb {} seq {} tp {}{}", layer_kind_name(s.kind), s.micro_batch, s.seq_len, s.tp,
                      s.sequence_parallel ? " sp" : "");
-}
-
-// Who measures when: every rank at once, or one rank at a time (`in_turn`), `rounds` times.
-struct ProfileSchedule {
-  Communicator* comm = nullptr;  // null: this process alone
-  bool in_turn = false;
-  int rounds = 1;
-  bool root = true;
-};
-
-// Runs `measure` once per round on this rank, at its turn when the ranks take turns.
-template <typename Measure>
-void each_round_at_my_turn(const ProfileSchedule& schedule, const Measure& measure) {
-  const int world = schedule.comm ? schedule.comm->world_size() : 1;
-  const int rank = schedule.comm ? schedule.comm->rank() : 0;
-  for (int round = 0; round < schedule.rounds; ++round) {
-    for (int turn = 0; turn < (schedule.in_turn ? world : 1); ++turn) {
-      if (schedule.in_turn) comm_barrier(*schedule.comm);  // the previous rank is done
-      if (!schedule.in_turn || turn == rank) measure(round);
-    }
-  }
-}
-
-// This rank's times per shape: per shape, the fastest of `rounds` sweeps over all the shapes
-// (each the median of `repeats` runs). On a shared machine a spell of slower cores lasts
-// seconds; sweeping again spreads each shape's samples over the whole profile.
-std::vector<LayerTiming> measure_layers(const ModelSpec& model, const std::vector<LayerShape>& shapes, int repeats,
-                                        const ProfileSchedule& schedule) {
-  std::vector<LayerTiming> best(shapes.size());
-  const int rank = schedule.comm ? schedule.comm->rank() : 0;
-  each_round_at_my_turn(schedule, [&](int round) {
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      if (schedule.root || schedule.in_turn)
-        progress_line(fmt::format("profile round {}/{}{} [{}/{}] {}", round + 1, schedule.rounds,
-                                  schedule.in_turn ? fmt::format(" rank {}", rank) : "", i + 1, shapes.size(),
-                                  shape_text(shapes[i])));
-      const LayerTiming t = layer_profile_measure(model, shapes[i], repeats);
-      if (round == 0 || t.forward_seconds + t.backward_seconds < best[i].forward_seconds + best[i].backward_seconds)
-        best[i] = t;
-    }
-  });
-  return best;
-}
-
-// Seconds per parameter of this rank's optimizer step, the fastest of the rounds.
-double measure_optimizer(int repeats, const ProfileSchedule& schedule) {
-  double best = 0;
-  each_round_at_my_turn(schedule, [&](int round) {
-    const double seconds = profile_optimizer_seconds_per_parameter(repeats);
-    best = round == 0 ? seconds : std::min(best, seconds);
-  });
-  return best;
 }
 
 void run_profile(const ProfileCommand& c) {
@@ -137,7 +80,9 @@ void run_profile(const ProfileCommand& c) {
   std::unique_ptr<Communicator> comm = communicator_launched_by_mpi() ? communicator_mpi() : nullptr;
   const bool root = comm == nullptr || comm->rank() == 0;
   const int world = comm ? comm->world_size() : 1;
-  runtime_set_threads(c.threads);
+  const int ranks_on_host =
+      emulated_ranks_on_host(cluster, comm ? comm->local_size() : 1, !comm || comm->local_size() == comm->world_size());
+  runtime_set_threads(c.threads > 0 ? c.threads : runtime_threads_for_ranks(ranks_on_host));  // as training will
 
   // Every rank measures the same shapes at once, so each sees the sharing it will see in
   // training. Rank r stands for device r: its times, stretched by its device's emulated speed,
@@ -149,8 +94,6 @@ void run_profile(const ProfileCommand& c) {
                             cluster.devices.size()),
                 {c.cluster, "nodes"}, "start at most one rank per device");
   const int my_type = cluster.devices[static_cast<size_t>(rank)].device_type_index;
-  const int ranks_on_host =
-      emulated_ranks_on_host(cluster, comm ? comm->local_size() : 1, !comm || comm->local_size() == comm->world_size());
   const double my_slowdown =
       device_slowdown(cluster.device_types[static_cast<size_t>(my_type)], ranks_on_host, runtime_threads());
   const size_t types = cluster.device_types.size();
@@ -158,24 +101,28 @@ void run_profile(const ProfileCommand& c) {
   // stretched sums; then the number of ranks of each type.
   std::vector<double> sums(shapes.size() * 2 * (1 + types) + types, 0.0);
   auto at = [&](size_t shape, size_t slot) -> double& { return sums[shape * 2 * (1 + types) + slot]; };
-  // With time dilation the ranks of a run do not compete for cores, so they are measured one
-  // at a time here; without it they share the cores in training too and measure all at once.
-  const bool in_turn = comm && emulation_dilation(ranks_on_host, runtime_threads()) > 1.0;
-  const ProfileSchedule schedule{comm.get(), in_turn, c.rounds, root};
-  const std::vector<LayerTiming> timings = measure_layers(model, shapes, c.repeats, schedule);
+  // All ranks measure at once, each stretched to its emulated device's speed as training
+  // stretches it, so a rank meets the core sharing and the sleeping it meets in training.
+  const LayerSweep sweep = layer_profile_sweep(model, shapes, {c.repeats, c.rounds, my_slowdown}, [&](int round, size_t i) {
+    if (root)
+      progress_line(fmt::format("profile round {}/{} [{}/{}] {}", round + 1, c.rounds, i + 1, shapes.size(),
+                                shape_text(shapes[i])));
+  });
   for (size_t i = 0; i < shapes.size(); ++i) {
-    at(i, 0) = timings[i].forward_seconds;
-    at(i, 1) = timings[i].backward_seconds;
-    at(i, 2 + 2 * my_type) = timings[i].forward_seconds * my_slowdown;
-    at(i, 3 + 2 * my_type) = timings[i].backward_seconds * my_slowdown;
+    at(i, 0) = sweep.layers[i].forward_seconds / my_slowdown;
+    at(i, 1) = sweep.layers[i].backward_seconds / my_slowdown;
+    at(i, 2 + 2 * my_type) = sweep.layers[i].forward_seconds;
+    at(i, 3 + 2 * my_type) = sweep.layers[i].backward_seconds;
   }
   sums[sums.size() - types + my_type] = 1;
   if (comm) comm->all_reduce(sums.data(), static_cast<int64_t>(sums.size()), comm->world()).wait();
   // The optimizer step's rate: [0] summed over ranks at full speed, [1 + type] stretched per type.
   std::vector<double> optimizer(1 + types, 0.0);
-  optimizer[0] = measure_optimizer(c.repeats, schedule);
-  optimizer[1 + my_type] = optimizer[0] * my_slowdown;
+  optimizer[1 + my_type] = sweep.optimizer_seconds_per_parameter;
+  optimizer[0] = sweep.optimizer_seconds_per_parameter / my_slowdown;
   if (comm) comm->all_reduce(optimizer.data(), static_cast<int64_t>(optimizer.size()), comm->world()).wait();
+  double spread = sweep.reference_spread;  // the widest of any rank
+  if (comm) comm->all_reduce(&spread, 1, comm->world(), ReduceOp::ReduceOp_max).wait();
   const double* ranks_of_type = sums.data() + sums.size() - types;
   const double gemm = profile_gemm_flops(512, 3);
   const double bandwidth = profile_memory_bandwidth();
@@ -223,6 +170,10 @@ void run_profile(const ProfileCommand& c) {
              world == 1 ? "" : "s", runtime_threads(), runtime_threads() == 1 ? "" : "s", table.render());
   fmt::print("GEMM peak {}, memory bandwidth {}, optimizer step {:.2f} ns per parameter\n{}\n", units_format_flops(gemm),
              units_format_bandwidth(bandwidth), 1e9 * optimizer[0] / world, blas_core().note);
+  if (spread > 1.1)
+    fmt::print("a core's speed moved by {:.0f}% during the profile (90th over 10th percentile; other load on this machine); each measurement "
+               "was scaled by a reference GEMM timed right after it\n",
+               100 * (spread - 1));
   if (!collectives.empty()) {
     TextTable comm_table({"collective", "ranks>", "latency>", "bandwidth>"});
     for (const ProfiledCollective& pc : collectives)
@@ -249,9 +200,9 @@ void add_profile(CLI::App& app, int* exit_code) {
   cmd->add_option("--train,-t", c->train_file, "Training setup .yaml (global batch and sequence length to cover)");
   cmd->add_option("--output,-o", c->output, "Profile to write")->capture_default_str();
   cmd->add_option("--repeats", c->repeats, "Timed runs per shape (median; one warm-up run first)")->capture_default_str();
-  cmd->add_option("--rounds", c->rounds, "Sweeps over all shapes; each shape keeps its fastest (a shared machine's slow spells)")
+  cmd->add_option("--rounds", c->rounds, "Sweeps over all shapes (median per shape, each scaled by a reference GEMM timed next to it)")
       ->capture_default_str();
-  cmd->add_option("--threads", c->threads, "Threads per rank (default: cores / ranks on this node, or ALLOY_THREADS)");
+  cmd->add_option("--threads", c->threads, "Threads per rank (default: cores / the cluster's CPU devices on this host, as training uses, or ALLOY_THREADS)");
   cmd->add_option("--device", c->device, "cpu, or cuda: measure on a GPU as the cluster's first (GPU) device type")
       ->capture_default_str();
   cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index")->capture_default_str();

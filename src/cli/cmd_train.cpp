@@ -117,6 +117,13 @@ void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& resu
   if (!out) throw Error("cannot write the calibrated profile", {c.calibrated_profile, "--calibrated-profile"}, "check the folder exists");
   out << profile_to_json(profile);
   fmt::print("calibrated profile: {} (use it with alloy plan --profile)\n", c.calibrated_profile);
+  for (const auto& [type, entry] : profile.device_types) {
+    const bool ran = std::any_of(ratios.begin(), ratios.end(), [&](const DeviceTypeCalibration& r) { return r.device_type == type; });
+    if (!ran)
+      fmt::print("  {}: no rank of this type ran this plan, so its entries are copied as measured; a plan that uses "
+                 "every device type calibrates them all\n",
+                 type);
+  }
 }
 
 DistTrainOptions dist_options_from(const TrainCommand& c) {
@@ -251,7 +258,7 @@ void add_train(CLI::App& app, int* exit_code) {
   cmd->add_option("--checkpoint-every", c->options.checkpoint_every, "Also checkpoint every N steps");
   cmd->add_flag("--resume", c->options.resume, "Continue from --checkpoint with identical batches");
   cmd->add_option("--log", c->options.log_path, "Append one JSON line per step to this file");
-  cmd->add_option("--threads", c->options.threads, "Threads (default: cores / ranks on this node, or ALLOY_THREADS)");
+  cmd->add_option("--threads", c->options.threads, "Threads (default: cores / ranks on this node; with --plan on one host, cores / the cluster's CPU devices; or ALLOY_THREADS)");
   cmd->add_option("--recompute", c->recompute, "Activation recomputation for every block: none, selective, full")
       ->capture_default_str();
   cmd->add_option("--memory-cap", c->memory_cap, "Arena capacity, e.g. 2GiB (training fails clearly above it)");

@@ -2,6 +2,7 @@
 #include "runtime/device_speed.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -49,6 +50,13 @@ int emulated_ranks_on_host(const ClusterSpec& cluster, int local_ranks, bool sin
 double device_slowdown(const DeviceType& type, int ranks_on_host, int threads_per_rank) {
   if (!type.is_cpu) return 1.0;
   return emulation_dilation(ranks_on_host, threads_per_rank) / device_speed(type);
+}
+
+double device_stretch(double slowdown, double elapsed_seconds, double cpu_seconds) {
+  const double sleep_seconds = slowdown * cpu_seconds - elapsed_seconds;
+  if (slowdown <= 1.0 || sleep_seconds <= 0) return 0;
+  std::this_thread::sleep_for(std::chrono::duration<double>(sleep_seconds));
+  return sleep_seconds;
 }
 
 }  // namespace alloy

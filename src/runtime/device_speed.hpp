@@ -25,4 +25,11 @@ double emulation_dilation(int ranks_on_host, int threads_per_rank);
 // Factor a CPU rank's compute time is stretched by: dilation / speed; 1 for other devices.
 double device_slowdown(const DeviceType& type, int ranks_on_host, int threads_per_rank);
 
+// Emulates a device `slowdown` times slower: after a compute operation that ran `cpu_seconds`
+// on this thread's CPU clock and took `elapsed_seconds` of wall time (waits on peers left out),
+// sleeps until the operation has taken slowdown x cpu_seconds. CPU time, not wall time, is what
+// gets stretched: a rank that shared a core with another ran longer on the wall clock without
+// doing more work, and stretching that would count the sharing twice. Returns the seconds slept.
+double device_stretch(double slowdown, double elapsed_seconds, double cpu_seconds);
+
 }  // namespace alloy

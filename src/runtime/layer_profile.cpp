@@ -7,8 +7,11 @@
 #include <cmath>
 #include <cstring>
 
+#include <cblas.h>
+
 #include "runtime/arena.hpp"
 #include "runtime/cpu/optimizer.hpp"
+#include "runtime/device_speed.hpp"
 #include "runtime/model.hpp"
 #include "runtime/shard.hpp"
 #include "util/clock.hpp"
@@ -42,6 +45,34 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// Wall seconds of `work` as an emulated device `slowdown` times slower runs it: stretched by
+// device_stretch as training stretches each compute operation.
+template <typename Work>
+double stretched_seconds(double slowdown, const Work& work) {
+  const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = thread_cpu_seconds();
+  work();
+  device_stretch(slowdown, seconds_since(start), thread_cpu_seconds() - cpu_start);
+  return seconds_since(start);
+}
+
+// CPU seconds of a fixed cache-resident GEMM workload (eight 192^3 products), the fastest of
+// three: how fast this core computes right now.
+double reference_cpu_seconds() {
+  constexpr int n = 192;
+  static const std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f);
+  std::vector<float> c(n * n);
+  double best = 0;
+  for (int trial = 0; trial < 3; ++trial) {
+    const double start = thread_cpu_seconds();
+    for (int k = 0; k < 8; ++k)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double seconds = thread_cpu_seconds() - start;
+    best = trial == 0 ? seconds : std::min(best, seconds);
+  }
+  return best;
+}
+
 }  // namespace
 
 std::vector<LayerShape> layer_profile_shapes(const ModelSpec& model, const TrainSpec& train, int max_tp) {
@@ -62,7 +93,7 @@ std::vector<LayerShape> layer_profile_shapes(const ModelSpec& model, const Train
   return shapes;
 }
 
-LayerTiming layer_profile_measure(const ModelSpec& spec, const LayerShape& shape, int repeats) {
+LayerTiming layer_profile_measure(const ModelSpec& spec, const LayerShape& shape, int repeats, double slowdown) {
   ModelShard shard;
   shard.has_embedding = shape.kind == LayerKind::LayerKind_embedding;
   shard.has_head = shape.kind == LayerKind::LayerKind_head;
@@ -84,13 +115,9 @@ LayerTiming layer_profile_measure(const ModelSpec& spec, const LayerShape& shape
     ChunkPass pass;
     chunk_begin(model, pass, 0, blocks, shard.has_embedding, shard.has_head, tokens.data(), tokens.data(), B, T);
     if (!shard.has_embedding) fill_small(pass.input, N * spec.hidden_size);
-    auto start = std::chrono::steady_clock::now();
-    chunk_forward(model, pass);
-    const double f = seconds_since(start);
+    const double f = stretched_seconds(slowdown, [&] { chunk_forward(model, pass); });
     if (!shard.has_head) fill_small(chunk_output_gradient(model, pass), N * spec.hidden_size);
-    start = std::chrono::steady_clock::now();
-    chunk_backward(model, pass, 0, blocks, 1.0f);
-    const double b = seconds_since(start);
+    const double b = stretched_seconds(slowdown, [&] { chunk_backward(model, pass, 0, blocks, 1.0f); });
     chunk_release(model, pass);
     if (r == 0) continue;
     forward.push_back(f);
@@ -99,19 +126,19 @@ LayerTiming layer_profile_measure(const ModelSpec& spec, const LayerShape& shape
   return {median(forward), median(backward)};
 }
 
-double profile_optimizer_seconds_per_parameter(int repeats) {
+double profile_optimizer_seconds_per_parameter(int repeats, double slowdown) {
   const int64_t n = int64_t{1} << 22;
   std::vector<float> params(static_cast<size_t>(n), 0.01f), grads(params.size(), 0.001f), m(params.size(), 0.0f),
       v(params.size(), 0.0f);
   const AdamWHyper hyper;
   std::vector<double> times;
   for (int r = 0; r <= repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
     double squares = 0;
+    const double seconds = stretched_seconds(slowdown, [&] {
 #pragma omp parallel for reduction(+ : squares)
-    for (int64_t i = 0; i < n; ++i) squares += static_cast<double>(grads[i]) * grads[i];
-    adamw_update(params.data(), m.data(), v.data(), grads.data(), n, hyper, r + 1);
-    const double seconds = seconds_since(start);
+      for (int64_t i = 0; i < n; ++i) squares += static_cast<double>(grads[i]) * grads[i];
+      adamw_update(params.data(), m.data(), v.data(), grads.data(), n, hyper, r + 1);
+    });
     if (r > 0 && squares > 0) times.push_back(seconds / static_cast<double>(n));
   }
   return median(times);
@@ -129,6 +156,40 @@ double profile_memory_bandwidth(int repeats) {
     best = std::max(best, 3.0 * static_cast<double>(n) * sizeof(float) / seconds);  // two reads, one write
   }
   return best;
+}
+
+LayerSweep layer_profile_sweep(const ModelSpec& model, const std::vector<LayerShape>& shapes,
+                               const LayerSweepOptions& options, const std::function<void(int, size_t)>& progress) {
+  // [shape][round] and [round]: raw measurements with the reference run right after each.
+  std::vector<std::vector<LayerTiming>> layers(shapes.size());
+  std::vector<std::vector<double>> layer_references(shapes.size());
+  std::vector<double> optimizer, optimizer_references, references;
+  for (int round = 0; round < options.rounds; ++round) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (progress) progress(round, i);
+      layers[i].push_back(layer_profile_measure(model, shapes[i], options.repeats, options.slowdown));
+      layer_references[i].push_back(reference_cpu_seconds());
+      references.push_back(layer_references[i].back());
+    }
+    optimizer.push_back(profile_optimizer_seconds_per_parameter(options.repeats, options.slowdown));
+    optimizer_references.push_back(reference_cpu_seconds());
+    references.push_back(optimizer_references.back());
+  }
+  const double typical = median(references);
+  LayerSweep sweep;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    std::vector<double> forward, backward;
+    for (size_t r = 0; r < layers[i].size(); ++r) {
+      forward.push_back(layers[i][r].forward_seconds * typical / layer_references[i][r]);
+      backward.push_back(layers[i][r].backward_seconds * typical / layer_references[i][r]);
+    }
+    sweep.layers.push_back({median(forward), median(backward)});
+  }
+  for (size_t r = 0; r < optimizer.size(); ++r) optimizer[r] *= typical / optimizer_references[r];
+  sweep.optimizer_seconds_per_parameter = median(optimizer);
+  std::sort(references.begin(), references.end());
+  sweep.reference_spread = references[references.size() * 9 / 10] / references[references.size() / 10];
+  return sweep;
 }
 
 }  // namespace alloy

@@ -33,14 +33,15 @@ int env_int(const char* name) {
 
 }  // namespace
 
-int runtime_default_threads() {
+int runtime_threads_for_ranks(int ranks_on_host) {
   if (int threads = env_int("ALLOY_THREADS"); threads > 0) return threads;
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (cores < 1) cores = 1;
-  int local_ranks = env_int("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (local_ranks < 1) local_ranks = 1;
-  return cores / local_ranks > 1 ? cores / local_ranks : 1;
+  if (ranks_on_host < 1) ranks_on_host = 1;
+  return cores / ranks_on_host > 1 ? cores / ranks_on_host : 1;
 }
+
+int runtime_default_threads() { return runtime_threads_for_ranks(env_int("OMPI_COMM_WORLD_LOCAL_SIZE")); }
 
 void runtime_set_threads(int n) {
   blas_core();  // before any GEMM: OpenBLAS's kernel family is chosen once per process

@@ -275,7 +275,10 @@ DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Pl
     check_offload(plan, model, cluster, o.plan_path);
     if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume needs --checkpoint DIR", {"", "--resume"}, "name the checkpoint folder");
   });
-  runtime_set_threads(o.threads);
+  // Emulated devices share this host's cores as the whole cluster would, threads included, so a
+  // plan that uses fewer of its devices runs each as fast as the profile measured it.
+  const int sharing = emulated_ranks_on_host(cluster, comm.local_size(), comm.local_size() == comm.world_size());
+  runtime_set_threads(o.threads > 0 ? o.threads : runtime_threads_for_ranks(sharing));
   train.seq_len = plan.seq_len;
   train.global_batch_sequences = plan.global_batch_sequences;
   const std::vector<RankInfo> ranks = plan_rank_map(plan);
@@ -283,7 +286,6 @@ DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Pl
   const PlanStage& stage = plan.stages[me.stage];
   const DeviceType& device = cluster.device_types[cluster.devices[me.device_id].device_type_index];
   double slowdown = 1.0;
-  const int sharing = emulated_ranks_on_host(cluster, comm.local_size(), comm.local_size() == comm.world_size());
   dist_agree_on(comm, [&] { slowdown = device_slowdown(device, sharing, runtime_threads()); });
   const NodeGroup& node_group = cluster.node_groups[static_cast<size_t>(cluster.devices[me.device_id].node_group)];
   RankResources resources;

@@ -7,11 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 #include <fmt/format.h>
 
 #include "runtime/cpu/optimizer.hpp"
+#include "runtime/device_speed.hpp"
 #include "spec/error.hpp"
 #include "util/clock.hpp"
 
@@ -249,11 +249,7 @@ void RankRuntime::wait(const CommHandle& handle, RankStepStats& stats) {
 }
 
 double RankRuntime::stretch_compute(double start, double cpu_start, double waited) {
-  if (slowdown_ > 1.0) {
-    const double target = slowdown_ * (thread_cpu_seconds() - cpu_start);
-    const double elapsed = now() - start - waited;
-    if (target > elapsed) std::this_thread::sleep_for(std::chrono::duration<double>(target - elapsed));
-  }
+  device_stretch(slowdown_, now() - start - waited, thread_cpu_seconds() - cpu_start);
   return now();
 }
 

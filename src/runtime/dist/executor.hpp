@@ -105,11 +105,8 @@ class RankRuntime {
   void sum_sequence_parallel_norms(RankStepStats& stats);
   void sum_tied_embedding(RankStepStats& stats);
   void wait(const CommHandle& handle, RankStepStats& stats);
-  // Emulated slower devices: sleeps until the compute that began at `start` (wall) and
-  // `cpu_start` (this thread's CPU clock) has taken slowdown times the CPU time it ran, less
-  // `waited` on peers; returns the wall time afterwards. CPU time, not wall time, is what gets
-  // stretched: a rank that shared a core with another ran longer on the wall clock without
-  // doing more work, and stretching that would count the sharing twice.
+  // Emulated slower devices: device_stretch for the compute that began at `start` (wall) and
+  // `cpu_start` (this thread's CPU clock), less `waited` on peers; returns the time afterwards.
   double stretch_compute(double start, double cpu_start, double waited);
   void record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end);
   void reap_finished_passes(bool wait_all, RankStepStats& stats);

@@ -1,10 +1,10 @@
 // Heterogeneity benchmark (issue 7, "heterogeneity gain"), measured with mpirun on emulated
-// unequal CPU devices: Alloy's plan (after `alloy profile` and a calibrating run, as a user
+// unequal CPU devices: Alloy's plan (after `alloy profile` and calibrating runs, as a user
 // would) against the best plan for the same devices treated as equal (planned on a uniform view
 // of the cluster with the smallest memory, then run on the real one), and against the upper
 // bound: the sum of what each device group achieves alone (each planned with the same profile).
-// Every plan runs in --rounds interleaved rounds and counts its fastest (this machine's cores
-// have slow spells lasting seconds).
+// Every plan runs in --rounds interleaved rounds and counts their median (this machine's cores
+// have slow spells).
 //   bench_heterogeneity [--steps N] [--rounds R] [--fast-memory M] [--slow-memory M] [--model M] [--train T]
 #include <unistd.h>
 
@@ -90,15 +90,17 @@ double measure(const std::string& plan_path, const std::string& cluster_path, in
   return alloy::bench::run_result_read(log).tokens_per_second;
 }
 
-// Each plan's best rate over `rounds` rounds; a round runs every plan once, so that all of them
-// meet the machine's slow and fast spells alike. An empty path stays at 0.
+// Each plan's median rate over `rounds` rounds; a round runs every plan once, so that all of
+// them meet the machine alike. An empty path stays at 0.
 std::vector<double> measure_interleaved(const std::vector<std::pair<std::string, std::string>>& plans_and_clusters) {
-  std::vector<double> best(plans_and_clusters.size(), 0.0);
+  std::vector<std::vector<double>> rates(plans_and_clusters.size());
   for (int round = 0; round < rounds; ++round)
     for (size_t k = 0; k < plans_and_clusters.size(); ++k)
       if (!plans_and_clusters[k].first.empty())
-        best[k] = std::max(best[k], measure(plans_and_clusters[k].first, plans_and_clusters[k].second, round));
-  return best;
+        rates[k].push_back(measure(plans_and_clusters[k].first, plans_and_clusters[k].second, round));
+  std::vector<double> medians;
+  for (const std::vector<double>& r : rates) medians.push_back(median(r));
+  return medians;
 }
 
 std::string plan_for(const std::string& cluster_path, const std::string& name, const std::string& pins = "") {
@@ -132,7 +134,11 @@ void run_case(const Case& c) {
   for (const Group& g : c.groups) ranks += g.devices;
   const double dilation = std::max(1.0, static_cast<double>(ranks) / std::thread::hardware_concurrency());
   setenv("ALLOY_TIME_DILATION", fmt::format("{}", dilation).c_str(), 1);
-  std::printf("\n%s (time dilation %.2f on %u cores)\n", c.name.c_str(), dilation, std::thread::hardware_concurrency());
+  // Likewise each device keeps the threads it has in the whole cluster when its group runs alone.
+  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks);
+  setenv("ALLOY_THREADS", std::to_string(threads).c_str(), 1);
+  std::printf("\n%s (time dilation %.2f on %u cores, %d thread%s per rank)\n", c.name.c_str(), dilation,
+              std::thread::hardware_concurrency(), threads, threads == 1 ? "" : "s");
   const std::string real = cluster_yaml("real", c.groups, false);
   const std::string uniform = cluster_yaml("uniform", c.groups, true);
   // Alloy as a user runs it: profile the cluster, plan with the profile, calibrate the profile
@@ -145,18 +151,20 @@ void run_case(const Case& c) {
     return;
   }
   const std::string first_plan = plan_for(real, "first", "--profile " + measured);
+  std::string calibration_report;
   const bool calibrated =
       !first_plan.empty() &&
-      alloy::bench::calibrate_from_fastest_run(
+      alloy::bench::calibrate_from_median_run(
           [&](const std::string& log, const std::string& out) {
-            return train_command(first_plan, real, log,
-                                 fmt::format("--profile {} --calibrated-profile {} > /dev/null 2>&1", measured, out));
+            return train_command(first_plan, real, log, fmt::format("--profile {} --calibrated-profile {}", measured, out));
           },
-          rounds, dir + "/calibration", profile);
+          rounds, dir + "/calibration", profile, &calibration_report);
   if (!calibrated) {
     std::printf("  calibrating failed (see %s)\n", dir.c_str());
     return;
   }
+  std::printf("  calibrated with the planner's first plan (%d of %d devices):\n%s",
+              alloy::plan_load(first_plan).num_used_devices(), ranks, calibration_report.c_str());
   const std::string alloy_plan = plan_for(real, "alloy", "--profile " + profile);
   // Treated as equal, the devices still form one stage per group (a stage has one device type):
   // data parallelism no wider than the smallest group.
@@ -215,7 +223,7 @@ int main(int argc, char** argv) {
   if (run(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}/data.bin > /dev/null", alloy_binary, ALLOY_SOURCE_DIR,
                       dir)) != 0)
     return 1;
-  std::printf("%s, %d steps per run, best of %d rounds, memory: fast %s, slower %s\n", kModel.c_str(), steps, rounds,
+  std::printf("%s, %d steps per run, median of %d rounds, memory: fast %s, slower %s\n", kModel.c_str(), steps, rounds,
               fast_memory.c_str(), slow_memory.c_str());
   run_case({"4 ranks: speeds 1, 1, 0.5, 0.5",
             {{"cpu-fast", 1.0, fast_memory, 2}, {"cpu-half", 0.5, slow_memory, 2}}});

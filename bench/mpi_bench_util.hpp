@@ -1,6 +1,6 @@
 // Shared by the benchmarks that drive the alloy binary under mpirun: running commands, the
 // mpirun prefix and environment, medians, the error lines of a failed run, reading a run's
-// step log, and calibrating a profile from the fastest of a few runs.
+// step log, and calibrating a profile from the median of a few runs.
 #pragma once
 
 #include <sys/wait.h>
@@ -83,24 +83,40 @@ inline RunResult run_result_read(const std::string& log) {
   return r;
 }
 
-// Calibrates a profile as a user would, from a run of a plan made with it, but keeps the fastest
-// of `rounds` runs: this machine's cores have slow spells lasting seconds, and a run caught in
-// one would calibrate every later plan slow. `train_command(log, calibrated)` is the mpirun
-// command line of one run that writes its step log and calibrated profile to those paths.
-// Returns false when a run failed.
-inline bool calibrate_from_fastest_run(const std::function<std::string(const std::string&, const std::string&)>& train_command,
-                                       int rounds, const std::string& work_prefix, const std::string& calibrated_out) {
-  double fastest = 0;
+// The lines of a run's output that say how measurement compared with the plan per device type.
+inline std::string calibration_lines_in(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("measured / predicted on", 0) == 0) text += "    " + line + "\n";
+  return text;
+}
+
+// Calibrates a profile as a user would, from a run of a plan made with it, but from the run of
+// median step time among `rounds`: this machine's cores have slow spells, and one run caught in
+// one (or lucky to miss them all) would shift every later prediction. `train_command(log,
+// calibrated)` is the mpirun command line of one run that writes its step log and calibrated
+// profile to those paths; its output goes to a file whose calibration lines end up in
+// `*report`. Returns false when a run failed.
+inline bool calibrate_from_median_run(const std::function<std::string(const std::string&, const std::string&)>& train_command,
+                                      int rounds, const std::string& work_prefix, const std::string& calibrated_out,
+                                      std::string* report) {
+  struct Calibration {
+    double step_seconds = 0;
+    std::string profile, output;
+  };
+  std::vector<Calibration> runs;
   for (int round = 0; round < rounds; ++round) {
+    const Calibration c{0, fmt::format("{}-{}.json", work_prefix, round), fmt::format("{}-{}.out", work_prefix, round)};
     const std::string log = fmt::format("{}-{}.jsonl", work_prefix, round);
-    const std::string calibrated = fmt::format("{}-{}.json", work_prefix, round);
-    if (run(train_command(log, calibrated)) != 0) return false;
-    const double step = run_result_read(log).step_seconds;
-    if (round == 0 || step < fastest) {
-      fastest = step;
-      std::filesystem::copy_file(calibrated, calibrated_out, std::filesystem::copy_options::overwrite_existing);
-    }
+    if (run(fmt::format("{} > {} 2>&1", train_command(log, c.profile), c.output)) != 0) return false;
+    runs.push_back(c);
+    runs.back().step_seconds = run_result_read(log).step_seconds;
   }
+  std::sort(runs.begin(), runs.end(), [](const Calibration& a, const Calibration& b) { return a.step_seconds < b.step_seconds; });
+  const Calibration& chosen = runs[runs.size() / 2];
+  std::filesystem::copy_file(chosen.profile, calibrated_out, std::filesystem::copy_options::overwrite_existing);
+  if (report != nullptr) *report = calibration_lines_in(chosen.output);
   return true;
 }
 

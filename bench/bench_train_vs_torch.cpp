@@ -190,7 +190,7 @@ void timing_keep_best(Timing& best, const Timing& next, bool first) {
 
 struct BenchOptions {
   int steps = 5;
-  int rounds = 3;
+  int rounds = 5;
   std::vector<int> thread_counts = {1, 2};
   bool with_torch = true;
 };

@@ -84,9 +84,9 @@ void run_profile(const ProfileCommand& c) {
       emulated_ranks_on_host(cluster, comm ? comm->local_size() : 1, !comm || comm->local_size() == comm->world_size());
   runtime_set_threads(c.threads > 0 ? c.threads : runtime_threads_for_ranks(ranks_on_host));  // as training will
 
-  // Every rank measures the same shapes at once, so each sees the sharing it will see in
-  // training. Rank r stands for device r: its times, stretched by its device's emulated speed,
-  // count for that device's type.
+  // Every rank measures the same shapes at once, each pass stretched to its device's emulated
+  // speed as training stretches it, so each meets the core sharing and the sleeping it will meet
+  // in training. Rank r stands for device r: its times count for that device's type.
   const std::vector<LayerShape> shapes = layer_profile_shapes(model, train, cpu_devices_per_node(cluster));
   const int rank = comm ? comm->rank() : 0;
   if (world > static_cast<int>(cluster.devices.size()))  // the same answer on every rank
@@ -101,8 +101,6 @@ void run_profile(const ProfileCommand& c) {
   // stretched sums; then the number of ranks of each type.
   std::vector<double> sums(shapes.size() * 2 * (1 + types) + types, 0.0);
   auto at = [&](size_t shape, size_t slot) -> double& { return sums[shape * 2 * (1 + types) + slot]; };
-  // All ranks measure at once, each stretched to its emulated device's speed as training
-  // stretches it, so a rank meets the core sharing and the sleeping it meets in training.
   const LayerSweep sweep = layer_profile_sweep(model, shapes, {c.repeats, c.rounds, my_slowdown}, [&](int round, size_t i) {
     if (root)
       progress_line(fmt::format("profile round {}/{} [{}/{}] {}", round + 1, c.rounds, i + 1, shapes.size(),

@@ -176,6 +176,14 @@ TEST_F(ProfileCommandTest, BadInputIsNamed) {
     EXPECT_NE(bad.output.find(name), std::string::npos) << bad.output;
     EXPECT_NE(bad.output.find("fix:"), std::string::npos) << bad.output;
   }
+  // Counts below one name the option.
+  for (const char* option : {"--repeats", "--rounds"}) {
+    CommandResult bad = run_command(fmt::format("{} profile --model tiny-gpt --cluster local-cpu-2 {} 0 -o {}/p.json",
+                                                ALLOY_BINARY, option, dir_.path()));
+    EXPECT_EQ(bad.exit_code, 2) << option << "\n" << bad.output;
+    EXPECT_NE(bad.output.find(option), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find("fix:"), std::string::npos) << bad.output;
+  }
 }
 
 }  // namespace

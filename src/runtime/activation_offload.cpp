@@ -3,9 +3,9 @@
 #include "runtime/activation_offload.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
+#include "runtime/device_speed.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -50,9 +50,11 @@ ActivationOffload::Record* ActivationOffload::find(const ChunkPass& pass, int la
 
 void ActivationOffload::wait_copied(std::unique_lock<std::mutex>& lock, const Record& record) {
   if (record.copy_done) return;
-  const auto start = std::chrono::steady_clock::now();
-  changed_.wait(lock, [&] { return record.copy_done; });
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  lock.unlock();  // an emulated slow device's stretch before the wait must not hold the copies up
+  wait_seconds_ += compute_wait([&] {
+    lock.lock();
+    changed_.wait(lock, [&] { return record.copy_done; });
+  });
 }
 
 void ActivationOffload::reap(std::unique_lock<std::mutex>& /*lock*/) {

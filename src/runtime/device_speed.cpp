@@ -7,15 +7,25 @@
 #include <string>
 #include <thread>
 
+#include <sys/prctl.h>
+
 #include <fmt/format.h>
 
 #include "spec/error.hpp"
+#include "util/clock.hpp"
 
 namespace alloy {
 
 namespace {
 
 // The environment variable as a number in [low, high], or `fallback` when unset.
+// The ComputeStretch running on this thread, if any.
+thread_local ComputeStretch* running_stretch = nullptr;
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 double env_number(const char* name, double low, double high, double fallback, const char* hint) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return fallback;
@@ -57,6 +67,49 @@ double device_stretch(double slowdown, double elapsed_seconds, double cpu_second
   if (slowdown <= 1.0 || sleep_seconds <= 0) return 0;
   std::this_thread::sleep_for(std::chrono::duration<double>(sleep_seconds));
   return sleep_seconds;
+}
+
+ComputeStretch::ComputeStretch(double slowdown) : slowdown_(slowdown) {
+  if (running_stretch != nullptr)
+    throw Error("a compute operation began inside another on the same thread", {},
+                "finish the running ComputeStretch first");
+  // Stretches between waits are short (a block's GEMMs); Linux would lengthen each sleep by the
+  // default timer slack of 50 us.
+  if (slowdown_ > 1.0) prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+  running_stretch = this;
+  resume();
+}
+
+ComputeStretch::~ComputeStretch() {
+  if (running_stretch == this) running_stretch = nullptr;
+}
+
+double ComputeStretch::finish() {
+  if (!finished_) {
+    pause();
+    finished_ = true;
+    running_stretch = nullptr;
+  }
+  return slept_;
+}
+
+void ComputeStretch::pause() {
+  slept_ += device_stretch(slowdown_, monotonic_seconds() - wall_mark_, thread_cpu_seconds() - cpu_mark_);
+}
+
+void ComputeStretch::resume() {
+  wall_mark_ = monotonic_seconds();
+  cpu_mark_ = thread_cpu_seconds();
+}
+
+double compute_wait(const std::function<void()>& blocking) {
+  ComputeStretch* stretch = running_stretch;
+  if (stretch != nullptr) stretch->pause();
+  const double start = monotonic_seconds();
+  blocking();
+  const double waited = monotonic_seconds() - start;
+  if (stretch != nullptr) stretch->resume();
+  return waited;
 }
 
 }  // namespace alloy

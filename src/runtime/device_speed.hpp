@@ -5,6 +5,8 @@
 // factor and sleeps instead (ALLOY_TIME_DILATION overrides it).
 #pragma once
 
+#include <functional>
+
 #include "spec/cluster.hpp"
 #include "spec/device_type.hpp"
 
@@ -31,5 +33,39 @@ double device_slowdown(const DeviceType& type, int ranks_on_host, int threads_pe
 // gets stretched: a rank that shared a core with another ran longer on the wall clock without
 // doing more work, and stretching that would count the sharing twice. Returns the seconds slept.
 double device_stretch(double slowdown, double elapsed_seconds, double cpu_seconds);
+
+// One compute operation of an emulated slow device (a pass, the optimizer) on this thread, split
+// by the waits inside it: tensor-parallel sums, ZeRO-3 gathers, offload copies. Each stretch of
+// compute between two waits is made to take slowdown x its CPU time before the wait begins
+// (device_stretch), so a transfer posted ahead of its use runs while the emulated device computes,
+// as it would on a real one. Stretching the whole operation once at its end instead would leave
+// such a transfer only the core's undilated compute to hide behind, and expose it.
+class ComputeStretch {
+ public:
+  // Begins the operation on this thread; waits made through compute_wait pause it. One at a time
+  // per thread.
+  explicit ComputeStretch(double slowdown);
+  ~ComputeStretch();
+  ComputeStretch(const ComputeStretch&) = delete;
+  ComputeStretch& operator=(const ComputeStretch&) = delete;
+
+  // Ends the operation: stretches the compute since the last wait. Returns the seconds slept in
+  // the whole operation.
+  double finish();
+
+ private:
+  friend double compute_wait(const std::function<void()>& blocking);
+  void pause();   // before a wait: stretch the compute since resume()
+  void resume();  // after it: the next stretch of compute begins
+  double slowdown_;
+  double wall_mark_ = 0;
+  double cpu_mark_ = 0;
+  double slept_ = 0;
+  bool finished_ = false;
+};
+
+// Runs `blocking` (a wait on peers or on copies) and returns the seconds it blocked. Inside a
+// ComputeStretch of this thread, the compute before it is stretched first and the wait is not.
+double compute_wait(const std::function<void()>& blocking);
 
 }  // namespace alloy

@@ -46,13 +46,13 @@ double median(std::vector<double> values) {
 }
 
 // Wall seconds of `work` as an emulated device `slowdown` times slower runs it: stretched by
-// device_stretch as training stretches each compute operation.
+// a ComputeStretch as training stretches each compute operation.
 template <typename Work>
 double stretched_seconds(double slowdown, const Work& work) {
   const auto start = std::chrono::steady_clock::now();
-  const double cpu_start = thread_cpu_seconds();
+  ComputeStretch stretch(slowdown);
   work();
-  device_stretch(slowdown, seconds_since(start), thread_cpu_seconds() - cpu_start);
+  stretch.finish();
   return seconds_since(start);
 }
 

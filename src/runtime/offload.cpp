@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/device_speed.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -206,9 +207,11 @@ void LayerOffload::acquire(int unit, bool backward) {
                 {}, "run the passes in the order of the rank's schedule");
   }
   const size_t i = cursor_;
-  const auto start = std::chrono::steady_clock::now();
-  changed_.wait(lock, [&] { return states_[i] == UseState::UseState_ready; });
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  lock.unlock();  // an emulated slow device's stretch before the wait must not hold the copies up
+  wait_seconds_ += compute_wait([&] {
+    lock.lock();
+    changed_.wait(lock, [&] { return states_[i] == UseState::UseState_ready; });
+  });
   states_[i] = UseState::UseState_in_use;
   bind(unit, &slots_[static_cast<size_t>(use_slot_[i])]);
 }

@@ -13,7 +13,6 @@
 #include "runtime/cpu/optimizer.hpp"
 #include "runtime/device_speed.hpp"
 #include "spec/error.hpp"
-#include "util/clock.hpp"
 
 namespace alloy {
 
@@ -35,9 +34,7 @@ class CommTensorParallel : public TensorParallelOps {
 
  private:
   void timed(const CommHandle& handle) {
-    const auto start = std::chrono::steady_clock::now();
-    handle.wait();
-    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    wait_seconds_ += compute_wait([&] { handle.wait(); });
   }
   Communicator& comm_;
   CommGroup group_;
@@ -243,14 +240,7 @@ int64_t RankRuntime::replica_begin(int micro_batch) const {
 }
 
 void RankRuntime::wait(const CommHandle& handle, RankStepStats& stats) {
-  const double start = now();
-  handle.wait();
-  stats.wait_seconds += now() - start;
-}
-
-double RankRuntime::stretch_compute(double start, double cpu_start, double waited) {
-  device_stretch(slowdown_, now() - start - waited, thread_cpu_seconds() - cpu_start);
-  return now();
+  stats.wait_seconds += compute_wait([&] { handle.wait(); });
 }
 
 void RankRuntime::record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end) {
@@ -354,7 +344,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       for (const CommHandle& h : slot.receives) wait(h, stats);
       slot.receives.clear();
       const double compute_start = now();
-      const double cpu_start = thread_cpu_seconds();
+      ComputeStretch stretch(slowdown_);
       if (op.kind == OpKind::OpKind_forward) {
         slot.output = chunk_forward(*model_, slot.pass);
         if (slot.pass.heads && schedule_.tp_rank == 0) {
@@ -374,7 +364,8 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
                              (zero3_ ? zero3_->take_wait_seconds() : 0.0) +
                              (offload_ ? offload_->take_wait_seconds() : 0.0) +
                              (activation_offload_ ? activation_offload_->take_wait_seconds() : 0.0);
-      const double end = stretch_compute(compute_start, cpu_start, tp_wait);
+      stretch.finish();
+      const double end = now();
       stats.compute_seconds += end - compute_start - tp_wait;
       stats.wait_seconds += tp_wait;
       stats.pass_seconds += end - compute_start;
@@ -416,11 +407,12 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         stats.wait_seconds += now() - start;
       }
       const double compute_start = now();
-      const double cpu_start = thread_cpu_seconds();
+      ComputeStretch stretch(slowdown_);
       const double waited_before = stats.wait_seconds;
       optimizer(stats);
       const double waited = stats.wait_seconds - waited_before;  // the norm's and tied table's sums
-      const double end = stretch_compute(compute_start, cpu_start, waited);
+      stretch.finish();
+      const double end = now();
       stats.compute_seconds += end - compute_start - waited;
       stats.optimizer_seconds += end - compute_start - waited;
       record(SimStream::SimStream_compute, op, index, compute_start, end);

@@ -105,9 +105,6 @@ class RankRuntime {
   void sum_sequence_parallel_norms(RankStepStats& stats);
   void sum_tied_embedding(RankStepStats& stats);
   void wait(const CommHandle& handle, RankStepStats& stats);
-  // Emulated slower devices: device_stretch for the compute that began at `start` (wall) and
-  // `cpu_start` (this thread's CPU clock), less `waited` on peers; returns the time afterwards.
-  double stretch_compute(double start, double cpu_start, double waited);
   void record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end);
   void reap_finished_passes(bool wait_all, RankStepStats& stats);
   // Transfers and collectives are recorded for the trace from posting until seen complete.

@@ -2,11 +2,11 @@
 #include "runtime/dist/zero3.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "runtime/device_speed.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -83,10 +83,8 @@ void Zero3Parameters::gather_start(Unit& unit) {
 
 void Zero3Parameters::gather_finish(Unit& unit) {
   if (!unit.in_flight) return;
-  const auto start = std::chrono::steady_clock::now();
-  unit.gathering.wait();
+  wait_seconds_ += compute_wait([&] { unit.gathering.wait(); });
   unit.in_flight = false;
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 Zero3Parameters::Unit* Zero3Parameters::next_unit(int id, bool backward) {

@@ -3,12 +3,17 @@
 // would) against the best plan for the same devices treated as equal (planned on a uniform view
 // of the cluster with the smallest memory, then run on the real one), and against the upper
 // bound: the sum of what each device group achieves alone (each planned with the same profile).
+// The groups' own jobs run at the same time, each on its own devices: the emulated devices share
+// this machine's cores, and a group run while the others' cores sit idle would get more of them
+// than it has in the whole cluster (that bound would be higher than any plan of the cluster could
+// reach here, since the cluster's ranks take all the cores).
 // Every plan runs in --rounds interleaved rounds and counts their median (this machine's cores
 // have slow spells).
-//   bench_heterogeneity [--steps N] [--rounds R] [--fast-memory M] [--slow-memory M] [--model M] [--train T]
+//   bench_heterogeneity [--steps N] [--rounds R] [--keep] [--fast-memory M] [--slow-memory M] [--model M] [--train T]
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -71,35 +76,59 @@ std::string cluster_yaml(const std::string& name, const std::vector<Group>& grou
 }
 
 std::string train_command(const std::string& plan_path, const std::string& cluster_path, const std::string& log,
-                          const std::string& extra) {
+                          const std::string& extra, int run_steps = steps) {
   const alloy::Plan plan = alloy::plan_load(plan_path);
   return fmt::format("{} {} train --plan {} --cluster {} --model {} --data {}/data.bin --train {} --steps {} "
                      "--no-progress --log {} {}",
-                     mpirun(plan.num_used_devices()), alloy_binary, plan_path, cluster_path, kModel, dir, train, steps,
-                     log, extra);
+                     mpirun(plan.num_used_devices()), alloy_binary, plan_path, cluster_path, kModel, dir, train,
+                     run_steps, log, extra);
 }
 
-// Tokens per second of `plan_path` run with mpirun (median of the steps after the first), or 0.
-double measure(const std::string& plan_path, const std::string& cluster_path, int round) {
-  const std::string log = fmt::format("{}.{}.jsonl", plan_path, round);
-  const std::string output = fmt::format("{}.{}.out", plan_path, round);
-  if (run(train_command(plan_path, cluster_path, log, "> " + output + " 2>&1")) != 0) {
-    std::printf("%s", errors_in(output).c_str());
-    return 0;
+struct Job {
+  std::string plan, cluster;  // an empty plan is not run and measures 0
+};
+
+// Tokens per second of each job (median of its steps after the first; 0 when it failed or has
+// no plan), all run with mpirun at the same time. Each runs about as long as the slowest by its
+// plan's prediction, so that its steps meet the others' load throughout.
+std::vector<double> measure_together(const std::vector<Job>& jobs, int round) {
+  double longest = 0;
+  for (const Job& j : jobs)
+    if (!j.plan.empty()) longest = std::max(longest, alloy::plan_load(j.plan).step_seconds);
+  std::string command;
+  for (const Job& j : jobs) {
+    if (j.plan.empty()) continue;
+    const int job_steps =
+        std::max(steps, static_cast<int>(std::lround(steps * longest / alloy::plan_load(j.plan).step_seconds)));
+    const std::string prefix = fmt::format("{}.{}", j.plan, round);
+    command += fmt::format("({} > {}.out 2>&1; echo $? > {}.rc) & ",
+                           train_command(j.plan, j.cluster, prefix + ".jsonl", "", job_steps), prefix, prefix);
   }
-  return alloy::bench::run_result_read(log).tokens_per_second;
+  run(command + "wait");
+  std::vector<double> rates;
+  for (const Job& j : jobs) {
+    const std::string prefix = fmt::format("{}.{}", j.plan, round);
+    int code = -1;
+    if (!j.plan.empty()) std::ifstream(prefix + ".rc") >> code;
+    if (code != 0 && !j.plan.empty()) std::printf("%s", errors_in(prefix + ".out").c_str());
+    rates.push_back(code == 0 ? alloy::bench::run_result_read(prefix + ".jsonl").tokens_per_second : 0.0);
+  }
+  return rates;
 }
 
-// Each plan's median rate over `rounds` rounds; a round runs every plan once, so that all of
-// them meet the machine alike. An empty path stays at 0.
-std::vector<double> measure_interleaved(const std::vector<std::pair<std::string, std::string>>& plans_and_clusters) {
-  std::vector<std::vector<double>> rates(plans_and_clusters.size());
+// Each job's median rate over `rounds` rounds. A round runs every entry of `batches` in turn
+// (the jobs of one entry together), so that all of them meet the machine alike.
+std::vector<std::vector<double>> measure_interleaved(const std::vector<std::vector<Job>>& batches) {
+  std::vector<std::vector<std::vector<double>>> rates(batches.size());
+  for (size_t b = 0; b < batches.size(); ++b) rates[b].resize(batches[b].size());
   for (int round = 0; round < rounds; ++round)
-    for (size_t k = 0; k < plans_and_clusters.size(); ++k)
-      if (!plans_and_clusters[k].first.empty())
-        rates[k].push_back(measure(plans_and_clusters[k].first, plans_and_clusters[k].second, round));
-  std::vector<double> medians;
-  for (const std::vector<double>& r : rates) medians.push_back(median(r));
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const std::vector<double> measured = measure_together(batches[b], round);
+      for (size_t k = 0; k < measured.size(); ++k) rates[b][k].push_back(measured[k]);
+    }
+  std::vector<std::vector<double>> medians(batches.size());
+  for (size_t b = 0; b < batches.size(); ++b)
+    for (const std::vector<double>& r : rates[b]) medians[b].push_back(median(r));
   return medians;
 }
 
@@ -175,23 +204,23 @@ void run_case(const Case& c) {
     std::printf("  planning failed (see %s)\n", dir.c_str());
     return;
   }
-  std::vector<std::pair<std::string, std::string>> runs = {{alloy_plan, real},
-                                                           {move_to_real_cluster(uniform_plan, real), real}};
+  std::vector<Job> groups_alone;
   for (size_t i = 0; i < c.groups.size(); ++i) {
     const std::string alone = cluster_yaml(fmt::format("alone-{}", i), {c.groups[i]}, false);
-    runs.emplace_back(plan_for(alone, fmt::format("alone-{}", i), "--profile " + profile), alone);
+    groups_alone.push_back({plan_for(alone, fmt::format("alone-{}", i), "--profile " + profile), alone});
   }
-  const std::vector<double> rates = measure_interleaved(runs);
-  const double alloy_rate = rates[0], uniform_rate = rates[1];
+  const std::vector<std::vector<double>> rates = measure_interleaved(
+      {{{alloy_plan, real}}, {{move_to_real_cluster(uniform_plan, real), real}}, groups_alone});
+  const double alloy_rate = rates[0][0], uniform_rate = rates[1][0];
   double bound = 0;
   for (size_t i = 0; i < c.groups.size(); ++i) {
     const std::string label = fmt::format("{} alone", c.groups[i].type);
-    if (runs[2 + i].first.empty())  // nothing fits these devices alone: they add nothing to the bound
+    if (groups_alone[i].plan.empty())  // nothing fits these devices alone: they add nothing to the bound
       std::printf("  %-28s %10s tokens/s (no plan without offload fits its memory)\n", label.c_str(), "0");
     else
-      std::printf("  %-28s %10.0f tokens/s (predicted %.0f)\n", label.c_str(), rates[2 + i],
-                  alloy::plan_load(runs[2 + i].first).tokens_per_second);
-    bound += rates[2 + i];
+      std::printf("  %-28s %10.0f tokens/s (predicted %.0f; the groups' jobs at the same time)\n", label.c_str(),
+                  rates[2][i], alloy::plan_load(groups_alone[i].plan).tokens_per_second);
+    bound += rates[2][i];
   }
   std::printf("  %-28s %10.0f tokens/s\n", "uniform plan (devices equal)", uniform_rate);
   std::printf("  %-28s %10.0f tokens/s (predicted %.0f)\n", "Alloy's plan", alloy_rate,
@@ -210,6 +239,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
     if (std::string(argv[i]) == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
+  }
+  bool keep = false;  // --keep: leave the plans, profiles, logs and outputs for a look
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--keep") keep = true;
     if (std::string(argv[i]) == "--fast-memory") fast_memory = argv[i + 1];
     if (std::string(argv[i]) == "--slow-memory") slow_memory = argv[i + 1];
     if (std::string(argv[i]) == "--model") kModel = argv[i + 1];
@@ -229,6 +262,9 @@ int main(int argc, char** argv) {
             {{"cpu-fast", 1.0, fast_memory, 2}, {"cpu-half", 0.5, slow_memory, 2}}});
   run_case({"3 ranks: speeds 1, 0.5, 0.25",
             {{"cpu-full", 1.0, fast_memory, 1}, {"cpu-half", 0.5, slow_memory, 1}, {"cpu-quarter", 0.25, slow_memory, 1}}});
-  std::filesystem::remove_all(dir);
+  if (keep)
+    std::printf("plans, profiles, logs and outputs kept in %s\n", dir.c_str());
+  else
+    std::filesystem::remove_all(dir);
   return 0;
 }

@@ -6,7 +6,7 @@
 // This machine's cores have slow spells (other tenants; one core at 60-75% of its usual rate,
 // from under a second to tens of seconds): every plan runs in --rounds interleaved rounds and
 // their median counts; the spread column shows how far the rounds were apart.
-//   bench_prediction [--steps N] [--rounds R]
+//   bench_prediction [--steps N] [--rounds R] [--keep]
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
     if (std::string(argv[i]) == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
+  }
+  bool keep = false;  // --keep: leave the plans, profiles, logs and outputs for a look
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--keep") keep = true;
   }
   alloy::bench::mpi_environment_set();
   const std::string alloy = alloy::bench::alloy_next_to_self();
@@ -162,6 +166,9 @@ int main(int argc, char** argv) {
     std::printf("peak arena memory error per rank: worst %.1f%% (target 5%%)\n",
                 100 * *std::max_element(memory_errors.begin(), memory_errors.end()));
   }
-  std::filesystem::remove_all(dir);
+  if (keep)
+    std::printf("plans, profiles, logs and outputs kept in %s\n", dir.c_str());
+  else
+    std::filesystem::remove_all(dir);
   return 0;
 }

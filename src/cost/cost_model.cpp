@@ -524,9 +524,10 @@ double schedule_micro_batches_in_flight(Schedule schedule, int stages, int stage
     case Schedule::Schedule_gpipe: return micro_batches;
     case Schedule::Schedule_1f1b: return std::min(micro_batches, stages - stage);
     case Schedule::Schedule_interleaved: {
-      // Megatron's interleaved warm-up: 2(p - s - 1) + (v - 1)p chunk forwards, plus the one in
-      // the steady state; each chunk holds 1/v of the stage's activations.
-      const int chunks = std::min(micro_batches * v, 2 * (stages - stage - 1) + (v - 1) * stages + 1);
+      // The warm-up's chunk forwards, plus the one the steady state runs before its first
+      // backward (none when the warm-up is every chunk); each chunk holds 1/v of the stage's
+      // activations.
+      const int chunks = std::min(micro_batches * v, interleaved_warmup_chunks(stages, stage, micro_batches, v) + 1);
       return static_cast<double>(chunks) / v;
     }
   }

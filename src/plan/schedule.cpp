@@ -47,7 +47,7 @@ std::vector<ComputeItem> compute_order(Schedule schedule, int p, int s, int m, i
     return items;
   }
   const int total = m * v;
-  const int warmup = m <= p ? total : std::min(total, (p - s - 1) * 2 + (v - 1) * p);
+  const int warmup = interleaved_warmup_chunks(p, s, m, v);
   for (int k = 0; k < warmup; ++k) items.push_back(interleaved_item(k, true, p, m, v));
   for (int k = 0; k < total - warmup; ++k) {
     items.push_back(interleaved_item(warmup + k, true, p, m, v));

@@ -1,5 +1,7 @@
 #include "spec/parallel.hpp"
 
+#include <algorithm>
+
 namespace alloy {
 
 const char* recompute_name(Recompute r) {
@@ -19,6 +21,12 @@ bool recompute_parse(const std::string& text, Recompute* out) {
     }
   }
   return false;
+}
+
+int interleaved_warmup_chunks(int stages, int stage, int micro_batches, int v) {
+  const int total = micro_batches * v;
+  if (micro_batches <= stages) return total;
+  return std::min(total, (stages - stage - 1) * 2 + (v - 1) * stages);
 }
 
 const char* schedule_name(Schedule s) {

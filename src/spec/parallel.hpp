@@ -21,6 +21,11 @@ enum class Schedule {
 const char* recompute_name(Recompute r);
 bool recompute_parse(const std::string& text, Recompute* out);
 const char* schedule_name(Schedule s);
+// Chunk forwards stage `stage` of `stages` runs before its first backward under the interleaved
+// schedule with `v` chunks per stage (Megatron-LM's rule): all m * v of them when there are no
+// more micro-batches than stages, else 2(p - s - 1) + (v - 1)p, at most m * v. The step schedule
+// and the cost model's activation memory both follow it.
+int interleaved_warmup_chunks(int stages, int stage, int micro_batches, int v);
 bool schedule_parse(const std::string& text, Schedule* out);
 
 }  // namespace alloy

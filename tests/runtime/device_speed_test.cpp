@@ -2,6 +2,7 @@
 // speed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -96,23 +97,31 @@ TEST(LayerSweep, EmulatedSlowdownStretchesEveryShapeAndTheOptimizer) {
   train.global_batch_sequences = 2;
   const std::vector<LayerShape> shapes = layer_profile_shapes(model, train, 1);
   ASSERT_FALSE(shapes.empty());
-  const LayerSweep full = layer_profile_sweep(model, shapes, {2, 2, 1.0});
-  const LayerSweep slow = layer_profile_sweep(model, shapes, {2, 2, 4.0});
-  ASSERT_EQ(full.layers.size(), shapes.size());
-  ASSERT_EQ(slow.layers.size(), shapes.size());
-  double full_total = 0, slow_total = 0;
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    EXPECT_GT(full.layers[i].forward_seconds, 0);
-    EXPECT_GT(full.layers[i].backward_seconds, 0);
-    full_total += full.layers[i].forward_seconds + full.layers[i].backward_seconds;
-    slow_total += slow.layers[i].forward_seconds + slow.layers[i].backward_seconds;
+  // The two sweeps' wall times meet whatever load the other tests put on the cores at that
+  // moment: a full-speed sweep that shares its core with several MPI ranks runs as long as a
+  // stretched one (whose sleeps absorb the sharing), and once measured 0.47 of it. So the best
+  // of three pairs counts; a missing stretch fails all three.
+  double layer_ratio = 0, optimizer_ratio = 0;
+  for (int attempt = 0; attempt < 3 && (layer_ratio <= 2.0 || optimizer_ratio <= 2.0); ++attempt) {
+    const LayerSweep full = layer_profile_sweep(model, shapes, {2, 2, 1.0});
+    const LayerSweep slow = layer_profile_sweep(model, shapes, {2, 2, 4.0});
+    ASSERT_EQ(full.layers.size(), shapes.size());
+    ASSERT_EQ(slow.layers.size(), shapes.size());
+    EXPECT_GE(full.reference_spread, 1.0);
+    double full_total = 0, slow_total = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_GT(full.layers[i].forward_seconds, 0);
+      EXPECT_GT(full.layers[i].backward_seconds, 0);
+      full_total += full.layers[i].forward_seconds + full.layers[i].backward_seconds;
+      slow_total += slow.layers[i].forward_seconds + slow.layers[i].backward_seconds;
+    }
+    layer_ratio = std::max(layer_ratio, slow_total / full_total);
+    optimizer_ratio =
+        std::max(optimizer_ratio, slow.optimizer_seconds_per_parameter / full.optimizer_seconds_per_parameter);
   }
-  // Four times slower by sleeps that follow CPU time; a shared machine's noise cannot bring the
-  // ratio anywhere near 1 (a core shared by two busy tests stretches the full-speed sweep's wall
-  // time up to 2x, which the slow sweep's sleeps absorb, hence the margin).
-  EXPECT_GT(slow_total / full_total, 1.5);
-  EXPECT_GT(slow.optimizer_seconds_per_parameter / full.optimizer_seconds_per_parameter, 1.5);
-  EXPECT_GE(full.reference_spread, 1.0);
+  // Four times slower by sleeps that follow CPU time.
+  EXPECT_GT(layer_ratio, 2.0);
+  EXPECT_GT(optimizer_ratio, 2.0);
 }
 
 }  // namespace

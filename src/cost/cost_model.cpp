@@ -294,11 +294,18 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   const AttentionMemory attention = gpu ? AttentionMemory::AttentionMemory_fused : AttentionMemory::AttentionMemory_scores;
   for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
     u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, attention);
-  u.embedding_activation_bytes = embedding_activation_bytes(m, b, s, tp, sp, p);
   u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, attention);
-  if (gpu) u.backward_workspace_bytes = block_backward_workspace_bytes(m, b, s, tp, p);
+  u.backward_workspace_bytes =
+      gpu ? block_backward_workspace_bytes(m, b, s, tp, p) : cpu_block_backward_workspace_bytes(m, b, s, tp, sp, p);
   u.boundary_bytes = hidden_state_bytes(m, b * shape.dp, s, p);
   u.block_output_bytes = hidden_state_bytes(m, b, s, p) / (sp ? tp : 1);
+  // Alloy's CPU runtime keeps the embedding's output whole under sequence parallelism (the first
+  // block takes its rows from it), and a chunk's received input and gathered output too.
+  u.embedding_activation_bytes = embedding_activation_bytes(m, b, s, tp, sp && gpu, p);
+  if (sp && !gpu) {
+    u.chunk_input_extra_bytes = hidden_state_bytes(m, b, s, p) - u.block_output_bytes;
+    u.chunk_output_bytes = hidden_state_bytes(m, b, s, p);
+  }
   for (int r = 0; r < 3; ++r)
     u.activations_link_seconds[r] = host_link > 0 ? std::max(0.0, u.block_activation_bytes[r] - u.block_output_bytes) / host_link
                                                   : kNoHostLinkSeconds;
@@ -472,7 +479,8 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const double per_micro_batch = none * u.block_activation_bytes[0] + c.selective * u.block_activation_bytes[1] +
                                  c.full * u.block_activation_bytes[2] +
                                  (c.has_embedding ? u.embedding_activation_bytes : 0) +
-                                 (c.has_head ? u.head_activation_bytes : 0);
+                                 (c.has_head ? u.head_activation_bytes : 0) +
+                                 c.chunks_received * u.chunk_input_extra_bytes + c.chunks_sent * u.chunk_output_bytes;
   mem.activations_bytes = in_flight * per_micro_batch;
   // Parked activations (all but each block's output) wait in host memory. At the end of the
   // forward, one block's are on their way out while the link keeps up with the forward, and

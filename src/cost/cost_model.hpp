@@ -58,9 +58,13 @@ struct StageUnitCosts {
   double block_activation_bytes[3] = {0, 0, 0};  // by Recompute
   double embedding_activation_bytes = 0;
   double head_activation_bytes = 0;
-  double backward_workspace_bytes = 0;     // gradient buffers of one block's backward (GPU runtime)
+  double backward_workspace_bytes = 0;     // gradient buffers of one block's backward
   double boundary_bytes = 0;               // one hidden state of the whole micro-batch
   double block_output_bytes = 0;           // one block's output on this device, per micro-batch
+  // Under sequence parallelism Alloy's CPU runtime keeps a chunk's received input and its output
+  // gathered for the send whole, each until the chunk's backward: bytes above the rank's rows.
+  double chunk_input_extra_bytes = 0;
+  double chunk_output_bytes = 0;
   double activations_link_seconds[3] = {0, 0, 0};  // one block's saved activations but its output over
                                                    // the host link, by recomputation level
 };
@@ -79,6 +83,8 @@ struct StageChoice {
   bool has_embedding = false;
   bool has_head = false;
   bool head_holds_lm_matrix = true;
+  int chunks_sent = 0;      // of the stage's chunks of one micro-batch: outputs sent to a stage
+  int chunks_received = 0;  // and inputs received from one
 };
 
 struct StageTiming {

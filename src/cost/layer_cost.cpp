@@ -127,8 +127,13 @@ double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t s
   if (recompute == Recompute::Recompute_full) return sb * c * e * boundary_share;
 
   // Replicated across tp without sequence parallelism: two norm inputs, the attention and MLP
-  // inputs, and (Megatron, GPT-2) the two dropout masks (1 byte per element).
-  double boundary = sb * c * e * 4.0;
+  // inputs (the norms' outputs), and (Megatron, GPT-2) the two dropout masks (1 byte per element).
+  // Under sequence parallelism Megatron keeps its shard of each norm output and gathers it again
+  // in the backward; Alloy's CPU runtime keeps the gathered output whole for the backward's
+  // weight gradient, so there only the norm inputs split.
+  const bool whole_norm_outputs = attention == AttentionMemory::AttentionMemory_scores;
+  double boundary = sb * c * e * (whole_norm_outputs ? 2.0 : 4.0);
+  const double norm_outputs = whole_norm_outputs ? sb * c * e * 2.0 : 0.0;
   if (dropout) boundary += 2.0 * sb * c;
   // Alloy's runtimes keep each norm's fp32 statistics (LayerNorm: mean and rstd; RMSNorm: rstd).
   if (!megatron) boundary += sb * 2.0 * (m.family == ModelFamily::ModelFamily_gpt2 ? 8.0 : 4.0);
@@ -136,7 +141,7 @@ double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t s
   // (GELU: its input and output; SwiGLU: gate, up and their product).
   const double mlp_tensors = is_llama(m) ? 3.0 : 2.0;
   const double inner = sb * (q + 2.0 * kv + q + mlp_tensors * f) * e;
-  double stored = boundary * boundary_share + inner / tp;
+  double stored = boundary * boundary_share + norm_outputs + inner / tp;
   switch (attention) {
     case AttentionMemory::AttentionMemory_fused:
       // The log-sum-exp of each query row (fp32); selective recomputation has nothing to drop.
@@ -168,6 +173,15 @@ double block_backward_workspace_bytes(const ModelSpec& m, int64_t micro_batch, i
   const double kv = static_cast<double>(kv_width(m)) / tp;
   const double mlp = is_llama(m) ? 3.0 * f : f;  // SwiGLU keeps d(act) and d(gate, up)
   return tokens * ((2.0 * c + mlp + q + q + 2.0 * kv) * precision_bytes(precision) + 4.0 * q);
+}
+
+double cpu_block_backward_workspace_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                                          bool sequence_parallel, Precision precision) {
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  const double f = static_cast<double>(m.ffn_hidden_size) / tp;
+  const double up = is_llama(m) ? 2.0 * f : f;
+  const double gathered = sequence_parallel ? static_cast<double>(m.hidden_size) : 0.0;
+  return tokens * (f + up + gathered) * precision_bytes(precision);
 }
 
 double head_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,

@@ -57,6 +57,11 @@ double block_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64
 // gradient accumulator of the fused attention.
 double block_backward_workspace_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
                                       Precision precision);
+// The same for Alloy's CPU runtime at its largest, the start of the MLP's backward: the
+// gradients of the MLP's activation and of its up projection (SwiGLU: gate and up), and under
+// sequence parallelism the output gradient gathered to all rows.
+double cpu_block_backward_workspace_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
+                                          bool sequence_parallel, Precision precision);
 // Activations kept by the embedding (its output) and by the head (logits for the loss).
 double embedding_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len,
                                   int tp, bool sequence_parallel, Precision precision);

@@ -94,6 +94,8 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
         chunks_sent = s + 1 < p ? v : v - 1;
       }
     }
+    choice.chunks_sent = chunks_sent;
+    choice.chunks_received = p > 1 ? (s > 0 ? v : v - 1) : 0;
     const StageTiming timing = cost.stage_timing(shape, unit, choice, send_seconds, chunks_sent);
     st.micro_batches_in_flight = schedule_micro_batches_in_flight(plan->schedule, p, s, m, v);
     const MemoryBreakdown mem = cost.stage_memory(shape, unit, choice, st.micro_batches_in_flight, p > 1);

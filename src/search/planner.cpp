@@ -143,6 +143,7 @@ class Searcher {
         slot.boundary_seconds = boundary_seconds(u->boundary_bytes, boundary(out[i], out[next]));
         slot.chunks_sent = i + 1 < p ? s.virtual_chunks : s.virtual_chunks - 1;
       }
+      if (p > 1) slot.chunks_received = i > 0 ? s.virtual_chunks : s.virtual_chunks - 1;
     }
     return out;
   }

@@ -311,6 +311,8 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
   c.has_embedding = slot.has_embedding;
   c.has_head = slot.has_head;
   c.head_holds_lm_matrix = slot.head_holds_lm_matrix;
+  c.chunks_sent = slot.chunks_sent;
+  c.chunks_received = slot.chunks_received;
   return c;
 }
 

@@ -18,6 +18,7 @@ struct StageSlot {
   bool has_next = false;          // the pipeline has more than one stage
   double boundary_seconds = 0;    // one send to the next stage
   int chunks_sent = 0;
+  int chunks_received = 0;        // chunks of a micro-batch whose input comes from another stage
   bool has_embedding = false;
   bool has_head = false;
   bool head_holds_lm_matrix = true;

@@ -239,15 +239,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
     if (std::string(argv[i]) == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
-  }
-  bool keep = false;  // --keep: leave the plans, profiles, logs and outputs for a look
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--keep") keep = true;
     if (std::string(argv[i]) == "--fast-memory") fast_memory = argv[i + 1];
     if (std::string(argv[i]) == "--slow-memory") slow_memory = argv[i + 1];
     if (std::string(argv[i]) == "--model") kModel = argv[i + 1];
     if (std::string(argv[i]) == "--train") train = argv[i + 1];
   }
+  bool keep = false;  // --keep: leave the plans, profiles, logs and outputs for a look
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--keep") keep = true;
   alloy::bench::mpi_environment_set();
   alloy_binary = alloy::bench::alloy_next_to_self();
   if (train.empty()) train = std::string(ALLOY_SOURCE_DIR) + "/examples/train/pipeline-cpu.yaml";

@@ -48,9 +48,8 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
   }
   bool keep = false;  // --keep: leave the plans, profiles, logs and outputs for a look
-  for (int i = 1; i < argc; ++i) {
+  for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--keep") keep = true;
-  }
   alloy::bench::mpi_environment_set();
   const std::string alloy = alloy::bench::alloy_next_to_self();
   const std::string source = ALLOY_SOURCE_DIR;

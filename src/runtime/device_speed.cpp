@@ -1,13 +1,13 @@
 // Emulated device speed and time dilation from the cluster file and the environment.
 #include "runtime/device_speed.hpp"
 
+#include <sys/prctl.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
 #include <thread>
-
-#include <sys/prctl.h>
 
 #include <fmt/format.h>
 
@@ -18,7 +18,6 @@ namespace alloy {
 
 namespace {
 
-// The environment variable as a number in [low, high], or `fallback` when unset.
 // The ComputeStretch running on this thread, if any.
 thread_local ComputeStretch* running_stretch = nullptr;
 
@@ -26,6 +25,7 @@ double monotonic_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The environment variable as a number in [low, high], or `fallback` when unset.
 double env_number(const char* name, double low, double high, double fallback, const char* hint) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return fallback;

@@ -170,8 +170,9 @@ void run_case(const Case& c) {
               std::thread::hardware_concurrency(), threads, threads == 1 ? "" : "s");
   const std::string real = cluster_yaml("real", c.groups, false);
   const std::string uniform = cluster_yaml("uniform", c.groups, true);
-  // Alloy as a user runs it: profile the cluster, plan with the profile, calibrate the profile
-  // from a run of that plan, and plan again with the calibrated profile.
+  // Alloy as a user runs it: profile the cluster, plan with the profile on every device (so that
+  // every device type is calibrated), calibrate the profile from a run of that plan, and plan
+  // again, freely, with the calibrated profile.
   const std::string measured = dir + "/measured.json";
   const std::string profile = dir + "/profile.json";
   if (run(fmt::format("{} {} profile --model {} --cluster {} --train {} -o {} > {}.txt 2>&1", mpirun(ranks),
@@ -179,7 +180,7 @@ void run_case(const Case& c) {
     std::printf("  profiling failed (see %s.txt)\n", measured.c_str());
     return;
   }
-  const std::string first_plan = plan_for(real, "first", "--profile " + measured);
+  const std::string first_plan = plan_for(real, "first", "--all-devices --profile " + measured);
   std::string calibration_report;
   const bool calibrated =
       !first_plan.empty() &&
@@ -192,7 +193,7 @@ void run_case(const Case& c) {
     std::printf("  calibrating failed (see %s)\n", dir.c_str());
     return;
   }
-  std::printf("  calibrated with the planner's first plan (%d of %d devices):\n%s",
+  std::printf("  calibrated with the planner's best plan on all devices (%d of %d):\n%s",
               alloy::plan_load(first_plan).num_used_devices(), ranks, calibration_report.c_str());
   const std::string alloy_plan = plan_for(real, "alloy", "--profile " + profile);
   // Treated as equal, the devices still form one stage per group (a stage has one device type):

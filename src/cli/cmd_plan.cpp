@@ -161,6 +161,8 @@ void add_plan(CLI::App& app, int* exit_code) {
                 "Rank candidates by the analytic formula alone (default: the best few are re-ranked by simulation)");
   cmd->add_option("--layer-split", c->layer_split, "Pin blocks per stage in pipeline order, e.g. 10,10,12");
   cmd->add_option("--device-order", c->device_order, "Pin device types in pipeline order, e.g. a100-80gb-sxm,v100-32gb");
+  cmd->add_flag("--all-devices", c->search.every_device,
+                "Only layouts that use every device (e.g. to calibrate every device type with one run)");
   cmd->add_option("--threads", c->search.threads, "Search threads (1 or 2)")->capture_default_str();
   cmd->callback([c, exit_code]() {
     run_plan(*c);

@@ -121,7 +121,7 @@ void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& resu
     const bool ran = std::any_of(ratios.begin(), ratios.end(), [&](const DeviceTypeCalibration& r) { return r.device_type == type; });
     if (!ran)
       fmt::print("  {}: no rank of this type ran this plan, so its entries are copied as measured; a plan that uses "
-                 "every device type calibrates them all\n",
+                 "every device type calibrates them all (alloy plan --all-devices)\n",
                  type);
   }
 }

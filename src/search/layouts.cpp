@@ -195,13 +195,16 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
                                  "name the cluster's device types, in pipeline order");
       order.push_back(found);
     }
+    if (o.every_device && order.size() != pools.size())
+      throw Error("--all-devices needs every device type in the pinned device order", {"", "device_order"},
+                  "name every device type of the cluster in --device-order, or drop one of the two options");
     orders.push_back(order);
   } else {
     // Every subset once, as a family standing for all its pipeline orders: the orders share
     // their bound but for where the embedding and head sit, so each order becomes a structure
     // of its own only when the search reaches the family (structure_orders).
     const int n = static_cast<int>(pools.size());
-    for (int mask = 1; mask < (1 << n); ++mask) {
+    for (int mask = o.every_device ? (1 << n) - 1 : 1; mask < (1 << n); ++mask) {
       std::vector<int> members;
       for (int i = 0; i < n; ++i)
         if (mask & (1 << i)) members.push_back(i);

@@ -36,6 +36,7 @@ struct SearchOptions {
   int offload_activations = 0;         // blocks per stage whose saved activations wait in host memory
   std::vector<int> layer_split;        // blocks per stage, pipeline order
   std::vector<std::string> device_order;  // device type names in pipeline order (only these used)
+  bool every_device = false;           // only layouts that use every device of the cluster
   int threads = 1;                     // 1 or 2; the plan does not depend on it
   int runner_ups = 3;
 };

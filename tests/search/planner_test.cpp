@@ -102,6 +102,23 @@ TEST(Planner, DeviceOrderPinsTypesAndOrder) {
   EXPECT_THROW(plan_search(cost, o), Error);
 }
 
+TEST(Planner, AllDevicesKeepsOnlyLayoutsThatUseEveryDevice) {
+  using namespace testing;
+  // One slow card next to four fast ones: the free optimum leaves it out.
+  const ModelSpec m = llama("toy", 8, 1024, 8, 8, 2816, 8000);
+  const ClusterSpec c = cluster("a4-l1", {a100_80(), l4()}, {{0, 1, 4}, {1, 1, 1}});
+  CostModel cost(m, c, train(1024, 32));
+  const SearchResult free = plan_search(cost, {});
+  ASSERT_LT(free.plan.num_used_devices(), static_cast<int>(c.devices.size()));
+  SearchOptions o;
+  o.every_device = true;
+  const SearchResult all = plan_search(cost, o);
+  EXPECT_EQ(all.plan.num_used_devices(), static_cast<int>(c.devices.size()));
+  EXPECT_GE(all.plan.step_seconds, free.plan.step_seconds);
+  o.device_order = {"a100-80"};
+  EXPECT_THROW(plan_search(cost, o), Error);
+}
+
 TEST(Planner, DeterministicAndTwoThreadsAgree) {
   using namespace testing;
   const ModelSpec m = llama("toy", 8, 1024, 8, 8, 2816, 8000);

@@ -133,11 +133,16 @@ int main(int argc, char** argv) {
       for (size_t k = 0; k < cases.size(); ++k) {
         if (cases[k].ranks != ranks) continue;
         const std::string plan = fmt::format("{}/plan-{}-{}.json", dir, k, round);
+        const std::string plan_output = fmt::format("{}/plan-{}-{}.txt", dir, k, round);
         const std::string output = fmt::format("{}/output-{}-{}.txt", dir, k, round);
         const std::string log = fmt::format("{}/log-{}-{}.jsonl", dir, k, round);
         if (run(fmt::format("{} plan --model {} --cluster {} --train {} --no-offload --profile {} {} -o {} > {} 2>&1", alloy,
-                            model, cases[k].cluster, train, calibrated, cases[k].pins, plan, output)) != 0 ||
-            run(fmt::format("{} > {} 2>&1", train_command(plan, log, ""), output)) != 0) {
+                            model, cases[k].cluster, train, calibrated, cases[k].pins, plan, plan_output)) != 0) {
+          std::printf("%-32s round %d: planning failed:\n%s", cases[k].name.c_str(), round + 1,
+                      errors_in(plan_output).c_str());
+          continue;
+        }
+        if (run(fmt::format("{} > {} 2>&1", train_command(plan, log, ""), output)) != 0) {
           std::printf("%-32s round %d failed:\n%s", cases[k].name.c_str(), round + 1, errors_in(output).c_str());
           continue;
         }

@@ -578,6 +578,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     if (options.zero >= 0 && options.zero < 3) hint += ", allow ZeRO-3";
     if (options.micro_batch_sequences > 1 || options.num_micro_batches > 0) hint += ", use a smaller micro-batch";
     if (options.tp > 0 || options.pp > 0 || options.dp > 0) hint += ", unpin tp/pp/dp";
+    if (options.every_device) hint += ", drop --all-devices (a device too small for any share can then sit out)";
     throw Error(fmt::format("nothing fits in device memory: the most frugal layout needs {} per {} device, "
                             "which has {}",
                             units_format_bytes(frugal_bytes), type.name, units_format_bytes(type.memory_bytes)),

@@ -117,6 +117,20 @@ TEST(Planner, AllDevicesKeepsOnlyLayoutsThatUseEveryDevice) {
   EXPECT_GE(all.plan.step_seconds, free.plan.step_seconds);
   o.device_order = {"a100-80"};
   EXPECT_THROW(plan_search(cost, o), Error);
+  // A card too small for any share: the refusal says the flag is why.
+  DeviceType tiny = l4();
+  tiny.memory_bytes = 1024.0 * 1024.0;
+  const ClusterSpec small = cluster("a4-tiny", {a100_80(), tiny}, {{0, 1, 4}, {1, 1, 1}});
+  CostModel small_cost(m, small, train(1024, 32));
+  SearchOptions every;
+  every.every_device = true;
+  try {
+    plan_search(small_cost, every);
+    ADD_FAILURE() << "a plan fitted a 1 MiB card";
+  } catch (const Error& e) {
+    EXPECT_NE(e.hint().find("--all-devices"), std::string::npos) << e.format();
+  }
+  EXPECT_NO_THROW(plan_search(small_cost, {}));
 }
 
 TEST(Planner, DeterministicAndTwoThreadsAgree) {

@@ -134,3 +134,14 @@ TEST(CommCheck, RankThatNeverJoinsEndsTheJobAfterTheTimeout) {
 }
 
 }  // namespace
+
+// ctest -j starts several mpirun jobs at once; each test process keeps their session folders
+// apart so that Open MPI's racy creation of the shared one cannot fail a job.
+TEST(CommLaunch, TestJobsKeepTheirSessionFoldersApart) {
+  alloy::testing::mpi_test_environment_set();
+  const char* base = std::getenv("OMPI_MCA_orte_tmpdir_base");
+  ASSERT_NE(base, nullptr);
+  const CommandResult r = run_command(std::string("mpirun -np 1 ls ") + base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("ompi."), std::string::npos) << "no session folder under " << base << ":\n" << r.output;
+}

@@ -73,8 +73,13 @@ inline CommandResult alloy(const std::string& args, int timeout_seconds = 120) {
 }
 
 // mpirun refuses root and more ranks than cores unless told; leak checking is off in the ranks
-// of a sanitized build because the MPI library keeps allocations until exit.
+// of a sanitized build because the MPI library keeps allocations until exit. Each test process
+// gives its mpirun jobs a session folder of their own: Open MPI 4 creates /tmp/ompi.<host>.<uid>
+// with a check-then-mkdir that fails ("mkdir ... File exists") when ctest -j starts two jobs at
+// once (open-mpi/ompi#8510). The folder goes when the test process exits.
 inline void mpi_test_environment_set() {
+  static const TempDir session_base;
+  setenv("OMPI_MCA_orte_tmpdir_base", session_base.path().c_str(), 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
   setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);

@@ -7,8 +7,9 @@
 // this machine's cores, and a group run while the others' cores sit idle would get more of them
 // than it has in the whole cluster (that bound would be higher than any plan of the cluster could
 // reach here, since the cluster's ranks take all the cores).
-// Every plan runs in --rounds interleaved rounds and counts their median (this machine's cores
-// have slow spells).
+// Every plan runs in --rounds interleaved rounds. The rates printed are medians over rounds; the
+// gain and the share of the bound are medians of each round's own ratios (this machine's cores
+// have slow spells, and its overall speed drifts over minutes).
 //   bench_heterogeneity [--steps N] [--rounds R] [--keep] [--fast-memory M] [--slow-memory M] [--model M] [--train T]
 #include <unistd.h>
 
@@ -117,20 +118,28 @@ std::vector<double> measure_together(const std::vector<Job>& jobs, int round) {
   return rates;
 }
 
-// Each job's median rate over `rounds` rounds. A round runs every entry of `batches` in turn
-// (the jobs of one entry together), so that all of them meet the machine alike.
-std::vector<std::vector<double>> measure_interleaved(const std::vector<std::vector<Job>>& batches) {
-  std::vector<std::vector<std::vector<double>>> rates(batches.size());
+// Each job's rate in each of `rounds` rounds ([entry][job][round]). A round runs every entry of
+// `batches` in turn (the jobs of one entry together), so that all of them meet the machine alike.
+using RoundRates = std::vector<std::vector<std::vector<double>>>;
+RoundRates measure_interleaved(const std::vector<std::vector<Job>>& batches) {
+  RoundRates rates(batches.size());
   for (size_t b = 0; b < batches.size(); ++b) rates[b].resize(batches[b].size());
   for (int round = 0; round < rounds; ++round)
     for (size_t b = 0; b < batches.size(); ++b) {
       const std::vector<double> measured = measure_together(batches[b], round);
       for (size_t k = 0; k < measured.size(); ++k) rates[b][k].push_back(measured[k]);
     }
-  std::vector<std::vector<double>> medians(batches.size());
-  for (size_t b = 0; b < batches.size(); ++b)
-    for (const std::vector<double>& r : rates[b]) medians[b].push_back(median(r));
-  return medians;
+  return rates;
+}
+
+// The median over rounds of numerator / denominator, both measured in the same round (the
+// machine's speed drifts between rounds, and a ratio of two medians from different rounds
+// carries that drift). 0 when no round measured both.
+double median_paired_ratio(const std::vector<double>& numerator, const std::vector<double>& denominator) {
+  std::vector<double> ratios;
+  for (size_t r = 0; r < numerator.size() && r < denominator.size(); ++r)
+    if (numerator[r] > 0 && denominator[r] > 0) ratios.push_back(numerator[r] / denominator[r]);
+  return ratios.empty() ? 0 : median(ratios);
 }
 
 std::string plan_for(const std::string& cluster_path, const std::string& name, const std::string& pins = "") {
@@ -215,25 +224,29 @@ void run_case(const Case& c, const std::string& folder) {
     const std::string alone = cluster_yaml(fmt::format("alone-{}", i), {c.groups[i]}, false);
     groups_alone.push_back({plan_for(alone, fmt::format("alone-{}", i), "--profile " + profile), alone});
   }
-  const std::vector<std::vector<double>> rates = measure_interleaved(
+  const RoundRates rates = measure_interleaved(
       {{{alloy_plan, real}}, {{move_to_real_cluster(uniform_plan, real), real}}, groups_alone});
-  const double alloy_rate = rates[0][0], uniform_rate = rates[1][0];
-  double bound = 0;
+  const std::vector<double>& alloy_rates = rates[0][0];
+  const std::vector<double>& uniform_rates = rates[1][0];
+  std::vector<double> bound_rates(static_cast<size_t>(rounds), 0.0);  // per round: the groups' sum
   for (size_t i = 0; i < c.groups.size(); ++i) {
     const std::string label = fmt::format("{} alone", c.groups[i].type);
     if (groups_alone[i].plan.empty())  // nothing fits these devices alone: they add nothing to the bound
       std::printf("  %-28s %10s tokens/s (no plan without offload fits its memory)\n", label.c_str(), "0");
     else
       std::printf("  %-28s %10.0f tokens/s (predicted %.0f; the groups' jobs at the same time)\n", label.c_str(),
-                  rates[2][i], alloy::plan_load(groups_alone[i].plan).tokens_per_second);
-    bound += rates[2][i];
+                  median(rates[2][i]), alloy::plan_load(groups_alone[i].plan).tokens_per_second);
+    for (size_t r = 0; r < bound_rates.size(); ++r) bound_rates[r] += rates[2][i][r];
   }
-  std::printf("  %-28s %10.0f tokens/s\n", "uniform plan (devices equal)", uniform_rate);
-  std::printf("  %-28s %10.0f tokens/s (predicted %.0f)\n", "Alloy's plan", alloy_rate,
+  std::printf("  %-28s %10.0f tokens/s\n", "uniform plan (devices equal)", median(uniform_rates));
+  std::printf("  %-28s %10.0f tokens/s (predicted %.0f)\n", "Alloy's plan", median(alloy_rates),
               alloy::plan_load(alloy_plan).tokens_per_second);
-  if (uniform_rate > 0 && bound > 0)
-    std::printf("  gain over uniform %.2fx (target 1.3x); %.0f%% of the bound %.0f tokens/s (target 85%%)\n",
-                alloy_rate / uniform_rate, 100 * alloy_rate / bound, bound);
+  std::printf("  %-28s %10.0f tokens/s (the groups alone, summed per round)\n", "bound", median(bound_rates));
+  const double gain = median_paired_ratio(alloy_rates, uniform_rates);
+  const double share = median_paired_ratio(alloy_rates, bound_rates);
+  if (gain > 0 && share > 0)
+    std::printf("  gain over uniform %.2fx (target 1.3x); %.0f%% of the bound (target 85%%); medians of the rounds' "
+                "ratios\n", gain, 100 * share);
 }
 
 }  // namespace

@@ -120,7 +120,9 @@ void run_plan(PlanCommand& c) {
     fmt::print("\nDeepSpeed configuration:\n{}", plan_export_render(plan_export_deepspeed(result.plan, model, train), "deepspeed"));
   }
   if (!c.report.empty()) {
-    SimResult simulated = simulate(result.plan, model, cluster);
+    SimOptions simulation;
+    simulation.profile = cost.profile();
+    SimResult simulated = simulate(result.plan, model, cluster, simulation);
     report_save(result.plan, simulated, c.report);
     fmt::print("report written to {} (simulated step {})\n", c.report, units_format_seconds(simulated.step_seconds));
   }

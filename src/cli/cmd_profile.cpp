@@ -173,11 +173,17 @@ void run_profile(const ProfileCommand& c) {
                "was scaled by a reference GEMM timed right after it\n",
                100 * (spread - 1));
   if (!collectives.empty()) {
-    TextTable comm_table({"collective", "ranks>", "latency>", "bandwidth>"});
-    for (const ProfiledCollective& pc : collectives)
-      comm_table.add_row({collective_op_name(pc.op), std::to_string(pc.group_size),
-                          units_format_seconds(pc.latency_seconds), units_format_bandwidth(pc.bandwidth_bytes_per_second)});
-    fmt::print("{}", comm_table.render());
+    TextTable comm_table({"collective", "ranks>", "latency>", "bandwidth>", "largest buffer timed>"});
+    for (const ProfiledCollective& pc : collectives) {
+      const std::string largest = pc.samples.empty() ? "-"
+                                                     : fmt::format("{} in {}", units_format_bytes(pc.samples.back().bytes),
+                                                                   units_format_seconds(pc.samples.back().seconds));
+      comm_table.add_row({collective_op_name(pc.op), std::to_string(pc.group_size), units_format_seconds(pc.latency_seconds),
+                          units_format_bandwidth(pc.bandwidth_bytes_per_second), largest});
+    }
+    fmt::print("{}latency and bandwidth: the line fitted to the timed buffers; the planner follows the timings themselves "
+               "between sizes\n",
+               comm_table.render());
   } else {
     fmt::print("collectives: not measured (run under mpirun with 2 or more ranks to measure them)\n");
   }

@@ -4,7 +4,9 @@
 
 #include "cli/commands.hpp"
 #include <cmath>
+#include <optional>
 
+#include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "search/planner.hpp"
 #include "sim/report.hpp"
@@ -23,6 +25,7 @@ struct SimulateCommand {
   std::string cluster;  // default: the plan's cluster name as a preset
   std::string trace;
   std::string report;
+  std::string profile;  // the measured profile the plan was made with, if any
 };
 
 void run_simulate(const SimulateCommand& c, bool print_table) {
@@ -35,16 +38,22 @@ void run_simulate(const SimulateCommand& c, bool print_table) {
   train.seq_len = plan.seq_len;
   train.global_batch_sequences = plan.global_batch_sequences;
   train.precision = plan.precision;
-  CostModel cost(model, cluster, train);
+  std::optional<Profile> profile;
+  if (!c.profile.empty()) profile = profile_load(c.profile);
+  CostModel cost(model, cluster, train, profile ? &*profile : nullptr);
   const double saved_step_seconds = plan.step_seconds;
   plan_evaluate(&plan, cost);
   plan_check_host_memory(plan, cluster, c.plan);
   if (saved_step_seconds > 0 && std::abs(plan.step_seconds / saved_step_seconds - 1.0) > 1e-6) {
     fmt::print("note: the plan's saved predictions differ from the cost model's for its choices "
-               "(step {} saved, {} now); using the cost model's\n",
-               units_format_seconds(saved_step_seconds), units_format_seconds(plan.step_seconds));
+               "(step {} saved, {} now); using the cost model's{}\n",
+               units_format_seconds(saved_step_seconds), units_format_seconds(plan.step_seconds),
+               profile ? "" : " (if the plan was made with --profile, pass the same profile here)");
   }
-  SimResult result = simulate(plan, model, cluster);
+  for (const auto& note : cost.fallback_notes()) fmt::print("note: {}\n", note);
+  SimOptions options;
+  options.profile = cost.profile();
+  SimResult result = simulate(plan, model, cluster, options);
   sim_check_memory(result, plan);
   if (print_table) fmt::print("{}", sim_render_text(result, plan));
   if (!c.trace.empty()) {
@@ -60,6 +69,7 @@ void run_simulate(const SimulateCommand& c, bool print_table) {
 void add_plan_sources(CLI::App* cmd, SimulateCommand& c) {
   cmd->add_option("--model,-m", c.model, "Model preset or path (default: the plan's model name)");
   cmd->add_option("--cluster,-c", c.cluster, "Cluster preset or path (default: the plan's cluster name)");
+  cmd->add_option("--profile", c.profile, "The measured profile the plan was made with (alloy plan --profile)");
 }
 
 }  // namespace

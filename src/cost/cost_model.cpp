@@ -210,7 +210,7 @@ double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, 
   if (profile_) {
     const std::string& name = cluster_.device_types[device_type].name;
     const ProfiledCollective* measured = profile_->find_collective(name, op, group.ranks, group.nodes > 1);
-    if (measured) return measured->latency_seconds + bytes / measured->bandwidth_bytes_per_second;
+    if (measured) return measured->seconds(bytes);
     std::lock_guard<std::mutex> lock(notes_mutex_);
     notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
                               collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));

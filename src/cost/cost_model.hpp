@@ -138,6 +138,7 @@ class CostModel {
   const ModelSpec& model() const { return model_; }
   const ClusterSpec& cluster() const { return cluster_; }
   const TrainSpec& train() const { return train_; }
+  const Profile* profile() const { return profile_; }  // null without --profile
 
   // The stage's groups from the device ids it uses (ranks ordered tp fastest, then dp).
   StageShape stage_shape(const std::vector<int>& device_ids, int tp, int dp, int64_t micro_batch) const;

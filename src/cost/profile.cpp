@@ -1,5 +1,6 @@
 #include "cost/profile.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -49,6 +50,24 @@ CollectiveOp parse_op(const json& v, const std::string& path, const std::string&
   throw Error("unknown collective " + v.dump(), {path, field}, "use all_reduce, all_gather or reduce_scatter");
 }
 
+// [[bytes, seconds], ...], at least two, by strictly growing size.
+std::vector<CollectiveSample> parse_samples(const json& v, const std::string& path, const std::string& field) {
+  const char* hint = "write [[bytes, seconds], ...] with at least two sizes, smallest first, or leave samples out";
+  if (!v.is_array() || v.size() < 2) throw Error("must be a list of at least two [bytes, seconds] pairs", {path, field}, hint);
+  std::vector<CollectiveSample> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& pair = v[i];
+    const std::string where = field + "[" + std::to_string(i) + "]";
+    if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number() || !pair[1].is_number() ||
+        pair[0].get<double>() <= 0 || pair[1].get<double>() <= 0)
+      throw Error("must be a pair of positive numbers [bytes, seconds]", {path, where}, hint);
+    if (!out.empty() && pair[0].get<double>() <= out.back().bytes)
+      throw Error("sizes must grow from one sample to the next", {path, where}, hint);
+    out.push_back({pair[0].get<double>(), pair[1].get<double>()});
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* layer_kind_name(LayerKind kind) {
@@ -87,6 +106,18 @@ const ProfiledCollective* Profile::find_collective(const std::string& device_typ
   for (const auto& c : it->second.collectives)
     if (c.op == op && c.group_size == group_size && c.spans_nodes == spans_nodes) return &c;
   return nullptr;
+}
+
+double ProfiledCollective::seconds(double bytes) const {
+  if (samples.size() < 2) return latency_seconds + bytes / bandwidth_bytes_per_second;
+  if (bytes <= samples.front().bytes)
+    return std::max(latency_seconds, samples.front().seconds - (samples.front().bytes - bytes) / bandwidth_bytes_per_second);
+  size_t k = 1;  // the segment [k - 1, k] holding `bytes`, or the last one past the largest
+  while (k + 1 < samples.size() && bytes > samples[k].bytes) ++k;
+  const CollectiveSample& a = samples[k - 1];
+  const CollectiveSample& b = samples[k];
+  const double per_byte = std::max(0.0, (b.seconds - a.seconds) / (b.bytes - a.bytes));
+  return a.seconds + (bytes - a.bytes) * per_byte;
 }
 
 double Profile::optimizer_rate(const std::string& device_type) const {
@@ -151,6 +182,7 @@ Profile profile_parse(const std::string& json_text, const std::string& path) {
         if (!latency.is_number() || latency.get<double>() < 0)
           throw Error("must be a number >= 0", {path, field + ".latency_seconds"});
         pc.latency_seconds = latency.get<double>();
+        if (c.contains("samples")) pc.samples = parse_samples(c.at("samples"), path, field + ".samples");
         dp.collectives.push_back(pc);
       }
     }
@@ -171,10 +203,15 @@ std::string profile_to_json(const Profile& profile) {
                                  {"forward_seconds", l.forward_seconds}, {"backward_seconds", l.backward_seconds}});
     }
     for (const ProfiledCollective& c : dp.collectives) {
-      entry["collectives"].push_back({{"op", collective_op_name(c.op)}, {"group_size", c.group_size},
-                                      {"placement", c.spans_nodes ? "inter_node" : "intra_node"},
-                                      {"bandwidth_bytes_per_second", c.bandwidth_bytes_per_second},
-                                      {"latency_seconds", c.latency_seconds}});
+      json collective = {{"op", collective_op_name(c.op)}, {"group_size", c.group_size},
+                         {"placement", c.spans_nodes ? "inter_node" : "intra_node"},
+                         {"bandwidth_bytes_per_second", c.bandwidth_bytes_per_second},
+                         {"latency_seconds", c.latency_seconds}};
+      if (!c.samples.empty()) {
+        collective["samples"] = json::array();
+        for (const CollectiveSample& sample : c.samples) collective["samples"].push_back({sample.bytes, sample.seconds});
+      }
+      entry["collectives"].push_back(std::move(collective));
     }
     if (dp.optimizer_seconds_per_parameter > 0) entry["optimizer_seconds_per_parameter"] = dp.optimizer_seconds_per_parameter;
     root["device_types"][name] = std::move(entry);

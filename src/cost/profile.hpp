@@ -24,12 +24,26 @@ struct ProfiledLayer {
   double backward_seconds = 0;  // without recomputation
 };
 
+// One timed buffer size of a collective.
+struct CollectiveSample {
+  double bytes = 0;
+  double seconds = 0;
+};
+
 struct ProfiledCollective {
   CollectiveOp op = CollectiveOp::CollectiveOp_all_reduce;
   int group_size = 0;
   bool spans_nodes = false;                 // placement: "intra_node" or "inter_node"
   double bandwidth_bytes_per_second = 0;    // algorithm bandwidth: buffer bytes / (time - latency)
   double latency_seconds = 0;
+  // The timings the fit came from, by growing size (optional). A CPU's collectives are not one
+  // straight line: buffers that stay in cache move about twice as fast as those that do not.
+  std::vector<CollectiveSample> samples;
+
+  // Seconds for a buffer of `bytes`: between two samples, the straight line through them; past
+  // the largest, its segment's rate continued; below the smallest, the smallest's time scaled
+  // down along the fit's rate. Without samples, latency + bytes / bandwidth.
+  double seconds(double bytes) const;
 };
 
 struct DeviceProfile {

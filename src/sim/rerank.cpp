@@ -14,6 +14,7 @@ RerankReport plan_rerank_by_simulation(SearchResult* result, const CostModel& co
   for (const Plan& candidate : result->candidates) {
     SimOptions options;
     options.record_intervals = false;
+    options.profile = cost.profile();
     report.simulated_step_seconds.push_back(simulate(candidate, cost.model(), cost.cluster(), options).step_seconds);
   }
   // Price per token scales with step time for a fixed device set, so both objectives compare

@@ -154,6 +154,9 @@ double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::
   const CollectiveOp cop = op.kind == OpKind::OpKind_all_reduce       ? CollectiveOp::CollectiveOp_all_reduce
                            : op.kind == OpKind::OpKind_reduce_scatter ? CollectiveOp::CollectiveOp_reduce_scatter
                                                                       : CollectiveOp::CollectiveOp_all_gather;
+  const ProfiledCollective* measured =
+      options_.profile ? options_.profile->find_collective(st.device_type, cop, g.ranks, network) : nullptr;
+  if (measured) return measured->seconds(static_cast<double>(op.bytes));
   return collective_seconds(cop, static_cast<double>(op.bytes), g);
 }
 

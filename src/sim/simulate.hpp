@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cost/profile.hpp"
 #include "plan/plan.hpp"
 #include "plan/schedule.hpp"
 #include "spec/cluster.hpp"
@@ -20,6 +21,9 @@ const char* sim_stream_name(SimStream stream);
 struct SimOptions {
   ScheduleOptions schedule;
   bool record_intervals = true;  // every operation's time span, for traces and reports
+  // Measured collectives (not owned; may be null): where it has a stage's group, its times
+  // replace the alpha-beta model, as they do in the cost model the plan was priced with.
+  const Profile* profile = nullptr;
 };
 
 struct SimInterval {

@@ -249,7 +249,8 @@ TEST(Profile, WrittenProfilesReadBackUnchanged) {
   Profile p;
   p.model_name = "small-gpt";
   p.device_types["cpu-fast"].layers.push_back({LayerKind::LayerKind_head, 4, 64, 2, true, 0.0125, 0.03});
-  p.device_types["cpu-fast"].collectives.push_back({CollectiveOp::CollectiveOp_reduce_scatter, 3, true, 2.5e9, 4e-5});
+  p.device_types["cpu-fast"].collectives.push_back(
+      {CollectiveOp::CollectiveOp_reduce_scatter, 3, true, 2.5e9, 4e-5, {{16384, 5e-5}, {4194304, 2e-3}}});
   p.device_types["cpu-half"].layers.push_back({LayerKind::LayerKind_embedding, 1, 32, 1, false, 1e-4, 2e-4});
   const Profile q = profile_parse(profile_to_json(p), "round.json");
   EXPECT_EQ(q.model_name, "small-gpt");
@@ -262,7 +263,24 @@ TEST(Profile, WrittenProfilesReadBackUnchanged) {
   ASSERT_NE(rs, nullptr);
   EXPECT_DOUBLE_EQ(rs->bandwidth_bytes_per_second, 2.5e9);
   EXPECT_DOUBLE_EQ(rs->latency_seconds, 4e-5);
+  ASSERT_EQ(rs->samples.size(), 2u);
+  EXPECT_DOUBLE_EQ(rs->samples[1].bytes, 4194304);
+  EXPECT_DOUBLE_EQ(rs->samples[1].seconds, 2e-3);
   EXPECT_NE(q.find_layer("cpu-half", LayerKind::LayerKind_embedding, 1, 32, 1, false), nullptr);
+}
+
+// A CPU's collectives bend where buffers leave the cache: the samples are followed between
+// them, their last segment past the largest, and the fit's rate below the smallest.
+TEST(Profile, CollectiveTimesFollowTheSamples) {
+  ProfiledCollective c{CollectiveOp::CollectiveOp_all_reduce, 2, false, 2e9, 1e-4,
+                       {{1e4, 1.1e-4}, {4e6, 2.1e-3}, {16e6, 16.1e-3}}};
+  EXPECT_DOUBLE_EQ(c.seconds(4e6), 2.1e-3);
+  EXPECT_NEAR(c.seconds(10e6), 2.1e-3 + 6e6 * (14e-3 / 12e6), 1e-12);
+  EXPECT_NEAR(c.seconds(32e6), 16.1e-3 + 16e6 * (14e-3 / 12e6), 1e-12);  // twice the straight fit's time
+  EXPECT_GT(c.seconds(32e6), 1.9 * (c.latency_seconds + 32e6 / c.bandwidth_bytes_per_second));
+  EXPECT_NEAR(c.seconds(5e3), 1.1e-4 - 5e3 / 2e9, 1e-12);
+  c.samples.clear();  // a fit alone: latency + bytes / bandwidth
+  EXPECT_DOUBLE_EQ(c.seconds(2e6), 1e-4 + 1e-3);
 }
 
 TEST(Profile, BadFilesNameTheField) {
@@ -274,6 +292,21 @@ TEST(Profile, BadFilesNameTheField) {
   } catch (const Error& e) {
     EXPECT_EQ(e.where().field, "device_types.a.layers[0].forward_seconds");
     EXPECT_EQ(e.where().file, "bad.json");
+  }
+  const std::string collective_start = R"({"version": 1, "model": "x", "device_types": {"a": {"collectives": [
+      {"op": "all_reduce", "group_size": 2, "placement": "intra_node", "bandwidth_bytes_per_second": 1e9,
+       "latency_seconds": 1e-5, "samples": )";
+  for (const auto& [samples, field] : std::vector<std::pair<std::string, std::string>>{
+           {"[[1024, 1e-5]]", "device_types.a.collectives[0].samples"},
+           {"[[1024, 1e-5], [512, 2e-5]]", "device_types.a.collectives[0].samples[1]"},
+           {"[[1024, 1e-5], [4096, -1]]", "device_types.a.collectives[0].samples[1]"}}) {
+    try {
+      profile_parse(collective_start + samples + "}]}}}", "samples.json");
+      FAIL() << samples;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.where().field, field) << samples;
+      EXPECT_NE(e.hint().find("[[bytes, seconds]"), std::string::npos) << e.hint();
+    }
   }
   EXPECT_THROW(profile_parse(R"({"version": 7, "model": "x", "device_types": {}})", "v.json"), Error);
   EXPECT_THROW(profile_parse("{not json", "j.json"), Error);

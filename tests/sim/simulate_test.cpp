@@ -102,6 +102,31 @@ TEST(Simulate, GradientBucketsOverlapTheLastBackward) {
   EXPECT_GT(overlapped, compute);
 }
 
+// The simulator prices collectives from the profile the plan was made with, as the cost model
+// does: a measured all-reduce ten times slower than the NVLink model shows in the step.
+TEST(Simulate, MeasuredCollectivesReplaceTheModel) {
+  const ClusterSpec cluster = nodes_of_a100(1);
+  const ModelSpec model = model_with_layers(8);
+  StageSpec spec{1, 2, 0, 8, 0.010, 0.020};
+  const Plan plan = hand_plan(model, 8, {spec}, 4, 2, Schedule::Schedule_1f1b);
+  SimOptions one_bucket;
+  one_bucket.schedule.bucket_bytes = 1e18;  // the whole reduction after the last backward
+  const double modelled = simulate(plan, model, cluster, one_bucket).step_seconds;
+
+  const double gradient_bytes = static_cast<double>(schedule_parameter_bytes(plan, model, 0, 0, 8));
+  Profile profile;
+  profile.model_name = model.name;
+  const ProfiledCollective slow{CollectiveOp::CollectiveOp_all_reduce, 2, false, 1e9, 1e-3, {}};
+  profile.device_types[plan.stages[0].device_type].collectives.push_back(slow);
+  SimOptions measured = one_bucket;
+  measured.profile = &profile;
+  EXPECT_NEAR(simulate(plan, model, cluster, measured).step_seconds - modelled,
+              slow.seconds(gradient_bytes) - (modelled - 4 * 0.030), 0.05 * slow.seconds(gradient_bytes));
+  // A group the profile did not measure keeps the model.
+  profile.device_types[plan.stages[0].device_type].collectives[0].group_size = 4;
+  EXPECT_DOUBLE_EQ(simulate(plan, model, cluster, measured).step_seconds, modelled);
+}
+
 TEST(Simulate, TransfersThatShareALinkShareItsBandwidth) {
   // Stage 0 (one device) feeds two replicas of stage 1 on another node: both pieces leave
   // over stage 0's network link at the same time, so each takes about as long as both.

@@ -11,7 +11,9 @@ namespace alloy {
 
 namespace {
 
-constexpr int64_t kBufferBytes[] = {int64_t{16} << 10, int64_t{256} << 10, int64_t{4} << 20};
+// Up to 16 MiB: gradient syncs move buffers that large, and on a CPU they no longer fit in
+// cache and move at about half the rate of the 4 MiB ones.
+constexpr int64_t kBufferBytes[] = {int64_t{16} << 10, int64_t{256} << 10, int64_t{4} << 20, int64_t{16} << 20};
 
 CommHandle post(Communicator& comm, CollectiveOp op, std::vector<float>& buffer, const CommGroup& group) {
   const int64_t count = static_cast<int64_t>(buffer.size());
@@ -45,16 +47,19 @@ double time_op(Communicator& comm, CollectiveOp op, const CommGroup& group, int6
   return median;
 }
 
-// Least squares of time = latency + bytes / bandwidth.
+// Least squares of time = latency + bytes / bandwidth on relative residuals (each timing weighted
+// by 1 / time^2): plain residuals would let the largest buffer decide the line alone and leave
+// the latency at zero.
 ProfiledCollective fit(CollectiveOp op, int group_size, bool spans_nodes, const std::vector<double>& bytes,
                        const std::vector<double>& seconds) {
-  const double n = static_cast<double>(bytes.size());
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
-    sx += bytes[i];
-    sy += seconds[i];
-    sxx += bytes[i] * bytes[i];
-    sxy += bytes[i] * seconds[i];
+    const double w = 1.0 / (seconds[i] * seconds[i]);
+    n += w;
+    sx += w * bytes[i];
+    sy += w * seconds[i];
+    sxx += w * bytes[i] * bytes[i];
+    sxy += w * bytes[i] * seconds[i];
   }
   const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
   ProfiledCollective c;
@@ -91,6 +96,7 @@ std::vector<ProfiledCollective> comm_profile_measure(Communicator& comm, int rep
         seconds.push_back(time_op(comm, op, group, b, repeats));
       }
       out.push_back(fit(op, k, spans_nodes, bytes, seconds));
+      for (size_t i = 0; i < bytes.size(); ++i) out.back().samples.push_back({bytes[i], seconds[i]});
       if (progress && comm.rank() == 0)
         progress(fmt::format("{} over {} ranks: {:.1f} us + bytes / {:.2f} GB/s", collective_op_name(op), k,
                              out.back().latency_seconds * 1e6, out.back().bandwidth_bytes_per_second / 1e9));

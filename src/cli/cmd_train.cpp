@@ -12,6 +12,7 @@
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"
 #include "runtime/cpu/blas_core.hpp"
+#include "runtime/dist/calibration.hpp"
 #include "runtime/dist/dist_trainer.hpp"
 #include "runtime/io/tokenize.hpp"
 #include "runtime/trainer.hpp"
@@ -95,27 +96,18 @@ void check_plan_options(const TrainCommand& c) {
   }
 }
 
-// The plan's profile with each device type's layer and optimizer times scaled by what this run
-// measured against what the plan predicted.
-void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& result, const Plan& plan) {
-  const std::vector<DeviceTypeCalibration> ratios = dist_calibration(result, plan);
+// The plan's profile with each device type's layer times scaled per layer kind, and its
+// optimizer rate, by what this run measured against what the plan predicted.
+void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& result, const Plan& plan, const ModelSpec& model) {
+  // Without a profile the ratios are still printed, over every layer kind together.
+  const Profile profile = c.profile.empty() ? Profile{} : profile_load(c.profile);
+  const std::vector<DeviceTypeCalibration> ratios = dist_calibration(result, plan, profile, model);
   for (const DeviceTypeCalibration& r : ratios)
-    fmt::print("measured / predicted on {}: forward and backward {:.2f}x, optimizer {:.2f}x\n", r.device_type,
-               r.pass_ratio, r.optimizer_ratio);
+    fmt::print("measured / predicted on {}: {}\n", r.device_type, calibration_describe(r));
   if (c.calibrated_profile.empty()) return;
-  Profile profile = profile_load(c.profile);
-  for (const DeviceTypeCalibration& r : ratios) {
-    auto it = profile.device_types.find(r.device_type);
-    if (it == profile.device_types.end()) continue;
-    for (ProfiledLayer& layer : it->second.layers) {
-      layer.forward_seconds *= r.pass_ratio;
-      layer.backward_seconds *= r.pass_ratio;
-    }
-    it->second.optimizer_seconds_per_parameter *= r.optimizer_ratio;
-  }
   std::ofstream out(c.calibrated_profile);
   if (!out) throw Error("cannot write the calibrated profile", {c.calibrated_profile, "--calibrated-profile"}, "check the folder exists");
-  out << profile_to_json(profile);
+  out << profile_to_json(profile_calibrated(profile, ratios));
   fmt::print("calibrated profile: {} (use it with alloy plan --profile)\n", c.calibrated_profile);
   for (const auto& [type, entry] : profile.device_types) {
     const bool ran = std::any_of(ratios.begin(), ratios.end(), [&](const DeviceTypeCalibration& r) { return r.device_type == type; });
@@ -173,7 +165,7 @@ void run_distributed(TrainCommand& c, const ModelSpec& model, int* exit_code) {
     DistTrainResult result = dist_train_run(model, train, plan, cluster, *comm, options);
     if (comm->rank() == 0) {
       print_dist_summary(model, plan, result, options);
-      if (!result.steps.empty()) write_calibrated_profile(c, result, plan);
+      if (!result.steps.empty()) write_calibrated_profile(c, result, plan, model);
     }
     *exit_code = 0;
   } catch (const AgreedError& e) {

@@ -9,6 +9,7 @@
 namespace alloy {
 
 enum class LayerKind { LayerKind_embedding, LayerKind_block, LayerKind_head };
+inline constexpr int kLayerKinds = 3;  // LayerKind's values are 0 .. kLayerKinds - 1
 const char* layer_kind_name(LayerKind kind);
 
 enum class CollectiveOp { CollectiveOp_all_reduce, CollectiveOp_all_gather, CollectiveOp_reduce_scatter };

@@ -5,10 +5,12 @@
 // activations live in the arena (per-layer recomputation).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "cost/profile.hpp"
 #include "runtime/activation_memory.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/shard.hpp"
@@ -174,6 +176,9 @@ struct Model {
   TensorParallelOps* tp_ops = nullptr;  // set when shard.tp > 1
   ParameterSource* parameter_source = nullptr;  // set when the weights are gathered for each use
   ActivationStore* activation_store = nullptr;  // set when saved activations may leave the device
+  // When set, the passes add the thread CPU seconds of each layer they run here, by LayerKind
+  // (embedding, block, head): where a step's compute went, for calibration.
+  std::array<double, kLayerKinds>* layer_cpu_seconds = nullptr;
 
   ChunkPass pass;  // the single-rank passes (model_forward / model_backward)
 };

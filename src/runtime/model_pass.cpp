@@ -16,6 +16,7 @@
 #include "runtime/cpu/norm.hpp"
 #include "runtime/model.hpp"
 #include "runtime/model_internal.hpp"
+#include "util/clock.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -260,20 +261,43 @@ void chunk_begin(Model& model, ChunkPass& pass, int block_begin, int block_end, 
   }
 }
 
+// Adds the CPU time this thread spends in its scope to the model's tally for `kind`, when the
+// model keeps one (waits block without CPU time, so they stay out).
+class LayerCpuTimer {
+ public:
+  LayerCpuTimer(const Model& model, LayerKind kind)
+      : tally_(model.layer_cpu_seconds), kind_(kind), start_(tally_ ? thread_cpu_seconds() : 0) {}
+  ~LayerCpuTimer() {
+    if (tally_) (*tally_)[static_cast<size_t>(kind_)] += thread_cpu_seconds() - start_;
+  }
+  LayerCpuTimer(const LayerCpuTimer&) = delete;
+  LayerCpuTimer& operator=(const LayerCpuTimer&) = delete;
+
+ private:
+  std::array<double, kLayerKinds>* tally_;
+  LayerKind kind_;
+  double start_;
+};
+
 const float* chunk_forward(Model& model, ChunkPass& pass) {
   const Dims d = model_dims(model, pass);
   if (pass.embeds) {
     UnitWeights weights(model, kUnitEmbedding, false);
+    LayerCpuTimer timer(model, LayerKind::LayerKind_embedding);
     embedding_pass_forward(model, pass, dims_all_rows(d));
   }
   for (int layer = pass.block_begin; layer < pass.block_end; layer++) {
     UnitWeights weights(model, layer, false);
-    block_forward(model, pass, d, layer, block_input(pass, d, layer));
+    {
+      LayerCpuTimer timer(model, LayerKind::LayerKind_block);
+      block_forward(model, pass, d, layer, block_input(pass, d, layer));
+    }
     if (model.activation_store != nullptr) model.activation_store->saved(pass, layer);
   }
   const float* out = chunk_output(model, pass, d);
   if (!pass.heads) return out;
   UnitWeights weights(model, kUnitHead, false);
+  LayerCpuTimer timer(model, LayerKind::LayerKind_head);
   pass.loss = head_pass_forward(model, pass, dims_all_rows(d), out);
   return nullptr;
 }
@@ -293,6 +317,7 @@ const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int 
   const Dims d = model_dims(model, pass);
   if (block_end == pass.block_end && pass.heads) {
     UnitWeights weights(model, kUnitHead, true);
+    LayerCpuTimer timer(model, LayerKind::LayerKind_head);
     head_pass_backward(model, pass, dims_all_rows(d), chunk_output(model, pass, d), loss_scale);
   }
   if (pass.gradient == nullptr) throw Error("chunk backward started without the gradient of its output");
@@ -300,13 +325,17 @@ const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int 
   for (int layer = block_end - 1; layer >= block_begin; layer--) {
     UnitWeights weights(model, layer, true);
     if (model.activation_store != nullptr) model.activation_store->needed(pass, layer);
-    block_backward(model, pass, d, layer, block_input(pass, d, layer), dres);
+    {
+      LayerCpuTimer timer(model, LayerKind::LayerKind_block);
+      block_backward(model, pass, d, layer, block_input(pass, d, layer), dres);
+    }
     release_block(model, pass.blocks[static_cast<size_t>(layer - pass.block_begin)]);
   }
   pass.backward_next = block_begin;
   if (block_begin != pass.block_begin) return nullptr;
   if (d.sp) sp_gather(model, d, pass.gradient);
   if (!pass.embeds) return pass.gradient;
+  LayerCpuTimer timer(model, LayerKind::LayerKind_embedding);
   embedding_pass_backward(model, pass, dims_all_rows(d));
   return nullptr;
 }

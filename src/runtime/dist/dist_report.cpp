@@ -48,30 +48,6 @@ double dist_predicted_arena_bytes(const PlanStage& st) {
   return bytes;
 }
 
-std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& result, const Plan& plan) {
-  struct Sums {
-    double pass_measured = 0, pass_predicted = 0, optimizer_measured = 0, optimizer_predicted = 0;
-  };
-  std::map<std::string, Sums> by_type;
-  for (const RankSummary& r : result.ranks) {
-    const PlanStage& st = plan.stages[r.stage];
-    Sums& s = by_type[st.device_type];
-    s.pass_measured += r.pass_seconds;
-    s.pass_predicted += plan.num_micro_batches * (st.forward_seconds + st.backward_seconds);
-    s.optimizer_measured += r.optimizer_seconds;
-    s.optimizer_predicted += st.optimizer_seconds;
-  }
-  std::vector<DeviceTypeCalibration> out;
-  for (const auto& [type, s] : by_type) {
-    DeviceTypeCalibration c;
-    c.device_type = type;
-    if (s.pass_predicted > 0 && s.pass_measured > 0) c.pass_ratio = s.pass_measured / s.pass_predicted;
-    if (s.optimizer_predicted > 0 && s.optimizer_measured > 0) c.optimizer_ratio = s.optimizer_measured / s.optimizer_predicted;
-    out.push_back(c);
-  }
-  return out;
-}
-
 std::string dist_render_summary(const DistTrainResult& result, const Plan& plan) {
   TextTable table({"rank>", "stage>", "device", "tp rank>", "dp rank>", "step>", "compute>", "waiting>", "comm busy>",
                    "peak memory>", "predicted>"});

@@ -104,6 +104,7 @@ RankSummary summarise(const std::vector<RankStepStats>& steps, const RankSchedul
   s.dp_rank = schedule.dp_rank;
   const size_t skip = steps.size() > 1 ? 1 : 0;  // the first step warms caches and allocators
   std::vector<double> step, compute, wait, comm, pass, optimizer;
+  std::array<std::vector<double>, kLayerKinds> layer_cpu;
   for (size_t i = skip; i < steps.size(); ++i) {
     step.push_back(steps[i].step_seconds);
     compute.push_back(steps[i].compute_seconds);
@@ -111,6 +112,7 @@ RankSummary summarise(const std::vector<RankStepStats>& steps, const RankSchedul
     comm.push_back(steps[i].communication_seconds);
     pass.push_back(steps[i].pass_seconds);
     optimizer.push_back(steps[i].optimizer_seconds);
+    for (size_t k = 0; k < layer_cpu.size(); ++k) layer_cpu[k].push_back(steps[i].layer_cpu_seconds[k]);
     s.peak_arena_bytes = std::max(s.peak_arena_bytes, static_cast<double>(steps[i].peak_arena_bytes));
   }
   s.step_seconds = median(step);
@@ -119,6 +121,7 @@ RankSummary summarise(const std::vector<RankStepStats>& steps, const RankSchedul
   s.communication_seconds = median(comm);
   s.pass_seconds = median(pass);
   s.optimizer_seconds = median(optimizer);
+  for (size_t k = 0; k < layer_cpu.size(); ++k) s.layer_cpu_seconds[k] = median(layer_cpu[k]);
   return s;
 }
 

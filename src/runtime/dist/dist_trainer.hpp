@@ -4,11 +4,13 @@
 // gathered full weights.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "cost/profile.hpp"
 #include "plan/plan.hpp"
 #include "runtime/dist/communicator.hpp"
 #include "runtime/dist/executor.hpp"
@@ -51,6 +53,8 @@ struct RankSummary {
   double wait_seconds = 0;
   double communication_seconds = 0;
   double pass_seconds = 0;       // forward and backward ops of the step
+  // Thread CPU seconds of the step's passes in each LayerKind (where the pass time went).
+  std::array<double, kLayerKinds> layer_cpu_seconds = {0, 0, 0};
   double optimizer_seconds = 0;
   double peak_arena_bytes = 0;
 };
@@ -85,15 +89,6 @@ void dist_agree_on(Communicator& comm, const std::function<void()>& check);
 // The plan's per-device memory that a rank's arena holds: all terms but the accelerator
 // framework's context, the communication library's buffers, the allocator's margin and host memory.
 double dist_predicted_arena_bytes(const PlanStage& stage);
-
-// Measured over predicted, per device type of the plan's stages: the forward and backward time
-// of a step (the plan's per-micro-batch figures times the micro-batches) and the optimizer step.
-struct DeviceTypeCalibration {
-  std::string device_type;
-  double pass_ratio = 1;
-  double optimizer_ratio = 1;
-};
-std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& result, const Plan& plan);
 
 // Rank 0's table: predicted against measured step time and memory, per rank.
 std::string dist_render_summary(const DistTrainResult& result, const Plan& plan);

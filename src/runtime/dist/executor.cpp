@@ -141,6 +141,7 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
     host_link_ = std::make_unique<HostLink>(resources.host_link_bytes_per_second);
   }
   model_ = std::make_unique<Model>(spec, *arena_, rank_shard(plan, schedule_.stage, schedule_.tp_rank), host);
+  model_->layer_cpu_seconds = &layer_cpu_seconds_;
   if (stage.tp > 1) {
     tp_ops_ = std::make_unique<CommTensorParallel>(comm, groups_.tp);
     model_->tp_ops = tp_ops_.get();
@@ -518,6 +519,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   arena_->reset_peak();
   comm_.take_busy_seconds();
   model_zero_grad(*model_);
+  layer_cpu_seconds_ = {0, 0, 0};
   if (offload_) offload_->step_begin();
   for (size_t i = 0; i < schedule_.ops.size(); ++i) {
     run_op(i, schedule_.ops[i], inputs, targets, stats);
@@ -533,6 +535,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   stats.step_seconds = now();
   stats.communication_seconds = comm_.take_busy_seconds();
   stats.peak_arena_bytes = arena_->peak_bytes();
+  stats.layer_cpu_seconds = layer_cpu_seconds_;
   return stats;
 }
 

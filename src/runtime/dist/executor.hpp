@@ -3,11 +3,13 @@
 // transfers by sample range, gradient buckets, ZeRO gathers and the sharded optimizer.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "cost/profile.hpp"
 #include "plan/plan.hpp"
 #include "plan/schedule.hpp"
 #include "runtime/arena.hpp"
@@ -38,6 +40,7 @@ struct RankStepStats {
   double wait_seconds = 0;           // blocked on receives, collectives and tensor-parallel sums
   double communication_seconds = 0; // transfers in flight (overlapping compute or not)
   double pass_seconds = 0;           // forward and backward ops, their tensor-parallel sums included
+  std::array<double, kLayerKinds> layer_cpu_seconds = {0, 0, 0};  // of the passes, by LayerKind
   double optimizer_seconds = 0;      // the optimizer op without its collective waits
   double loss_sum = 0;               // sum of token losses this rank reports (head stage, tp rank 0)
   double loss_tokens = 0;
@@ -126,6 +129,7 @@ class RankRuntime {
   std::unique_ptr<Arena> host_arena_;       // offloaded blocks' parameters, gradients and moments
   std::unique_ptr<CommTensorParallel> tp_ops_;
   std::unique_ptr<Model> model_;
+  std::array<double, kLayerKinds> layer_cpu_seconds_ = {0, 0, 0};  // this step's passes, by LayerKind
   ParamLayout layout_;
   std::unique_ptr<Zero3Parameters> zero3_;  // ZeRO 3 with dp > 1
   std::unique_ptr<HostLink> host_link_;     // when the stage offloads weights or activations

@@ -1,0 +1,143 @@
+#include "runtime/dist/calibration.hpp"
+
+#include <map>
+
+#include <fmt/format.h>
+
+#include "cost/layer_cost.hpp"
+
+namespace alloy {
+
+namespace {
+
+struct TypeSums {
+  double pass_measured = 0, pass_predicted = 0, optimizer_measured = 0, optimizer_predicted = 0;
+  std::array<double, kLayerKinds> layer_measured = {0, 0, 0}, layer_predicted = {0, 0, 0};
+};
+
+// The profile's forward and backward seconds of one micro-batch through each layer kind of the
+// stage (recomputation included), or nothing when the profile lacks a shape the stage runs.
+bool predicted_layer_weights(const Plan& plan, const PlanStage& st, const Profile& profile, const ModelSpec& model,
+                             std::array<double, kLayerKinds>* weights) {
+  const int b = static_cast<int>(plan.micro_batch_sequences / st.dp);
+  const int seq = static_cast<int>(plan.seq_len);
+  auto entry = [&](LayerKind kind) { return profile.find_layer(st.device_type, kind, b, seq, st.tp, st.sequence_parallel); };
+  *weights = {0, 0, 0};
+  if (st.num_blocks() > 0) {
+    const ProfiledLayer* block = entry(LayerKind::LayerKind_block);
+    if (!block) return false;
+    const LayerWork work = block_work(model, b, seq, st.tp, st.sequence_parallel, plan.precision);
+    const double selective_share = work.forward_flops > 0 ? work.selective_flops / work.forward_flops : 0;
+    double seconds = st.num_blocks() * (block->forward_seconds + block->backward_seconds);
+    for (Recompute r : st.recompute) {
+      if (r == Recompute::Recompute_full) seconds += block->forward_seconds;
+      if (r == Recompute::Recompute_selective) seconds += block->forward_seconds * selective_share;
+    }
+    (*weights)[static_cast<int>(LayerKind::LayerKind_block)] = seconds;
+  }
+  for (const auto& [present, kind] : {std::pair{st.has_embedding, LayerKind::LayerKind_embedding},
+                                      std::pair{st.has_head, LayerKind::LayerKind_head}}) {
+    if (!present) continue;
+    const ProfiledLayer* layer = entry(kind);
+    if (!layer) return false;
+    (*weights)[static_cast<int>(kind)] = layer->forward_seconds + layer->backward_seconds;
+  }
+  return true;
+}
+
+const char* kind_label(int kind) {
+  switch (static_cast<LayerKind>(kind)) {
+    case LayerKind::LayerKind_embedding: return "embedding";
+    case LayerKind::LayerKind_block: return "blocks";
+    case LayerKind::LayerKind_head: return "head";
+  }
+  return "?";
+}
+
+// Fills the kinds a type did not run from the types that ran them (DeviceTypeCalibration).
+void infer_missing_kinds(std::vector<DeviceTypeCalibration>* types) {
+  constexpr size_t block = static_cast<size_t>(LayerKind::LayerKind_block);
+  for (size_t k = 0; k < kLayerKinds; ++k) {
+    if (k == block) continue;
+    double relative = 0;
+    int count = 0;
+    for (const DeviceTypeCalibration& c : *types)
+      if (c.layer_ratio[k] > 0 && c.layer_ratio[block] > 0) {
+        relative += c.layer_ratio[k] / c.layer_ratio[block];
+        ++count;
+      }
+    if (count == 0) continue;
+    for (DeviceTypeCalibration& c : *types)
+      if (c.layer_ratio[k] == 0 && c.layer_ratio[block] > 0) {
+        c.layer_ratio[k] = c.layer_ratio[block] * relative / count;
+        c.layer_inferred[k] = true;
+      }
+  }
+}
+
+}  // namespace
+
+std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& result, const Plan& plan,
+                                                    const Profile& profile, const ModelSpec& model) {
+  std::map<std::string, TypeSums> by_type;
+  for (const RankSummary& r : result.ranks) {
+    const PlanStage& st = plan.stages[r.stage];
+    TypeSums& s = by_type[st.device_type];
+    const double pass_predicted = plan.num_micro_batches * (st.forward_seconds + st.backward_seconds);
+    s.pass_measured += r.pass_seconds;
+    s.pass_predicted += pass_predicted;
+    s.optimizer_measured += r.optimizer_seconds;
+    s.optimizer_predicted += st.optimizer_seconds;
+    // Both sides split over the kinds: the measured pass by where this rank's CPU time went,
+    // the predicted one by the profile's times of the same layers.
+    std::array<double, kLayerKinds> weights;
+    double cpu = 0, predicted = 0;
+    for (int k = 0; k < kLayerKinds; ++k) cpu += r.layer_cpu_seconds[static_cast<size_t>(k)];
+    if (cpu <= 0 || !predicted_layer_weights(plan, st, profile, model, &weights)) continue;
+    for (double w : weights) predicted += w;
+    if (predicted <= 0) continue;
+    for (size_t k = 0; k < kLayerKinds; ++k) {
+      s.layer_measured[k] += r.pass_seconds * r.layer_cpu_seconds[k] / cpu;
+      s.layer_predicted[k] += pass_predicted * weights[k] / predicted;
+    }
+  }
+  std::vector<DeviceTypeCalibration> out;
+  for (const auto& [type, s] : by_type) {
+    DeviceTypeCalibration c;
+    c.device_type = type;
+    if (s.pass_predicted > 0 && s.pass_measured > 0) c.pass_ratio = s.pass_measured / s.pass_predicted;
+    if (s.optimizer_predicted > 0 && s.optimizer_measured > 0) c.optimizer_ratio = s.optimizer_measured / s.optimizer_predicted;
+    for (size_t k = 0; k < kLayerKinds; ++k)
+      if (s.layer_predicted[k] > 0 && s.layer_measured[k] > 0) c.layer_ratio[k] = s.layer_measured[k] / s.layer_predicted[k];
+    out.push_back(c);
+  }
+  infer_missing_kinds(&out);
+  return out;
+}
+
+Profile profile_calibrated(const Profile& profile, const std::vector<DeviceTypeCalibration>& ratios) {
+  Profile out = profile;
+  for (const DeviceTypeCalibration& r : ratios) {
+    auto it = out.device_types.find(r.device_type);
+    if (it == out.device_types.end()) continue;
+    for (ProfiledLayer& layer : it->second.layers) {
+      const double kind_ratio = r.layer_ratio[static_cast<size_t>(layer.kind)];
+      const double ratio = kind_ratio > 0 ? kind_ratio : r.pass_ratio;
+      layer.forward_seconds *= ratio;
+      layer.backward_seconds *= ratio;
+    }
+    it->second.optimizer_seconds_per_parameter *= r.optimizer_ratio;
+  }
+  return out;
+}
+
+std::string calibration_describe(const DeviceTypeCalibration& c) {
+  std::string text;
+  for (int k = 0; k < kLayerKinds; ++k)
+    if (c.layer_ratio[static_cast<size_t>(k)] > 0)
+      text += fmt::format("{} {:.2f}x{}, ", kind_label(k), c.layer_ratio[static_cast<size_t>(k)],
+                          c.layer_inferred[static_cast<size_t>(k)] ? " (inferred)" : "");
+  return text + fmt::format("forward and backward {:.2f}x, optimizer {:.2f}x", c.pass_ratio, c.optimizer_ratio);
+}
+
+}  // namespace alloy

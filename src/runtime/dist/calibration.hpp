@@ -1,0 +1,48 @@
+// Calibration: a run of a plan made with a measured profile corrects that profile, per device
+// type and per layer kind (embedding, blocks, head), and for the optimizer step.
+//
+// Each rank's forward and backward time of a step is split over the layer kinds it ran in
+// proportion to the thread CPU time each kind took, and compared with the plan's prediction
+// split in proportion to the profile's times for the same layers. One factor per device type
+// scaled every layer alike before; but a profile that is off for one kind only (the head's
+// large vocabulary product, say) then moved the whole type, and carried over badly to plans
+// that give that type another mix of layers (docs/runtime-distributed.md).
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "cost/profile.hpp"
+#include "plan/plan.hpp"
+#include "runtime/dist/dist_trainer.hpp"
+#include "spec/model.hpp"
+
+namespace alloy {
+
+struct DeviceTypeCalibration {
+  std::string device_type;
+  double pass_ratio = 1;  // forward and backward of a step, every layer kind together
+  // Per LayerKind; 0 where nothing says (pass_ratio applies). A kind that no rank of this type
+  // ran but ranks of other types did takes this type's block ratio times the kind's ratio to
+  // the blocks' on those types (inferred): the profile's error for a layer kind relative to the
+  // blocks is a property of how that kind was timed, which the types share.
+  std::array<double, kLayerKinds> layer_ratio = {0, 0, 0};
+  std::array<bool, kLayerKinds> layer_inferred = {false, false, false};
+  double optimizer_ratio = 1;
+};
+
+// Measured over predicted per device type of the plan's stages. `profile` is the one the plan
+// was made with (its layer times give the predicted split over layer kinds; a kind it lacks the
+// shape of takes no share of the prediction).
+std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& result, const Plan& plan,
+                                                    const Profile& profile, const ModelSpec& model);
+
+// `profile` with each calibrated type's layer times scaled by their kind's ratio and its
+// optimizer rate by the optimizer's.
+Profile profile_calibrated(const Profile& profile, const std::vector<DeviceTypeCalibration>& ratios);
+
+// "blocks 1.37x, head 0.80x (forward and backward 1.21x), optimizer 0.98x".
+std::string calibration_describe(const DeviceTypeCalibration& c);
+
+}  // namespace alloy

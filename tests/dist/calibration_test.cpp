@@ -1,0 +1,140 @@
+// Calibration from a run, per device type and layer kind: a profile that is off for one kind
+// only is corrected for that kind only, and a run whose time splits over the kinds as the
+// profile says moves every kind by the same factor.
+#include <gtest/gtest.h>
+
+#include "runtime/dist/calibration.hpp"
+
+namespace alloy {
+namespace {
+
+constexpr int kMicroBatches = 4;
+constexpr size_t kEmbedding = static_cast<size_t>(LayerKind::LayerKind_embedding);
+constexpr size_t kBlock = static_cast<size_t>(LayerKind::LayerKind_block);
+constexpr size_t kHead = static_cast<size_t>(LayerKind::LayerKind_head);
+
+// Per micro-batch, forward + backward: a block 3 ms, the embedding 0.3 ms, the head 3 ms.
+Profile profile_for(const std::string& type) {
+  Profile p;
+  p.model_name = "tiny-gpt";
+  DeviceProfile& d = p.device_types[type];
+  d.layers.push_back({LayerKind::LayerKind_embedding, 2, 16, 1, false, 1e-4, 2e-4});
+  d.layers.push_back({LayerKind::LayerKind_block, 2, 16, 1, false, 1e-3, 2e-3});
+  d.layers.push_back({LayerKind::LayerKind_head, 2, 16, 1, false, 1e-3, 2e-3});
+  d.optimizer_seconds_per_parameter = 1e-9;
+  return p;
+}
+
+// Two stages of one type: the embedding and 2 blocks, then 2 blocks and the head, priced as
+// the profile says (stage 0: 6.3 ms per micro-batch, stage 1: 9 ms).
+Plan two_stage_plan(const std::string& type) {
+  Plan plan;
+  plan.model_name = "tiny-gpt";
+  plan.seq_len = 16;
+  plan.micro_batch_sequences = 2;
+  plan.num_micro_batches = kMicroBatches;
+  plan.global_batch_sequences = 2 * kMicroBatches;
+  for (int s = 0; s < 2; ++s) {
+    PlanStage st;
+    st.device_type = type;
+    st.device_ids = {s};
+    st.chunks = {{2 * s, 2 * s + 2}};
+    st.has_embedding = s == 0;
+    st.has_head = s == 1;
+    st.forward_seconds = s == 0 ? 2.1e-3 : 3e-3;
+    st.backward_seconds = s == 0 ? 4.2e-3 : 6e-3;
+    st.optimizer_seconds = 0.01;
+    plan.stages.push_back(st);
+  }
+  return plan;
+}
+
+RankSummary rank(int index, double pass_seconds, std::array<double, kLayerKinds> cpu) {
+  RankSummary r;
+  r.rank = index;
+  r.stage = index;
+  r.pass_seconds = pass_seconds;
+  r.layer_cpu_seconds = cpu;
+  r.optimizer_seconds = 0.01;
+  return r;
+}
+
+TEST(Calibration, AHeadSlowerThanProfiledMovesTheHeadOnly) {
+  const ModelSpec model = model_load("tiny-gpt");
+  const Plan plan = two_stage_plan("cpu");
+  const Profile profile = profile_for("cpu");
+  DistTrainResult run;
+  // Stage 0 ran as profiled; stage 1's head took 6 ms instead of 3, half of its 12 ms.
+  run.ranks = {rank(0, kMicroBatches * 6.3e-3, {0.3, 6, 0}), rank(1, kMicroBatches * 12e-3, {0, 6, 6})};
+  const std::vector<DeviceTypeCalibration> ratios = dist_calibration(run, plan, profile, model);
+  ASSERT_EQ(ratios.size(), 1u);
+  const DeviceTypeCalibration& c = ratios[0];
+  EXPECT_NEAR(c.layer_ratio[kHead], 2.0, 1e-9);
+  EXPECT_NEAR(c.layer_ratio[kBlock], 1.0, 1e-9);
+  EXPECT_NEAR(c.layer_ratio[kEmbedding], 1.0, 1e-9);
+  EXPECT_NEAR(c.pass_ratio, (6.3 + 12) / (6.3 + 9), 1e-9);  // what one factor per type would apply to all
+  EXPECT_NEAR(c.optimizer_ratio, 1.0, 1e-9);
+
+  const Profile calibrated = profile_calibrated(profile, ratios);
+  const DeviceProfile& d = calibrated.device_types.at("cpu");
+  EXPECT_NEAR(d.layers[kHead].forward_seconds, 2e-3, 1e-12);
+  EXPECT_NEAR(d.layers[kHead].backward_seconds, 4e-3, 1e-12);
+  EXPECT_NEAR(d.layers[kBlock].backward_seconds, 2e-3, 1e-12);
+  EXPECT_NEAR(d.layers[kEmbedding].forward_seconds, 1e-4, 1e-12);
+  EXPECT_NE(calibration_describe(c).find("head 2.00x"), std::string::npos) << calibration_describe(c);
+}
+
+// Stage 0 on one type, stage 1 on another: the head ran on "cpu-b" only, at twice the profile
+// against blocks at the profile; "cpu-a" ran blocks 1.5x slow, so its head is put at 3x.
+TEST(Calibration, KindsATypeDidNotRunFollowTheOtherTypes) {
+  const ModelSpec model = model_load("tiny-gpt");
+  Plan plan = two_stage_plan("cpu-a");
+  plan.stages[1].device_type = "cpu-b";
+  Profile profile = profile_for("cpu-a");
+  profile.device_types["cpu-b"] = profile.device_types["cpu-a"];
+  DistTrainResult run;
+  run.ranks = {rank(0, 1.5 * kMicroBatches * 6.3e-3, {0.3, 6, 0}), rank(1, kMicroBatches * 12e-3, {0, 6, 6})};
+  const std::vector<DeviceTypeCalibration> ratios = dist_calibration(run, plan, profile, model);
+  ASSERT_EQ(ratios.size(), 2u);
+  const DeviceTypeCalibration& a = ratios[0].device_type == "cpu-a" ? ratios[0] : ratios[1];
+  const DeviceTypeCalibration& b = ratios[0].device_type == "cpu-a" ? ratios[1] : ratios[0];
+  EXPECT_NEAR(b.layer_ratio[kHead], 2.0, 1e-9);
+  EXPECT_FALSE(b.layer_inferred[kHead]);
+  EXPECT_NEAR(a.layer_ratio[kBlock], 1.5, 1e-9);
+  EXPECT_NEAR(a.layer_ratio[kHead], 3.0, 1e-9);
+  EXPECT_TRUE(a.layer_inferred[kHead]);
+  EXPECT_NEAR(b.layer_ratio[kEmbedding], 1.0, 1e-9);  // cpu-a's embedding against its blocks: 1.5 / 1.5
+  EXPECT_NE(calibration_describe(a).find("head 3.00x (inferred)"), std::string::npos) << calibration_describe(a);
+}
+
+TEST(Calibration, ASplitAsProfiledMovesEveryKindAlike) {
+  const ModelSpec model = model_load("tiny-gpt");
+  const Plan plan = two_stage_plan("cpu");
+  DistTrainResult run;
+  // 1.5x slower throughout, time split over the kinds as the profile says.
+  run.ranks = {rank(0, 1.5 * kMicroBatches * 6.3e-3, {0.03, 0.6, 0}), rank(1, 1.5 * kMicroBatches * 9e-3, {0, 0.6, 0.3})};
+  const DeviceTypeCalibration c = dist_calibration(run, plan, profile_for("cpu"), model).at(0);
+  for (size_t k = 0; k < kLayerKinds; ++k) EXPECT_NEAR(c.layer_ratio[k], 1.5, 1e-9) << k;
+  EXPECT_NEAR(c.pass_ratio, 1.5, 1e-9);
+}
+
+// A type whose profile lacks the shape a stage ran, or a run without CPU times, keeps the one
+// factor over all kinds.
+TEST(Calibration, WithoutTheSplitOneFactorPerType) {
+  const ModelSpec model = model_load("tiny-gpt");
+  const Plan plan = two_stage_plan("cpu");
+  DistTrainResult run;
+  run.ranks = {rank(0, 2 * kMicroBatches * 6.3e-3, {0, 0, 0}), rank(1, 2 * kMicroBatches * 9e-3, {0, 0, 0})};
+  const std::vector<DeviceTypeCalibration> none = dist_calibration(run, plan, profile_for("cpu"), model);
+  EXPECT_NEAR(none.at(0).pass_ratio, 2.0, 1e-9);
+  for (double r : none.at(0).layer_ratio) EXPECT_EQ(r, 0);
+  const Profile calibrated = profile_calibrated(profile_for("cpu"), none);
+  EXPECT_NEAR(calibrated.device_types.at("cpu").layers[kHead].forward_seconds, 2e-3, 1e-12);
+
+  run.ranks = {rank(0, kMicroBatches * 6.3e-3, {0.3, 6, 0}), rank(1, kMicroBatches * 12e-3, {0, 6, 6})};
+  const DeviceTypeCalibration other = dist_calibration(run, plan, profile_for("another-type"), model).at(0);
+  for (double r : other.layer_ratio) EXPECT_EQ(r, 0);
+}
+
+}  // namespace
+}  // namespace alloy

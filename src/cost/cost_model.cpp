@@ -503,9 +503,22 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   }
 
   const DeviceType& type = cluster_.device_types[shape.device_type];
-  // Recomputing a block rebuilds its full activations for the duration of its backward.
-  const double transient = (c.selective + c.full) > 0 ? u.block_activation_bytes[0] : 0;
-  mem.workspace_bytes = (type.is_cpu ? 0 : kGpuWorkspaceBytes) + u.backward_workspace_bytes + transient;
+  // Recomputing a block rebuilds its activations for the duration of its backward: all of them
+  // under full recomputation, the attention core's (what selective recomputation did not keep)
+  // under selective.
+  const double transient = c.full > 0       ? u.block_activation_bytes[0]
+                           : c.selective > 0 ? u.block_activation_bytes[0] - u.block_activation_bytes[1]
+                                             : 0;
+  double block_backward_peak = u.backward_workspace_bytes + transient;
+  if (c.has_head) {
+    // The stage peaks either in the head's backward (all of the micro-batch's activations held,
+    // and the head's whole input and its gradient) or in its blocks' backward after it, once the
+    // head's activations are gone: the larger of the two, not their sum (measured on small-gpt,
+    // 8 sequences per micro-batch: the sum put a fully recomputed head stage 19% over its peak).
+    const double head_backward_peak = 2.0 * u.boundary_bytes / shape.dp;
+    block_backward_peak = std::max(head_backward_peak, block_backward_peak - u.head_activation_bytes);
+  }
+  mem.workspace_bytes = (type.is_cpu ? 0 : kGpuWorkspaceBytes) + block_backward_peak;
   const double hidden_per_replica = u.boundary_bytes / dp;
   if (shape.dp > 1 && c.zero < 3) mem.communication_buffers_bytes += kGradientBucketBytes;
   if (shape.tp > 1) mem.communication_buffers_bytes += hidden_per_replica;

@@ -241,6 +241,12 @@ TEST_F(DistTest, ArenaPeaksAsPredicted) {
   EXPECT_LT(arena_prediction_error(test_plan(llama(), cluster(), {{2, 2, 0, {4}}}, k1f1b, 2), llama(), llama_path_,
                                    "memory-tp2-dp2"),
             0.05);
+  // Recomputation on the stage holding the head, whole batch in one micro-batch: its peak is in
+  // the blocks' backward, after the head's activations are gone (or in the head's backward).
+  for (R r : {R::Recompute_full, R::Recompute_selective})
+    EXPECT_LT(arena_prediction_error(test_plan(gpt(), cluster(), {{1, 1, 0, {4}}, {1, 1, 0, {2}, {r, r}}}, k1f1b, 1), gpt(),
+                                     gpt_path_, std::string("memory-head-") + recompute_name(r)),
+              0.05);
 }
 
 TEST_F(DistTest, Recomputation) {

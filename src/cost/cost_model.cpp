@@ -510,8 +510,9 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
                            : c.selective > 0 ? u.block_activation_bytes[0] - u.block_activation_bytes[1]
                                              : 0;
   double block_backward_peak = u.backward_workspace_bytes + transient;
-  if (c.has_head) {
-    // The stage peaks either in the head's backward (all of the micro-batch's activations held,
+  if (c.has_head && type.is_cpu) {
+    // Alloy's CPU runtime (measured; the GPU runtime's head stage is not, so it keeps the sum):
+    // the stage peaks either in the head's backward (all of the micro-batch's activations held,
     // and the head's whole input and its gradient) or in its blocks' backward after it, once the
     // head's activations are gone: the larger of the two, not their sum (measured on small-gpt,
     // 8 sequences per micro-batch: the sum put a fully recomputed head stage 19% over its peak).

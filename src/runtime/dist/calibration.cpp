@@ -54,27 +54,6 @@ const char* kind_label(int kind) {
   return "?";
 }
 
-// Fills the kinds a type did not run from the types that ran them (DeviceTypeCalibration).
-void infer_missing_kinds(std::vector<DeviceTypeCalibration>* types) {
-  constexpr size_t block = static_cast<size_t>(LayerKind::LayerKind_block);
-  for (size_t k = 0; k < kLayerKinds; ++k) {
-    if (k == block) continue;
-    double relative = 0;
-    int count = 0;
-    for (const DeviceTypeCalibration& c : *types)
-      if (c.layer_ratio[k] > 0 && c.layer_ratio[block] > 0) {
-        relative += c.layer_ratio[k] / c.layer_ratio[block];
-        ++count;
-      }
-    if (count == 0) continue;
-    for (DeviceTypeCalibration& c : *types)
-      if (c.layer_ratio[k] == 0 && c.layer_ratio[block] > 0) {
-        c.layer_ratio[k] = c.layer_ratio[block] * relative / count;
-        c.layer_inferred[k] = true;
-      }
-  }
-}
-
 }  // namespace
 
 std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& result, const Plan& plan,
@@ -107,11 +86,13 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
     c.device_type = type;
     if (s.pass_predicted > 0 && s.pass_measured > 0) c.pass_ratio = s.pass_measured / s.pass_predicted;
     if (s.optimizer_predicted > 0 && s.optimizer_measured > 0) c.optimizer_ratio = s.optimizer_measured / s.optimizer_predicted;
-    for (size_t k = 0; k < kLayerKinds; ++k)
-      if (s.layer_predicted[k] > 0 && s.layer_measured[k] > 0) c.layer_ratio[k] = s.layer_measured[k] / s.layer_predicted[k];
+    for (size_t k = 0; k < kLayerKinds; ++k) {
+      c.layer_share[k] = s.pass_measured > 0 ? s.layer_measured[k] / s.pass_measured : 0;
+      if (s.layer_predicted[k] > 0 && c.layer_share[k] >= kCalibrationMinimumShare)
+        c.layer_ratio[k] = s.layer_measured[k] / s.layer_predicted[k];
+    }
     out.push_back(c);
   }
-  infer_missing_kinds(&out);
   return out;
 }
 
@@ -135,8 +116,7 @@ std::string calibration_describe(const DeviceTypeCalibration& c) {
   std::string text;
   for (int k = 0; k < kLayerKinds; ++k)
     if (c.layer_ratio[static_cast<size_t>(k)] > 0)
-      text += fmt::format("{} {:.2f}x{}, ", kind_label(k), c.layer_ratio[static_cast<size_t>(k)],
-                          c.layer_inferred[static_cast<size_t>(k)] ? " (inferred)" : "");
+      text += fmt::format("{} {:.2f}x, ", kind_label(k), c.layer_ratio[static_cast<size_t>(k)]);
   return text + fmt::format("forward and backward {:.2f}x, optimizer {:.2f}x", c.pass_ratio, c.optimizer_ratio);
 }
 

@@ -20,15 +20,16 @@
 
 namespace alloy {
 
+inline constexpr double kCalibrationMinimumShare = 0.1;
+
 struct DeviceTypeCalibration {
   std::string device_type;
   double pass_ratio = 1;  // forward and backward of a step, every layer kind together
-  // Per LayerKind; 0 where nothing says (pass_ratio applies). A kind that no rank of this type
-  // ran but ranks of other types did takes this type's block ratio times the kind's ratio to
-  // the blocks' on those types (inferred): the profile's error for a layer kind relative to the
-  // blocks is a property of how that kind was timed, which the types share.
+  // Per LayerKind, measured where the kind took at least kCalibrationMinimumShare of the type's
+  // pass time; 0 elsewhere (pass_ratio applies to it). A kind that ran briefly (the embedding
+  // often takes 1-3%) gives a ratio that the machine's noise sets more than the profile's error.
   std::array<double, kLayerKinds> layer_ratio = {0, 0, 0};
-  std::array<bool, kLayerKinds> layer_inferred = {false, false, false};
+  std::array<double, kLayerKinds> layer_share = {0, 0, 0};  // of the type's measured pass time
   double optimizer_ratio = 1;
 };
 

@@ -43,7 +43,8 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
 // optimizer rate by the optimizer's.
 Profile profile_calibrated(const Profile& profile, const std::vector<DeviceTypeCalibration>& ratios);
 
-// "blocks 1.37x, head 0.80x (forward and backward 1.21x), optimizer 0.98x".
+// "blocks 1.37x, head 0.80x, forward and backward 1.21x, optimizer 0.98x" (kinds without a
+// ratio of their own left out).
 std::string calibration_describe(const DeviceTypeCalibration& c);
 
 }  // namespace alloy

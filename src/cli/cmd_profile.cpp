@@ -64,6 +64,18 @@ std::string shape_text(const LayerShape& s) {
                      s.sequence_parallel ? " sp" : "");
 }
 
+// The cluster's nodes share this host (emulated): a group across them runs at what was measured
+// here, so each measured collective is also recorded as spanning nodes.
+void collectives_for_emulated_nodes(std::vector<ProfiledCollective>* collectives) {
+  const size_t measured = collectives->size();
+  for (size_t i = 0; i < measured; ++i) {
+    if ((*collectives)[i].spans_nodes) continue;
+    ProfiledCollective across = (*collectives)[i];
+    across.spans_nodes = true;
+    collectives->push_back(across);
+  }
+}
+
 void run_profile(const ProfileCommand& c) {
   const ModelSpec model = model_load(c.model);
   const ClusterSpec cluster = cluster_load(c.cluster, catalog_builtin());
@@ -126,6 +138,8 @@ void run_profile(const ProfileCommand& c) {
   const double bandwidth = profile_memory_bandwidth();
   std::vector<ProfiledCollective> collectives;
   if (comm && world > 1) collectives = comm_profile_measure(*comm, c.repeats, progress_line);
+  const bool emulated_nodes = comm && world > 1 && comm->local_size() == world && cluster.num_nodes > 1;
+  if (emulated_nodes) collectives_for_emulated_nodes(&collectives);
   if (root) progress_line("");
   if (!root) return;
 
@@ -184,6 +198,10 @@ void run_profile(const ProfileCommand& c) {
     fmt::print("{}latency and bandwidth: the line fitted to the timed buffers; the planner follows the timings themselves "
                "between sizes\n",
                comm_table.render());
+    if (emulated_nodes)
+      fmt::print("every rank ran on this host while cluster {} has {} nodes: they are emulated here, so groups across "
+                 "them were recorded with the timings measured on this host\n",
+                 cluster.name, cluster.num_nodes);
   } else {
     fmt::print("collectives: not measured (run under mpirun with 2 or more ranks to measure them)\n");
   }

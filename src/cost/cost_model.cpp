@@ -194,8 +194,8 @@ LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool 
   const DeviceType& type = cluster_.device_types[shape.device_type];
   if (profile_) {
     if (profile_->model_name == model_.name) {
-      const ProfiledLayer* measured = profile_->find_layer(type.name, kind, static_cast<int>(shape.micro_batch),
-                                                           static_cast<int>(train_.seq_len), shape.tp, sp);
+      const std::optional<ProfiledLayer> measured = profile_->layer_at(
+          type.name, kind, static_cast<int>(shape.micro_batch), static_cast<int>(train_.seq_len), shape.tp, sp);
       if (measured) return {measured->forward_seconds, measured->backward_seconds};
     }
     std::lock_guard<std::mutex> lock(notes_mutex_);
@@ -521,7 +521,9 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   }
   mem.workspace_bytes = (type.is_cpu ? 0 : kGpuWorkspaceBytes) + block_backward_peak;
   const double hidden_per_replica = u.boundary_bytes / dp;
-  if (shape.dp > 1 && c.zero < 3) mem.communication_buffers_bytes += kGradientBucketBytes;
+  // GPU runtimes reduce gradients through bucket buffers; Alloy's CPU runtime reduces them in
+  // place, in the gradient arena (executor.cpp), so a CPU device needs none.
+  if (shape.dp > 1 && c.zero < 3 && !type.is_cpu) mem.communication_buffers_bytes += kGradientBucketBytes;
   if (shape.tp > 1) mem.communication_buffers_bytes += hidden_per_replica;
   if (has_next_stage) mem.communication_buffers_bytes += 2.0 * hidden_per_replica / shape.tp;
   mem.framework_context_bytes = type.is_cpu ? kCpuContextBytes : kGpuContextBytes;

@@ -99,6 +99,71 @@ const ProfiledLayer* Profile::find_layer(const std::string& device_type, LayerKi
   return nullptr;
 }
 
+namespace {
+
+// Seconds = a + b x sequences through the points (sequences, seconds), minimising the relative
+// residuals; through the origin when the best line would start below zero. Two points or more.
+struct SecondsLine {
+  double a = 0, b = 0;
+  double at(double sequences) const { return a + b * sequences; }
+};
+
+SecondsLine line_fit(const std::vector<std::pair<double, double>>& points) {
+  // Weighted least squares with weights 1 / seconds^2.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    const double w = 1.0 / (y * y);
+    sw += w;
+    sx += w * x;
+    sy += w * y;
+    sxx += w * x * x;
+    sxy += w * x * y;
+  }
+  SecondsLine line;
+  const double det = sw * sxx - sx * sx;
+  if (det > 0) {
+    line.b = (sw * sxy - sx * sy) / det;
+    line.a = (sy - line.b * sx) / sw;
+  }
+  if (det <= 0 || line.a < 0 || line.b < 0) line = {0, sxy / sxx};
+  return line;
+}
+
+}  // namespace
+
+std::optional<ProfiledLayer> Profile::layer_at(const std::string& device_type, LayerKind kind, int micro_batch,
+                                               int seq_len, int tp, bool sequence_parallel) const {
+  auto it = device_types.find(device_type);
+  if (it == device_types.end()) return std::nullopt;
+  std::vector<const ProfiledLayer*> same;  // the shape at every measured micro-batch size
+  for (const ProfiledLayer& l : it->second.layers)
+    if (l.kind == kind && l.seq_len == seq_len && l.tp == tp && l.sequence_parallel == sequence_parallel &&
+        l.forward_seconds > 0 && l.backward_seconds > 0)
+      same.push_back(&l);
+  if (same.empty()) return std::nullopt;
+  std::sort(same.begin(), same.end(), [](const ProfiledLayer* x, const ProfiledLayer* y) { return x->micro_batch < y->micro_batch; });
+  if (micro_batch < same.front()->micro_batch) return std::nullopt;
+  ProfiledLayer out = *same.front();
+  out.micro_batch = micro_batch;
+  if (same.size() == 1 && micro_batch == same.front()->micro_batch) return out;
+  const double largest = same.back()->micro_batch;
+  const double x = std::min<double>(micro_batch, largest);
+  const double beyond = micro_batch / x;  // past the largest size: its time per sequence
+  std::vector<std::pair<double, double>> forward, backward;
+  for (const ProfiledLayer* l : same) {
+    forward.emplace_back(l->micro_batch, l->forward_seconds);
+    backward.emplace_back(l->micro_batch, l->backward_seconds);
+  }
+  if (same.size() == 1) {
+    out.forward_seconds *= beyond;
+    out.backward_seconds *= beyond;
+    return out;
+  }
+  out.forward_seconds = line_fit(forward).at(x) * beyond;
+  out.backward_seconds = line_fit(backward).at(x) * beyond;
+  return out;
+}
+
 const ProfiledCollective* Profile::find_collective(const std::string& device_type, CollectiveOp op,
                                                    int group_size, bool spans_nodes) const {
   auto it = device_types.find(device_type);

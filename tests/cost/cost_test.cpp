@@ -269,6 +269,35 @@ TEST(Profile, WrittenProfilesReadBackUnchanged) {
   EXPECT_NE(q.find_layer("cpu-half", LayerKind::LayerKind_embedding, 1, 32, 1, false), nullptr);
 }
 
+// Micro-batch sizes between two measured ones follow the line through them, larger ones the
+// largest's time per sequence; smaller ones than any measured are not guessed. With three sizes
+// or more, a line fitted to them smooths one noisy timing.
+TEST(Profile, LayerTimesBetweenMeasuredMicroBatches) {
+  Profile p;
+  p.model_name = "m";
+  p.device_types["cpu"].layers.push_back({LayerKind::LayerKind_block, 2, 64, 1, false, 1.0, 2.0});
+  p.device_types["cpu"].layers.push_back({LayerKind::LayerKind_block, 4, 64, 1, false, 2.0, 3.0});
+  const auto at = [&](int b) { return p.layer_at("cpu", LayerKind::LayerKind_block, b, 64, 1, false); };
+  Profile noisy = p;
+  noisy.device_types["cpu"].layers.push_back({LayerKind::LayerKind_block, 8, 64, 1, false, 4.0, 5.0});
+  noisy.device_types["cpu"].layers.push_back({LayerKind::LayerKind_block, 16, 64, 1, false, 8.0 * 1.25, 9.0});
+  const auto fitted = noisy.layer_at("cpu", LayerKind::LayerKind_block, 8, 64, 1, false);
+  ASSERT_TRUE(fitted);
+  EXPECT_GT(fitted->forward_seconds, 4.0) << "pulled up by the slow timing at 16";
+  EXPECT_LT(fitted->forward_seconds, 5.0);
+  EXPECT_NEAR(fitted->backward_seconds, 5.0, 1e-9) << "points on one line are kept";
+  ASSERT_TRUE(at(3));
+  EXPECT_DOUBLE_EQ(at(3)->forward_seconds, 1.5);
+  EXPECT_DOUBLE_EQ(at(3)->backward_seconds, 2.5);
+  EXPECT_EQ(at(3)->micro_batch, 3);
+  EXPECT_DOUBLE_EQ(at(4)->forward_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(at(8)->forward_seconds, 4.0);
+  EXPECT_DOUBLE_EQ(at(8)->backward_seconds, 6.0);
+  EXPECT_FALSE(at(1));
+  EXPECT_FALSE(p.layer_at("cpu", LayerKind::LayerKind_block, 3, 32, 1, false)) << "another sequence length";
+  EXPECT_FALSE(p.layer_at("gpu", LayerKind::LayerKind_block, 3, 64, 1, false));
+}
+
 // A CPU's collectives bend where buffers leave the cache: the samples are followed between
 // them, their last segment past the largest, and the fit's rate below the smallest.
 TEST(Profile, CollectiveTimesFollowTheSamples) {

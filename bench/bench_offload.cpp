@@ -161,7 +161,7 @@ void predict(const std::string& dir, const std::string& plan_path, const std::st
   train.precision = plan.precision;
   alloy::plan_evaluate(&plan, alloy::CostModel(model, cluster, train));
   row.predicted_step_seconds = plan.step_seconds;
-  row.predicted_peak_bytes = alloy::dist_predicted_arena_bytes(plan.stages.front());
+  row.predicted_peak_bytes = alloy::dist_predicted_arena_bytes(plan.stages.front().memory);
 }
 
 std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / (1024.0 * 1024.0)); }

@@ -55,7 +55,7 @@ Measured measured_against_plan(const RunResult& r, const alloy::Plan& plan) {
   Measured m{plan.step_seconds, r.step_seconds, 0};
   const std::vector<alloy::RankInfo> ranks = alloy::plan_rank_map(plan);
   for (size_t q = 0; q < ranks.size() && q < r.peak_arena_bytes.size(); ++q) {
-    const double predicted = alloy::dist_predicted_arena_bytes(plan.stages[ranks[q].stage]);
+    const double predicted = alloy::dist_predicted_arena_bytes(plan.stages[ranks[q].stage].replica(plan.micro_batch_sequences, ranks[q].dp_rank).memory);
     const double e = (predicted - r.peak_arena_bytes[q]) / r.peak_arena_bytes[q];
     if (std::abs(e) > std::abs(m.worst_memory_error)) m.worst_memory_error = e;
   }

@@ -35,6 +35,7 @@ struct PlanCommand {
   int64_t global_batch = 0;
   int sequence_parallel = -1;
   bool no_offload = false;
+  bool even_dp = false;
   bool no_rerank = false;
   SearchOptions search;
 };
@@ -86,6 +87,7 @@ SearchOptions search_options_from(PlanCommand& c) {
   }
   if (c.sequence_parallel >= 0) o.sequence_parallel = c.sequence_parallel == 1;
   o.allow_offload = !c.no_offload;
+  o.allow_uneven_dp = !c.even_dp;
   o.layer_split = parse_layer_split(c.layer_split);
   o.device_order = split_list(c.device_order);
   return o;
@@ -154,6 +156,8 @@ void add_plan(CLI::App& app, int* exit_code) {
   cmd->add_option("--recompute", c->recompute, "Pin recomputation for every block: none, selective, full");
   cmd->add_option("--sequence-parallel", c->sequence_parallel, "Pin sequence parallelism: 1 or 0");
   cmd->add_flag("--no-offload", c->no_offload, "Never offload layers to host memory");
+  cmd->add_flag("--even-dp", c->even_dp,
+                "Never split micro-batches unevenly over data-parallel replicas of different device types");
   cmd->add_option("--prefetch-depth", c->search.prefetch_depth,
                   "Pin the offloaded layers fetched ahead of their use (1-8; default: 1, 2 or 4 per stage)");
   cmd->add_option("--offload-activations", c->search.offload_activations,

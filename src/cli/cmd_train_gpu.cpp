@@ -38,6 +38,10 @@ const PlanStage& plan_apply(const Plan& plan, const ModelSpec& model, TrainSpec&
     throw Error(fmt::format("the plan uses {} GPU(s) but {} rank(s) were started", plan.num_used_devices(), ranks),
                 {path, "stages"}, fmt::format("start one rank per GPU: mpirun -np {} alloy train ...", plan.num_used_devices()));
   }
+  if (!stage.replicas.empty()) {
+    throw Error("the plan splits micro-batches unevenly over its replicas, which the GPU runtime does not run yet",
+                {path, "stages[0].replicas"}, "re-plan with alloy plan --even-dp, or run the plan on CPU ranks");
+  }
   for (const std::vector<bool>* flags : {&stage.offload, &stage.offload_activations}) {
     if (std::find(flags->begin(), flags->end(), true) != flags->end()) {
       throw Error("the plan offloads layers to host memory, which the GPU runtime does not run yet",
@@ -112,7 +116,7 @@ void print_gpu_summary(const ModelSpec& model, const TrainSpec& train, const Gpu
   }
   fmt::print("\npeak GPU arena memory {}\n", units_format_bytes(static_cast<double>(run.peak_arena_bytes)));
   if (plan == nullptr) return;
-  const double predicted_memory = dist_predicted_arena_bytes(*stage);
+  const double predicted_memory = dist_predicted_arena_bytes(stage->memory);
   fmt::print("\n{:<22}{:>14}{:>14}{:>12}\n", "plan vs run", "predicted", "measured", "ratio");
   fmt::print("{:<22}{:>11.2f} ms{:>11.2f} ms{:>12.3f}\n", "step time", 1e3 * plan->step_seconds,
              1e3 * r.median_step_seconds, r.median_step_seconds / plan->step_seconds);

@@ -35,6 +35,10 @@ UniformShape uniform_shape(const Plan& plan) {
                                           "stages is required",
                                           s, st.tp, st.dp, u.tp, u.dp));
     }
+    if (!st.replicas.empty())
+      u.differences.push_back(fmt::format("stage {} splits each micro-batch unevenly over its replicas (uneven data "
+                                          "parallelism): the target gives every replica the same share",
+                                          s));
     if (st.zero != u.zero) u.differences.push_back(fmt::format("stage {} uses ZeRO {}, stage 0 ZeRO {}", s, st.zero, u.zero));
     if (st.sequence_parallel != u.sequence_parallel) {
       u.differences.push_back(fmt::format("sequence parallelism differs between stage 0 and stage {}", s));

@@ -28,6 +28,42 @@ std::string fnv1a_hex(const std::string& text) {
 
 std::string stage_field(size_t s, const char* name) { return fmt::format("stages[{}].{}", s, name); }
 
+// Uneven data parallelism: one replica per dp rank, each with at least one sequence of every
+// micro-batch, together the whole micro-batch.
+void replicas_validate(const Plan& plan, size_t s, const std::string& source) {
+  const PlanStage& st = plan.stages[s];
+  if (static_cast<int>(st.replicas.size()) != st.dp)
+    fail(source, stage_field(s, "replicas"), fmt::format("has {} entries for dp {}", st.replicas.size(), st.dp),
+         "list one replica per data-parallel rank, or none for an even split");
+  int64_t sum = 0;
+  for (size_t r = 0; r < st.replicas.size(); ++r) {
+    if (st.replicas[r].sequences < 1)
+      fail(source, fmt::format("stages[{}].replicas[{}].sequences", s, r),
+           fmt::format("is {}; every replica takes at least one sequence of each micro-batch", st.replicas[r].sequences),
+           "use fewer replicas or a larger micro-batch");
+    sum += st.replicas[r].sequences;
+    const std::string pieces = fmt::format("stages[{}].replicas[{}].pieces", s, r);
+    if (st.replicas[r].pieces < 1 || st.replicas[r].pieces > st.replicas[r].sequences)
+      fail(source, pieces, fmt::format("is {}; a share of {} sequences runs in 1 to {} pieces", st.replicas[r].pieces,
+                                       st.replicas[r].sequences, st.replicas[r].sequences));
+    if (st.replicas[r].pieces > 1 &&
+        (plan.stages.size() > 1 || st.zero == 3 || plan.schedule != Schedule::Schedule_1f1b))
+      fail(source, pieces,
+           fmt::format("is {}; pieces need a single-stage 1F1B plan without ZeRO-3 (the plan has {} stages, {}, "
+                       "ZeRO {})",
+                       st.replicas[r].pieces, plan.stages.size(), schedule_name(plan.schedule), st.zero),
+           "set pieces to 1 and use more micro-batches instead");
+  }
+  if (sum != plan.micro_batch_sequences)
+    fail(source, stage_field(s, "replicas"),
+         fmt::format("the replicas' sequences sum to {}, the micro-batch has {}", sum, plan.micro_batch_sequences),
+         "make the shares add up to micro_batch_sequences");
+  if (st.replicas.front().device_type != st.device_type)
+    fail(source, stage_field(s, "device_type"),
+         fmt::format("is {} but replica 0 is a {}", st.device_type, st.replicas.front().device_type),
+         "under uneven data parallelism the stage's device_type is replica 0's");
+}
+
 }  // namespace
 
 int PlanStage::num_blocks() const {
@@ -49,6 +85,34 @@ double PlanStage::memory_total_bytes() const {
   for (const MemoryTerm& t : memory)
     if (t.name != "host_offload") total += t.bytes;
   return total;
+}
+
+double PlanReplica::memory_total_bytes() const {
+  double total = 0;
+  for (const MemoryTerm& t : memory)
+    if (t.name != "host_offload") total += t.bytes;
+  return total;
+}
+
+int64_t PlanReplica::piece_sequences(int k) const {
+  return sequences / pieces + (k < sequences % pieces ? 1 : 0);
+}
+
+PlanReplica PlanStage::replica(int64_t micro_batch_sequences, int dp_rank) const {
+  if (!replicas.empty()) return replicas.at(static_cast<size_t>(dp_rank));
+  return {device_type,     micro_batch_sequences / dp, 1, forward_seconds, backward_seconds, optimizer_seconds, memory,
+          memory_capacity_bytes};
+}
+
+int64_t PlanStage::replica_sequences(int64_t micro_batch_sequences, int dp_rank) const {
+  return replicas.empty() ? micro_batch_sequences / dp : replicas.at(static_cast<size_t>(dp_rank)).sequences;
+}
+
+int64_t PlanStage::replica_offset(int64_t micro_batch_sequences, int dp_rank) const {
+  if (replicas.empty()) return dp_rank * (micro_batch_sequences / dp);
+  int64_t offset = 0;
+  for (int r = 0; r < dp_rank; ++r) offset += replica_sequences(micro_batch_sequences, r);
+  return offset;
 }
 
 int Plan::num_used_devices() const {
@@ -106,9 +170,11 @@ void plan_validate(const Plan& plan, const std::string& source) {
     if (static_cast<int>(st.chunks.size()) != plan.virtual_chunks)
       fail(source, stage_field(s, "chunks"),
            fmt::format("has {} chunks, the schedule has {} per stage", st.chunks.size(), plan.virtual_chunks));
-    if (plan.micro_batch_sequences % st.dp != 0)
+    if (st.replicas.empty() && plan.micro_batch_sequences % st.dp != 0)
       fail(source, stage_field(s, "dp"),
-           fmt::format("micro-batch of {} sequences does not split over dp {}", plan.micro_batch_sequences, st.dp));
+           fmt::format("micro-batch of {} sequences does not split over dp {}", plan.micro_batch_sequences, st.dp),
+           "change the micro-batch, or give each replica its share in `replicas`");
+    if (!st.replicas.empty()) replicas_validate(plan, s, source);
     if (static_cast<int>(st.recompute.size()) != st.num_blocks())
       fail(source, stage_field(s, "recompute"),
            fmt::format("has {} entries for {} blocks", st.recompute.size(), st.num_blocks()));
@@ -170,9 +236,11 @@ void plan_validate_for(const Plan& plan, const ModelSpec& model, const ClusterSp
     const PlanStage& st = plan.stages[s];
     for (size_t i = 0; i < st.device_ids.size(); ++i) {
       const Device& d = cluster.devices[st.device_ids[i]];
-      if (cluster.device_type(d).name != st.device_type)
+      const std::string expected = st.replica(plan.micro_batch_sequences, static_cast<int>(i) / st.tp).device_type;
+      if (cluster.device_type(d).name != expected)
         fail(source, stage_field(s, "device_ids"),
-             fmt::format("device {} is a {}, the stage is {}", d.id, cluster.device_type(d).name, st.device_type));
+             fmt::format("device {} is a {}, {} is {}", d.id, cluster.device_type(d).name,
+                         st.replicas.empty() ? "the stage" : fmt::format("replica {}", i / st.tp), expected));
       const Device& leader = cluster.devices[st.device_ids[i - i % st.tp]];
       if (d.node != leader.node)
         fail(source, stage_field(s, "device_ids"),

@@ -31,8 +31,28 @@ struct MemoryTerm {
   double bytes = 0;
 };
 
+// One data-parallel replica (tp group) of a stage under uneven data parallelism: its devices'
+// type, its share of each micro-batch and what the cost model predicts for it.
+struct PlanReplica {
+  std::string device_type;
+  int64_t sequences = 0;          // of each micro-batch
+  int pieces = 1;                 // the share runs in this many passes one after another (sizes
+                                  // as even as possible, gradients accumulated); single-stage
+                                  // plans without ZeRO-3 only
+  double forward_seconds = 0;     // per micro-batch
+  double backward_seconds = 0;
+  double optimizer_seconds = 0;   // per step
+  std::vector<MemoryTerm> memory;  // per device
+  double memory_capacity_bytes = 0;
+
+  double memory_total_bytes() const;  // on the device (host_offload left out)
+  // Sequences of piece k (0 <= k < pieces): the first sequences % pieces pieces take one more.
+  int64_t piece_sequences(int k) const;
+};
+
 struct PlanStage {
-  std::string device_type;        // type name; every device of the stage has this type
+  std::string device_type;        // type name; every device of the stage has this type (under
+                                  // uneven data parallelism: replica 0's type)
   std::vector<int> device_ids;    // tp * dp ids, rank order: tp fastest, then dp
   int tp = 1;
   int dp = 1;
@@ -46,8 +66,13 @@ struct PlanStage {
   std::vector<bool> offload_activations;  // per block: its saved activations wait in host memory
                                           // between forward and backward (empty: none)
   int offload_prefetch_depth = 1;    // offloaded blocks fetched ahead of their use (1-8)
+  // Uneven data parallelism: one entry per dp replica, dp order; replicas may differ in device
+  // type and take unequal shares of each micro-batch (summing to micro_batch_sequences). Empty:
+  // every replica is a `device_type` and takes micro_batch_sequences / dp.
+  std::vector<PlanReplica> replicas;
 
-  // Predictions of the cost model.
+  // Predictions of the cost model (under uneven data parallelism: times of the slowest replica,
+  // memory of the replica nearest its capacity; each replica's own are in `replicas`).
   double forward_seconds = 0;        // per micro-batch, all chunks
   double backward_seconds = 0;       // per micro-batch, recomputation included
   double gradient_sync_seconds = 0;  // per step, exposed part
@@ -59,6 +84,11 @@ struct PlanStage {
 
   int num_blocks() const;
   double memory_total_bytes() const;
+  // Replica `dp_rank`'s type, share, first sequence inside each micro-batch and predictions,
+  // for even and uneven data parallelism alike.
+  PlanReplica replica(int64_t micro_batch_sequences, int dp_rank) const;
+  int64_t replica_sequences(int64_t micro_batch_sequences, int dp_rank) const;
+  int64_t replica_offset(int64_t micro_batch_sequences, int dp_rank) const;
   // Per-block flags of this stage (chunks in order, like `offload`) as flags per model layer,
   // false for layers of other stages and past the end of `per_block`.
   std::vector<bool> layer_flags(const std::vector<bool>& per_block, int64_t num_layers) const;

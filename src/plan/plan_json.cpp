@@ -33,6 +33,56 @@ OrderedJson memory_to_json(const std::vector<MemoryTerm>& terms) {
   return out;
 }
 
+OrderedJson replicas_to_json(const std::vector<PlanReplica>& replicas) {
+  OrderedJson out = OrderedJson::array();
+  for (const PlanReplica& r : replicas)
+    out.push_back({{"device_type", r.device_type},
+                   {"sequences", r.sequences},
+                   {"pieces", r.pieces},
+                   {"predicted",
+                    {{"forward_seconds", r.forward_seconds},
+                     {"backward_seconds", r.backward_seconds},
+                     {"optimizer_seconds", r.optimizer_seconds},
+                     {"memory_capacity_bytes", r.memory_capacity_bytes},
+                     {"memory_bytes", memory_to_json(r.memory)}}}});
+  return out;
+}
+
+std::vector<MemoryTerm> memory_from_json(const OrderedJson& memory, const std::string& source, const std::string& field) {
+  if (!memory.is_object()) throw Error("must be an object of named byte counts", {source, field});
+  std::vector<MemoryTerm> terms;
+  for (auto it = memory.begin(); it != memory.end(); ++it) {
+    if (!it.value().is_number()) throw Error("must be a number of bytes", {source, field + "." + it.key()});
+    terms.push_back({it.key(), it.value().get<double>()});
+  }
+  return terms;
+}
+
+std::vector<PlanReplica> replicas_from_json(const OrderedJson& list, const std::string& source, const std::string& prefix) {
+  if (!list.is_array())
+    throw Error("must be a list of replicas", {source, prefix + ".replicas"},
+                "write e.g. [{\"device_type\": \"a100\", \"sequences\": 3}, ...]");
+  std::vector<PlanReplica> replicas;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string field = fmt::format("{}.replicas[{}]", prefix, i);
+    PlanReplica r;
+    r.device_type = get<std::string>(list[i], "device_type", source, field);
+    r.sequences = get<int64_t>(list[i], "sequences", source, field);
+    if (list[i].contains("pieces")) r.pieces = get<int>(list[i], "pieces", source, field);
+    if (list[i].contains("predicted")) {
+      const OrderedJson& pr = list[i].at("predicted");
+      const std::string pp = field + ".predicted";
+      r.forward_seconds = get<double>(pr, "forward_seconds", source, pp);
+      r.backward_seconds = get<double>(pr, "backward_seconds", source, pp);
+      r.optimizer_seconds = get<double>(pr, "optimizer_seconds", source, pp);
+      r.memory_capacity_bytes = get<double>(pr, "memory_capacity_bytes", source, pp);
+      r.memory = memory_from_json(get<OrderedJson>(pr, "memory_bytes", source, pp), source, pp + ".memory_bytes");
+    }
+    replicas.push_back(std::move(r));
+  }
+  return replicas;
+}
+
 }  // namespace
 
 std::string plan_to_json(const Plan& plan) {
@@ -74,6 +124,7 @@ std::string plan_to_json(const Plan& plan) {
       st["offload_activations"] = acts;
     }
     st["offload_prefetch_depth"] = s.offload_prefetch_depth;
+    if (!s.replicas.empty()) st["replicas"] = replicas_to_json(s.replicas);
     st["predicted"] = {{"forward_seconds", s.forward_seconds},
                        {"backward_seconds", s.backward_seconds},
                        {"gradient_sync_seconds", s.gradient_sync_seconds},
@@ -179,14 +230,9 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
       s.offload_exposed_seconds = pr.value("offload_exposed_seconds", 0.0);
       s.micro_batches_in_flight = get<double>(pr, "micro_batches_in_flight", source, pp);
       s.memory_capacity_bytes = get<double>(pr, "memory_capacity_bytes", source, pp);
-      const OrderedJson memory = get<OrderedJson>(pr, "memory_bytes", source, pp);
-      if (!memory.is_object()) throw Error("must be an object of named byte counts", {source, pp + ".memory_bytes"});
-      for (auto it = memory.begin(); it != memory.end(); ++it) {
-        if (!it.value().is_number())
-          throw Error("must be a number of bytes", {source, pp + ".memory_bytes." + it.key()});
-        s.memory.push_back({it.key(), it.value().get<double>()});
-      }
+      s.memory = memory_from_json(get<OrderedJson>(pr, "memory_bytes", source, pp), source, pp + ".memory_bytes");
     }
+    if (st.contains("replicas")) s.replicas = replicas_from_json(st.at("replicas"), source, prefix);
     plan.stages.push_back(std::move(s));
   }
   if (j.contains("predicted")) {

@@ -74,6 +74,31 @@ std::string table(const std::vector<std::vector<std::string>>& rows) {
   return out;
 }
 
+// Stages under uneven data parallelism: each replica's device, share and predictions.
+std::string replicas_table(const Plan& plan) {
+  std::vector<std::vector<std::string>> rows = {{"stage", "replica", "type", "devices", "sequences", "fwd ms", "bwd ms",
+                                                 "opt ms", "memory GiB", "use"}};
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    for (size_t r = 0; r < st.replicas.size(); ++r) {
+      const PlanReplica& rep = st.replicas[r];
+      const auto first = st.device_ids.begin() + static_cast<std::ptrdiff_t>(r) * st.tp;
+      const double total = rep.memory_total_bytes();
+      rows.push_back({fmt::format("{}", s), fmt::format("{}", r), rep.device_type,
+                      id_ranges(std::vector<int>(first, first + st.tp)),
+                      fmt::format("{} of {}{}", rep.sequences, plan.micro_batch_sequences,
+                                  rep.pieces > 1 ? fmt::format(" in {} passes", rep.pieces) : ""),
+                      fmt::format("{:.2f}", rep.forward_seconds * 1e3), fmt::format("{:.2f}", rep.backward_seconds * 1e3),
+                      fmt::format("{:.2f}", rep.optimizer_seconds * 1e3),
+                      fmt::format("{:.1f} / {:.1f}", total / kGiB, rep.memory_capacity_bytes / kGiB),
+                      rep.memory_capacity_bytes > 0 ? fmt::format("{:.0f}%", 100 * total / rep.memory_capacity_bytes) : "-"});
+    }
+  }
+  if (rows.size() == 1) return "";
+  return "\n  Replicas (uneven data parallelism: each takes its share of every micro-batch; the stage row shows the "
+         "slowest replica's times and the fullest one's memory)\n" + table(rows);
+}
+
 }  // namespace
 
 std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
@@ -111,6 +136,7 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
                     st.memory_capacity_bytes > 0 ? fmt::format("{:.0f}%", 100 * total / st.memory_capacity_bytes) : "-"});
   }
   out += table(rows);
+  out += replicas_table(plan);
 
   if (options.show_memory_terms && !plan.stages.empty() && !plan.stages.front().memory.empty()) {
     out += "\n  Memory per device, GiB (micro-batches in flight in brackets)\n";

@@ -16,7 +16,24 @@ struct ComputeItem {
   bool forward = true;
   int micro_batch = 0;
   int chunk = 0;
+  int piece = 0;  // of the replica's share (uneven data parallelism; 0 otherwise)
 };
+
+// A replica whose share runs in pieces: each micro-batch's forward and backward become one pair
+// per piece, in turn, so one piece's activations are alive at a time. Single-stage 1F1B plans
+// only (plan_validate), where each forward is followed by its own backward.
+std::vector<ComputeItem> split_into_pieces(const std::vector<ComputeItem>& items, int pieces) {
+  if (pieces <= 1) return items;
+  std::vector<ComputeItem> out;
+  for (const ComputeItem& item : items) {
+    if (!item.forward) continue;
+    for (int k = 0; k < pieces; ++k) {
+      out.push_back({true, item.micro_batch, item.chunk, k});
+      out.push_back({false, item.micro_batch, item.chunk, k});
+    }
+  }
+  return out;
+}
 
 // Megatron-style interleaving: micro-batches go in groups of p (the last group may be
 // smaller); inside a group every chunk runs for the whole group before the next chunk.
@@ -69,9 +86,11 @@ struct Builder {
   int rank_of(int stage, int tp_rank, int dp_rank) const {
     return first_rank[stage] + dp_rank * plan.stages[stage].tp + tp_rank;
   }
-  int64_t replica_samples(int stage) const { return plan.micro_batch_sequences / plan.stages[stage].dp; }
+  int64_t replica_samples(int stage, int dp_rank) const {
+    return plan.stages[stage].replica_sequences(plan.micro_batch_sequences, dp_rank);
+  }
   int64_t sample_begin(int stage, int micro_batch, int dp_rank) const {
-    return micro_batch * plan.micro_batch_sequences + dp_rank * replica_samples(stage);
+    return micro_batch * plan.micro_batch_sequences + plan.stages[stage].replica_offset(plan.micro_batch_sequences, dp_rank);
   }
   // One tag per (micro-batch, boundary between virtual stages b and b+1, direction).
   int tag_of(int micro_batch, int boundary, bool gradient) const {
@@ -90,10 +109,10 @@ struct Builder {
     const int other_stage = sending ? to : from;
     const PlanStage& other = plan.stages[other_stage];
     const int64_t my_begin = sample_begin(rs->stage, micro_batch, rs->dp_rank);
-    const int64_t my_end = my_begin + replica_samples(rs->stage);
+    const int64_t my_end = my_begin + replica_samples(rs->stage, rs->dp_rank);
     for (int e = 0; e < other.dp; ++e) {
       const int64_t begin = std::max(my_begin, sample_begin(other_stage, micro_batch, e));
-      const int64_t end = std::min(my_end, sample_begin(other_stage, micro_batch, e) + replica_samples(other_stage));
+      const int64_t end = std::min(my_end, sample_begin(other_stage, micro_batch, e) + replica_samples(other_stage, e));
       if (begin >= end) continue;
       std::vector<int> peers;
       if (sending) {
@@ -184,8 +203,13 @@ struct Builder {
     const LayerRange& blocks = st.chunks[item.chunk];
     const int vs = item.chunk * p + s;
     const int num_virtual = p * v;
-    const int64_t begin = sample_begin(s, item.micro_batch, rs->dp_rank);
-    const int64_t end = begin + replica_samples(s);
+    int64_t begin = sample_begin(s, item.micro_batch, rs->dp_rank);
+    int64_t end = begin + replica_samples(s, rs->dp_rank);
+    if (!st.replicas.empty()) {
+      const PlanReplica& replica = st.replicas[static_cast<size_t>(rs->dp_rank)];
+      for (int k = 0; k < item.piece; ++k) begin += replica.piece_sequences(k);
+      end = begin + replica.piece_sequences(item.piece);
+    }
     const int64_t offloaded = offloaded_bytes(s, blocks);
     const bool sharded_gathers = st.zero == 3 && st.dp > 1;
 
@@ -310,8 +334,9 @@ RankSchedule schedule_build_rank(const Plan& plan, const ModelSpec& model, int r
   rs.dp_rank = local / st.tp;
   rs.device_id = st.device_ids[local];
 
-  const std::vector<ComputeItem> items =
-      compute_order(plan.schedule, b.p, rs.stage, plan.num_micro_batches, plan.virtual_chunks);
+  const int pieces = st.replicas.empty() ? 1 : st.replicas[static_cast<size_t>(rs.dp_rank)].pieces;
+  const std::vector<ComputeItem> items = split_into_pieces(
+      compute_order(plan.schedule, b.p, rs.stage, plan.num_micro_batches, plan.virtual_chunks), pieces);
   std::vector<int> last_backward(plan.virtual_chunks, -1);
   for (size_t i = 0; i < items.size(); ++i)
     if (!items[i].forward) last_backward[items[i].chunk] = static_cast<int>(i);

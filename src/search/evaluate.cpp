@@ -26,6 +26,86 @@ std::vector<MemoryTerm> memory_terms(const MemoryBreakdown& m) {
           {"host_offload", m.host_offload_bytes}};
 }
 
+// The layer choices of a plan's stage as the cost model counts them.
+StageChoice stage_choice(const Plan& plan, int s, bool tied_embeddings) {
+  const PlanStage& st = plan.stages[s];
+  const int p = static_cast<int>(plan.stages.size());
+  const int v = plan.virtual_chunks;
+  StageChoice choice;
+  choice.blocks = st.num_blocks();
+  for (size_t i = 0; i < st.recompute.size(); ++i) {
+    if (st.recompute[i] == Recompute::Recompute_selective) ++choice.selective;
+    if (st.recompute[i] == Recompute::Recompute_full) ++choice.full;
+    if (st.offload[i]) ++choice.offloaded;
+    if (i < st.offload_activations.size() && st.offload_activations[i]) {
+      if (st.recompute[i] == Recompute::Recompute_selective) ++choice.parked_selective;
+      if (st.recompute[i] == Recompute::Recompute_none) ++choice.parked_none;
+    }
+  }
+  choice.prefetch_depth = st.offload_prefetch_depth;
+  choice.micro_batches = plan.num_micro_batches;
+  choice.zero = st.zero;
+  choice.has_embedding = st.has_embedding;
+  choice.has_head = st.has_head;
+  choice.head_holds_lm_matrix = !(tied_embeddings && p == 1);
+  const bool sends = (s + 1 < p || v > 1) && (s + 1) % p != s;
+  choice.chunks_sent = sends ? (s + 1 < p ? v : v - 1) : 0;
+  choice.chunks_received = p > 1 ? (s > 0 ? v : v - 1) : 0;
+  return choice;
+}
+
+struct ReplicaCosts {
+  StageTiming timing;
+  MemoryBreakdown memory;
+  double capacity_bytes = 0;
+  double peak_flops = 0;       // per device
+  double recompute_flops = 0;  // per device and step
+};
+
+// Costs of `b` sequences of each micro-batch in one pass on replica `dp_rank` of stage `s`.
+ReplicaCosts pass_costs(const Plan& plan, int s, int dp_rank, int64_t b, const StageChoice& choice, const CostModel& cost) {
+  const PlanStage& st = plan.stages[s];
+  const int p = static_cast<int>(plan.stages.size());
+  StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, b);
+  shape.device_type = cost.cluster().devices[st.device_ids[static_cast<size_t>(dp_rank) * st.tp]].device_type_index;
+  const StageUnitCosts unit = cost.unit_costs(shape, st.sequence_parallel);
+  double send_seconds = 0;
+  if (choice.chunks_sent > 0)
+    send_seconds = boundary_seconds(unit.boundary_bytes,
+                                    cost.boundary_link(st.device_ids, plan.stages[(s + 1) % p].device_ids));
+  ReplicaCosts out;
+  out.timing = cost.stage_timing(shape, unit, choice, send_seconds, choice.chunks_sent);
+  out.memory = cost.stage_memory(shape, unit, choice, st.micro_batches_in_flight, p > 1);
+  out.capacity_bytes = cost.device_memory_bytes(shape.device_type);
+  out.peak_flops = cost.cluster().device_types[shape.device_type].peak_flops(plan.precision);
+  const LayerWork work = block_work(cost.model(), b, plan.seq_len, st.tp, st.sequence_parallel, plan.precision);
+  out.recompute_flops = static_cast<double>(plan.num_micro_batches) *
+                        (choice.full * work.forward_flops + choice.selective * work.selective_flops);
+  return out;
+}
+
+// Costs of replica `dp_rank` of stage `s` (its device type and share of each micro-batch). A share
+// run in pieces takes the sum of the pieces' passes and the memory of the largest piece.
+ReplicaCosts replica_costs(const Plan& plan, int s, int dp_rank, const StageChoice& choice, const CostModel& cost) {
+  const PlanStage& st = plan.stages[s];
+  if (st.replicas.empty() || st.replicas[static_cast<size_t>(dp_rank)].pieces == 1)
+    return pass_costs(plan, s, dp_rank, st.replica_sequences(plan.micro_batch_sequences, dp_rank), choice, cost);
+  const PlanReplica& replica = st.replicas[static_cast<size_t>(dp_rank)];
+  ReplicaCosts out = pass_costs(plan, s, dp_rank, replica.piece_sequences(0), choice, cost);
+  out.timing.forward_seconds = out.timing.backward_seconds = out.recompute_flops = 0;
+  const int larger = static_cast<int>(replica.sequences % replica.pieces);  // pieces one sequence longer
+  for (const auto& [sequences, count] : {std::pair{replica.piece_sequences(0), larger > 0 ? larger : replica.pieces},
+                                         std::pair{replica.piece_sequences(replica.pieces - 1),
+                                                   larger > 0 ? replica.pieces - larger : 0}}) {
+    if (count == 0) continue;
+    const ReplicaCosts piece = pass_costs(plan, s, dp_rank, sequences, choice, cost);
+    out.timing.forward_seconds += count * piece.timing.forward_seconds;
+    out.timing.backward_seconds += count * piece.timing.backward_seconds;
+    out.recompute_flops += count * piece.recompute_flops;
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* objective_name(Objective objective) {
@@ -65,56 +145,43 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
   double price_per_second = 0;
   for (int s = 0; s < p; ++s) {
     PlanStage& st = plan->stages[s];
-    const int64_t b = plan->micro_batch_sequences / st.dp;
-    const StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, b);
-    const StageUnitCosts unit = cost.unit_costs(shape, st.sequence_parallel);
-    StageChoice choice;
-    choice.blocks = st.num_blocks();
-    for (size_t i = 0; i < st.recompute.size(); ++i) {
-      if (st.recompute[i] == Recompute::Recompute_selective) ++choice.selective;
-      if (st.recompute[i] == Recompute::Recompute_full) ++choice.full;
-      if (st.offload[i]) ++choice.offloaded;
-      if (i < st.offload_activations.size() && st.offload_activations[i]) {
-        if (st.recompute[i] == Recompute::Recompute_selective) ++choice.parked_selective;
-        if (st.recompute[i] == Recompute::Recompute_none) ++choice.parked_none;
-      }
-    }
-    choice.prefetch_depth = st.offload_prefetch_depth;
-    choice.micro_batches = m;
-    choice.zero = st.zero;
-    choice.has_embedding = st.has_embedding;
-    choice.has_head = st.has_head;
-    choice.head_holds_lm_matrix = !(model.tied_embeddings && p == 1);
-    double send_seconds = 0;
-    int chunks_sent = 0;
-    if (s + 1 < p || v > 1) {
-      const int next = (s + 1) % p;
-      if (next != s) {
-        send_seconds = boundary_seconds(unit.boundary_bytes, cost.boundary_link(st.device_ids, plan->stages[next].device_ids));
-        chunks_sent = s + 1 < p ? v : v - 1;
-      }
-    }
-    choice.chunks_sent = chunks_sent;
-    choice.chunks_received = p > 1 ? (s > 0 ? v : v - 1) : 0;
-    const StageTiming timing = cost.stage_timing(shape, unit, choice, send_seconds, chunks_sent);
+    const StageChoice choice = stage_choice(*plan, s, model.tied_embeddings);
     st.micro_batches_in_flight = schedule_micro_batches_in_flight(plan->schedule, p, s, m, v);
-    const MemoryBreakdown mem = cost.stage_memory(shape, unit, choice, st.micro_batches_in_flight, p > 1);
-    st.forward_seconds = timing.forward_seconds;
-    st.backward_seconds = timing.backward_seconds;
-    st.gradient_sync_seconds = timing.gradient_sync_seconds;
-    st.optimizer_seconds = timing.optimizer_seconds;
-    st.offload_exposed_seconds = timing.offload_forward_seconds + timing.offload_backward_seconds;
-    st.memory = memory_terms(mem);
-    st.memory_capacity_bytes = cost.device_memory_bytes(shape.device_type);
-    per_micro_batch[s] = timing.per_micro_batch_seconds();
+    // Every replica's costs; the stage's are the slowest replica's (its data-parallel group
+    // waits for it in every collective) and the memory of the replica nearest its capacity.
+    double slowest_step = -1, fullest = -1;
+    for (int d = 0; d < (st.replicas.empty() ? 1 : st.dp); ++d) {
+      const ReplicaCosts r = replica_costs(*plan, s, d, choice, cost);
+      if (!st.replicas.empty()) {
+        PlanReplica& out = st.replicas[static_cast<size_t>(d)];
+        out.forward_seconds = r.timing.forward_seconds;
+        out.backward_seconds = r.timing.backward_seconds;
+        out.optimizer_seconds = r.timing.optimizer_seconds;
+        out.memory = memory_terms(r.memory);
+        out.memory_capacity_bytes = r.capacity_bytes;
+      }
+      const double replica_step = m * r.timing.per_micro_batch_seconds() + r.timing.step_overhead_seconds();
+      if (replica_step > slowest_step) {
+        slowest_step = replica_step;
+        st.forward_seconds = r.timing.forward_seconds;
+        st.backward_seconds = r.timing.backward_seconds;
+        st.gradient_sync_seconds = r.timing.gradient_sync_seconds;
+        st.optimizer_seconds = r.timing.optimizer_seconds;
+        st.offload_exposed_seconds = r.timing.offload_forward_seconds + r.timing.offload_backward_seconds;
+        per_micro_batch[s] = r.timing.per_micro_batch_seconds();
+        overhead[s] = r.timing.step_overhead_seconds();
+      }
+      const double use = r.memory.total_bytes() / r.capacity_bytes;
+      if (use > fullest) {
+        fullest = use;
+        st.memory = memory_terms(r.memory);
+        st.memory_capacity_bytes = r.capacity_bytes;
+      }
+      const int devices = st.replicas.empty() ? static_cast<int>(st.device_ids.size()) : st.tp;
+      peak_flops += r.peak_flops * devices;
+      recompute_flops += r.recompute_flops * devices;
+    }
     without_copies[s] = per_micro_batch[s] - st.offload_exposed_seconds;
-    overhead[s] = timing.step_overhead_seconds();
-
-    const DeviceType& type = cluster.device_types[shape.device_type];
-    peak_flops += type.peak_flops(plan->precision) * static_cast<double>(st.device_ids.size());
-    const LayerWork work = block_work(model, b, plan->seq_len, st.tp, st.sequence_parallel, plan->precision);
-    recompute_flops += static_cast<double>(m) * static_cast<double>(st.device_ids.size()) *
-                       (choice.full * work.forward_flops + choice.selective * work.selective_flops);
     for (int id : st.device_ids) price_per_second += cluster.node_group(cluster.devices[id]).price_per_device_hour / 3600.0;
   }
   plan->step_seconds = pipeline_step_seconds(per_micro_batch, overhead, m, v);
@@ -147,8 +214,11 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
 
 double plan_memory_ratio(const Plan& plan) {
   double worst = 0;
-  for (const PlanStage& s : plan.stages)
+  for (const PlanStage& s : plan.stages) {
     if (s.memory_capacity_bytes > 0) worst = std::max(worst, s.memory_total_bytes() / s.memory_capacity_bytes);
+    for (const PlanReplica& r : s.replicas)
+      if (r.memory_capacity_bytes > 0) worst = std::max(worst, r.memory_total_bytes() / r.memory_capacity_bytes);
+  }
   return worst;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace alloy {
 
@@ -103,10 +104,16 @@ std::string plan_shape_summary(const Plan& plan) {
     size_t e = s;
     int layers = 0;
     while (e < plan.stages.size() && plan.stages[e].device_type == st.device_type && plan.stages[e].tp == st.tp &&
-           plan.stages[e].dp == st.dp)
+           plan.stages[e].dp == st.dp && plan.stages[e].replicas.empty() && st.replicas.empty())
       layers += plan.stages[e++].num_blocks();
+    if (e == s) layers += plan.stages[e++].num_blocks();
     if (s > 0) out += " | ";
     out += fmt::format("{} tp{} dp{}", st.device_type, st.tp, st.dp);
+    if (!st.replicas.empty()) {
+      std::vector<std::string> shares;
+      for (const PlanReplica& r : st.replicas) shares.push_back(fmt::format("{} {}", r.device_type, r.sequences));
+      out += fmt::format(" uneven ({})", fmt::join(shares, ", "));
+    }
     if (e - s > 1) out += fmt::format(" x{}", e - s);
     out += fmt::format(" {}L", layers);
     s = e;

@@ -22,6 +22,7 @@
 #include "search/search_checks.hpp"
 #include "search/split_bound.hpp"
 #include "search/stage_options.hpp"
+#include "search/uneven_dp.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 
@@ -569,8 +570,9 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     stats.stage_option_sets += searchers[t]->stats.stage_option_sets;
   }
 
-  if (kept.empty() && host_shortfall.ratio < kInfinity) search_host_memory_fail(cluster, host_shortfall);
-  if (kept.empty()) {
+  std::optional<Plan> uneven = uneven_dp_best(cost, options);
+  if (kept.empty() && !uneven && host_shortfall.ratio < kInfinity) search_host_memory_fail(cluster, host_shortfall);
+  if (kept.empty() && !uneven) {
     const DeviceType& type = cluster.device_types[frugal_type];
     std::string hint = "add devices";
     if (options.recompute && *options.recompute != Recompute::Recompute_full) hint += ", allow full recomputation";
@@ -591,6 +593,13 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     std::vector<std::vector<int>> device_ids;
     for (const SlotInfo& info : searchers.front()->slots(s, pools)) device_ids.emplace_back(info.device_ids.begin(), info.device_ids.end());
     plans.push_back(plan_build(cost, s, device_ids, sol.blocks, sol.options, options.objective));
+  }
+  if (uneven) {
+    const auto score = [&](const Plan& p) { return by_cost ? p.price_per_million_tokens : 1.0 / p.tokens_per_second; };
+    auto at = std::find_if(plans.begin(), plans.end(), [&](const Plan& p) { return score(*uneven) < score(p); });
+    plans.insert(at, std::move(*uneven));
+    if (plans.size() > keep) plans.pop_back();
+    ++stats.evaluated;
   }
   SearchResult result;
   result.candidates = plans;

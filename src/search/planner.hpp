@@ -37,6 +37,8 @@ struct SearchOptions {
   std::vector<int> layer_split;        // blocks per stage, pipeline order
   std::vector<std::string> device_order;  // device type names in pipeline order (only these used)
   bool every_device = false;           // only layouts that use every device of the cluster
+  bool allow_uneven_dp = true;         // also one stage over devices of several types, each replica
+                                       // taking the share of every micro-batch its speed earns
   int threads = 1;                     // 1 or 2; the plan does not depend on it
   int runner_ups = 3;
 };

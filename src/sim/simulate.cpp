@@ -31,7 +31,7 @@ std::vector<std::array<int64_t, 2>> parked_block_bytes(const Plan& plan, const M
   for (const PlanStage& st : plan.stages) {
     bytes.push_back({0, 0});
     if (std::find(st.offload_activations.begin(), st.offload_activations.end(), true) == st.offload_activations.end()) continue;
-    const StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, plan.micro_batch_sequences / st.dp);
+    const StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, st.replica_sequences(plan.micro_batch_sequences, 0));
     const StageUnitCosts unit = cost.unit_costs(shape, st.sequence_parallel);
     for (int level = 0; level < 2; ++level)
       bytes.back()[static_cast<size_t>(level)] =
@@ -180,7 +180,11 @@ void Simulator::build_lane(int lane) {
     t.lane = lane;
     t.op_index = static_cast<int>(i);
     t.kind = op.kind;
-    const double share = (op.block_end - op.block_begin) / blocks;
+    // The op's share of the stage's time per micro-batch: its blocks', and, for a replica whose
+    // share runs in pieces, its piece's sequences.
+    double share = (op.block_end - op.block_begin) / blocks;
+    if (op.sample_end > op.sample_begin)
+      share *= static_cast<double>(op.sample_end - op.sample_begin) / st.replica_sequences(plan_.micro_batch_sequences, rs.dp_rank);
     switch (op.kind) {
       case OpKind::OpKind_forward:
       case OpKind::OpKind_backward:

@@ -50,13 +50,16 @@ Plan two_stage_plan(const std::string& type) {
   return plan;
 }
 
-RankSummary rank(int index, double pass_seconds, std::array<double, kLayerKinds> cpu) {
+// A rank whose passes computed for `pass_seconds` and waited `waits` more inside them (ZeRO-3
+// gathers, tensor-parallel sums).
+RankSummary rank(int index, double pass_seconds, std::array<double, kLayerKinds> cpu, double waits = 0) {
   RankSummary r;
   r.rank = index;
   r.stage = index;
-  r.pass_seconds = pass_seconds;
+  r.pass_seconds = pass_seconds + waits;
   r.layer_cpu_seconds = cpu;
   r.optimizer_seconds = 0.01;
+  r.compute_seconds = pass_seconds + r.optimizer_seconds;
   return r;
 }
 
@@ -124,6 +127,18 @@ TEST(Calibration, ASplitAsProfiledMovesEveryKindAlike) {
   EXPECT_NEAR(c.layer_ratio[kBlock], 1.5, 1e-9);
   EXPECT_NEAR(c.layer_ratio[kHead], 1.5, 1e-9);
   EXPECT_NEAR(c.pass_ratio, 1.5, 1e-9);
+}
+
+// The profile holds compute alone: waits inside the passes do not move it.
+TEST(Calibration, WaitsInsideThePassesAreLeftOut) {
+  const ModelSpec model = model_load("tiny-gpt");
+  const Plan plan = two_stage_plan("cpu");
+  DistTrainResult run;
+  run.ranks = {rank(0, kMicroBatches * 6.3e-3, {0.3, 6, 0}, 0.02), rank(1, kMicroBatches * 9e-3, {0, 6, 3}, 0.03)};
+  const DeviceTypeCalibration c = dist_calibration(run, plan, profile_for("cpu"), model).at(0);
+  EXPECT_NEAR(c.pass_ratio, 1.0, 1e-9);
+  EXPECT_NEAR(c.layer_ratio[kBlock], 1.0, 1e-9);
+  EXPECT_NEAR(c.layer_ratio[kHead], 1.0, 1e-9);
 }
 
 // A type whose profile lacks the shape a stage ran, or a run without CPU times, keeps the one

@@ -116,4 +116,20 @@ inline Plan test_plan(const ModelSpec& model, const ClusterSpec& cluster, const 
   return plan;
 }
 
+// Uneven data parallelism on stage `s`: replica r takes shares[r] sequences of each micro-batch,
+// in pieces[r] passes (empty: one each).
+inline Plan with_uneven_replicas(Plan plan, size_t s, const std::vector<int64_t>& shares,
+                                 const std::vector<int>& pieces = {}) {
+  PlanStage& st = plan.stages[s];
+  st.replicas.clear();
+  for (size_t r = 0; r < shares.size(); ++r) {
+    PlanReplica replica;
+    replica.device_type = st.device_type;
+    replica.sequences = shares[r];
+    replica.pieces = pieces.empty() ? 1 : pieces[r];
+    st.replicas.push_back(replica);
+  }
+  return plan;
+}
+
 }  // namespace alloy::testing

@@ -143,7 +143,7 @@ class DistTest : public ::testing::Test {
     }
     double worst = 0;
     for (size_t q = 0; q < ranks.size(); ++q) {
-      const double predicted = dist_predicted_arena_bytes(plan.stages[static_cast<size_t>(ranks[q].stage)]);
+      const double predicted = dist_predicted_arena_bytes(plan.stages[static_cast<size_t>(ranks[q].stage)].replica(plan.micro_batch_sequences, ranks[q].dp_rank).memory);
       const double error = peak[q] > 0 ? (predicted - peak[q]) / peak[q] : 1.0;
       std::printf("%s rank %zu: arena peak %.0f bytes, predicted %.0f (%+.1f%%)\n", name.c_str(), q, peak[q], predicted,
                   100 * error);
@@ -187,6 +187,19 @@ TEST_F(DistTest, DataParallelAtEveryZeroStage) {
   EXPECT_LT(peaks[1], peaks[0]) << "ZeRO 1 shards the AdamW moments";
   EXPECT_LE(peaks[2], peaks[1]);
   EXPECT_LT(peaks[3], peaks[2]) << "ZeRO 3 keeps only pieces of the weights between uses";
+}
+
+// Uneven data parallelism: replicas take unequal shares of each micro-batch (one in two passes,
+// one under ZeRO-3, one stage of a pipeline); every sequence still weighs alike in the gradient,
+// so losses and weights match the single-rank run.
+TEST_F(DistTest, UnevenDataParallelism) {
+  expect_matches_single_rank(with_uneven_replicas(test_plan(gpt(), cluster(), {{1, 3, 1, {6}}}, k1f1b, 1), 0, {5, 2, 1}, {2, 1, 1}),
+                             gpt_path_, "uneven-dp3-pieces");
+  expect_matches_single_rank(with_uneven_replicas(test_plan(llama(), cluster(), {{1, 3, 3, {4}}}, k1f1b, 2), 0, {2, 1, 1}),
+                             llama_path_, "uneven-dp3-zero3");
+  expect_matches_single_rank(
+      with_uneven_replicas(test_plan(gpt(), cluster(), {{1, 1, 0, {3}}, {1, 2, 2, {3}}}, k1f1b, 2), 1, {3, 1}), gpt_path_,
+      "uneven-pp2-dp2");
 }
 
 TEST_F(DistTest, Zero3WithGroupedQueryAttention) {
@@ -240,6 +253,11 @@ TEST_F(DistTest, ArenaPeaksAsPredicted) {
             0.05);
   EXPECT_LT(arena_prediction_error(test_plan(llama(), cluster(), {{2, 2, 0, {4}}}, k1f1b, 2), llama(), llama_path_,
                                    "memory-tp2-dp2"),
+            0.05);
+  // Uneven replicas, the largest share in passes: each rank's own share and piece.
+  EXPECT_LT(arena_prediction_error(with_uneven_replicas(test_plan(gpt(), cluster(), {{1, 3, 1, {6}}}, k1f1b, 1), 0, {5, 2, 1},
+                                                        {2, 1, 1}),
+                                   gpt(), gpt_path_, "memory-uneven-dp3"),
             0.05);
   // Recomputation on the stage holding the head, whole batch in one micro-batch: its peak is in
   // the blocks' backward, after the head's activations are gone (or in the head's backward).

@@ -132,6 +132,77 @@ TEST(Plan, JsonErrorsNameTheField) {
   EXPECT_THROW(plan_load("/nonexistent/plan.json"), Error);
 }
 
+// Stage 1 of two_stage_plan split unevenly: replica 0 takes 3 of each 4 sequences in two passes.
+// (A single-stage plan: pieces need one stage.)
+Plan uneven_plan() {
+  Plan p = two_stage_plan();
+  p.stages.pop_back();
+  p.stages[0].chunks = {{0, 4}};
+  p.stages[0].has_head = true;
+  p.stages[0].recompute.assign(4, Recompute::Recompute_none);
+  p.stages[0].offload.assign(4, false);
+  p.micro_batch_sequences = 4;
+  p.num_micro_batches = 2;
+  PlanReplica a, b;
+  a.device_type = b.device_type = "a100-80";
+  a.sequences = 3;
+  a.pieces = 2;
+  a.memory = {{"activations", 5e8}};
+  a.forward_seconds = 0.25;
+  b.sequences = 1;
+  p.stages[0].replicas = {a, b};
+  return p;
+}
+
+TEST(Plan, UnevenReplicasRoundTripAndSplitTheMicroBatch) {
+  const Plan p = uneven_plan();
+  EXPECT_NO_THROW(plan_validate(p));
+  const std::string text = plan_to_json(p);
+  const Plan q = plan_from_json(text, "uneven.json");
+  EXPECT_EQ(plan_to_json(q), text);
+  ASSERT_EQ(q.stages[0].replicas.size(), 2u);
+  EXPECT_EQ(q.stages[0].replicas[0].pieces, 2);
+  EXPECT_EQ(q.stages[0].replicas[0].memory.at(0).bytes, 5e8);
+  EXPECT_EQ(q.stages[0].replica_sequences(4, 1), 1);
+  EXPECT_EQ(q.stages[0].replica_offset(4, 1), 3);
+  EXPECT_EQ(q.stages[0].replicas[0].piece_sequences(0), 2);
+  EXPECT_EQ(q.stages[0].replicas[0].piece_sequences(1), 1);
+  EXPECT_DOUBLE_EQ(q.stages[0].replica(4, 0).forward_seconds, 0.25);
+  // Even stages answer the same questions from dp.
+  const Plan even = two_stage_plan();
+  EXPECT_EQ(even.stages[0].replica_sequences(2, 1), 1);
+  EXPECT_EQ(even.stages[0].replica_offset(2, 1), 1);
+  EXPECT_EQ(even.stages[0].replica(2, 1).device_type, "a100-80");
+}
+
+TEST(Plan, UnevenReplicasThatDoNotAddUpAreRefused) {
+  Plan p = uneven_plan();
+  p.stages[0].replicas[1].sequences = 2;
+  expect_error(p, "stages[0].replicas", "sum to 5");
+  p = uneven_plan();
+  p.stages[0].replicas.pop_back();
+  expect_error(p, "stages[0].replicas", "1 entries for dp 2");
+  p = uneven_plan();
+  p.stages[0].replicas[1].sequences = 0;
+  p.stages[0].replicas[0].sequences = 4;
+  expect_error(p, "stages[0].replicas[1].sequences", "at least one sequence");
+  p = uneven_plan();
+  p.stages[0].replicas[0].pieces = 4;
+  expect_error(p, "stages[0].replicas[0].pieces", "1 to 3");
+  p = uneven_plan();
+  p.stages[0].zero = 3;
+  expect_error(p, "stages[0].replicas[0].pieces", "without ZeRO-3");
+  p = uneven_plan();
+  p.stages[0].replicas[0].device_type = "v100-32";
+  expect_error(p, "stages[0].device_type", "replica 0");
+  // Without replicas, the micro-batch must divide over dp.
+  p = uneven_plan();
+  p.micro_batch_sequences = 3;
+  p.global_batch_sequences = 6;
+  p.stages[0].replicas.clear();
+  expect_error(p, "stages[0].dp", "does not split over dp 2");
+}
+
 TEST(Plan, RankMapIsTensorFastestThenData) {
   const Plan p = two_stage_plan();
   const std::vector<RankInfo> ranks = plan_rank_map(p);

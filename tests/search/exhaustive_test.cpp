@@ -245,6 +245,14 @@ Problem random_problem(std::mt19937& rng) {
   return pr;
 }
 
+// The brute force enumerates layer splits over stages of one device type each; uneven data
+// parallelism (one stage over several types) is outside it.
+const SearchOptions kLayerSplitsOnly = [] {
+  SearchOptions o;
+  o.allow_uneven_dp = false;
+  return o;
+}();
+
 TEST(Exhaustive, PlannerMatchesBruteForceOnRandomSmallProblems) {
   std::mt19937 rng(20241129);
   int feasible = 0;
@@ -258,14 +266,19 @@ TEST(Exhaustive, PlannerMatchesBruteForceOnRandomSmallProblems) {
                                       << " devices " << pr.cluster.devices.size() << " batch "
                                       << pr.train.global_batch_sequences);
     if (brute == kInf) {
-      EXPECT_THROW(plan_search(cost, {}), Error);
+      EXPECT_THROW(plan_search(cost, kLayerSplitsOnly), Error);
       continue;
     }
     ++feasible;
-    const SearchResult r = plan_search(cost, {});
+    const SearchResult r = plan_search(cost, kLayerSplitsOnly);
     EXPECT_NEAR(r.plan.step_seconds, brute, 1e-9 * brute);
     EXPECT_LE(plan_memory_ratio(r.plan), 1.0);
     plan_validate_for(r.plan, pr.model, pr.cluster);
+    // Uneven data parallelism only adds candidates: never slower than the best layer split.
+    const SearchResult free_search = plan_search(cost, {});
+    EXPECT_LE(free_search.plan.step_seconds, brute * (1 + 1e-9));
+    EXPECT_LE(plan_memory_ratio(free_search.plan), 1.0);
+    plan_validate_for(free_search.plan, pr.model, pr.cluster);
     std::set<std::string> types;
     for (const PlanStage& s : r.plan.stages) {
       types.insert(s.device_type);
@@ -298,10 +311,10 @@ TEST(Exhaustive, PlannerMatchesBruteForceWhenTheHostOptimizerIsFaster) {
     const double brute = Exhaustive(cost).best();
     SCOPED_TRACE(::testing::Message() << "trial " << trial << ": " << pr.model.name << " L" << pr.model.num_layers);
     if (brute == kInf) {
-      EXPECT_THROW(plan_search(cost, {}), Error);
+      EXPECT_THROW(plan_search(cost, kLayerSplitsOnly), Error);
       continue;
     }
-    const SearchResult r = plan_search(cost, {});
+    const SearchResult r = plan_search(cost, kLayerSplitsOnly);
     EXPECT_NEAR(r.plan.step_seconds, brute, 1e-9 * brute);
     for (const PlanStage& s : r.plan.stages) offloaded += static_cast<int>(std::count(s.offload.begin(), s.offload.end(), true));
   }

@@ -8,6 +8,7 @@
 #include "../support/specs.hpp"
 #include "search/baselines.hpp"
 #include "search/planner.hpp"
+#include "search/uneven_dp.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -240,7 +241,9 @@ TEST(Planner, OrderFamiliesMatchEveryPinnedOrder) {
   const ModelSpec m = llama("toy", 12, 1024, 8, 8, 2816, 8000);
   const ClusterSpec c = cluster("three", {a100_80(), v100_32(), l4()}, {{0, 1, 4}, {1, 1, 4}, {2, 1, 4}});
   CostModel cost(m, c, train(1024, 32));
-  const SearchResult free_search = plan_search(cost, {});
+  SearchOptions layer_splits;  // pinned orders rule out uneven data parallelism
+  layer_splits.allow_uneven_dp = false;
+  const SearchResult free_search = plan_search(cost, layer_splits);
   const std::vector<std::string> names = {"a100-80", "v100-32", "l4"};
   double best_pinned = std::numeric_limits<double>::infinity();
   int64_t pinned_space = 0;
@@ -263,6 +266,47 @@ TEST(Planner, OrderFamiliesMatchEveryPinnedOrder) {
   }
   EXPECT_NEAR(free_search.plan.step_seconds, best_pinned, 1e-9 * best_pinned);
   EXPECT_EQ(free_search.stats.structures, pinned_space);
+}
+
+// Three blocks over devices of very unequal speed: no split of whole blocks balances a pipeline,
+// while shares of the batch do. The planner takes uneven data parallelism, gives the faster
+// devices the larger shares, and leaves it out when told to (--even-dp).
+TEST(Planner, UnevenDataParallelismBalancesUnequalDevicesByBatch) {
+  using namespace testing;
+  const ModelSpec m = llama("toy-3", 3, 1024, 8, 8, 2816, 8000);
+  const ClusterSpec c = cluster("mixed", {h100(), a100_80(), l4()}, {{0, 1, 1}, {1, 1, 1}, {2, 1, 1}});
+  CostModel cost(m, c, train(1024, 32));
+  const SearchResult r = plan_search(cost, {});
+  ASSERT_EQ(r.plan.stages.size(), 1u);
+  const std::vector<PlanReplica>& replicas = r.plan.stages[0].replicas;
+  ASSERT_EQ(replicas.size(), 3u);
+  EXPECT_GT(replicas[0].sequences, replicas[1].sequences) << "h100 before a100";
+  EXPECT_GT(replicas[1].sequences, replicas[2].sequences) << "a100 before l4";
+  EXPECT_NO_THROW(plan_validate_for(r.plan, m, c));
+  EXPECT_LE(plan_memory_ratio(r.plan), 1.0);
+  // The replicas' times per step are close: no device waits long for the others.
+  std::vector<double> busy;
+  for (const PlanReplica& rep : replicas)
+    busy.push_back(r.plan.num_micro_batches * (rep.forward_seconds + rep.backward_seconds));
+  EXPECT_LT(*std::max_element(busy.begin(), busy.end()) / *std::min_element(busy.begin(), busy.end()), 1.5);
+  SearchOptions even;
+  even.allow_uneven_dp = false;
+  const SearchResult layer_splits = plan_search(cost, even);
+  for (const PlanStage& st : layer_splits.plan.stages) EXPECT_TRUE(st.replicas.empty());
+  EXPECT_LT(r.plan.step_seconds, layer_splits.plan.step_seconds);
+  // A runner-up says why it lost, in the same words as for layer splits.
+  ASSERT_FALSE(r.plan.runner_ups.empty());
+  EXPECT_NE(plan_render_text(r.plan).find("uneven data parallelism"), std::string::npos);
+}
+
+TEST(Planner, UnevenSharesGoToWhoeverFinishesFirst) {
+  const auto linear = [](double per_sequence) {
+    return std::function<double(int64_t)>([per_sequence](int64_t b) { return per_sequence * b; });
+  };
+  EXPECT_EQ(uneven_shares(7, {linear(1), linear(2), linear(4)}), (std::vector<int64_t>{4, 2, 1}));
+  EXPECT_EQ(uneven_shares(3, {linear(1), linear(100), linear(100)}), (std::vector<int64_t>{1, 1, 1}))
+      << "every replica keeps one sequence";
+  EXPECT_EQ(uneven_shares(8, {linear(1), linear(1)}), (std::vector<int64_t>{4, 4}));
 }
 
 TEST(PlannerErrors, PinsThatContradictTheCluster) {

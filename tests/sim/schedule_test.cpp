@@ -168,6 +168,58 @@ TEST(Schedule, StagesWithDifferentDataParallelismSplitAndJoinBySamples) {
   EXPECT_NO_THROW(schedule_check(sched));
 }
 
+// Uneven data parallelism: replica r's compute ops cover exactly its share of each micro-batch,
+// a share in pieces as forward/backward pairs one piece at a time; a pipeline's next stage takes
+// its samples from whichever replicas hold them.
+TEST(Schedule, UnevenReplicasComputeTheirOwnSharesInPieces) {
+  const ModelSpec model = model_with_layers(2);
+  Plan plan = hand_plan(model, 3, {StageSpec{1, 3, 1, 2}}, 2, 3, Schedule::Schedule_1f1b);
+  plan.micro_batch_sequences = 8;
+  plan.global_batch_sequences = 16;
+  for (int64_t share : {5, 2, 1}) {
+    PlanReplica r;
+    r.device_type = plan.stages[0].device_type;
+    r.sequences = share;
+    r.pieces = share == 5 ? 2 : 1;
+    plan.stages[0].replicas.push_back(r);
+  }
+  plan_validate(plan);
+  const StepSchedule sched = schedule_build(plan, model);
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>> expected = {
+      {{0, 3}, {3, 5}, {8, 11}, {11, 13}}, {{5, 7}, {13, 15}}, {{7, 8}, {15, 16}}};
+  for (int rank = 0; rank < 3; ++rank) {
+    std::vector<std::pair<int64_t, int64_t>> forwards;
+    OpKind last = OpKind::OpKind_backward;
+    for (const ScheduleOp& op : sched.ranks[rank].ops) {
+      if (op.kind != OpKind::OpKind_forward && op.kind != OpKind::OpKind_backward) continue;
+      if (op.kind == OpKind::OpKind_forward) {
+        EXPECT_EQ(last, OpKind::OpKind_backward) << "rank " << rank << ": one piece alive at a time";
+        forwards.push_back({op.sample_begin, op.sample_end});
+      }
+      last = op.kind;
+    }
+    EXPECT_EQ(forwards, expected[rank]) << "rank " << rank;
+  }
+  EXPECT_NO_THROW(schedule_check(sched));
+
+  // Stage 1 (dp 2, shares 3 and 1) receives from stage 0 (dp 1).
+  Plan pipeline = hand_plan(model, 3, {StageSpec{1, 1, 0, 1}, StageSpec{1, 2, 0, 1}}, 2, 4, Schedule::Schedule_1f1b);
+  for (int64_t share : {3, 1}) {
+    PlanReplica r;
+    r.device_type = pipeline.stages[1].device_type;
+    r.sequences = share;
+    pipeline.stages[1].replicas.push_back(r);
+  }
+  plan_validate(pipeline);
+  const StepSchedule piped = schedule_build(pipeline, model);
+  for (const ScheduleOp& op : piped.ranks[2].ops)
+    if (op.kind == OpKind::OpKind_recv_activation) {
+      EXPECT_EQ(op.sample_begin, op.micro_batch * 4 + 3);
+      EXPECT_EQ(op.sample_end, op.micro_batch * 4 + 4);
+    }
+  EXPECT_NO_THROW(schedule_check(piped));
+}
+
 int64_t sum_bytes(const RankSchedule& rs, OpKind kind, bool per_step_only) {
   int64_t total = 0;
   for (const ScheduleOp& op : rs.ops)

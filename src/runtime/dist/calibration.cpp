@@ -17,14 +17,14 @@ struct TypeSums {
 
 // The profile's forward and backward seconds of one micro-batch through each layer kind of the
 // stage (recomputation included), or nothing when the profile lacks a shape the stage runs.
-bool predicted_layer_weights(const Plan& plan, const PlanStage& st, const Profile& profile, const ModelSpec& model,
-                             std::array<double, kLayerKinds>* weights) {
-  const int b = static_cast<int>(plan.micro_batch_sequences / st.dp);
+bool predicted_layer_weights(const Plan& plan, const PlanStage& st, const std::string& device_type, int64_t sequences,
+                             const Profile& profile, const ModelSpec& model, std::array<double, kLayerKinds>* weights) {
+  const int b = static_cast<int>(sequences);
   const int seq = static_cast<int>(plan.seq_len);
-  auto entry = [&](LayerKind kind) { return profile.find_layer(st.device_type, kind, b, seq, st.tp, st.sequence_parallel); };
+  auto entry = [&](LayerKind kind) { return profile.layer_at(device_type, kind, b, seq, st.tp, st.sequence_parallel); };
   *weights = {0, 0, 0};
   if (st.num_blocks() > 0) {
-    const ProfiledLayer* block = entry(LayerKind::LayerKind_block);
+    const std::optional<ProfiledLayer> block = entry(LayerKind::LayerKind_block);
     if (!block) return false;
     const LayerWork work = block_work(model, b, seq, st.tp, st.sequence_parallel, plan.precision);
     const double selective_share = work.forward_flops > 0 ? work.selective_flops / work.forward_flops : 0;
@@ -38,9 +38,22 @@ bool predicted_layer_weights(const Plan& plan, const PlanStage& st, const Profil
   for (const auto& [present, kind] : {std::pair{st.has_embedding, LayerKind::LayerKind_embedding},
                                       std::pair{st.has_head, LayerKind::LayerKind_head}}) {
     if (!present) continue;
-    const ProfiledLayer* layer = entry(kind);
+    const std::optional<ProfiledLayer> layer = entry(kind);
     if (!layer) return false;
     (*weights)[static_cast<int>(kind)] = layer->forward_seconds + layer->backward_seconds;
+  }
+  return true;
+}
+
+// The profile's seconds per layer kind of one micro-batch on a replica (its pieces summed).
+bool predicted_replica_weights(const Plan& plan, const PlanStage& st, const PlanReplica& replica, const Profile& profile,
+                               const ModelSpec& model, std::array<double, kLayerKinds>* weights) {
+  *weights = {0, 0, 0};
+  for (int k = 0; k < replica.pieces; ++k) {
+    std::array<double, kLayerKinds> piece;
+    if (!predicted_layer_weights(plan, st, replica.device_type, replica.piece_sequences(k), profile, model, &piece))
+      return false;
+    for (size_t i = 0; i < kLayerKinds; ++i) (*weights)[i] += piece[i];
   }
   return true;
 }
@@ -61,23 +74,31 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
   std::map<std::string, TypeSums> by_type;
   for (const RankSummary& r : result.ranks) {
     const PlanStage& st = plan.stages[r.stage];
-    TypeSums& s = by_type[st.device_type];
-    const double pass_predicted = plan.num_micro_batches * (st.forward_seconds + st.backward_seconds);
-    s.pass_measured += r.pass_seconds;
-    s.pass_predicted += pass_predicted;
+    const PlanReplica replica = st.replica(plan.micro_batch_sequences, r.dp_rank);
+    TypeSums& s = by_type[replica.device_type];
     s.optimizer_measured += r.optimizer_seconds;
-    s.optimizer_predicted += st.optimizer_seconds;
-    // Both sides split over the kinds: the measured pass by where this rank's CPU time went,
-    // the predicted one by the profile's times of the same layers.
+    s.optimizer_predicted += replica.optimizer_seconds;
+    // The profile holds compute alone: the passes' compute (their waits for ZeRO-3 gathers and
+    // tensor-parallel sums left out) against the profile's times of the same layers, both split
+    // over the kinds (the measured side by where this rank's CPU time went). Where the profile
+    // lacks a shape, the whole passes against the plan's prediction.
     std::array<double, kLayerKinds> weights;
     double cpu = 0, predicted = 0;
     for (int k = 0; k < kLayerKinds; ++k) cpu += r.layer_cpu_seconds[static_cast<size_t>(k)];
-    if (cpu <= 0 || !predicted_layer_weights(plan, st, profile, model, &weights)) continue;
+    const bool weighed = predicted_replica_weights(plan, st, replica, profile, model, &weights);
     for (double w : weights) predicted += w;
-    if (predicted <= 0) continue;
+    if (!weighed || predicted <= 0) {
+      s.pass_measured += r.pass_seconds;
+      s.pass_predicted += plan.num_micro_batches * (replica.forward_seconds + replica.backward_seconds);
+      continue;
+    }
+    const double compute = r.compute_seconds - r.optimizer_seconds;
+    s.pass_measured += compute;
+    s.pass_predicted += plan.num_micro_batches * predicted;
+    if (cpu <= 0) continue;
     for (size_t k = 0; k < kLayerKinds; ++k) {
-      s.layer_measured[k] += r.pass_seconds * r.layer_cpu_seconds[k] / cpu;
-      s.layer_predicted[k] += pass_predicted * weights[k] / predicted;
+      s.layer_measured[k] += compute * r.layer_cpu_seconds[k] / cpu;
+      s.layer_predicted[k] += plan.num_micro_batches * weights[k];
     }
   }
   std::vector<DeviceTypeCalibration> out;

@@ -38,9 +38,9 @@ std::vector<T> gather_records_on_root(Communicator& comm, const std::vector<T>& 
 
 }  // namespace
 
-double dist_predicted_arena_bytes(const PlanStage& st) {
+double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory) {
   double bytes = 0;
-  for (const MemoryTerm& t : st.memory) {
+  for (const MemoryTerm& t : memory) {
     const bool outside = t.name == "framework_context" || t.name == "allocator_margin" ||
                          t.name == "communication_buffers" || t.name == "host_offload";
     if (!outside) bytes += t.bytes;
@@ -53,13 +53,13 @@ std::string dist_render_summary(const DistTrainResult& result, const Plan& plan)
                    "peak memory>", "predicted>"});
   double slowest = 0;
   for (const RankSummary& r : result.ranks) {
-    const PlanStage& st = plan.stages[r.stage];
+    const PlanReplica replica = plan.stages[r.stage].replica(plan.micro_batch_sequences, r.dp_rank);
     slowest = std::max(slowest, r.step_seconds);
-    table.add_row({std::to_string(r.rank), std::to_string(r.stage), st.device_type, std::to_string(r.tp_rank),
+    table.add_row({std::to_string(r.rank), std::to_string(r.stage), replica.device_type, std::to_string(r.tp_rank),
                    std::to_string(r.dp_rank), units_format_seconds(r.step_seconds),
                    units_format_seconds(r.compute_seconds), units_format_seconds(r.wait_seconds),
                    units_format_seconds(r.communication_seconds), units_format_bytes(r.peak_arena_bytes),
-                   units_format_bytes(dist_predicted_arena_bytes(st))});
+                   units_format_bytes(dist_predicted_arena_bytes(replica.memory))});
   }
   std::string text = table.render();
   text += fmt::format("step time: predicted {}, measured {} (median of the steps after the first; {:.2f}x)\n",
@@ -85,7 +85,7 @@ void dist_save_trace(RankRuntime& runtime, const Plan& plan, Communicator& comm,
     lane.rank = r;
     lane.stage = ranks[r].stage;
     lane.device_id = ranks[r].device_id;
-    lane.device_type = plan.stages[lane.stage].device_type;
+    lane.device_type = plan.stages[lane.stage].replica(plan.micro_batch_sequences, ranks[r].dp_rank).device_type;
     for (MemorySample m : memory) {
       m.seconds += offset[0];
       lane.memory.push_back(m);

@@ -67,10 +67,13 @@ void check_offload(const Plan& plan, const ModelSpec& model, const ClusterSpec& 
 void check_runnable(const Plan& plan, const ModelSpec& model, const std::string& source) {
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
-    const int64_t tokens = plan.micro_batch_sequences / st.dp * plan.seq_len;
-    if (st.sequence_parallel && st.tp > 1 && tokens % st.tp != 0)
-      throw Error(fmt::format("sequence parallelism splits each replica's {} tokens over tp {}: they do not divide", tokens, st.tp),
-                  {source, fmt::format("stages[{}].sequence_parallel", s)}, "set it to false, or change the micro-batch");
+    for (int d = 0; d < st.dp; ++d) {
+      const int64_t tokens = st.replica_sequences(plan.micro_batch_sequences, d) * plan.seq_len;
+      if (st.sequence_parallel && st.tp > 1 && tokens % st.tp != 0)
+        throw Error(fmt::format("sequence parallelism splits replica {}'s {} tokens over tp {}: they do not divide", d,
+                                tokens, st.tp),
+                    {source, fmt::format("stages[{}].sequence_parallel", s)}, "set it to false, or change the micro-batch");
+    }
     shard_check_tp(model, st.tp);
   }
 }

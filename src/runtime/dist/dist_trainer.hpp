@@ -88,7 +88,7 @@ void dist_agree_on(Communicator& comm, const std::function<void()>& check);
 
 // The plan's per-device memory that a rank's arena holds: all terms but the accelerator
 // framework's context, the communication library's buffers, the allocator's margin and host memory.
-double dist_predicted_arena_bytes(const PlanStage& stage);
+double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory);
 
 // Rank 0's table: predicted against measured step time and memory, per rank.
 std::string dist_render_summary(const DistTrainResult& result, const Plan& plan);

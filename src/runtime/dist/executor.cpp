@@ -237,7 +237,7 @@ int RankRuntime::gradient_sends(int micro_batch, int chunk) const {
 
 int64_t RankRuntime::replica_begin(int micro_batch) const {
   const PlanStage& st = plan_.stages[schedule_.stage];
-  return micro_batch * plan_.micro_batch_sequences + schedule_.dp_rank * (plan_.micro_batch_sequences / st.dp);
+  return micro_batch * plan_.micro_batch_sequences + st.replica_offset(plan_.micro_batch_sequences, schedule_.dp_rank);
 }
 
 void RankRuntime::wait(const CommHandle& handle, RankStepStats& stats) {
@@ -257,17 +257,23 @@ void RankRuntime::record(SimStream stream, const ScheduleOp& op, size_t index, d
 }
 
 RankRuntime::PassSlot& RankRuntime::pass_for(const ScheduleOp& op, const int32_t* inputs, const int32_t* targets) {
+  // A compute op names its samples (a piece of the replica's share, under uneven data
+  // parallelism); a transfer names those it carries, part of the replica's share or all of it.
+  const bool compute = op_kind_is_compute(op.kind);
   for (auto& slot : passes_)
-    if (slot->micro_batch == op.micro_batch && slot->chunk == op.chunk && !slot->finished) return *slot;
+    if (slot->micro_batch == op.micro_batch && slot->chunk == op.chunk && !slot->finished &&
+        (!compute || slot->sample_begin == op.sample_begin))
+      return *slot;
   const PlanStage& st = plan_.stages[schedule_.stage];
   const int p = static_cast<int>(plan_.stages.size());
   const int virtual_stage = op.chunk * p + schedule_.stage;
   auto slot = std::make_unique<PassSlot>();
   slot->micro_batch = op.micro_batch;
   slot->chunk = op.chunk;
-  slot->sample_begin = replica_begin(op.micro_batch);
+  slot->sample_begin = compute ? op.sample_begin : replica_begin(op.micro_batch);
   const int T = static_cast<int>(plan_.seq_len);
-  const int B = static_cast<int>(plan_.micro_batch_sequences / st.dp);
+  const int B = static_cast<int>(compute ? op.sample_end - op.sample_begin
+                                         : st.replica_sequences(plan_.micro_batch_sequences, schedule_.dp_rank));
   const bool embeds = virtual_stage == 0;
   const bool heads = virtual_stage == p * plan_.virtual_chunks - 1;
   const LayerRange& blocks = st.chunks[op.chunk];
@@ -356,8 +362,9 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       } else {
         for (const CommHandle& h : slot.sends) wait(h, stats);  // the outputs are freed below
         slot.sends.clear();
-        const int head_dp = plan_.stages.back().dp;
-        const float loss_scale = 1.0f / static_cast<float>(plan_.num_micro_batches * head_dp);
+        // The pass's loss is its mean over its B sequences; scaled by B / global batch, every
+        // sequence of the step weighs alike, however unevenly the replicas share micro-batches.
+        const float loss_scale = static_cast<float>(slot.pass.B) / static_cast<float>(plan_.global_batch_sequences);
         slot.input_gradient = chunk_backward(*model_, slot.pass, op.block_begin, op.block_end, loss_scale);
         slot.finished = slot.pass.backward_next == slot.pass.block_begin;
       }

@@ -1,6 +1,8 @@
 // Scores a complete plan with the cost model: per-stage times and memory, step time, tokens/s,
 // MFU, HFU, bubble and price. The planner's fast paths are checked against this in tests.
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -150,8 +152,14 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
     // Every replica's costs; the stage's are the slowest replica's (its data-parallel group
     // waits for it in every collective) and the memory of the replica nearest its capacity.
     double slowest_step = -1, fullest = -1;
+    std::map<std::tuple<int, int64_t, int>, ReplicaCosts> alike;  // replicas of one type, share and pieces
     for (int d = 0; d < (st.replicas.empty() ? 1 : st.dp); ++d) {
-      const ReplicaCosts r = replica_costs(*plan, s, d, choice, cost);
+      const int type = cluster.devices[st.device_ids[static_cast<size_t>(d) * st.tp]].device_type_index;
+      const auto key = std::make_tuple(type, st.replica_sequences(plan->micro_batch_sequences, d),
+                                       st.replicas.empty() ? 1 : st.replicas[static_cast<size_t>(d)].pieces);
+      auto known = alike.find(key);
+      if (known == alike.end()) known = alike.emplace(key, replica_costs(*plan, s, d, choice, cost)).first;
+      const ReplicaCosts& r = known->second;
       if (!st.replicas.empty()) {
         PlanReplica& out = st.replicas[static_cast<size_t>(d)];
         out.forward_seconds = r.timing.forward_seconds;

@@ -9,12 +9,17 @@ namespace alloy {
 
 namespace {
 
+// Every device holds the whole model: beyond this many, memory rules the kind out for any model
+// worth a cluster that size, and dealing the batch sequence by sequence would cost the search
+// more than it could win.
+constexpr int kMaxReplicas = 64;
+
 bool options_allow(const CostModel& cost, const SearchOptions& o) {
   const ClusterSpec& cluster = cost.cluster();
   std::set<int> types;
   for (const Device& d : cluster.devices) types.insert(d.device_type_index);
   const int devices = static_cast<int>(cluster.devices.size());
-  if (!o.allow_uneven_dp || types.size() < 2) return false;
+  if (!o.allow_uneven_dp || types.size() < 2 || devices > kMaxReplicas) return false;
   if (o.pp > 1 || o.tp > 1 || (o.dp > 0 && o.dp != devices) || o.layer_split.size() > 1 || !o.device_order.empty())
     return false;
   if (o.schedule == Schedule::Schedule_interleaved || o.virtual_chunks > 1) return false;
@@ -58,9 +63,9 @@ class ReplicaSeconds {
   std::map<std::pair<int, int64_t>, double> cache_;
 };
 
-// One stage over every device with the given shares; `full` blocks fully recomputed, the rest at
-// `rest`. Evaluated.
-// `piece`: per replica, the most sequences of one pass (empty: the whole share in one).
+// One stage over every device with the given shares, evaluated; `full` blocks fully recomputed,
+// the rest at `rest`; `piece`: per replica, the most sequences of one pass (empty: the whole
+// share in one).
 Plan uneven_plan(const CostModel& cost, const SearchOptions& o, const std::vector<int>& ids,
                  const std::vector<int64_t>& shares, int64_t micro_batch, int zero, int full, Recompute rest,
                  const std::vector<int64_t>& piece = {}) {
@@ -197,7 +202,8 @@ std::optional<Plan> uneven_dp_best(const CostModel& cost, const SearchOptions& o
     if (!best || score(plan, o.objective) < score(*best, o.objective)) best = std::move(plan);
   };
   // Whole shares per micro-batch (any ZeRO stage), the fewest fully recomputed blocks that fit.
-  for (int64_t micro_batch : micro_batch_sizes(cost.train().global_batch_sequences, static_cast<int>(ids.size()), o)) {
+  const int64_t batch = cost.train().global_batch_sequences;
+  for (int64_t micro_batch : micro_batch_sizes(batch, static_cast<int>(ids.size()), o)) {
     const std::vector<int64_t> shares = uneven_shares(micro_batch, whole_share_seconds(replica_seconds, cluster, ids));
     for (int zero : zeros)
       for (Recompute rest : rests) {
@@ -216,8 +222,9 @@ std::optional<Plan> uneven_dp_best(const CostModel& cost, const SearchOptions& o
   }
   // Shares in passes of each device's own size (ZeRO 0-2: a ZeRO-3 gather per pass would differ
   // between replicas), without full recomputation.
-  const bool one_micro_batch = (o.micro_batch_sequences <= 0 || o.micro_batch_sequences == cost.train().global_batch_sequences) &&
-                               o.num_micro_batches <= 1 && o.schedule.value_or(Schedule::Schedule_1f1b) == Schedule::Schedule_1f1b;
+  const bool one_micro_batch = (o.micro_batch_sequences <= 0 || o.micro_batch_sequences == batch) &&
+                               o.num_micro_batches <= 1 &&
+                               o.schedule.value_or(Schedule::Schedule_1f1b) == Schedule::Schedule_1f1b;
   if (one_micro_batch && min_full == 0)
     for (int zero : zeros)
       for (Recompute rest : rests)

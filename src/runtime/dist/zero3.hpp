@@ -45,6 +45,8 @@ class Zero3Parameters : public ParameterSource {
     int holders = 0;
   };
   void gather_start(Unit& unit);
+  // Gathers the unit if needed and, with `prefetch`, starts the next one in the pass's order.
+  void acquire_unit(int unit, bool backward, bool prefetch);
   void gather_finish(Unit& unit);
   // The unit a pass uses after `id` on this rank's contiguous blocks, or nullptr.
   Unit* next_unit(int id, bool backward);

@@ -22,6 +22,9 @@ constexpr double kCpuContextBytes = 16.0 * kMiB;
 constexpr double kGpuWorkspaceBytes = 32.0 * kMiB;
 constexpr double kGpuAllocatorMarginFraction = 0.05;
 constexpr double kGradientBucketBytes = 2.0 * 64.0 * kMiB;
+// The step schedule's gradient buckets (ScheduleOptions::bucket_bytes): whole blocks from the
+// stage's last back to its first, each closed once it holds this many bytes.
+constexpr double kScheduleBucketBytes = 64.0 * kMiB;
 constexpr double kNoHostLinkSeconds = 1e9;
 
 int optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
@@ -272,10 +275,10 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.offload_gradients_seconds = host_link > 0 ? u.block_parameters * g / host_link : kNoHostLinkSeconds;
   if (shape.dp > 1) {
     const double gather = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, u.block_parameters * e, shape.dp_group);
-    const double scatter =
-        group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, u.block_parameters * e, shape.dp_group);
+    // The gradients' reduce-scatter is the step's, in buckets after the last backward
+    // (stage_gradient_sync_seconds), not one per block and micro-batch.
     u.zero3_forward_seconds = std::max(0.0, gather - compute_only.forward_seconds);
-    u.zero3_backward_seconds = std::max(0.0, gather + scatter - compute_only.backward_seconds);
+    u.zero3_backward_seconds = std::max(0.0, gather - compute_only.backward_seconds);
   }
 
   u.embedding = layer_times(shape, LayerKind::LayerKind_embedding, sp, embedding_work(m, b, s, tp, p));
@@ -319,24 +322,51 @@ double CostModel::stage_parameters(const StageShape& shape, const StageUnitCosts
                      : 0);
 }
 
+namespace {
+
+// Bytes of the bucket the schedule reduces last: its buckets fill with whole blocks from the last
+// block back, so the one holding the first blocks (and the embedding) is posted only once the
+// whole backward is done. `first` and `last`: the extra bytes the first and last block carry.
+double last_bucket_bytes(double block_bytes, int blocks, double first, double last) {
+  double bytes = 0, closed = 0;
+  for (int b = blocks - 1; b >= 0; --b) {
+    bytes += block_bytes + (b == blocks - 1 ? last : 0) + (b == 0 ? first : 0);
+    if (bytes >= kScheduleBucketBytes || b == 0) {
+      closed = bytes;
+      bytes = 0;
+    }
+  }
+  return blocks > 0 ? closed : first + last;
+}
+
+}  // namespace
+
 double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& u,
                                               const StageChoice& c) const {
-  if (shape.dp <= 1 || c.zero >= 3) return 0;
-  // Gradient reduction overlaps the last backward; ZeRO-1/2 also re-gather updated weights.
-  // Alloy's runtime all-reduces under ZeRO 0-1 and reduce-scatters under ZeRO 2-3
+  if (shape.dp <= 1) return 0;
+  // Gradient reduction overlaps the last backward, bucket by bucket; ZeRO-1/2 also re-gather the
+  // updated weights (ZeRO-3 gathers them on use). Alloy's runtime all-reduces under ZeRO 0-1 and
+  // reduce-scatters under ZeRO 2-3, once per step after the last micro-batch's backward
   // (docs/runtime-distributed.md), so ZeRO 1 moves more than ZeRO 2 for the same memory.
-  const double grad_bytes = stage_parameters(shape, u, c) * precision_bytes(train_.precision);
-  const double reduce = c.zero <= 1
-                            ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, grad_bytes, shape.dp_group)
-                            : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, grad_bytes, shape.dp_group);
+  const double e = precision_bytes(train_.precision);
+  const double grad_bytes = stage_parameters(shape, u, c) * e;
+  const CollectiveOp op = c.zero <= 1 ? CollectiveOp::CollectiveOp_all_reduce : CollectiveOp::CollectiveOp_reduce_scatter;
+  const double reduce = group_seconds(shape.device_type, op, grad_bytes, shape.dp_group);
+  const double embedding_bytes = c.has_embedding ? u.embedding_parameters * e : 0;
+  const double head_bytes = std::max(0.0, grad_bytes - c.blocks * u.block_parameters * e - embedding_bytes);
+  const double last_bucket = group_seconds(
+      shape.device_type, op, last_bucket_bytes(u.block_parameters * e, c.blocks, embedding_bytes, head_bytes), shape.dp_group);
   // The window is the plain backward (recomputation and transfers excluded), so the exposed
   // sync depends on the stage's layers and shape only.
   const double n = c.blocks;
   const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
                                 (c.has_head ? u.head.backward_seconds : 0);
   const double window = kGradientOverlapFraction * plain_backward;
-  double sync = std::max(0.0, reduce - window);
-  if (c.zero >= 1) sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
+  // The last bucket starts after the backward: nothing hides it (one bucket for a model under
+  // 64 MiB of gradients, e.g. small-gpt's 17 MB, whose reduce-scatter over 4 CPU ranks took 34 ms).
+  double sync = std::max({0.0, reduce - window, last_bucket});
+  if (c.zero == 1 || c.zero == 2)
+    sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
   return sync;
 }
 

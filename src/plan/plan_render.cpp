@@ -125,7 +125,9 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
     const double total = st.memory_total_bytes();
-    rows.push_back({fmt::format("{}", s), st.device_type, id_ranges(st.device_ids), layer_ranges(st),
+    const bool mixed = std::any_of(st.replicas.begin(), st.replicas.end(),
+                                   [&](const PlanReplica& r) { return r.device_type != st.device_type; });
+    rows.push_back({fmt::format("{}", s), mixed ? "mixed" : st.device_type, id_ranges(st.device_ids), layer_ranges(st),
                     fmt::format("{}", st.tp), fmt::format("{}", st.dp), fmt::format("{}", st.zero),
                     st.sequence_parallel ? "yes" : "no", recompute_summary(st),
                     offload_summary(st),

@@ -41,6 +41,16 @@ StepParts step_parts(const Plan& plan) {
   return parts;
 }
 
+// The device type that sets a stage's time: its own, or under uneven data parallelism the
+// slowest replica's ("cpu-half replica").
+std::string timing_type(const PlanStage& st) {
+  if (st.replicas.empty()) return st.device_type;
+  const PlanReplica* slowest = &st.replicas.front();
+  for (const PlanReplica& r : st.replicas)
+    if (r.forward_seconds + r.backward_seconds > slowest->forward_seconds + slowest->backward_seconds) slowest = &r;
+  return slowest->device_type + " replica";
+}
+
 int recomputed_blocks(const PlanStage& st) {
   int n = 0;
   for (Recompute r : st.recompute) n += r != Recompute::Recompute_none;
@@ -144,7 +154,7 @@ RunnerUp runner_up_explain(const Plan& best, const Plan& other, bool by_cost) {
   if (d_steady >= d_fill && d_steady >= d_overhead) {
     const PlanStage& ours = best.stages[a.bottleneck];
     why = fmt::format("{} stage {} is the bottleneck ({:.1f} ms per micro-batch of {} seq, vs {:.1f} ms of {}",
-                      slow.device_type, b.bottleneck, (slow.forward_seconds + slow.backward_seconds) * 1e3,
+                      timing_type(slow), b.bottleneck, (slow.forward_seconds + slow.backward_seconds) * 1e3,
                       other.micro_batch_sequences, (ours.forward_seconds + ours.backward_seconds) * 1e3,
                       best.micro_batch_sequences);
     const int rc = recomputed_blocks(slow);
@@ -155,7 +165,7 @@ RunnerUp runner_up_explain(const Plan& best, const Plan& other, bool by_cost) {
                       best.bubble_fraction * 100);
   } else {
     why = fmt::format("exposed gradient sync and optimizer step on {} stage {} ({:.1f} ms vs {:.1f} ms)",
-                      slow.device_type, b.bottleneck, b.overhead_seconds * 1e3, a.overhead_seconds * 1e3);
+                      timing_type(slow), b.bottleneck, b.overhead_seconds * 1e3, a.overhead_seconds * 1e3);
   }
   const std::string margin = gap * 100 < 0.5 ? "+<1%" : fmt::format("+{:.0f}%", gap * 100);
   r.reason = fmt::format("{}: {}{}", why, margin, by_cost ? " price per token" : "");

@@ -328,15 +328,13 @@ namespace {
 // block back, so the one holding the first blocks (and the embedding) is posted only once the
 // whole backward is done. `first` and `last`: the extra bytes the first and last block carry.
 double last_bucket_bytes(double block_bytes, int blocks, double first, double last) {
-  double bytes = 0, closed = 0;
-  for (int b = blocks - 1; b >= 0; --b) {
-    bytes += block_bytes + (b == blocks - 1 ? last : 0) + (b == 0 ? first : 0);
-    if (bytes >= kScheduleBucketBytes || b == 0) {
-      closed = bytes;
-      bytes = 0;
-    }
-  }
-  return blocks > 0 ? closed : first + last;
+  if (blocks <= 0 || block_bytes <= 0) return blocks * block_bytes + first + last;
+  // The first bucket closed (with the last block's extra) takes k1 blocks, every later one k.
+  const int k1 = std::max(1, static_cast<int>(std::ceil((kScheduleBucketBytes - last) / block_bytes)));
+  const int k = std::max(1, static_cast<int>(std::ceil(kScheduleBucketBytes / block_bytes)));
+  if (blocks <= k1) return blocks * block_bytes + first + last;
+  const int left = (blocks - k1) % k;
+  return (left == 0 ? k : left) * block_bytes + first;
 }
 
 }  // namespace
@@ -354,8 +352,9 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
   const double reduce = group_seconds(shape.device_type, op, grad_bytes, shape.dp_group);
   const double embedding_bytes = c.has_embedding ? u.embedding_parameters * e : 0;
   const double head_bytes = std::max(0.0, grad_bytes - c.blocks * u.block_parameters * e - embedding_bytes);
-  const double last_bucket = group_seconds(
-      shape.device_type, op, last_bucket_bytes(u.block_parameters * e, c.blocks, embedding_bytes, head_bytes), shape.dp_group);
+  const double last_bytes = last_bucket_bytes(u.block_parameters * e, c.blocks, embedding_bytes, head_bytes);
+  const double last_bucket =
+      last_bytes >= grad_bytes ? reduce : group_seconds(shape.device_type, op, last_bytes, shape.dp_group);
   // The window is the plain backward (recomputation and transfers excluded), so the exposed
   // sync depends on the stage's layers and shape only.
   const double n = c.blocks;

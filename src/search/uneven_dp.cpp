@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <map>
 #include <set>
 
 namespace alloy {
@@ -39,28 +38,30 @@ std::vector<int64_t> micro_batch_sizes(int64_t batch, int replicas, const Search
   return sizes;
 }
 
-// Forward plus backward seconds of one micro-batch of b sequences through the whole model on
-// one device of `type` (tp 1), cached.
+// Forward plus backward seconds of one micro-batch of b sequences (1 to the batch) through the
+// whole model on one device of `type` (tp 1), cached.
 class ReplicaSeconds {
  public:
-  ReplicaSeconds(const CostModel& cost, const std::vector<int>& device_ids) : cost_(cost), ids_(device_ids) {}
+  ReplicaSeconds(const CostModel& cost, const std::vector<int>& device_ids)
+      : cost_(cost), ids_(device_ids),
+        cache_(cost.cluster().device_types.size(),
+               std::vector<double>(static_cast<size_t>(cost.train().global_batch_sequences) + 1, -1.0)) {}
   double operator()(int type, int64_t b) {
-    const auto key = std::make_pair(type, b);
-    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    double& cached = cache_[static_cast<size_t>(type)][static_cast<size_t>(b)];
+    if (cached >= 0) return cached;
     StageShape shape = cost_.stage_shape(ids_, 1, static_cast<int>(ids_.size()), b);
     shape.device_type = type;
     const StageUnitCosts u = cost_.unit_costs(shape, false);
-    const double seconds = static_cast<double>(cost_.model().num_layers) *
-                               (u.block.forward_seconds + u.block.backward_seconds) +
-                           u.embedding.forward_seconds + u.embedding.backward_seconds + u.head.forward_seconds +
-                           u.head.backward_seconds;
-    return cache_[key] = seconds;
+    cached = static_cast<double>(cost_.model().num_layers) * (u.block.forward_seconds + u.block.backward_seconds) +
+             u.embedding.forward_seconds + u.embedding.backward_seconds + u.head.forward_seconds +
+             u.head.backward_seconds;
+    return cached;
   }
 
  private:
   const CostModel& cost_;
   const std::vector<int>& ids_;
-  std::map<std::pair<int, int64_t>, double> cache_;
+  std::vector<std::vector<double>> cache_;  // [type][sequences]; -1: not computed
 };
 
 // One stage over every device with the given shares, evaluated; `full` blocks fully recomputed,

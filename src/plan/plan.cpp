@@ -28,6 +28,14 @@ std::string fnv1a_hex(const std::string& text) {
 
 std::string stage_field(size_t s, const char* name) { return fmt::format("stages[{}].{}", s, name); }
 
+// The terms on the device: all but host_offload.
+double device_memory_bytes(const std::vector<MemoryTerm>& memory) {
+  double total = 0;
+  for (const MemoryTerm& t : memory)
+    if (t.name != "host_offload") total += t.bytes;
+  return total;
+}
+
 // Uneven data parallelism: one replica per dp rank, each with at least one sequence of every
 // micro-batch, together the whole micro-batch.
 void replicas_validate(const Plan& plan, size_t s, const std::string& source) {
@@ -80,19 +88,9 @@ std::vector<bool> PlanStage::layer_flags(const std::vector<bool>& per_block, int
   return layers;
 }
 
-double PlanStage::memory_total_bytes() const {
-  double total = 0;
-  for (const MemoryTerm& t : memory)
-    if (t.name != "host_offload") total += t.bytes;
-  return total;
-}
+double PlanStage::memory_total_bytes() const { return device_memory_bytes(memory); }
 
-double PlanReplica::memory_total_bytes() const {
-  double total = 0;
-  for (const MemoryTerm& t : memory)
-    if (t.name != "host_offload") total += t.bytes;
-  return total;
-}
+double PlanReplica::memory_total_bytes() const { return device_memory_bytes(memory); }
 
 int64_t PlanReplica::piece_sequences(int k) const {
   return sequences / pieces + (k < sequences % pieces ? 1 : 0);

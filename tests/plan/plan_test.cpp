@@ -203,6 +203,26 @@ TEST(Plan, UnevenReplicasThatDoNotAddUpAreRefused) {
   expect_error(p, "stages[0].dp", "does not split over dp 2");
 }
 
+TEST(Plan, UnevenReplicasJsonErrorsNameTheField) {
+  std::string bad;
+  bad = plan_to_json(uneven_plan());
+  bad.replace(bad.find("\"replicas\": ["), 13, "\"replicas\": 3, \"x\": [");
+  try {
+    plan_from_json(bad, "p.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, "stages[0].replicas");
+  }
+  bad = plan_to_json(uneven_plan());
+  bad.replace(bad.find("\"sequences\": 3"), 14, "\"sequences\": \"3\"");
+  try {
+    plan_from_json(bad, "p.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, "stages[0].replicas[0].sequences");
+  }
+}
+
 TEST(Plan, RankMapIsTensorFastestThenData) {
   const Plan p = two_stage_plan();
   const std::vector<RankInfo> ranks = plan_rank_map(p);

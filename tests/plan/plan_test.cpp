@@ -203,24 +203,21 @@ TEST(Plan, UnevenReplicasThatDoNotAddUpAreRefused) {
   expect_error(p, "stages[0].dp", "does not split over dp 2");
 }
 
+// The plan text with `from` replaced by `to` fails to load, naming `field`.
+void expect_json_error(std::string text, const std::string& from, const std::string& to, const std::string& field) {
+  text.replace(text.find(from), from.size(), to);
+  try {
+    plan_from_json(text, "p.json");
+    ADD_FAILURE() << "no error for " << field;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, field);
+  }
+}
+
 TEST(Plan, UnevenReplicasJsonErrorsNameTheField) {
-  std::string bad;
-  bad = plan_to_json(uneven_plan());
-  bad.replace(bad.find("\"replicas\": ["), 13, "\"replicas\": 3, \"x\": [");
-  try {
-    plan_from_json(bad, "p.json");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.where().field, "stages[0].replicas");
-  }
-  bad = plan_to_json(uneven_plan());
-  bad.replace(bad.find("\"sequences\": 3"), 14, "\"sequences\": \"3\"");
-  try {
-    plan_from_json(bad, "p.json");
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.where().field, "stages[0].replicas[0].sequences");
-  }
+  const std::string good = plan_to_json(uneven_plan());
+  expect_json_error(good, "\"replicas\": [", "\"replicas\": 3, \"x\": [", "stages[0].replicas");
+  expect_json_error(good, "\"sequences\": 3", "\"sequences\": \"3\"", "stages[0].replicas[0].sequences");
 }
 
 TEST(Plan, RankMapIsTensorFastestThenData) {

@@ -149,9 +149,12 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
     PlanStage& st = plan->stages[s];
     const StageChoice choice = stage_choice(*plan, s, model.tied_embeddings);
     st.micro_batches_in_flight = schedule_micro_batches_in_flight(plan->schedule, p, s, m, v);
-    // Every replica's costs; the stage's are the slowest replica's (its data-parallel group
-    // waits for it in every collective) and the memory of the replica nearest its capacity.
-    double slowest_step = -1, fullest = -1;
+    // Every replica's costs. The group's gradient sync starts when the slowest replica's passes
+    // end, and the step ends with the slowest optimizer (ZeRO 1-2 re-gather after it): the stage
+    // takes the slowest passes and, apart, the slowest sync and optimizer, which under uneven data
+    // parallelism can be another replica's (a slow device updates as many weights in its shard).
+    // Its memory is the replica's nearest its capacity.
+    double slowest_passes = -1, slowest_overhead = -1, fullest = -1;
     std::map<std::tuple<int, int64_t, int>, ReplicaCosts> alike;  // replicas of one type, share and pieces
     for (int d = 0; d < (st.replicas.empty() ? 1 : st.dp); ++d) {
       const int type = cluster.devices[st.device_ids[static_cast<size_t>(d) * st.tp]].device_type_index;
@@ -168,15 +171,17 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
         out.memory = memory_terms(r.memory);
         out.memory_capacity_bytes = r.capacity_bytes;
       }
-      const double replica_step = m * r.timing.per_micro_batch_seconds() + r.timing.step_overhead_seconds();
-      if (replica_step > slowest_step) {
-        slowest_step = replica_step;
+      if (r.timing.per_micro_batch_seconds() > slowest_passes) {
+        slowest_passes = r.timing.per_micro_batch_seconds();
         st.forward_seconds = r.timing.forward_seconds;
         st.backward_seconds = r.timing.backward_seconds;
-        st.gradient_sync_seconds = r.timing.gradient_sync_seconds;
-        st.optimizer_seconds = r.timing.optimizer_seconds;
         st.offload_exposed_seconds = r.timing.offload_forward_seconds + r.timing.offload_backward_seconds;
         per_micro_batch[s] = r.timing.per_micro_batch_seconds();
+      }
+      if (r.timing.step_overhead_seconds() > slowest_overhead) {
+        slowest_overhead = r.timing.step_overhead_seconds();
+        st.gradient_sync_seconds = r.timing.gradient_sync_seconds;
+        st.optimizer_seconds = r.timing.optimizer_seconds;
         overhead[s] = r.timing.step_overhead_seconds();
       }
       const double use = r.memory.total_bytes() / r.capacity_bytes;

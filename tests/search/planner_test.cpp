@@ -289,6 +289,16 @@ TEST(Planner, UnevenDataParallelismBalancesUnequalDevicesByBatch) {
   for (const PlanReplica& rep : replicas)
     busy.push_back(r.plan.num_micro_batches * (rep.forward_seconds + rep.backward_seconds));
   EXPECT_LT(*std::max_element(busy.begin(), busy.end()) / *std::min_element(busy.begin(), busy.end()), 1.5);
+  // The sync waits for the slowest passes and the step for the slowest optimizer, which is the
+  // slowest device's (every replica updates an equal shard), not the busiest replica's.
+  const PlanStage& stage = r.plan.stages[0];
+  double slowest_optimizer = 0;
+  for (const PlanReplica& rep : replicas) slowest_optimizer = std::max(slowest_optimizer, rep.optimizer_seconds);
+  EXPECT_DOUBLE_EQ(stage.optimizer_seconds, slowest_optimizer);
+  EXPECT_DOUBLE_EQ(stage.optimizer_seconds, replicas[2].optimizer_seconds) << "the l4 updates slowest";
+  EXPECT_NEAR(r.plan.step_seconds,
+              *std::max_element(busy.begin(), busy.end()) + stage.gradient_sync_seconds + slowest_optimizer,
+              1e-9 * r.plan.step_seconds);
   SearchOptions even;
   even.allow_uneven_dp = false;
   const SearchResult layer_splits = plan_search(cost, even);

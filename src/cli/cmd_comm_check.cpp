@@ -357,6 +357,45 @@ std::string overlap_check(Communicator& comm, std::vector<float>& buffer, double
   return "";
 }
 
+// Times an all_reduce, an all_gather and a reduce_scatter on the world (and a broadcast, which
+// is not timed), then checks the timings this rank hands over: one per timed call, in order,
+// with its kind, its whole buffer's bytes and a time, numbered as every other rank numbered it.
+std::string timing_check(Communicator& comm) {
+  const int n = comm.world_size();
+  std::vector<float> buffer(static_cast<size_t>(n) * 256, 1.0f);
+  const std::vector<int64_t> pieces(static_cast<size_t>(n), 256);
+  const int64_t bytes = static_cast<int64_t>(buffer.size() * sizeof(float));
+  comm.take_collective_timings();
+  comm.collective_timing(true);
+  comm.all_reduce(buffer.data(), static_cast<int64_t>(buffer.size()), comm.world()).wait();
+  comm.all_gather(buffer.data(), pieces, comm.world()).wait();
+  comm.broadcast(buffer.data(), bytes, 0, comm.world()).wait();
+  comm.reduce_scatter(buffer.data(), pieces, comm.world()).wait();
+  comm.collective_timing(false);
+  comm.all_reduce(buffer.data(), 1, comm.world()).wait();  // not timed: timing is off
+  const std::vector<CollectiveTiming> timings = comm.take_collective_timings();
+  const CollectiveOp expected[] = {CollectiveOp::CollectiveOp_all_reduce, CollectiveOp::CollectiveOp_all_gather,
+                                   CollectiveOp::CollectiveOp_reduce_scatter};
+  std::string problem;
+  if (timings.size() != 3) problem = fmt::format("{} timings handed over, 3 expected", timings.size());
+  for (size_t i = 0; problem.empty() && i < timings.size(); ++i) {
+    const CollectiveTiming& t = timings[i];
+    if (t.op != expected[i] || t.bytes != bytes || !(t.seconds > 0) || t.group_id != comm.world().id)
+      problem = fmt::format("timing {} is {} of {} B on group {} in {} s; {} of {} B on the world expected", i,
+                            collective_op_name(t.op), t.bytes, t.group_id, t.seconds, collective_op_name(expected[i]), bytes);
+  }
+  // The broadcast between the all_gather and the reduce_scatter takes a number too.
+  if (problem.empty() && (timings[1].sequence != timings[0].sequence + 1 || timings[2].sequence != timings[1].sequence + 2))
+    problem = fmt::format("numbered {}, {}, {}: one apart, then two, expected", timings[0].sequence, timings[1].sequence,
+                          timings[2].sequence);
+  int64_t first = problem.empty() ? timings[0].sequence : -1;
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  comm.all_gather_bytes(&first, all.data(), sizeof(first), comm.world()).wait();
+  if (problem.empty() && std::any_of(all.begin(), all.end(), [&](int64_t s) { return s != first && s >= 0; }))
+    problem = fmt::format("this rank numbered the all_reduce {}, another rank otherwise", first);
+  return problem;
+}
+
 // Host name of every rank, by world rank.
 std::vector<std::string> host_names_gather(Communicator& comm) {
   constexpr int64_t kRecordBytes = 64;
@@ -435,6 +474,7 @@ int comm_check_run(const CommCheckOptions& o) {
       group_checks_run(*comm, table, groups[g], 100 + static_cast<int>(g), o.fault_rank == rank && o.fault == "corrupt");
     }
     check_run(table, groups[0], "invalid calls refused", rank, [&] { return invalid_calls_check(*comm); });
+    check_run(table, groups[0], "collective timing", rank, [&] { return timing_check(*comm); });
     std::vector<float> buffer(static_cast<size_t>(bytes / 4), 1.0f);
     Measurements m = measure(*comm, buffer);
     std::string note;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "cost/profile.hpp"
+
 namespace alloy {
 
 enum class ReduceOp { ReduceOp_sum, ReduceOp_max };
@@ -53,6 +55,18 @@ struct CommGroup {
   int size() const { return static_cast<int>(members.size()); }
 };
 
+// One all_reduce, reduce_scatter or all_gather this rank posted while timing was on. Members
+// post a group's collectives in one order, so `sequence` (the group's n-th collective on this
+// communicator) names the same collective on every member. The member that posted last waited
+// least: the least `seconds` over the members is the collective's own time once all had joined.
+struct CollectiveTiming {
+  CollectiveOp op = CollectiveOp::CollectiveOp_all_reduce;
+  int group_id = -1;      // this rank's CommGroup::id
+  int64_t sequence = 0;
+  int64_t bytes = 0;      // the whole buffer (every member's piece), as the profile counts it
+  double seconds = 0;     // from posting to completion on this rank
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -91,6 +105,12 @@ class Communicator {
   // Seconds the progress thread had at least one transfer in flight since the last call
   // (a measure of communication time that overlaps compute).
   virtual double take_busy_seconds() = 0;
+
+  // Times the all_reduce, reduce_scatter and all_gather calls posted while on (off at first);
+  // take_collective_timings hands over those completed since its last call. A communicator that
+  // does not time its collectives hands over none.
+  virtual void collective_timing(bool on) {}
+  virtual std::vector<CollectiveTiming> take_collective_timings() { return {}; }
 
   // Ends every rank of the job now: prints "alloy: error on rank R (host): message" on this
   // rank's stderr and aborts the whole job with `exit_code`. Never returns.

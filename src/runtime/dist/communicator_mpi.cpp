@@ -2,10 +2,12 @@
 // implement it on the progress engine (mpi_progress.hpp), which makes every MPI call after
 // start-up.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -80,6 +82,8 @@ class MpiCommunicator final : public Communicator {
   CommHandle broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) override;
   CommHandle all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) override;
   double take_busy_seconds() override { return progress_.take_busy_seconds(); }
+  void collective_timing(bool on) override { timing_on_ = on; }
+  std::vector<CollectiveTiming> take_collective_timings() override { return progress_.take_collective_timings(); }
   [[noreturn]] void abort(const std::string& message, int exit_code) override;
 
  private:
@@ -87,6 +91,9 @@ class MpiCommunicator final : public Communicator {
   CommHandle all_reduce_typed(T* data, int64_t count, const CommGroup& group, ReduceOp op);
   std::shared_ptr<CommHandle::State> state_make(const char* kind, int64_t bytes);
   std::shared_ptr<const std::vector<int>> group_members(const CommGroup& group, const char* kind) const;
+  // Numbers the collective in its group's order and, when `op` is a timed kind and timing is on,
+  // marks it for timing.
+  void collective_count(CommHandle::State& state, const CommGroup& group, std::optional<CollectiveOp> op);
   void point_check(int64_t bytes, int peer, int tag, const char* kind) const;
   std::vector<int> counts_check(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind) const;
   CommHandle enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
@@ -100,6 +107,8 @@ class MpiCommunicator final : public Communicator {
   CommGroup world_;
   mutable std::mutex groups_mutex_;
   std::vector<std::shared_ptr<const std::vector<int>>> group_members_;  // by group id
+  std::vector<int64_t> group_collectives_;  // by group id: collectives posted so far
+  std::atomic<bool> timing_on_ = false;
   // By group id; 0 is a duplicate of MPI_COMM_WORLD. Touched only by the progress thread
   // (and by the constructor and destructor, before it starts and after it stops).
   std::vector<MPI_Comm> comms_;
@@ -161,6 +170,13 @@ std::shared_ptr<CommHandle::State> MpiCommunicator::state_make(const char* kind,
   state->kind = kind;
   state->bytes = bytes;
   return state;
+}
+
+void MpiCommunicator::collective_count(CommHandle::State& state, const CommGroup& group, std::optional<CollectiveOp> op) {
+  std::lock_guard lock(groups_mutex_);
+  if (group_collectives_.size() <= static_cast<size_t>(group.id)) group_collectives_.resize(static_cast<size_t>(group.id) + 1, 0);
+  const int64_t sequence = group_collectives_[static_cast<size_t>(group.id)]++;
+  if (op && timing_on_) state.timing = CollectiveTiming{*op, group.id, sequence, state.bytes, 0.0};
 }
 
 std::shared_ptr<const std::vector<int>> MpiCommunicator::group_members(const CommGroup& group, const char* kind) const {
@@ -288,6 +304,7 @@ CommHandle MpiCommunicator::all_reduce_typed(T* data, int64_t count, const CommG
   const char* kind = op == ReduceOp::ReduceOp_sum ? "all_reduce (sum)" : "all_reduce (max)";
   auto state = state_make(kind, count * static_cast<int64_t>(sizeof(T)));
   state->members = group_members(group, kind);
+  collective_count(*state, group, CollectiveOp::CollectiveOp_all_reduce);
   if (count < 0) throw Error(fmt::format("{} of {} elements", kind, count));
   MPI_Op mpi_op = op == ReduceOp::ReduceOp_sum ? MPI_SUM : MPI_MAX;
   int id = group.id;
@@ -314,6 +331,7 @@ CommHandle MpiCommunicator::reduce_scatter(float* data, const std::vector<int64_
   }
   auto state = state_make(kind, total * static_cast<int64_t>(sizeof(float)));
   state->members = members;
+  collective_count(*state, group, CollectiveOp::CollectiveOp_reduce_scatter);
   int id = group.id;
   int64_t my_count = counts[static_cast<size_t>(group.my_index)];
   // In place, MPI leaves this member's piece at the start of the buffer; move it to its offset.
@@ -343,6 +361,7 @@ CommHandle MpiCommunicator::all_gather(float* data, const std::vector<int64_t>& 
   }
   auto state = state_make(kind, int64_t{total} * static_cast<int64_t>(sizeof(float)));
   state->members = members;
+  collective_count(*state, group, CollectiveOp::CollectiveOp_all_gather);
   int id = group.id;
   return enqueue(state, [this, data, mpi_counts, offsets, id](MpiPosting& posting) {
     MPI_Request request;
@@ -357,6 +376,7 @@ CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root_index,
   const char* kind = "broadcast";
   auto state = state_make(kind, bytes);
   state->members = group_members(group, kind);
+  collective_count(*state, group, std::nullopt);
   if (root_index < 0 || root_index >= group.size()) {
     throw Error(fmt::format("broadcast from member {} of a group of {}", root_index, group.size()));
   }
@@ -377,6 +397,7 @@ CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t 
   const char* kind = "all_gather_bytes";
   auto state = state_make(kind, bytes * group.size());
   state->members = group_members(group, kind);
+  collective_count(*state, group, std::nullopt);
   if (bytes < 0 || bytes * group.size() > INT_MAX) {
     throw Error(fmt::format("all_gather_bytes of {} bytes per member over {} members: MPI counts stop at {} in total",
                             bytes, group.size(), INT_MAX),

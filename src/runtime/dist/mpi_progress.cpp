@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -162,19 +163,29 @@ void MpiProgress::busy_update(bool busy_now) {
   busy_ = busy_now;
 }
 
-namespace {
-void operation_complete(MpiOperation& op) {
+std::vector<CollectiveTiming> MpiProgress::take_collective_timings() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(timings_, {});
+}
+
+void MpiProgress::complete(MpiOperation& op) {
   if (op.state->error.empty() && op.finish) op.finish();
+  if (op.state->timing && op.state->error.empty()) {
+    CollectiveTiming timing = *op.state->timing;
+    timing.seconds = seconds_since(op.state->posted);
+    std::lock_guard lock(mutex_);
+    timings_.push_back(timing);
+  }
   {
     std::lock_guard lock(op.state->mutex);
     op.state->done = true;
   }
   op.state->finished.notify_all();
 }
-}  // namespace
 
 void MpiProgress::operation_start(const std::shared_ptr<MpiOperation>& op) {
   MpiPosting posting;
+  op->state->posted = Clock::now();
   try {
     op->post(posting);
   } catch (const MpiFailure& failure) {
@@ -182,7 +193,7 @@ void MpiProgress::operation_start(const std::shared_ptr<MpiOperation>& op) {
   }
   op->pending = static_cast<int>(posting.requests.size());
   if (op->pending == 0) {
-    operation_complete(*op);
+    complete(*op);
     return;
   }
   for (size_t i = 0; i < posting.requests.size(); ++i) {
@@ -215,7 +226,7 @@ void MpiProgress::requests_test() {
         op.state->error = fmt::format("the sender sent {} bytes, {} expected", received, request_recv_bytes_[i]);
       }
     }
-    if (--op.pending == 0) operation_complete(op);
+    if (--op.pending == 0) complete(op);
   }
   // MPI_Testsome set completed requests to MPI_REQUEST_NULL; drop them.
   size_t kept = 0;

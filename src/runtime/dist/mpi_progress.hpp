@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,9 @@ struct CommHandle::State {
   int peer = -1;  // point to point only
   int tag = -1;
   std::shared_ptr<const std::vector<int>> members;  // collectives only
+  // Set for a collective posted while timing was on: its timing, less the seconds.
+  std::optional<CollectiveTiming> timing;
+  std::chrono::steady_clock::time_point posted;  // when the progress thread posted it
 
   // "all_reduce (sum) of 4.0 MiB over ranks [0, 1]", "recv of 64 B from rank 3 tag 17".
   std::string describe() const;
@@ -83,12 +87,14 @@ class MpiProgress {
   void stop();
   void enqueue(std::shared_ptr<MpiOperation> op);
   double take_busy_seconds();
+  std::vector<CollectiveTiming> take_collective_timings();
 
  private:
   void loop();
   void operation_start(const std::shared_ptr<MpiOperation>& op);
   void requests_test();
   void busy_update(bool busy_now);
+  void complete(MpiOperation& op);  // marks it done; keeps its timing if it has one
 
   Communicator* owner_;
   double timeout_seconds_;
@@ -101,6 +107,7 @@ class MpiProgress {
   double busy_seconds_ = 0;
   bool busy_ = false;
   std::chrono::steady_clock::time_point busy_since_;
+  std::vector<CollectiveTiming> timings_;  // completed since take_collective_timings
 
   // The thread only: requests in flight, and for each its operation and expected receive size.
   std::vector<MPI_Request> requests_;

@@ -4,6 +4,7 @@
 
 #include "../support/specs.hpp"
 #include "cost/cost_model.hpp"
+#include "hw/catalog.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -142,6 +143,23 @@ TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
   EXPECT_LT(z3.total_bytes(), z2.total_bytes());
   EXPECT_DOUBLE_EQ(z2.total_bytes(), z1.total_bytes());
   EXPECT_LT(z1.total_bytes(), z0.total_bytes());
+}
+
+// A ZeRO-3 gather prefetched under the previous block's compute is hidden on an accelerator
+// while it takes less time; on CPU devices it copies on the cores that compute and adds its time.
+TEST(StageCostZero3, GathersAddTheirTimeOnCpuDevicesOnly) {
+  const auto unit = [](const ModelSpec& model, const ClusterSpec& cluster, int64_t seq_len) {
+    CostModel cost(model, cluster, testing::train(seq_len, 8));
+    return cost.unit_costs(cost.stage_shape({0, 1}, 1, 2, 4), false);
+  };
+  const StageUnitCosts cpu = unit(model_load("small-gpt"), cluster_load("local-cpu-2", catalog_builtin()), 64);
+  EXPECT_GT(cpu.zero3_forward_seconds, 0);
+  EXPECT_DOUBLE_EQ(cpu.zero3_forward_seconds, cpu.zero3_backward_seconds) << "the whole gather, in each pass";
+  // A 7B block's gather over NVLink takes less than its compute: nothing shows.
+  const StageUnitCosts gpu =
+      unit(testing::llama2_7b(), testing::cluster("a100x2", {testing::a100_80()}, {{0, 1, 2}}), 4096);
+  EXPECT_EQ(gpu.zero3_forward_seconds, 0);
+  EXPECT_EQ(gpu.zero3_backward_seconds, 0);
 }
 
 TEST(StageCostTied, ZeroKeepsATableTiedAcrossStagesWhole) {

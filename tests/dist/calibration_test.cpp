@@ -159,5 +159,110 @@ TEST(Calibration, WithoutTheSplitOneFactorPerType) {
   for (double r : other.layer_ratio) EXPECT_EQ(r, 0);
 }
 
+
+// Collectives over 2 ranks, profiled at 1 ms + bytes / 1 GB/s on both placements.
+void collectives_add(Profile* profile, const std::string& type) {
+  for (CollectiveOp op : {CollectiveOp::CollectiveOp_all_reduce, CollectiveOp::CollectiveOp_all_gather,
+                          CollectiveOp::CollectiveOp_reduce_scatter}) {
+    for (bool spans : {false, true}) {
+      ProfiledCollective c;
+      c.op = op;
+      c.group_size = 2;
+      c.spans_nodes = spans;
+      c.latency_seconds = 1e-3;
+      c.bandwidth_bytes_per_second = 1e9;
+      c.samples = {{1e6, 2e-3}, {1e7, 11e-3}};
+      profile->device_types[type].collectives.push_back(c);
+    }
+  }
+}
+
+JoinedCollective joined(CollectiveOp op, double bytes, double seconds) {
+  return {op, 2, false, static_cast<int64_t>(bytes), seconds, {0, 1}};
+}
+
+// All-reduces took twice their profiled time inside the run and all-gathers as profiled: each
+// kind moves by its own ratio, and the kind the run had none of by all of them together.
+TEST(Calibration, CollectivesMoveByWhatTheRunMeasured) {
+  const ModelSpec model = model_load("tiny-gpt");
+  const Plan plan = two_stage_plan("cpu");
+  Profile profile = profile_for("cpu");
+  collectives_add(&profile, "cpu");
+  DistTrainResult run;
+  run.ranks = {rank(0, kMicroBatches * 6.3e-3, {0.3, 6, 0}), rank(1, kMicroBatches * 9e-3, {0, 6, 3})};
+  run.collectives = {joined(CollectiveOp::CollectiveOp_all_reduce, 1e6, 4e-3),
+                     joined(CollectiveOp::CollectiveOp_all_reduce, 1e7, 22e-3),
+                     joined(CollectiveOp::CollectiveOp_all_gather, 1e7, 11e-3)};
+  const DeviceTypeCalibration c = dist_calibration(run, plan, profile, model).at(0);
+  ASSERT_EQ(c.collectives.size(), 2u);
+  EXPECT_EQ(c.collectives[0].op, CollectiveOp::CollectiveOp_all_reduce);
+  EXPECT_EQ(c.collectives[0].count, 2);
+  EXPECT_NEAR(c.collectives[0].ratio(), 2.0, 1e-9);
+  EXPECT_NEAR(c.collectives[1].ratio(), 1.0, 1e-9);
+  EXPECT_NEAR(c.collective_ratio, (4 + 22 + 11) / (2.0 + 11 + 11), 1e-9);
+  EXPECT_NEAR(c.pass_ratio, 1.0, 1e-9) << "collectives do not move the compute";
+  EXPECT_NE(calibration_describe(c).find("all_reduce over 2 2.00x"), std::string::npos) << calibration_describe(c);
+
+  const Profile calibrated = profile_calibrated(profile, {c});
+  for (const ProfiledCollective& pc : calibrated.device_types.at("cpu").collectives) {
+    const double ratio = pc.op == CollectiveOp::CollectiveOp_all_reduce   ? 2.0
+                         : pc.op == CollectiveOp::CollectiveOp_all_gather ? 1.0
+                                                                          : c.collective_ratio;
+    SCOPED_TRACE(collective_op_name(pc.op));
+    EXPECT_NEAR(pc.seconds(5e6), ratio * (2e-3 + 4e6 * 1e-9), 1e-12);
+    EXPECT_NEAR(pc.latency_seconds, ratio * 1e-3, 1e-12);
+    EXPECT_NEAR(pc.bandwidth_bytes_per_second, 1e9 / ratio, 1e-3);
+  }
+}
+
+// One stage over 2 ranks under ZeRO-3: the gathers its passes did not wait for ran inside them
+// and lengthened them; the profile's compute leaves them out, as it leaves out the waits.
+TEST(Calibration, ZeroThreeGathersInsideThePassesAreLeftOut) {
+  const ModelSpec model = model_load("tiny-gpt");
+  Plan plan = two_stage_plan("cpu");
+  plan.stages.resize(1);
+  plan.micro_batch_sequences = 4;  // 2 per replica, as profiled
+  plan.global_batch_sequences = 4 * kMicroBatches;
+  PlanStage& st = plan.stages[0];
+  st.device_ids = {0, 1};
+  st.dp = 2;
+  st.zero = 3;
+  st.chunks = {{0, 4}};
+  st.has_head = true;
+  Profile profile = profile_for("cpu");
+  collectives_add(&profile, "cpu");
+  // Per micro-batch as profiled: 0.3 + 4 x 3 + 3 = 15.3 ms. Per step the passes waited 2 ms
+  // for gathers and computed 8 ms longer: 10 ms of gathers (two timed steps of 5 x 2 ms).
+  DistTrainResult run;
+  run.steps.resize(3);
+  const double passes = kMicroBatches * 15.3e-3;
+  for (int r = 0; r < 2; ++r) {
+    RankSummary s = rank(r, passes + 8e-3, {0.3, 12, 3}, 2e-3);
+    s.stage = 0;
+    s.dp_rank = r;
+    run.ranks.push_back(s);
+  }
+  for (int k = 0; k < 10; ++k) run.collectives.push_back(joined(CollectiveOp::CollectiveOp_all_gather, 1e6, 2e-3));
+  const DeviceTypeCalibration c = dist_calibration(run, plan, profile, model).at(0);
+  EXPECT_NEAR(c.pass_ratio, 1.0, 1e-9);
+  EXPECT_NEAR(c.layer_ratio[kBlock], 1.0, 1e-9);
+  // Two replicas of the same work, one 20% slower in its passes and its optimizer: the step
+  // waits for it, so its ratios are the type's.
+  run.ranks[1].compute_seconds = 1.2 * passes + 8e-3 + 1.2 * 0.01;
+  run.ranks[1].optimizer_seconds = 1.2 * 0.01;
+  run.ranks[1].pass_seconds = run.ranks[1].compute_seconds - run.ranks[1].optimizer_seconds + 2e-3;
+  const DeviceTypeCalibration slow = dist_calibration(run, plan, profile, model).at(0);
+  EXPECT_NEAR(slow.pass_ratio, 1.2, 1e-9);
+  EXPECT_GT(slow.slowest_alike_lift, 1.05);
+  EXPECT_NEAR(slow.optimizer_ratio / c.optimizer_ratio, 1.2, 1e-9);
+  EXPECT_NE(calibration_describe(slow).find("the slowest of ranks doing the same work"), std::string::npos);
+  run.ranks[1] = run.ranks[0];
+  run.ranks[1].rank = 1;
+  run.ranks[1].dp_rank = 1;
+  // Without ZeRO-3 the same all_gathers (ZeRO-1's, after the optimizer) leave the passes alone.
+  st.zero = 1;
+  EXPECT_NEAR(dist_calibration(run, plan, profile, model).at(0).pass_ratio, (passes + 8e-3) / passes, 1e-9);
+}
+
 }  // namespace
 }  // namespace alloy

@@ -163,6 +163,19 @@ TEST_F(ProfileCommandTest, TrainingRunCalibratesTheProfile) {
     EXPECT_LT(f, 20.0);
   }
   EXPECT_GT(a.optimizer_seconds_per_parameter, 0);
+  // The stages all-reduce the tied embedding's gradients and the world the gradient norm: the
+  // run times them, and every collective of the profile moves by that one measured factor.
+  EXPECT_NE(r.output.find("collectives "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("all_reduce over 2 "), std::string::npos) << r.output;
+  ASSERT_EQ(a.collectives.size(), b.collectives.size());
+  ASSERT_FALSE(a.collectives.empty());
+  const double moved = a.collectives[0].samples.back().seconds / b.collectives[0].samples.back().seconds;
+  EXPECT_GT(moved, 0.05);
+  EXPECT_LT(moved, 50.0);
+  for (size_t i = 0; i < a.collectives.size(); ++i)
+    for (size_t k = 0; k < a.collectives[i].samples.size(); ++k)
+      EXPECT_NEAR(a.collectives[i].samples[k].seconds, moved * b.collectives[i].samples[k].seconds,
+                  1e-9 * b.collectives[i].samples[k].seconds);
 
   // Without the profile to correct, the option is refused before any work.
   CommandResult refused = run_command(fmt::format("{} train --plan {} --model tiny-gpt --data {} --calibrated-profile {}",

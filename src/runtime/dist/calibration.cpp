@@ -1,8 +1,11 @@
 #include "runtime/dist/calibration.hpp"
 
+#include <algorithm>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cost/layer_cost.hpp"
 
@@ -13,7 +16,56 @@ namespace {
 struct TypeSums {
   double pass_measured = 0, pass_predicted = 0, optimizer_measured = 0, optimizer_predicted = 0;
   std::array<double, kLayerKinds> layer_measured = {0, 0, 0}, layer_predicted = {0, 0, 0};
+  std::map<std::pair<CollectiveOp, int>, CollectiveCalibration> collectives;  // by kind and group size
+  // Per set of ranks doing the same work (one stage, one share of each micro-batch): each rank's
+  // measured and predicted passes, and optimizer step.
+  std::map<std::pair<int, int64_t>, std::vector<std::array<double, 4>>> alike;
 };
+
+// How much slower than the type's average the slowest of ranks doing the same work ran: the
+// largest over the sets of alike ranks of max(measured / predicted) / (sum measured / sum
+// predicted), for the passes ([0]) and the optimizer ([1]). A synchronous step waits for the
+// slowest of them, so the calibrated profile is the slowest one's (small-gpt's two data-parallel
+// replicas on this machine's 2 cores computed 91 and 102 ms of the same passes).
+std::array<double, 2> slowest_alike_lift(const TypeSums& s) {
+  std::array<double, 2> lift = {1, 1};
+  for (const auto& [work, ranks] : s.alike) {
+    for (size_t q = 0; q < 2; ++q) {
+      double measured = 0, predicted = 0, slowest = 0;
+      for (const std::array<double, 4>& r : ranks) {
+        if (r[2 * q] <= 0 || r[2 * q + 1] <= 0) continue;
+        measured += r[2 * q];
+        predicted += r[2 * q + 1];
+        slowest = std::max(slowest, r[2 * q] / r[2 * q + 1]);
+      }
+      if (measured > 0) lift[q] = std::max(lift[q], slowest / (measured / predicted));
+    }
+  }
+  return lift;
+}
+
+// Each collective against the profile's time for its size, kind, group size and placement, on
+// every device type among its members.
+void collectives_sum(const DistTrainResult& result, const Plan& plan, const Profile& profile,
+                     std::map<std::string, TypeSums>* by_type) {
+  for (const JoinedCollective& j : result.collectives) {
+    std::set<std::string> types;
+    for (int r : j.ranks) {
+      const RankSummary& rank = result.ranks[static_cast<size_t>(r)];
+      types.insert(plan.stages[rank.stage].replica(plan.micro_batch_sequences, rank.dp_rank).device_type);
+    }
+    for (const std::string& type : types) {
+      const ProfiledCollective* profiled = profile.find_collective(type, j.op, j.group_size, j.spans_nodes);
+      if (profiled == nullptr) continue;
+      CollectiveCalibration& c = (*by_type)[type].collectives[{j.op, j.group_size}];
+      c.op = j.op;
+      c.group_size = j.group_size;
+      c.count += 1;
+      c.measured_seconds += j.seconds;
+      c.predicted_seconds += profiled->seconds(static_cast<double>(j.bytes));
+    }
+  }
+}
 
 // The profile's forward and backward seconds of one micro-batch through each layer kind of the
 // stage (recomputation included), or nothing when the profile lacks a shape the stage runs.
@@ -58,6 +110,22 @@ bool predicted_replica_weights(const Plan& plan, const PlanStage& st, const Plan
   return true;
 }
 
+// Seconds per step of ZeRO-3 gathers that rank `r` did not wait for: they copied while its
+// passes computed, on the same cores, and lengthened them by about their own time (the cost
+// model prices them so on CPU devices). The gathers are the rank's all_gathers (a ZeRO-3 stage
+// re-gathers nothing after the optimizer); what its passes waited covers the rest of them.
+double hidden_gather_seconds(const DistTrainResult& result, const Plan& plan, const RankSummary& r) {
+  const PlanStage& st = plan.stages[r.stage];
+  if (st.zero != 3 || st.dp < 2 || result.steps.size() < 2) return 0;
+  double gathers = 0;
+  for (const JoinedCollective& j : result.collectives)
+    if (j.op == CollectiveOp::CollectiveOp_all_gather && std::count(j.ranks.begin(), j.ranks.end(), r.rank) > 0)
+      gathers += j.seconds;
+  gathers /= static_cast<double>(result.steps.size() - 1);  // timed from the second step on
+  const double waited_in_passes = r.pass_seconds - (r.compute_seconds - r.optimizer_seconds);
+  return std::max(0.0, gathers - waited_in_passes);
+}
+
 const char* kind_label(int kind) {
   switch (static_cast<LayerKind>(kind)) {
     case LayerKind::LayerKind_embedding: return "embedding";
@@ -78,8 +146,11 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
     TypeSums& s = by_type[replica.device_type];
     s.optimizer_measured += r.optimizer_seconds;
     s.optimizer_predicted += replica.optimizer_seconds;
+    std::array<double, 4>& alike = s.alike[{r.stage, replica.sequences}].emplace_back();
+    alike = {0, 0, r.optimizer_seconds, replica.optimizer_seconds};
     // The profile holds compute alone: the passes' compute (their waits for ZeRO-3 gathers and
-    // tensor-parallel sums left out) against the profile's times of the same layers, both split
+    // tensor-parallel sums left out, and the gathers that ran inside them, though never more than
+    // half the passes, which only a timing gone wrong would claim) against the profile's times of the same layers, both split
     // over the kinds (the measured side by where this rank's CPU time went). Where the profile
     // lacks a shape, the whole passes against the plan's prediction.
     std::array<double, kLayerKinds> weights;
@@ -92,19 +163,31 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
       s.pass_predicted += plan.num_micro_batches * (replica.forward_seconds + replica.backward_seconds);
       continue;
     }
-    const double compute = r.compute_seconds - r.optimizer_seconds;
+    const double passes = r.compute_seconds - r.optimizer_seconds;
+    const double compute = std::max(0.5 * passes, passes - hidden_gather_seconds(result, plan, r));
     s.pass_measured += compute;
     s.pass_predicted += plan.num_micro_batches * predicted;
+    alike[0] = compute;
+    alike[1] = plan.num_micro_batches * predicted;
     if (cpu <= 0) continue;
     for (size_t k = 0; k < kLayerKinds; ++k) {
       s.layer_measured[k] += compute * r.layer_cpu_seconds[k] / cpu;
       s.layer_predicted[k] += plan.num_micro_batches * weights[k];
     }
   }
+  collectives_sum(result, plan, profile, &by_type);
   std::vector<DeviceTypeCalibration> out;
   for (const auto& [type, s] : by_type) {
     DeviceTypeCalibration c;
     c.device_type = type;
+    double measured = 0, predicted = 0;
+    for (const auto& [key, collective] : s.collectives) {
+      if (collective.predicted_seconds <= 0 || collective.measured_seconds <= 0) continue;
+      c.collectives.push_back(collective);
+      measured += collective.measured_seconds;
+      predicted += collective.predicted_seconds;
+    }
+    if (predicted > 0) c.collective_ratio = measured / predicted;
     if (s.pass_predicted > 0 && s.pass_measured > 0) c.pass_ratio = s.pass_measured / s.pass_predicted;
     if (s.optimizer_predicted > 0 && s.optimizer_measured > 0) c.optimizer_ratio = s.optimizer_measured / s.optimizer_predicted;
     for (size_t k = 0; k < kLayerKinds; ++k) {
@@ -112,6 +195,11 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
       if (s.layer_predicted[k] > 0 && c.layer_share[k] >= kCalibrationMinimumShare)
         c.layer_ratio[k] = s.layer_measured[k] / s.layer_predicted[k];
     }
+    const std::array<double, 2> lift = slowest_alike_lift(s);
+    c.slowest_alike_lift = lift[0];
+    c.pass_ratio *= lift[0];
+    for (double& ratio : c.layer_ratio) ratio *= lift[0];
+    c.optimizer_ratio *= lift[1];
     out.push_back(c);
   }
   return out;
@@ -129,6 +217,15 @@ Profile profile_calibrated(const Profile& profile, const std::vector<DeviceTypeC
       layer.backward_seconds *= ratio;
     }
     it->second.optimizer_seconds_per_parameter *= r.optimizer_ratio;
+    if (r.collective_ratio <= 0) continue;
+    for (ProfiledCollective& pc : it->second.collectives) {
+      double ratio = r.collective_ratio;
+      for (const CollectiveCalibration& c : r.collectives)
+        if (c.op == pc.op && c.group_size == pc.group_size) ratio = c.ratio();
+      pc.latency_seconds *= ratio;
+      pc.bandwidth_bytes_per_second /= ratio;
+      for (CollectiveSample& sample : pc.samples) sample.seconds *= ratio;
+    }
   }
   return out;
 }
@@ -138,7 +235,14 @@ std::string calibration_describe(const DeviceTypeCalibration& c) {
   for (int k = 0; k < kLayerKinds; ++k)
     if (c.layer_ratio[static_cast<size_t>(k)] > 0)
       text += fmt::format("{} {:.2f}x, ", kind_label(k), c.layer_ratio[static_cast<size_t>(k)]);
-  return text + fmt::format("forward and backward {:.2f}x, optimizer {:.2f}x", c.pass_ratio, c.optimizer_ratio);
+  text += fmt::format("forward and backward {:.2f}x, optimizer {:.2f}x", c.pass_ratio, c.optimizer_ratio);
+  if (c.slowest_alike_lift > 1.005)
+    text += fmt::format(" (the slowest of ranks doing the same work: {:+.0f}%)", 100 * (c.slowest_alike_lift - 1));
+  if (c.collective_ratio <= 0) return text;
+  std::vector<std::string> kinds;
+  for (const CollectiveCalibration& k : c.collectives)
+    kinds.push_back(fmt::format("{} over {} {:.2f}x", collective_op_name(k.op), k.group_size, k.ratio()));
+  return text + fmt::format(", collectives {:.2f}x ({})", c.collective_ratio, fmt::join(kinds, ", "));
 }
 
 }  // namespace alloy

@@ -22,6 +22,15 @@ namespace alloy {
 
 inline constexpr double kCalibrationMinimumShare = 0.1;
 
+// A run's collectives of one kind and group size against the profile's times for their sizes.
+struct CollectiveCalibration {
+  CollectiveOp op = CollectiveOp::CollectiveOp_all_reduce;
+  int group_size = 0;
+  int count = 0;
+  double measured_seconds = 0, predicted_seconds = 0;  // summed over the run's collectives
+  double ratio() const { return measured_seconds / predicted_seconds; }
+};
+
 struct DeviceTypeCalibration {
   std::string device_type;
   double pass_ratio = 1;  // forward and backward of a step, every layer kind together
@@ -31,6 +40,14 @@ struct DeviceTypeCalibration {
   std::array<double, kLayerKinds> layer_ratio = {0, 0, 0};
   std::array<double, kLayerKinds> layer_share = {0, 0, 0};  // of the type's measured pass time
   double optimizer_ratio = 1;
+  // The ratios above are the slowest rank's among ranks doing the same work (one stage and share
+  // of each micro-batch): a synchronous step waits for it. How much slower it ran than their
+  // average, in the passes (1: one rank per work, or all alike).
+  double slowest_alike_lift = 1;
+  // The collectives the type's ranks took part in (each timed once every member had joined),
+  // by kind and group size; and all of them together (0: none ran, or the profile has none).
+  std::vector<CollectiveCalibration> collectives;
+  double collective_ratio = 0;
 };
 
 // Measured over predicted per device type of the plan's stages. `profile` is the one the plan
@@ -39,12 +56,16 @@ struct DeviceTypeCalibration {
 std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& result, const Plan& plan,
                                                     const Profile& profile, const ModelSpec& model);
 
-// `profile` with each calibrated type's layer times scaled by their kind's ratio and its
-// optimizer rate by the optimizer's.
+// `profile` with each calibrated type's layer times scaled by their kind's ratio, its optimizer
+// rate by the optimizer's, and its collectives (both placements) by their kind and group size's
+// ratio, or by all its collectives' ratio where the run had none of that kind and size: what
+// slows a collective inside training and not in `alloy profile` (cold caches, the peers' compute
+// on the same cores) slows the others there too.
 Profile profile_calibrated(const Profile& profile, const std::vector<DeviceTypeCalibration>& ratios);
 
-// "blocks 1.37x, head 0.80x, forward and backward 1.21x, optimizer 0.98x" (kinds without a
-// ratio of their own left out).
+// "blocks 1.37x, head 0.80x, forward and backward 1.21x, optimizer 0.98x, collectives 1.90x
+// (all_reduce over 4 2.10x, all_gather over 4 1.40x)" (kinds without a ratio of their own left
+// out).
 std::string calibration_describe(const DeviceTypeCalibration& c);
 
 }  // namespace alloy

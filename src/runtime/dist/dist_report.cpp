@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "runtime/dist/dist_trainer.hpp"
+#include "runtime/dist/gather_records.hpp"
 #include "runtime/io/safetensors.hpp"
 #include "sim/trace.hpp"
 #include "spec/error.hpp"
@@ -15,28 +16,6 @@
 #include "util/table.hpp"
 
 namespace alloy {
-
-namespace {
-
-constexpr int kGatherTag = 7;  // the step's transfers are all done when gathers run
-
-template <typename T>
-std::vector<T> gather_records_on_root(Communicator& comm, const std::vector<T>& mine, int source) {
-  std::vector<T> records;
-  if (comm.rank() == source) records = mine;
-  int64_t count = static_cast<int64_t>(mine.size());
-  comm.broadcast(&count, sizeof(count), source, comm.world()).wait();
-  if (source == 0) return records;
-  if (comm.rank() == source) {
-    comm.send(mine.data(), count * static_cast<int64_t>(sizeof(T)), 0, kGatherTag).wait();
-  } else if (comm.rank() == 0) {
-    records.resize(static_cast<size_t>(count));
-    comm.recv(records.data(), count * static_cast<int64_t>(sizeof(T)), source, kGatherTag).wait();
-  }
-  return records;
-}
-
-}  // namespace
 
 double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory) {
   double bytes = 0;

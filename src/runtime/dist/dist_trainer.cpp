@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/device_speed.hpp"
+#include "runtime/dist/collective_join.hpp"
 #include "runtime/io/batch_loader.hpp"
 #include "runtime/io/checkpoint.hpp"
 #include "runtime/io/token_file.hpp"
@@ -154,7 +155,8 @@ void print_progress(const DistStepReport& r, int64_t total) {
 }
 
 // The steps of one rank, from building its runtime to the gathered summaries.
-DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, const Plan& plan, Communicator& comm,
+DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, const Plan& plan, const ClusterSpec& cluster,
+                            Communicator& comm,
                             const DistTrainOptions& o, std::optional<BatchLoader>& loader, const RankResources& resources) {
   RankRuntime runtime(plan, model, train, comm, resources);
   DistTrainResult result;
@@ -228,7 +230,12 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
     }
     history.push_back(stats);
     result.steps.push_back(report);
+    if (history.size() == 1) comm.collective_timing(true);  // the first step warms caches and allocators
   }
+  comm.collective_timing(false);
+  const RankGroups& groups = runtime.groups();
+  result.collectives = collectives_joined(comm, comm.take_collective_timings(),
+                                          {comm.world(), groups.tp, groups.dp, groups.embedding}, plan, cluster);
   RankSummary mine = summarise(history, runtime.schedule());
   result.ranks.resize(static_cast<size_t>(comm.world_size()));
   comm.all_gather_bytes(&mine, result.ranks.data(), sizeof(RankSummary), comm.world()).wait();
@@ -314,7 +321,7 @@ DistTrainResult dist_train_run(const ModelSpec& model, TrainSpec train, const Pl
   // in flight still use are freed); errors every rank agrees on still return normally.
   try {
     resources.slowdown = slowdown;
-    return train_ranks(model, train, plan, comm, o, loader, resources);
+    return train_ranks(model, train, plan, cluster, comm, o, loader, resources);
   } catch (const AgreedError&) {
     throw;
   } catch (const Error& e) {

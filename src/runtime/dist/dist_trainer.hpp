@@ -69,10 +69,22 @@ struct DistStepReport {
   double peak_arena_bytes = 0;  // largest of any rank
 };
 
+// One collective of the steps after the first, as its members timed it: its own seconds once
+// every member had joined (the least of the members' post-to-completion times).
+struct JoinedCollective {
+  CollectiveOp op = CollectiveOp::CollectiveOp_all_reduce;
+  int group_size = 0;
+  bool spans_nodes = false;  // its members' devices are on more than one node of the cluster
+  int64_t bytes = 0;
+  double seconds = 0;
+  std::vector<int> ranks;    // its members
+};
+
 struct DistTrainResult {
   int64_t first_step = 0;
   std::vector<DistStepReport> steps;
   std::vector<RankSummary> ranks;  // every rank, on every rank
+  std::vector<JoinedCollective> collectives;  // on rank 0 only
 };
 
 // Runs on every rank. Errors found before training (world size, plan, data, checkpoints) are

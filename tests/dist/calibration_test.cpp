@@ -182,12 +182,19 @@ JoinedCollective joined(CollectiveOp op, double bytes, double seconds) {
 }
 
 // All-reduces took twice their profiled time inside the run and all-gathers as profiled: each
-// kind moves by its own ratio, and the kind the run had none of by all of them together.
+// kind moves by its own ratio, at other group sizes too, and the kind the run had none of by
+// all of them together.
 TEST(Calibration, CollectivesMoveByWhatTheRunMeasured) {
   const ModelSpec model = model_load("tiny-gpt");
   const Plan plan = two_stage_plan("cpu");
   Profile profile = profile_for("cpu");
   collectives_add(&profile, "cpu");
+  const ProfiledCollective over_4 = [&] {
+    ProfiledCollective c = profile.device_types.at("cpu").collectives.front();
+    c.group_size = 4;
+    return c;
+  }();
+  profile.device_types["cpu"].collectives.push_back(over_4);  // an all_reduce over 4, not in the run
   DistTrainResult run;
   run.ranks = {rank(0, kMicroBatches * 6.3e-3, {0.3, 6, 0}), rank(1, kMicroBatches * 9e-3, {0, 6, 3})};
   run.collectives = {joined(CollectiveOp::CollectiveOp_all_reduce, 1e6, 4e-3),

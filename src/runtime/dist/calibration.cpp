@@ -135,6 +135,20 @@ const char* kind_label(int kind) {
   return "?";
 }
 
+// The ratio for a collective of `op` over `group_size` ranks: the run's own for that kind and
+// size; else its ratio for that kind over every size it ran (an all-reduce's slowdown inside
+// training is more like another all-reduce's than an all-gather's); else all its collectives'.
+double collective_ratio_for(const DeviceTypeCalibration& r, CollectiveOp op, int group_size) {
+  double measured = 0, predicted = 0;
+  for (const CollectiveCalibration& c : r.collectives) {
+    if (c.op != op) continue;
+    if (c.group_size == group_size) return c.ratio();
+    measured += c.measured_seconds;
+    predicted += c.predicted_seconds;
+  }
+  return predicted > 0 ? measured / predicted : r.collective_ratio;
+}
+
 }  // namespace
 
 std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& result, const Plan& plan,
@@ -219,9 +233,7 @@ Profile profile_calibrated(const Profile& profile, const std::vector<DeviceTypeC
     it->second.optimizer_seconds_per_parameter *= r.optimizer_ratio;
     if (r.collective_ratio <= 0) continue;
     for (ProfiledCollective& pc : it->second.collectives) {
-      double ratio = r.collective_ratio;
-      for (const CollectiveCalibration& c : r.collectives)
-        if (c.op == pc.op && c.group_size == pc.group_size) ratio = c.ratio();
+      const double ratio = collective_ratio_for(r, pc.op, pc.group_size);
       pc.latency_seconds *= ratio;
       pc.bandwidth_bytes_per_second /= ratio;
       for (CollectiveSample& sample : pc.samples) sample.seconds *= ratio;

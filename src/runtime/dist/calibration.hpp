@@ -58,9 +58,10 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
 
 // `profile` with each calibrated type's layer times scaled by their kind's ratio, its optimizer
 // rate by the optimizer's, and its collectives (both placements) by their kind and group size's
-// ratio, or by all its collectives' ratio where the run had none of that kind and size: what
-// slows a collective inside training and not in `alloy profile` (cold caches, the peers' compute
-// on the same cores) slows the others there too.
+// ratio; where the run had none of that size, by that kind's ratio over the sizes it had, and
+// where it had none of that kind, by all its collectives' ratio: what slows a collective inside
+// training and not in `alloy profile` (cold caches, the peers' compute on the same cores) slows
+// the others there too.
 Profile profile_calibrated(const Profile& profile, const std::vector<DeviceTypeCalibration>& ratios);
 
 // "blocks 1.37x, head 0.80x, forward and backward 1.21x, optimizer 0.98x, collectives 1.90x

@@ -41,13 +41,17 @@ StepParts step_parts(const Plan& plan) {
   return parts;
 }
 
-// The device type that sets a stage's time: its own, or under uneven data parallelism the
-// slowest replica's ("cpu-half replica").
-std::string timing_type(const PlanStage& st) {
+// The device type that sets a stage's passes (or, `optimizer`, its optimizer step): its own, or
+// under uneven data parallelism the slowest replica's at it ("cpu-half replica"), which can
+// differ: a slow device has the smallest share of the passes and as large a shard to update.
+std::string timing_type(const PlanStage& st, bool optimizer = false) {
   if (st.replicas.empty()) return st.device_type;
+  const auto seconds = [optimizer](const PlanReplica& r) {
+    return optimizer ? r.optimizer_seconds : r.forward_seconds + r.backward_seconds;
+  };
   const PlanReplica* slowest = &st.replicas.front();
   for (const PlanReplica& r : st.replicas)
-    if (r.forward_seconds + r.backward_seconds > slowest->forward_seconds + slowest->backward_seconds) slowest = &r;
+    if (seconds(r) > seconds(*slowest)) slowest = &r;
   return slowest->device_type + " replica";
 }
 
@@ -165,7 +169,7 @@ RunnerUp runner_up_explain(const Plan& best, const Plan& other, bool by_cost) {
                       best.bubble_fraction * 100);
   } else {
     why = fmt::format("exposed gradient sync and optimizer step on {} stage {} ({:.1f} ms vs {:.1f} ms)",
-                      timing_type(slow), b.bottleneck, b.overhead_seconds * 1e3, a.overhead_seconds * 1e3);
+                      timing_type(slow, true), b.bottleneck, b.overhead_seconds * 1e3, a.overhead_seconds * 1e3);
   }
   const std::string margin = gap * 100 < 0.5 ? "+<1%" : fmt::format("+{:.0f}%", gap * 100);
   r.reason = fmt::format("{}: {}{}", why, margin, by_cost ? " price per token" : "");

@@ -7,6 +7,7 @@
 
 #include "../support/specs.hpp"
 #include "search/baselines.hpp"
+#include "search/explain.hpp"
 #include "search/planner.hpp"
 #include "search/uneven_dp.hpp"
 #include "spec/error.hpp"
@@ -299,6 +300,15 @@ TEST(Planner, UnevenDataParallelismBalancesUnequalDevicesByBatch) {
   EXPECT_NEAR(r.plan.step_seconds,
               *std::max_element(busy.begin(), busy.end()) + stage.gradient_sync_seconds + slowest_optimizer,
               1e-9 * r.plan.step_seconds);
+  // A runner-up that lost on its per-step overhead names the replica that updates slowest.
+  Plan slower_update = r.plan;
+  slower_update.stages[0].optimizer_seconds += 1.0;
+  slower_update.stages[0].replicas[2].optimizer_seconds += 1.0;
+  slower_update.step_seconds += 1.0;
+  slower_update.tokens_per_second =
+      static_cast<double>(slower_update.global_batch_sequences * slower_update.seq_len) / slower_update.step_seconds;
+  const std::string why = runner_up_explain(r.plan, slower_update, false).reason;
+  EXPECT_NE(why.find("optimizer step on " + replicas[2].device_type + " replica"), std::string::npos) << why;
   SearchOptions even;
   even.allow_uneven_dp = false;
   const SearchResult layer_splits = plan_search(cost, even);

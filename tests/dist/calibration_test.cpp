@@ -177,8 +177,9 @@ void collectives_add(Profile* profile, const std::string& type) {
   }
 }
 
-JoinedCollective joined(CollectiveOp op, double bytes, double seconds) {
-  return {op, 2, false, static_cast<int64_t>(bytes), seconds, {0, 1}};
+// A collective both ranks waited for from its start (`blocked`), or one that ran under compute.
+JoinedCollective joined(CollectiveOp op, double bytes, double seconds, bool blocked = true) {
+  return {op, 2, false, static_cast<int64_t>(bytes), seconds, {0, 1}, blocked};
 }
 
 // All-reduces took twice their profiled time inside the run and all-gathers as profiled: each
@@ -199,7 +200,9 @@ TEST(Calibration, CollectivesMoveByWhatTheRunMeasured) {
   run.ranks = {rank(0, kMicroBatches * 6.3e-3, {0.3, 6, 0}), rank(1, kMicroBatches * 9e-3, {0, 6, 3})};
   run.collectives = {joined(CollectiveOp::CollectiveOp_all_reduce, 1e6, 4e-3),
                      joined(CollectiveOp::CollectiveOp_all_reduce, 1e7, 22e-3),
-                     joined(CollectiveOp::CollectiveOp_all_gather, 1e7, 11e-3)};
+                     joined(CollectiveOp::CollectiveOp_all_gather, 1e7, 11e-3),
+                     // Ran under compute, and as slowly as the busy cores let it: left out.
+                     joined(CollectiveOp::CollectiveOp_all_gather, 1e7, 55e-3, false)};
   const DeviceTypeCalibration c = dist_calibration(run, plan, profile, model).at(0);
   ASSERT_EQ(c.collectives.size(), 2u);
   EXPECT_EQ(c.collectives[0].op, CollectiveOp::CollectiveOp_all_reduce);
@@ -249,7 +252,7 @@ TEST(Calibration, ZeroThreeGathersInsideThePassesAreLeftOut) {
     s.dp_rank = r;
     run.ranks.push_back(s);
   }
-  for (int k = 0; k < 10; ++k) run.collectives.push_back(joined(CollectiveOp::CollectiveOp_all_gather, 1e6, 2e-3));
+  for (int k = 0; k < 10; ++k) run.collectives.push_back(joined(CollectiveOp::CollectiveOp_all_gather, 1e6, 2e-3, false));
   const DeviceTypeCalibration c = dist_calibration(run, plan, profile, model).at(0);
   EXPECT_NEAR(c.pass_ratio, 1.0, 1e-9);
   EXPECT_NEAR(c.layer_ratio[kBlock], 1.0, 1e-9);

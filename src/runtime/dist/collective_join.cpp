@@ -17,6 +17,7 @@ struct TimingRecord {
   int32_t op = 0;
   int32_t group_size = 0;
   int32_t spans_nodes = 0;
+  int32_t blocked = 0;
   int64_t bytes = 0;
   double seconds = 0;
 };
@@ -46,7 +47,8 @@ std::vector<JoinedCollective> collectives_joined(Communicator& comm, const std::
     const auto group = std::find_if(groups.begin(), groups.end(), [&](const CommGroup& g) { return g.id == t.group_id; });
     if (group == groups.end() || group->size() < 2) continue;
     records.push_back({members_key(group->members), t.sequence, static_cast<int32_t>(t.op), group->size(),
-                       group_spans_nodes(group->members, ranks, cluster) ? 1 : 0, t.bytes, t.seconds});
+                       group_spans_nodes(group->members, ranks, cluster) ? 1 : 0, t.blocked ? 1 : 0, t.bytes,
+                       t.seconds});
   }
   // [members, sequence] -> the collective and which ranks timed it
   std::map<std::pair<uint64_t, int64_t>, JoinedCollective> joined;
@@ -54,9 +56,10 @@ std::vector<JoinedCollective> collectives_joined(Communicator& comm, const std::
     for (const TimingRecord& r : gather_records_on_root(comm, records, source)) {
       JoinedCollective& j = joined[{r.members_key, r.sequence}];
       if (j.ranks.empty()) {
-        j = {static_cast<CollectiveOp>(r.op), r.group_size, r.spans_nodes != 0, r.bytes, r.seconds, {}};
+        j = {static_cast<CollectiveOp>(r.op), r.group_size, r.spans_nodes != 0, r.bytes, r.seconds, {}, true};
       }
       j.seconds = std::min(j.seconds, r.seconds);
+      j.blocked = j.blocked && r.blocked != 0;
       j.ranks.push_back(source);
     }
   }

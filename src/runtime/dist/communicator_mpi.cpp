@@ -176,7 +176,7 @@ void MpiCommunicator::collective_count(CommHandle::State& state, const CommGroup
   std::lock_guard lock(groups_mutex_);
   if (group_collectives_.size() <= static_cast<size_t>(group.id)) group_collectives_.resize(static_cast<size_t>(group.id) + 1, 0);
   const int64_t sequence = group_collectives_[static_cast<size_t>(group.id)]++;
-  if (op && timing_on_) state.timing = CollectiveTiming{*op, group.id, sequence, state.bytes, 0.0};
+  if (op && timing_on_) state.timing = CollectiveTiming{*op, group.id, sequence, state.bytes, 0.0, false};
 }
 
 std::shared_ptr<const std::vector<int>> MpiCommunicator::group_members(const CommGroup& group, const char* kind) const {

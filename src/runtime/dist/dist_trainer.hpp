@@ -70,7 +70,8 @@ struct DistStepReport {
 };
 
 // One collective of the steps after the first, as its members timed it: its own seconds once
-// every member had joined (the least of the members' post-to-completion times).
+// every member had joined (the least of the members' post-to-completion times), and whether
+// every member waited for it from its start (CollectiveTiming::blocked).
 struct JoinedCollective {
   CollectiveOp op = CollectiveOp::CollectiveOp_all_reduce;
   int group_size = 0;
@@ -78,6 +79,7 @@ struct JoinedCollective {
   int64_t bytes = 0;
   double seconds = 0;
   std::vector<int> ranks;    // its members
+  bool blocked = false;
 };
 
 struct DistTrainResult {

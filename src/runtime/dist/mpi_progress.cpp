@@ -3,6 +3,7 @@
 
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -22,6 +23,11 @@ using Clock = std::chrono::steady_clock;
 // Pause between two MPI_Testsome calls while transfers are in flight: short enough for
 // latency, long enough not to take a core from the ranks that share it.
 constexpr auto kPollInterval = std::chrono::microseconds(30);
+
+// A timed collective counts as waited for from its start when its caller began waiting (or it
+// completed) within this share of its time, or this many seconds, after it was posted.
+constexpr double kBlockedWithinShare = 0.1;
+constexpr double kBlockedWithinSeconds = 100e-6;
 
 struct MpiLifetime {
   std::mutex mutex;
@@ -50,6 +56,7 @@ void CommHandle::wait() const {
   if (!state_) throw Error("wait on an empty CommHandle", {}, "wait only on handles returned by a Communicator call");
   std::unique_lock lock(state_->mutex);
   Clock::time_point start = Clock::now();
+  if (!state_->done && !state_->wait_started) state_->wait_started = start;
   bool finished = state_->finished.wait_for(lock, std::chrono::duration<double>(state_->timeout_seconds),
                                             [this] { return state_->done; });
   if (!finished) {
@@ -173,6 +180,13 @@ void MpiProgress::complete(MpiOperation& op) {
   if (op.state->timing && op.state->error.empty()) {
     CollectiveTiming timing = *op.state->timing;
     timing.seconds = seconds_since(op.state->posted);
+    {
+      std::lock_guard lock(op.state->mutex);
+      const double idle = op.state->wait_started
+                              ? std::chrono::duration<double>(*op.state->wait_started - op.state->posted).count()
+                              : timing.seconds;
+      timing.blocked = idle <= std::max(kBlockedWithinShare * timing.seconds, kBlockedWithinSeconds);
+    }
     std::lock_guard lock(mutex_);
     timings_.push_back(timing);
   }

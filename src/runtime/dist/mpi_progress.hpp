@@ -39,6 +39,7 @@ struct CommHandle::State {
   // Set for a collective posted while timing was on: its timing, less the seconds.
   std::optional<CollectiveTiming> timing;
   std::chrono::steady_clock::time_point posted;  // when the progress thread posted it
+  std::optional<std::chrono::steady_clock::time_point> wait_started;  // a caller's first wait, if before completion
 
   // "all_reduce (sum) of 4.0 MiB over ranks [0, 1]", "recv of 64 B from rank 3 tag 17".
   std::string describe() const;

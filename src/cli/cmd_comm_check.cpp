@@ -387,18 +387,21 @@ std::string timing_check(Communicator& comm) {
   for (size_t i = 0; problem.empty() && i < 3; ++i) {
     const CollectiveTiming& t = timings[i];
     if (t.op != expected[i] || t.bytes != bytes || !(t.seconds > 0) || t.group_id != comm.world().id)
-      problem = fmt::format("timing {} is {} of {} B on group {} in {} s; {} of {} B on the world expected", i,
-                            collective_op_name(t.op), t.bytes, t.group_id, t.seconds, collective_op_name(expected[i]), bytes);
+      problem =
+          fmt::format("timing {} is {} of {} B on group {} in {} s; {} of {} B on the world expected", i,
+                      collective_op_name(t.op), t.bytes, t.group_id, t.seconds, collective_op_name(expected[i]), bytes);
     else if (!t.blocked)
       problem = fmt::format("timing {} ({}) says it was not waited for from its start", i, collective_op_name(t.op));
   }
   if (problem.empty() && n > 1 && timings[3].blocked)
-    problem = fmt::format("the all_reduce first waited for 20 ms after it was posted (done in {} s) says it was waited for",
-                          timings[3].seconds);
+    problem =
+        fmt::format("the all_reduce first waited for 20 ms after it was posted (done in {} s) says it was waited for",
+                    timings[3].seconds);
   // The broadcast between the all_gather and the reduce_scatter takes a number too.
-  if (problem.empty() && (timings[1].sequence != timings[0].sequence + 1 || timings[2].sequence != timings[1].sequence + 2))
-    problem = fmt::format("numbered {}, {}, {}: one apart, then two, expected", timings[0].sequence, timings[1].sequence,
-                          timings[2].sequence);
+  if (problem.empty() &&
+      (timings[1].sequence != timings[0].sequence + 1 || timings[2].sequence != timings[1].sequence + 2))
+    problem = fmt::format("numbered {}, {}, {}: one apart, then two, expected", timings[0].sequence,
+                          timings[1].sequence, timings[2].sequence);
   int64_t first = problem.empty() ? timings[0].sequence : -1;
   std::vector<int64_t> all(static_cast<size_t>(n));
   comm.all_gather_bytes(&first, all.data(), sizeof(first), comm.world()).wait();

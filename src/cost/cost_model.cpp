@@ -277,9 +277,8 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
     const double gather = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, u.block_parameters * e, shape.dp_group);
     // The gradients' reduce-scatter is the step's, in buckets after the last backward
     // (stage_gradient_sync_seconds), not one per block and micro-batch.
-    // A prefetched gather runs while the previous block computes. On a CPU device it copies on
-    // the same cores, so it adds its whole time: small-gpt's passes on 2 CPU ranks computed
-    // ~10 ms per step longer under ZeRO-3 than under ZeRO-0, about what its gathers took.
+    // A prefetched gather runs under the previous block's compute; on a CPU device it copies on
+    // the same cores and adds its whole time (docs/profile-format.md, Calibration).
     const bool shares_cores = cluster_.device_types[shape.device_type].is_cpu;
     u.zero3_forward_seconds = shares_cores ? gather : std::max(0.0, gather - compute_only.forward_seconds);
     u.zero3_backward_seconds = shares_cores ? gather : std::max(0.0, gather - compute_only.backward_seconds);

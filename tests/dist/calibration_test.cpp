@@ -159,7 +159,6 @@ TEST(Calibration, WithoutTheSplitOneFactorPerType) {
   for (double r : other.layer_ratio) EXPECT_EQ(r, 0);
 }
 
-
 // Collectives over 2 ranks, profiled at 1 ms + bytes / 1 GB/s on both placements.
 void collectives_add(Profile* profile, const std::string& type) {
   for (CollectiveOp op : {CollectiveOp::CollectiveOp_all_reduce, CollectiveOp::CollectiveOp_all_gather,
@@ -179,7 +178,7 @@ void collectives_add(Profile* profile, const std::string& type) {
 
 // A collective both ranks waited for from its start (`blocked`), or one that ran under compute.
 JoinedCollective joined(CollectiveOp op, double bytes, double seconds, bool blocked = true) {
-  return {op, 2, false, static_cast<int64_t>(bytes), seconds, {0, 1}, blocked};
+  return {op, CollectiveGroup::CollectiveGroup_data, 2, false, static_cast<int64_t>(bytes), seconds, {0, 1}, blocked};
 }
 
 // All-reduces took twice their profiled time inside the run and all-gathers as profiled: each
@@ -244,7 +243,7 @@ TEST(Calibration, ZeroThreeGathersInsideThePassesAreLeftOut) {
   // Per micro-batch as profiled: 0.3 + 4 x 3 + 3 = 15.3 ms. Per step the passes waited 2 ms
   // for gathers and computed 8 ms longer: 10 ms of gathers (two timed steps of 5 x 2 ms).
   DistTrainResult run;
-  run.steps.resize(3);
+  run.collective_steps = 2;
   const double passes = kMicroBatches * 15.3e-3;
   for (int r = 0; r < 2; ++r) {
     RankSummary s = rank(r, passes + 8e-3, {0.3, 12, 3}, 2e-3);
@@ -252,7 +251,8 @@ TEST(Calibration, ZeroThreeGathersInsideThePassesAreLeftOut) {
     s.dp_rank = r;
     run.ranks.push_back(s);
   }
-  for (int k = 0; k < 10; ++k) run.collectives.push_back(joined(CollectiveOp::CollectiveOp_all_gather, 1e6, 2e-3, false));
+  for (int k = 0; k < 10; ++k)
+    run.collectives.push_back(joined(CollectiveOp::CollectiveOp_all_gather, 1e6, 2e-3, false));
   const DeviceTypeCalibration c = dist_calibration(run, plan, profile, model).at(0);
   EXPECT_NEAR(c.pass_ratio, 1.0, 1e-9);
   EXPECT_NEAR(c.layer_ratio[kBlock], 1.0, 1e-9);

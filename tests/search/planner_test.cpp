@@ -307,6 +307,9 @@ TEST(Planner, UnevenDataParallelismBalancesUnequalDevicesByBatch) {
   slower_update.step_seconds += 1.0;
   slower_update.tokens_per_second =
       static_cast<double>(slower_update.global_batch_sequences * slower_update.seq_len) / slower_update.step_seconds;
+  EXPECT_GT(replicas[0].forward_seconds + replicas[0].backward_seconds,
+            replicas[2].forward_seconds + replicas[2].backward_seconds)
+      << "another replica has the slowest passes";
   const std::string why = runner_up_explain(r.plan, slower_update, false).reason;
   EXPECT_NE(why.find("optimizer step on " + replicas[2].device_type + " replica"), std::string::npos) << why;
   SearchOptions even;

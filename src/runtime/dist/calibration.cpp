@@ -45,10 +45,10 @@ std::array<double, 2> slowest_alike_lift(const TypeSums& s) {
 }
 
 // Each collective its members waited for from its start against the profile's time for its
-// size, kind, group size and placement, on every device type among its members. Ones that ran
-// under compute are left out: ZeRO-2's re-gathers over 2 ranks, posted after the optimizer and
-// waited for in the next step, took 5.4x their profiled time there, and moving the profile by
-// that priced every exposed all-gather at 5x.
+// size, kind, group size and placement, on every device type among its members. The others are
+// left out (CollectiveTiming::blocked): ZeRO-2's re-gathers over 2 ranks, posted together for
+// every bucket, took 5.4x their profiled time each, and moving the profile by that priced
+// every exposed all-gather at 5x.
 void collectives_sum(const DistTrainResult& result, const Plan& plan, const Profile& profile,
                      std::map<std::string, TypeSums>* by_type) {
   for (const JoinedCollective& j : result.collectives) {
@@ -116,16 +116,18 @@ bool predicted_replica_weights(const Plan& plan, const PlanStage& st, const Plan
 
 // Seconds per step of ZeRO-3 gathers that rank `r` did not wait for: they copied while its
 // passes computed, on the same cores, and lengthened them by about their own time (the cost
-// model prices them so on CPU devices). The gathers are the rank's all_gathers (a ZeRO-3 stage
-// re-gathers nothing after the optimizer); what its passes waited covers the rest of them.
+// model prices them so on CPU devices). The gathers are the rank's all_gathers over its data-
+// parallel group (a ZeRO-3 stage re-gathers nothing after the optimizer); what its passes
+// waited covers the rest of them.
 double hidden_gather_seconds(const DistTrainResult& result, const Plan& plan, const RankSummary& r) {
   const PlanStage& st = plan.stages[r.stage];
-  if (st.zero != 3 || st.dp < 2 || result.steps.size() < 2) return 0;
+  if (st.zero != 3 || st.dp < 2 || result.collective_steps < 1) return 0;
   double gathers = 0;
   for (const JoinedCollective& j : result.collectives)
-    if (j.op == CollectiveOp::CollectiveOp_all_gather && std::count(j.ranks.begin(), j.ranks.end(), r.rank) > 0)
+    if (j.op == CollectiveOp::CollectiveOp_all_gather && j.group == CollectiveGroup::CollectiveGroup_data &&
+        std::find(j.ranks.begin(), j.ranks.end(), r.rank) != j.ranks.end())
       gathers += j.seconds;
-  gathers /= static_cast<double>(result.steps.size() - 1);  // timed from the second step on
+  gathers /= static_cast<double>(result.collective_steps);
   const double waited_in_passes = r.pass_seconds - (r.compute_seconds - r.optimizer_seconds);
   return std::max(0.0, gathers - waited_in_passes);
 }
@@ -168,9 +170,9 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
     alike = {0, 0, r.optimizer_seconds, replica.optimizer_seconds};
     // The profile holds compute alone: the passes' compute (their waits for ZeRO-3 gathers and
     // tensor-parallel sums left out, and the gathers that ran inside them, though never more than
-    // half the passes, which only a timing gone wrong would claim) against the profile's times of the same layers, both split
-    // over the kinds (the measured side by where this rank's CPU time went). Where the profile
-    // lacks a shape, the whole passes against the plan's prediction.
+    // half the passes, which only a timing gone wrong would claim) against the profile's times of the same layers, both
+    // split over the kinds (the measured side by where this rank's CPU time went). Where the profile lacks a shape, the
+    // whole passes against the plan's prediction.
     std::array<double, kLayerKinds> weights;
     double cpu = 0, predicted = 0;
     for (int k = 0; k < kLayerKinds; ++k) cpu += r.layer_cpu_seconds[static_cast<size_t>(k)];
@@ -257,7 +259,8 @@ std::string calibration_describe(const DeviceTypeCalibration& c) {
   if (c.collective_ratio <= 0) return text;
   std::vector<std::string> kinds;
   for (const CollectiveCalibration& k : c.collectives)
-    kinds.push_back(fmt::format("{} over {} {:.2f}x", collective_op_name(k.op), k.group_size, k.ratio()));
+    kinds.push_back(
+        fmt::format("{} over {} {:.2f}x of {}", collective_op_name(k.op), k.group_size, k.ratio(), k.count));
   return text + fmt::format(", collectives {:.2f}x ({})", c.collective_ratio, fmt::join(kinds, ", "));
 }
 

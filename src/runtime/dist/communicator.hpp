@@ -59,15 +59,16 @@ struct CommGroup {
 // post a group's collectives in one order, so `sequence` (the group's n-th collective on this
 // communicator) names the same collective on every member. The member that posted last waited
 // least: the least `seconds` over the members is the collective's own time once all had joined.
-// `blocked`: this rank waited for it from (about) its start. One that ran under compute instead
-// (a prefetched ZeRO-3 gather, ZeRO 1-2's re-gather after the optimizer) progresses only as
-// fast as the busy cores let it, and says little about the time it takes when waited for.
+// `blocked`: this rank waited for it from (about) its call. One posted ahead of its wait (a
+// prefetched ZeRO-3 gather) ran under compute, as fast as the busy cores let it, and one posted
+// behind others in flight (ZeRO 1-2 re-gather every bucket at once) counts their time too:
+// neither says what the collective takes when waited for.
 struct CollectiveTiming {
   CollectiveOp op = CollectiveOp::CollectiveOp_all_reduce;
-  int group_id = -1;      // this rank's CommGroup::id
+  int group_id = -1;  // this rank's CommGroup::id
   int64_t sequence = 0;
-  int64_t bytes = 0;      // the whole buffer (every member's piece), as the profile counts it
-  double seconds = 0;     // from posting to completion on this rank
+  int64_t bytes = 0;   // the whole buffer (every member's piece), as the profile counts it
+  double seconds = 0;  // from the call to completion on this rank
   bool blocked = false;
 };
 

@@ -92,7 +92,8 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<CommHandle::State> state_make(const char* kind, int64_t bytes);
   std::shared_ptr<const std::vector<int>> group_members(const CommGroup& group, const char* kind) const;
   // Numbers the collective in its group's order and, when `op` is a timed kind and timing is on,
-  // marks it for timing.
+  // marks it for timing from now (on the caller's thread, as alloy profile times a collective
+  // from its call). Call it after every check that can refuse the call.
   void collective_count(CommHandle::State& state, const CommGroup& group, std::optional<CollectiveOp> op);
   void point_check(int64_t bytes, int peer, int tag, const char* kind) const;
   std::vector<int> counts_check(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind) const;
@@ -107,7 +108,7 @@ class MpiCommunicator final : public Communicator {
   CommGroup world_;
   mutable std::mutex groups_mutex_;
   std::vector<std::shared_ptr<const std::vector<int>>> group_members_;  // by group id
-  std::vector<int64_t> group_collectives_;  // by group id: collectives posted so far
+  std::vector<int64_t> group_collectives_;                              // by group id: collectives posted so far
   std::atomic<bool> timing_on_ = false;
   // By group id; 0 is a duplicate of MPI_COMM_WORLD. Touched only by the progress thread
   // (and by the constructor and destructor, before it starts and after it stops).
@@ -172,11 +173,16 @@ std::shared_ptr<CommHandle::State> MpiCommunicator::state_make(const char* kind,
   return state;
 }
 
-void MpiCommunicator::collective_count(CommHandle::State& state, const CommGroup& group, std::optional<CollectiveOp> op) {
+void MpiCommunicator::collective_count(CommHandle::State& state, const CommGroup& group,
+                                       std::optional<CollectiveOp> op) {
   std::lock_guard lock(groups_mutex_);
-  if (group_collectives_.size() <= static_cast<size_t>(group.id)) group_collectives_.resize(static_cast<size_t>(group.id) + 1, 0);
+  if (group_collectives_.size() <= static_cast<size_t>(group.id))
+    group_collectives_.resize(static_cast<size_t>(group.id) + 1, 0);
   const int64_t sequence = group_collectives_[static_cast<size_t>(group.id)]++;
-  if (op && timing_on_) state.timing = CollectiveTiming{*op, group.id, sequence, state.bytes, 0.0, false};
+  if (op && timing_on_) {
+    state.timing = CollectiveTiming{*op, group.id, sequence, state.bytes, 0.0, false};
+    state.posted = std::chrono::steady_clock::now();
+  }
 }
 
 std::shared_ptr<const std::vector<int>> MpiCommunicator::group_members(const CommGroup& group, const char* kind) const {
@@ -304,8 +310,8 @@ CommHandle MpiCommunicator::all_reduce_typed(T* data, int64_t count, const CommG
   const char* kind = op == ReduceOp::ReduceOp_sum ? "all_reduce (sum)" : "all_reduce (max)";
   auto state = state_make(kind, count * static_cast<int64_t>(sizeof(T)));
   state->members = group_members(group, kind);
-  collective_count(*state, group, CollectiveOp::CollectiveOp_all_reduce);
   if (count < 0) throw Error(fmt::format("{} of {} elements", kind, count));
+  collective_count(*state, group, CollectiveOp::CollectiveOp_all_reduce);
   MPI_Op mpi_op = op == ReduceOp::ReduceOp_sum ? MPI_SUM : MPI_MAX;
   int id = group.id;
   return enqueue(state, [this, data, count, mpi_op, id](MpiPosting& posting) {
@@ -376,11 +382,11 @@ CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root_index,
   const char* kind = "broadcast";
   auto state = state_make(kind, bytes);
   state->members = group_members(group, kind);
-  collective_count(*state, group, std::nullopt);
   if (root_index < 0 || root_index >= group.size()) {
     throw Error(fmt::format("broadcast from member {} of a group of {}", root_index, group.size()));
   }
   if (bytes < 0) throw Error(fmt::format("broadcast of {} bytes", bytes));
+  collective_count(*state, group, std::nullopt);
   char* base = static_cast<char*>(data);
   int id = group.id;
   return enqueue(state, [this, base, bytes, root_index, id](MpiPosting& posting) {
@@ -397,12 +403,12 @@ CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t 
   const char* kind = "all_gather_bytes";
   auto state = state_make(kind, bytes * group.size());
   state->members = group_members(group, kind);
-  collective_count(*state, group, std::nullopt);
   if (bytes < 0 || bytes * group.size() > INT_MAX) {
     throw Error(fmt::format("all_gather_bytes of {} bytes per member over {} members: MPI counts stop at {} in total",
                             bytes, group.size(), INT_MAX),
                 {}, "gather smaller records");
   }
+  collective_count(*state, group, std::nullopt);
   int id = group.id;
   return enqueue(state, [this, in, out, bytes, id](MpiPosting& posting) {
     MPI_Request request;

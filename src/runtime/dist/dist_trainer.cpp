@@ -155,9 +155,9 @@ void print_progress(const DistStepReport& r, int64_t total) {
 }
 
 // The steps of one rank, from building its runtime to the gathered summaries.
-DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, const Plan& plan, const ClusterSpec& cluster,
-                            Communicator& comm,
-                            const DistTrainOptions& o, std::optional<BatchLoader>& loader, const RankResources& resources) {
+DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, const Plan& plan,
+                            const ClusterSpec& cluster, Communicator& comm, const DistTrainOptions& o,
+                            std::optional<BatchLoader>& loader, const RankResources& resources) {
   RankRuntime runtime(plan, model, train, comm, resources);
   DistTrainResult result;
   const std::string fingerprint =
@@ -230,12 +230,21 @@ DistTrainResult train_ranks(const ModelSpec& model, const TrainSpec& train, cons
     }
     history.push_back(stats);
     result.steps.push_back(report);
-    if (history.size() == 1) comm.collective_timing(true);  // the first step warms caches and allocators
+    // Every rank switches at the same step boundary, after this step's gather of the figures.
+    if (history.size() == 1)
+      comm.collective_timing(true);
+    else if (history.size() <= 1 + kTimedCollectiveSteps)
+      ++result.collective_steps;
+    if (history.size() == 1 + kTimedCollectiveSteps) comm.collective_timing(false);
   }
   comm.collective_timing(false);
   const RankGroups& groups = runtime.groups();
   result.collectives = collectives_joined(comm, comm.take_collective_timings(),
-                                          {comm.world(), groups.tp, groups.dp, groups.embedding}, plan, cluster);
+                                          {{CollectiveGroup::CollectiveGroup_world, comm.world()},
+                                           {CollectiveGroup::CollectiveGroup_tensor, groups.tp},
+                                           {CollectiveGroup::CollectiveGroup_data, groups.dp},
+                                           {CollectiveGroup::CollectiveGroup_embedding, groups.embedding}},
+                                          plan, cluster);
   RankSummary mine = summarise(history, runtime.schedule());
   result.ranks.resize(static_cast<size_t>(comm.world_size()));
   comm.all_gather_bytes(&mine, result.ranks.data(), sizeof(RankSummary), comm.world()).wait();

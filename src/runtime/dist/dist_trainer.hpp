@@ -69,16 +69,25 @@ struct DistStepReport {
   double peak_arena_bytes = 0;  // largest of any rank
 };
 
-// One collective of the steps after the first, as its members timed it: its own seconds once
-// every member had joined (the least of the members' post-to-completion times), and whether
-// every member waited for it from its start (CollectiveTiming::blocked).
+// Which of a rank's groups a collective ran on.
+enum class CollectiveGroup {
+  CollectiveGroup_world,
+  CollectiveGroup_tensor,
+  CollectiveGroup_data,
+  CollectiveGroup_embedding
+};
+
+// One timed collective (steps 2 to 1 + kTimedCollectiveSteps), as its members timed it: its own
+// seconds once every member had joined (the least of the members' call-to-completion times),
+// and whether every member waited for it from its call (CollectiveTiming::blocked).
 struct JoinedCollective {
   CollectiveOp op = CollectiveOp::CollectiveOp_all_reduce;
+  CollectiveGroup group = CollectiveGroup::CollectiveGroup_world;
   int group_size = 0;
   bool spans_nodes = false;  // its members' devices are on more than one node of the cluster
   int64_t bytes = 0;
   double seconds = 0;
-  std::vector<int> ranks;    // its members
+  std::vector<int> ranks;  // its members
   bool blocked = false;
 };
 
@@ -87,7 +96,12 @@ struct DistTrainResult {
   std::vector<DistStepReport> steps;
   std::vector<RankSummary> ranks;  // every rank, on every rank
   std::vector<JoinedCollective> collectives;  // on rank 0 only
+  int64_t collective_steps = 0;               // steps whose collectives were timed
 };
+
+// Collectives are timed over this many steps after the first (which warms caches and
+// allocators): enough for calibration, and a bounded record on long runs.
+inline constexpr int64_t kTimedCollectiveSteps = 16;
 
 // Runs on every rank. Errors found before training (world size, plan, data, checkpoints) are
 // agreed on so every rank throws the same alloy::Error naming the rank at fault.

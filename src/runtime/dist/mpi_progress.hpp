@@ -38,7 +38,7 @@ struct CommHandle::State {
   std::shared_ptr<const std::vector<int>> members;  // collectives only
   // Set for a collective posted while timing was on: its timing, less the seconds.
   std::optional<CollectiveTiming> timing;
-  std::chrono::steady_clock::time_point posted;  // when the progress thread posted it
+  std::chrono::steady_clock::time_point posted;  // when the caller called it (timed collectives only)
   std::optional<std::chrono::steady_clock::time_point> wait_started;  // a caller's first wait, if before completion
 
   // "all_reduce (sum) of 4.0 MiB over ranks [0, 1]", "recv of 64 B from rank 3 tag 17".

@@ -201,7 +201,9 @@ TEST(Calibration, CollectivesMoveByWhatTheRunMeasured) {
                      joined(CollectiveOp::CollectiveOp_all_reduce, 1e7, 22e-3),
                      joined(CollectiveOp::CollectiveOp_all_gather, 1e7, 11e-3),
                      // Ran under compute, and as slowly as the busy cores let it: left out.
-                     joined(CollectiveOp::CollectiveOp_all_gather, 1e7, 55e-3, false)};
+                     joined(CollectiveOp::CollectiveOp_all_gather, 1e7, 55e-3, false),
+                     // Smaller than any profiled size: its latency says nothing of 10 MB; left out.
+                     joined(CollectiveOp::CollectiveOp_all_reduce, 8, 50e-3)};
   const DeviceTypeCalibration c = dist_calibration(run, plan, profile, model).at(0);
   ASSERT_EQ(c.collectives.size(), 2u);
   EXPECT_EQ(c.collectives[0].op, CollectiveOp::CollectiveOp_all_reduce);

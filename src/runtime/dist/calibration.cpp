@@ -13,33 +13,50 @@ namespace alloy {
 
 namespace {
 
+// One rank's measured and predicted seconds of a step's passes, or of its optimizer step.
+struct MeasuredPredicted {
+  double measured = 0, predicted = 0;
+};
+
+// A rank's passes and optimizer step, for comparing ranks that do the same work.
+struct AlikeRank {
+  MeasuredPredicted passes, optimizer;
+};
+
 struct TypeSums {
   double pass_measured = 0, pass_predicted = 0, optimizer_measured = 0, optimizer_predicted = 0;
   std::array<double, kLayerKinds> layer_measured = {0, 0, 0}, layer_predicted = {0, 0, 0};
   std::map<std::pair<CollectiveOp, int>, CollectiveCalibration> collectives;  // by kind and group size
-  // Per set of ranks doing the same work (one stage, one share of each micro-batch): each rank's
-  // measured and predicted passes, and optimizer step.
-  std::map<std::pair<int, int64_t>, std::vector<std::array<double, 4>>> alike;
+  // Per set of ranks doing the same work (one stage, one share of each micro-batch).
+  std::map<std::pair<int, int64_t>, std::vector<AlikeRank>> alike;
 };
 
-// How much slower than the type's average the slowest of ranks doing the same work ran: the
-// largest over the sets of alike ranks of max(measured / predicted) / (sum measured / sum
-// predicted), for the passes ([0]) and the optimizer ([1]). A synchronous step waits for the
-// slowest of them, so the calibrated profile is the slowest one's (small-gpt's two data-parallel
-// replicas on this machine's 2 cores computed 91 and 102 ms of the same passes).
-std::array<double, 2> slowest_alike_lift(const TypeSums& s) {
-  std::array<double, 2> lift = {1, 1};
+// max(measured / predicted) over `ranks` / (sum measured / sum predicted); 1 without figures.
+double slowest_over_average(const std::vector<AlikeRank>& ranks, MeasuredPredicted AlikeRank::*part) {
+  double measured = 0, predicted = 0, slowest = 0;
+  for (const AlikeRank& rank : ranks) {
+    const MeasuredPredicted& r = rank.*part;
+    if (r.measured <= 0 || r.predicted <= 0) continue;
+    measured += r.measured;
+    predicted += r.predicted;
+    slowest = std::max(slowest, r.measured / r.predicted);
+  }
+  return measured > 0 ? slowest / (measured / predicted) : 1.0;
+}
+
+// How much slower than the type's average the slowest of ranks doing the same work ran, the
+// largest over the sets of alike ranks, for the passes and the optimizer. A synchronous step
+// waits for the slowest of them, so the calibrated profile is the slowest one's (small-gpt's two
+// data-parallel replicas on this machine's 2 cores computed 91 and 102 ms of the same passes).
+struct Lift {
+  double passes = 1, optimizer = 1;
+};
+
+Lift slowest_alike_lift(const TypeSums& s) {
+  Lift lift;
   for (const auto& [work, ranks] : s.alike) {
-    for (size_t q = 0; q < 2; ++q) {
-      double measured = 0, predicted = 0, slowest = 0;
-      for (const std::array<double, 4>& r : ranks) {
-        if (r[2 * q] <= 0 || r[2 * q + 1] <= 0) continue;
-        measured += r[2 * q];
-        predicted += r[2 * q + 1];
-        slowest = std::max(slowest, r[2 * q] / r[2 * q + 1]);
-      }
-      if (measured > 0) lift[q] = std::max(lift[q], slowest / (measured / predicted));
-    }
+    lift.passes = std::max(lift.passes, slowest_over_average(ranks, &AlikeRank::passes));
+    lift.optimizer = std::max(lift.optimizer, slowest_over_average(ranks, &AlikeRank::optimizer));
   }
   return lift;
 }
@@ -170,13 +187,14 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
     TypeSums& s = by_type[replica.device_type];
     s.optimizer_measured += r.optimizer_seconds;
     s.optimizer_predicted += replica.optimizer_seconds;
-    std::array<double, 4>& alike = s.alike[{r.stage, replica.sequences}].emplace_back();
-    alike = {0, 0, r.optimizer_seconds, replica.optimizer_seconds};
+    AlikeRank& alike = s.alike[{r.stage, replica.sequences}].emplace_back();
+    alike.optimizer = {r.optimizer_seconds, replica.optimizer_seconds};
     // The profile holds compute alone: the passes' compute (their waits for ZeRO-3 gathers and
-    // tensor-parallel sums left out, and the gathers that ran inside them, though never more than
-    // half the passes, which only a timing gone wrong would claim) against the profile's times of the same layers, both
-    // split over the kinds (the measured side by where this rank's CPU time went). Where the profile lacks a shape, the
-    // whole passes against the plan's prediction.
+    // tensor-parallel sums left out, and the gathers that ran inside them, though never more
+    // than half the passes, which only a timing gone wrong would claim) against the profile's
+    // times of the same layers, both split over the kinds (the measured side by where this
+    // rank's CPU time went). Where the profile lacks a shape, the whole passes against the
+    // plan's prediction.
     std::array<double, kLayerKinds> weights;
     double cpu = 0, predicted = 0;
     for (int k = 0; k < kLayerKinds; ++k) cpu += r.layer_cpu_seconds[static_cast<size_t>(k)];
@@ -191,8 +209,7 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
     const double compute = std::max(0.5 * passes, passes - hidden_gather_seconds(result, plan, r));
     s.pass_measured += compute;
     s.pass_predicted += plan.num_micro_batches * predicted;
-    alike[0] = compute;
-    alike[1] = plan.num_micro_batches * predicted;
+    alike.passes = {compute, plan.num_micro_batches * predicted};
     if (cpu <= 0) continue;
     for (size_t k = 0; k < kLayerKinds; ++k) {
       s.layer_measured[k] += compute * r.layer_cpu_seconds[k] / cpu;
@@ -219,11 +236,11 @@ std::vector<DeviceTypeCalibration> dist_calibration(const DistTrainResult& resul
       if (s.layer_predicted[k] > 0 && c.layer_share[k] >= kCalibrationMinimumShare)
         c.layer_ratio[k] = s.layer_measured[k] / s.layer_predicted[k];
     }
-    const std::array<double, 2> lift = slowest_alike_lift(s);
-    c.slowest_alike_lift = lift[0];
-    c.pass_ratio *= lift[0];
-    for (double& ratio : c.layer_ratio) ratio *= lift[0];
-    c.optimizer_ratio *= lift[1];
+    const Lift lift = slowest_alike_lift(s);
+    c.slowest_alike_lift = lift.passes;
+    c.pass_ratio *= lift.passes;
+    for (double& ratio : c.layer_ratio) ratio *= lift.passes;
+    c.optimizer_ratio *= lift.optimizer;
     out.push_back(c);
   }
   return out;

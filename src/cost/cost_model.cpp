@@ -155,6 +155,7 @@ StageShape CostModel::stage_shape(const std::vector<int>& ids, int tp, int dp, i
   s.tp = tp;
   s.dp = dp;
   s.micro_batch = micro_batch;
+  s.zero_share = 1.0 / dp;
   const Link link = type_links_[s.device_type];
   s.tp_group.ranks = tp;
   s.tp_group.nodes = 1;
@@ -448,7 +449,7 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   const int states = optimizer_states(train_);
   const bool master = train_.master_weights_fp32 && e < 4;
   const double bytes_per_update = 8.0 * states + e + (master ? 8.0 + e : 2.0 * e);
-  const double shard = c.zero >= 1 ? shape.dp : 1;
+  const double share = c.zero >= 1 ? shape.zero_share : 1.0;
   const double offloaded_params = c.offloaded * u.block_parameters;
   const DeviceType& type = cluster_.device_types[shape.device_type];
   const double measured_rate = profile_ ? profile_->optimizer_rate(type.name) : 0.0;
@@ -457,8 +458,8 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   // A CPU device's host is the device itself: its offloaded blocks update at the same rate.
   const double host_seconds_per_parameter =
       type.is_cpu ? device_seconds_per_parameter : bytes_per_update / kHostOptimizerBytesPerSecond;
-  t.optimizer_seconds = (params - offloaded_params) / shard * device_seconds_per_parameter +
-                        offloaded_params / shard * host_seconds_per_parameter;
+  t.optimizer_seconds = (params - offloaded_params) * share * device_seconds_per_parameter +
+                        offloaded_params * share * host_seconds_per_parameter;
   // The optimizer waits for the last block's gradients to reach host memory.
   if (c.offloaded > 0) t.optimizer_seconds += u.offload_gradients_seconds;
   return t;
@@ -481,15 +482,15 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const bool tied_across_stages = model_.tied_embeddings && !(c.has_embedding && c.has_head) &&
                                   (c.has_embedding || (c.has_head && c.head_holds_lm_matrix));
   const double whole = tied_across_stages ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
-  const auto sharded = [&](double over) { return (params - whole) / over + whole; };
-  mem.parameters_bytes = sharded(c.zero >= 3 ? dp : 1.0) * e;
+  const auto sharded = [&](bool by_zero) { return (params - whole) * (by_zero ? shape.zero_share : 1.0) + whole; };
+  mem.parameters_bytes = sharded(c.zero >= 3) * e;
   // The step schedule reduces gradients once, after the last micro-batch's backward, so every
   // member accumulates all of its stage's gradients whatever the ZeRO stage (ZeRO 2-3 shard what
   // the reduction leaves, not the accumulation buffer; docs/runtime-distributed.md). With fp32
   // master weights they accumulate in fp32, as Alloy's GPU runtime and Megatron-LM's do.
   mem.gradients_bytes = params * (master ? 4.0 : e);
-  mem.master_weights_bytes = master ? sharded(c.zero >= 1 ? dp : 1.0) * 4.0 : 0;
-  mem.optimizer_states_bytes = sharded(c.zero >= 1 ? dp : 1.0) * 4.0 * states;
+  mem.master_weights_bytes = master ? sharded(c.zero >= 1) * 4.0 : 0;
+  mem.optimizer_states_bytes = sharded(c.zero >= 1) * 4.0 * states;
   // ZeRO 3 gathers the unit in use and prefetches the next one (Alloy's runtime, like
   // DeepSpeed's prefetch): two blocks, or a block with the embedding or the head.
   if (c.zero >= 3 && dp > 1) {

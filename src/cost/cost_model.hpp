@@ -30,6 +30,8 @@ struct StageShape {
   int tp = 1;
   int dp = 1;
   int64_t micro_batch = 1;       // sequences per replica per micro-batch
+  double zero_share = 1.0;       // this member's fraction of what ZeRO shards over dp (1/dp
+                                 // unless uneven data parallelism shards by batch share)
   GroupPlacement tp_group;       // always inside one node
   GroupPlacement dp_group;
 };

@@ -113,6 +113,25 @@ int64_t PlanStage::replica_offset(int64_t micro_batch_sequences, int dp_rank) co
   return offset;
 }
 
+std::pair<int64_t, int64_t> PlanStage::zero_piece(int64_t micro_batch_sequences, int64_t count, int dp_rank) const {
+  if (replicas.empty()) {
+    const int64_t base = count / dp, extra = count % dp;
+    const int64_t begin = dp_rank * base + std::min<int64_t>(dp_rank, extra);
+    return {begin, begin + base + (dp_rank < extra ? 1 : 0)};
+  }
+  // Boundaries at floor(count * sequences before the replica / micro-batch), split so that no
+  // product passes (micro-batch)^2: a bucket's floats times a batch's sequences could pass 2^63.
+  const int64_t whole = count / micro_batch_sequences, rest = count % micro_batch_sequences;
+  const auto boundary = [&](int64_t sequences) { return whole * sequences + rest * sequences / micro_batch_sequences; };
+  const int64_t before = replica_offset(micro_batch_sequences, dp_rank);
+  return {boundary(before), boundary(before + replica_sequences(micro_batch_sequences, dp_rank))};
+}
+
+double PlanStage::zero_share(int64_t micro_batch_sequences, int dp_rank) const {
+  if (replicas.empty()) return 1.0 / dp;
+  return static_cast<double>(replica_sequences(micro_batch_sequences, dp_rank)) / static_cast<double>(micro_batch_sequences);
+}
+
 int Plan::num_used_devices() const {
   int n = 0;
   for (const PlanStage& s : stages) n += static_cast<int>(s.device_ids.size());

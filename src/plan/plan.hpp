@@ -89,6 +89,13 @@ struct PlanStage {
   PlanReplica replica(int64_t micro_batch_sequences, int dp_rank) const;
   int64_t replica_sequences(int64_t micro_batch_sequences, int dp_rank) const;
   int64_t replica_offset(int64_t micro_batch_sequences, int dp_rank) const;
+  // Floats [begin, end) of a `count`-float range that replica `dp_rank` holds and updates under
+  // ZeRO. Even replicas hold even pieces; under uneven data parallelism each holds a piece in
+  // proportion to its share of the micro-batch, so that a device with half the share (a slower
+  // one) updates half the weights and every replica's optimizer step takes about as long.
+  std::pair<int64_t, int64_t> zero_piece(int64_t micro_batch_sequences, int64_t count, int dp_rank) const;
+  // Replica `dp_rank`'s fraction of what ZeRO shards (of zero_piece's floats, in the limit).
+  double zero_share(int64_t micro_batch_sequences, int dp_rank) const;
   // Per-block flags of this stage (chunks in order, like `offload`) as flags per model layer,
   // false for layers of other stages and past the end of `per_block`.
   std::vector<bool> layer_flags(const std::vector<bool>& per_block, int64_t num_layers) const;

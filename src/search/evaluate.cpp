@@ -70,6 +70,7 @@ ReplicaCosts pass_costs(const Plan& plan, int s, int dp_rank, int64_t b, const S
   const int p = static_cast<int>(plan.stages.size());
   StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, b);
   shape.device_type = cost.cluster().devices[st.device_ids[static_cast<size_t>(dp_rank) * st.tp]].device_type_index;
+  shape.zero_share = st.zero_share(plan.micro_batch_sequences, dp_rank);
   const StageUnitCosts unit = cost.unit_costs(shape, st.sequence_parallel);
   double send_seconds = 0;
   if (choice.chunks_sent > 0)

@@ -175,6 +175,25 @@ TEST(Plan, UnevenReplicasRoundTripAndSplitTheMicroBatch) {
   EXPECT_EQ(even.stages[0].replica(2, 1).device_type, "a100-80");
 }
 
+TEST(Plan, ZeroPiecesFollowTheReplicasShares) {
+  // Shares 3 and 1 of 4 sequences: 10 floats split 7 and 3 (boundary at floor(10 * 3 / 4)),
+  // pieces that tile the range whatever its size, even sizes past 2^63 / 4.
+  const PlanStage& uneven = uneven_plan().stages[0];
+  EXPECT_EQ(uneven.zero_piece(4, 10, 0), (std::pair<int64_t, int64_t>{0, 7}));
+  EXPECT_EQ(uneven.zero_piece(4, 10, 1), (std::pair<int64_t, int64_t>{7, 10}));
+  EXPECT_DOUBLE_EQ(uneven.zero_share(4, 0), 0.75);
+  const int64_t huge = (int64_t{1} << 62) + 3;
+  EXPECT_EQ(uneven.zero_piece(4, huge, 0).second, uneven.zero_piece(4, huge, 1).first);
+  EXPECT_EQ(uneven.zero_piece(4, huge, 1).second, huge);
+  EXPECT_EQ(uneven.zero_piece(4, huge, 0).second, huge / 4 * 3 + 2);
+  // Even replicas: the first count % dp pieces take one float more.
+  const PlanStage& even = two_stage_plan().stages[0];
+  ASSERT_EQ(even.dp, 2);
+  EXPECT_EQ(even.zero_piece(2, 5, 0), (std::pair<int64_t, int64_t>{0, 3}));
+  EXPECT_EQ(even.zero_piece(2, 5, 1), (std::pair<int64_t, int64_t>{3, 5}));
+  EXPECT_DOUBLE_EQ(even.zero_share(2, 1), 0.5);
+}
+
 TEST(Plan, UnevenReplicasThatDoNotAddUpAreRefused) {
   Plan p = uneven_plan();
   p.stages[0].replicas[1].sequences = 2;

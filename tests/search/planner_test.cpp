@@ -290,16 +290,27 @@ TEST(Planner, UnevenDataParallelismBalancesUnequalDevicesByBatch) {
   for (const PlanReplica& rep : replicas)
     busy.push_back(r.plan.num_micro_batches * (rep.forward_seconds + rep.backward_seconds));
   EXPECT_LT(*std::max_element(busy.begin(), busy.end()) / *std::min_element(busy.begin(), busy.end()), 1.5);
-  // The sync waits for the slowest passes and the step for the slowest optimizer, which is the
-  // slowest device's (every replica updates an equal shard), not the busiest replica's.
+  // The sync waits for the slowest passes and the step for the slowest optimizer, apart.
   const PlanStage& stage = r.plan.stages[0];
-  double slowest_optimizer = 0;
-  for (const PlanReplica& rep : replicas) slowest_optimizer = std::max(slowest_optimizer, rep.optimizer_seconds);
-  EXPECT_DOUBLE_EQ(stage.optimizer_seconds, slowest_optimizer);
-  EXPECT_DOUBLE_EQ(stage.optimizer_seconds, replicas[2].optimizer_seconds) << "the l4 updates slowest";
+  ASSERT_GE(stage.zero, 1) << "the planner shards the optimizer state of a model this size";
+  size_t slowest = 0;
+  for (size_t i = 1; i < replicas.size(); ++i)
+    if (replicas[i].optimizer_seconds > replicas[slowest].optimizer_seconds) slowest = i;
+  EXPECT_DOUBLE_EQ(stage.optimizer_seconds, replicas[slowest].optimizer_seconds);
   EXPECT_NEAR(r.plan.step_seconds,
-              *std::max_element(busy.begin(), busy.end()) + stage.gradient_sync_seconds + slowest_optimizer,
+              *std::max_element(busy.begin(), busy.end()) + stage.gradient_sync_seconds + stage.optimizer_seconds,
               1e-9 * r.plan.step_seconds);
+  // ZeRO shards follow the batch shares: the l4, with the smallest share, updates the fewest
+  // weights. Updates run at memory bandwidth and passes at compute speed, whose ratios between
+  // these devices differ (h100 to l4: about 11x and 8x), so the updates are close, not equal;
+  // an even shard would have made the l4's take about 11x the h100's.
+  for (size_t i = 0; i < replicas.size(); ++i)
+    EXPECT_NEAR(stage.zero_share(r.plan.micro_batch_sequences, static_cast<int>(i)),
+                static_cast<double>(replicas[i].sequences) / static_cast<double>(r.plan.micro_batch_sequences), 1e-12);
+  std::vector<double> updates;
+  for (const PlanReplica& rep : replicas) updates.push_back(rep.optimizer_seconds);
+  EXPECT_LT(*std::max_element(updates.begin(), updates.end()) / *std::min_element(updates.begin(), updates.end()), 2.5);
+  EXPECT_LT(stage.zero_share(r.plan.micro_batch_sequences, 2), 1.0 / 3.0);
   // A runner-up that lost on its per-step overhead names the replica that updates slowest.
   Plan slower_update = r.plan;
   slower_update.stages[0].optimizer_seconds += 1.0;

@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 
-#include "runtime/io/batch_loader.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -76,12 +75,10 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
     b.block_begin = op.block_begin;
     b.block_end = op.block_end;
     b.range = bucket_range(model, stage, op, tied_sync);
-    int64_t offset = b.range.offset;
     for (int d = 0; d < stage.dp; ++d) {
-      const auto [begin, end] = batch_shard_range(b.range.count, d, stage.dp);
+      const auto [begin, end] = stage.zero_piece(plan.micro_batch_sequences, b.range.count, d);
       b.piece_counts.push_back(end - begin);
-      if (d == schedule.dp_rank) b.owned = {offset, end - begin};
-      offset += end - begin;
+      if (d == schedule.dp_rank) b.owned = {b.range.offset + begin, end - begin};
     }
     layout.buckets.push_back(std::move(b));
   }

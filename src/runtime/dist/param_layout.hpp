@@ -26,6 +26,7 @@ struct GradientBucket {
   int block_end = 0;
   FlatRange range;                    // the bucket's gradients (the tied embedding excluded)
   std::vector<int64_t> piece_counts;  // ZeRO pieces of the range, one per data-parallel member
+                                      // (PlanStage::zero_piece: uneven under uneven shares)
   FlatRange owned;                    // this rank's piece
 };
 

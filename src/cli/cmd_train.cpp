@@ -3,6 +3,7 @@
 // text into a byte-level token file.
 #include <algorithm>
 #include <fstream>
+#include <optional>
 
 #include <fmt/core.h>
 
@@ -16,6 +17,7 @@
 #include "runtime/dist/dist_trainer.hpp"
 #include "runtime/io/tokenize.hpp"
 #include "runtime/trainer.hpp"
+#include "search/transfer_calibration.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 
@@ -97,17 +99,25 @@ void check_plan_options(const TrainCommand& c) {
 }
 
 // The plan's profile with each device type's layer times scaled per layer kind, and its
-// optimizer rate, by what this run measured against what the plan predicted.
-void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& result, const Plan& plan, const ModelSpec& model) {
+// optimizer rate and collectives, by what this run measured against what the plan predicted;
+// then the time per stage-boundary transfer that makes it predict this run's step.
+void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& result, const Plan& plan, const ModelSpec& model,
+                              const ClusterSpec& cluster, const TrainSpec& train) {
   // Without a profile the ratios are still printed, over every layer kind together.
   const Profile profile = c.profile.empty() ? Profile{} : profile_load(c.profile);
   const std::vector<DeviceTypeCalibration> ratios = dist_calibration(result, plan, profile, model);
   for (const DeviceTypeCalibration& r : ratios)
     fmt::print("measured / predicted on {}: {}\n", r.device_type, calibration_describe(r));
   if (c.calibrated_profile.empty()) return;
+  Profile calibrated = profile_calibrated(profile, ratios);
+  if (const std::optional<TransferCalibration> transfers =
+          transfer_calibration_fit(plan, model, cluster, train, calibrated, dist_measured_step_seconds(result))) {
+    fmt::print("{}\n", transfer_calibration_describe(*transfers));
+    transfer_calibration_apply(&calibrated, *transfers);
+  }
   std::ofstream out(c.calibrated_profile);
   if (!out) throw Error("cannot write the calibrated profile", {c.calibrated_profile, "--calibrated-profile"}, "check the folder exists");
-  out << profile_to_json(profile_calibrated(profile, ratios));
+  out << profile_to_json(calibrated);
   fmt::print("calibrated profile: {} (use it with alloy plan --profile)\n", c.calibrated_profile);
   for (const auto& [type, entry] : profile.device_types) {
     const bool ran = std::any_of(ratios.begin(), ratios.end(), [&](const DeviceTypeCalibration& r) { return r.device_type == type; });
@@ -165,7 +175,7 @@ void run_distributed(TrainCommand& c, const ModelSpec& model, int* exit_code) {
     DistTrainResult result = dist_train_run(model, train, plan, cluster, *comm, options);
     if (comm->rank() == 0) {
       print_dist_summary(model, plan, result, options);
-      if (!result.steps.empty()) write_calibrated_profile(c, result, plan, model);
+      if (!result.steps.empty()) write_calibrated_profile(c, result, plan, model, cluster, train);
     }
     *exit_code = 0;
   } catch (const AgreedError& e) {

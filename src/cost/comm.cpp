@@ -101,12 +101,13 @@ double boundary_seconds(double bytes, const BoundaryLink& link) {
   const double lanes = std::max(1, link.lanes);
   switch (link.path) {
     case P2pPath::P2pPath_intra_node:
-      return link.intra_node.latency_seconds + bytes / lanes / link.intra_node.bandwidth_bytes_per_second;
+      return link.extra_seconds + link.intra_node.latency_seconds +
+             bytes / lanes / link.intra_node.bandwidth_bytes_per_second;
     case P2pPath::P2pPath_network:
-      return link.network.latency_seconds + bytes / link.aggregate_network_bytes_per_second;
+      return link.extra_seconds + link.network.latency_seconds + bytes / link.aggregate_network_bytes_per_second;
     case P2pPath::P2pPath_host_staged:
       // Store and forward: device to host, across the network, host to device.
-      return link.network.latency_seconds + bytes / lanes / link.host_link_from_bytes_per_second +
+      return link.extra_seconds + link.network.latency_seconds + bytes / lanes / link.host_link_from_bytes_per_second +
              bytes / link.aggregate_network_bytes_per_second + bytes / lanes / link.host_link_to_bytes_per_second;
   }
   return 0;

@@ -40,6 +40,7 @@ struct BoundaryLink {
   double aggregate_network_bytes_per_second = 0;  // nodes on the narrower side x per-node bandwidth
   double host_link_from_bytes_per_second = 0;     // host-staged only
   double host_link_to_bytes_per_second = 0;
+  double extra_seconds = 0;  // per transfer, beyond the link (the sender's calibrated profile)
 };
 
 double boundary_seconds(double bytes, const BoundaryLink& link);

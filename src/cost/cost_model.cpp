@@ -191,6 +191,7 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
   } else {
     b.path = P2pPath::P2pPath_network;
   }
+  if (profile_) b.extra_seconds = profile_->boundary_transfer_seconds(cluster_.device_type(a).name);
   return b;
 }
 

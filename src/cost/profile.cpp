@@ -190,6 +190,11 @@ double Profile::optimizer_rate(const std::string& device_type) const {
   return it == device_types.end() ? 0.0 : it->second.optimizer_seconds_per_parameter;
 }
 
+double Profile::boundary_transfer_seconds(const std::string& device_type) const {
+  auto it = device_types.find(device_type);
+  return it == device_types.end() ? 0.0 : it->second.boundary_transfer_seconds;
+}
+
 Profile profile_parse(const std::string& json_text, const std::string& path) {
   json root;
   try {
@@ -253,6 +258,13 @@ Profile profile_parse(const std::string& json_text, const std::string& path) {
     }
     if (entry.contains("optimizer_seconds_per_parameter"))
       dp.optimizer_seconds_per_parameter = positive_number(entry, "optimizer_seconds_per_parameter", path, base);
+    if (entry.contains("boundary_transfer_seconds")) {
+      const json& extra = entry.at("boundary_transfer_seconds");
+      if (!extra.is_number() || extra.get<double>() < 0)
+        throw Error("must be a number of seconds >= 0", {path, base + ".boundary_transfer_seconds"},
+                    "recalibrate with alloy train --calibrated-profile, or remove the field");
+      dp.boundary_transfer_seconds = extra.get<double>();
+    }
     profile.device_types[type_name] = std::move(dp);
   }
   return profile;
@@ -279,6 +291,7 @@ std::string profile_to_json(const Profile& profile) {
       entry["collectives"].push_back(std::move(collective));
     }
     if (dp.optimizer_seconds_per_parameter > 0) entry["optimizer_seconds_per_parameter"] = dp.optimizer_seconds_per_parameter;
+    if (dp.boundary_transfer_seconds > 0) entry["boundary_transfer_seconds"] = dp.boundary_transfer_seconds;
     root["device_types"][name] = std::move(entry);
   }
   return root.dump(2) + "\n";

@@ -52,6 +52,10 @@ struct DeviceProfile {
   std::vector<ProfiledLayer> layers;
   std::vector<ProfiledCollective> collectives;
   double optimizer_seconds_per_parameter = 0;  // gradient norm and AdamW update; 0: not measured
+  // Seconds each stage-boundary transfer sent by this type takes beyond the link model, fitted
+  // by calibration so that the profile predicts its run's step (a pipeline's waits for its
+  // neighbours on shared cores); 0: none.
+  double boundary_transfer_seconds = 0;
 };
 
 struct Profile {
@@ -72,6 +76,8 @@ struct Profile {
                                             int group_size, bool spans_nodes) const;
   // Measured optimizer seconds per parameter of a device type, or 0.
   double optimizer_rate(const std::string& device_type) const;
+  // DeviceProfile::boundary_transfer_seconds of a device type, or 0.
+  double boundary_transfer_seconds(const std::string& device_type) const;
 };
 
 // Reads and validates a profile; throws alloy::Error naming the file and the field.

@@ -136,6 +136,7 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
     link.host_link_to_bytes_per_second = cluster_.node_group(b).host_link_bytes_per_second;
     resources->assign({lane * kNumResources + kNetTx, peer_lane * kNumResources + kNetRx});
   }
+  if (options_.profile) link.extra_seconds = options_.profile->boundary_transfer_seconds(cluster_.device_type(a).name);
   return boundary_seconds(static_cast<double>(op.bytes), link);
 }
 

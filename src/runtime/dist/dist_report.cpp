@@ -27,13 +27,17 @@ double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory) {
   return bytes;
 }
 
+double dist_measured_step_seconds(const DistTrainResult& result) {
+  double slowest = 0;
+  for (const RankSummary& r : result.ranks) slowest = std::max(slowest, r.step_seconds);
+  return slowest;
+}
+
 std::string dist_render_summary(const DistTrainResult& result, const Plan& plan) {
   TextTable table({"rank>", "stage>", "device", "tp rank>", "dp rank>", "step>", "compute>", "waiting>", "comm busy>",
                    "peak memory>", "predicted>"});
-  double slowest = 0;
   for (const RankSummary& r : result.ranks) {
     const PlanReplica replica = plan.stages[r.stage].replica(plan.micro_batch_sequences, r.dp_rank);
-    slowest = std::max(slowest, r.step_seconds);
     table.add_row({std::to_string(r.rank), std::to_string(r.stage), replica.device_type, std::to_string(r.tp_rank),
                    std::to_string(r.dp_rank), units_format_seconds(r.step_seconds),
                    units_format_seconds(r.compute_seconds), units_format_seconds(r.wait_seconds),
@@ -41,6 +45,7 @@ std::string dist_render_summary(const DistTrainResult& result, const Plan& plan)
                    units_format_bytes(dist_predicted_arena_bytes(replica.memory))});
   }
   std::string text = table.render();
+  const double slowest = dist_measured_step_seconds(result);
   text += fmt::format("step time: predicted {}, measured {} (median of the steps after the first; {:.2f}x)\n",
                       units_format_seconds(plan.step_seconds), units_format_seconds(slowest),
                       plan.step_seconds > 0 ? slowest / plan.step_seconds : 0.0);

@@ -120,6 +120,8 @@ double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory);
 
 // Rank 0's table: predicted against measured step time and memory, per rank.
 std::string dist_render_summary(const DistTrainResult& result, const Plan& plan);
+// The run's step time: the slowest rank's median step after the first.
+double dist_measured_step_seconds(const DistTrainResult& result);
 
 // The rank's last-step intervals gathered on rank 0 and written as a Chrome trace in the
 // simulator's format. Collective.

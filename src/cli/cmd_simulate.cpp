@@ -34,10 +34,7 @@ void run_simulate(const SimulateCommand& c, bool print_table) {
   ClusterSpec cluster = cluster_load(c.cluster.empty() ? plan.cluster_name : c.cluster, catalog_builtin());
   // Predictions in the file are not trusted: a hand-edited plan is re-priced from its choices.
   plan_validate_for(plan, model, cluster, c.plan);
-  TrainSpec train;
-  train.seq_len = plan.seq_len;
-  train.global_batch_sequences = plan.global_batch_sequences;
-  train.precision = plan.precision;
+  const TrainSpec train = plan_train_spec(TrainSpec{}, plan);
   std::optional<Profile> profile;
   if (!c.profile.empty()) profile = profile_load(c.profile);
   CostModel cost(model, cluster, train, profile ? &*profile : nullptr);

@@ -98,6 +98,17 @@ void check_plan_options(const TrainCommand& c) {
   }
 }
 
+// Names the profile's device types that no rank of the run was: their entries stay as measured.
+void print_types_not_run(const Profile& profile, const std::vector<DeviceTypeCalibration>& ratios) {
+  for (const auto& [type, entry] : profile.device_types) {
+    const bool ran = std::any_of(ratios.begin(), ratios.end(), [&](const DeviceTypeCalibration& r) { return r.device_type == type; });
+    if (!ran)
+      fmt::print("  {}: no rank of this type ran this plan, so its entries are copied as measured; a plan that uses "
+                 "every device type calibrates them all (alloy plan --all-devices)\n",
+                 type);
+  }
+}
+
 // The plan's profile with each device type's layer times scaled per layer kind, and its
 // optimizer rate and collectives, by what this run measured against what the plan predicted;
 // then the time per stage-boundary transfer that makes it predict this run's step.
@@ -119,13 +130,7 @@ void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& resu
   if (!out) throw Error("cannot write the calibrated profile", {c.calibrated_profile, "--calibrated-profile"}, "check the folder exists");
   out << profile_to_json(calibrated);
   fmt::print("calibrated profile: {} (use it with alloy plan --profile)\n", c.calibrated_profile);
-  for (const auto& [type, entry] : profile.device_types) {
-    const bool ran = std::any_of(ratios.begin(), ratios.end(), [&](const DeviceTypeCalibration& r) { return r.device_type == type; });
-    if (!ran)
-      fmt::print("  {}: no rank of this type ran this plan, so its entries are copied as measured; a plan that uses "
-                 "every device type calibrates them all (alloy plan --all-devices)\n",
-                 type);
-  }
+  print_types_not_run(profile, ratios);
 }
 
 DistTrainOptions dist_options_from(const TrainCommand& c) {

@@ -132,6 +132,13 @@ double PlanStage::zero_share(int64_t micro_batch_sequences, int dp_rank) const {
   return static_cast<double>(replica_sequences(micro_batch_sequences, dp_rank)) / static_cast<double>(micro_batch_sequences);
 }
 
+TrainSpec plan_train_spec(TrainSpec train, const Plan& plan) {
+  train.seq_len = plan.seq_len;
+  train.global_batch_sequences = plan.global_batch_sequences;
+  train.precision = plan.precision;
+  return train;
+}
+
 int Plan::num_used_devices() const {
   int n = 0;
   for (const PlanStage& s : stages) n += static_cast<int>(s.device_ids.size());

@@ -185,6 +185,10 @@ std::vector<RankInfo> plan_rank_map(const Plan& plan);
 std::vector<int> plan_tp_group(const Plan& plan, int rank);
 std::vector<int> plan_dp_group(const Plan& plan, int rank);
 
+// `train` with what the plan fixed: its sequence length, global batch and precision (a plan
+// may have chosen its batch from a range, and a run's command line may not repeat them).
+TrainSpec plan_train_spec(TrainSpec train, const Plan& plan);
+
 struct RenderOptions {
   bool show_memory_terms = true;
   bool show_runner_ups = true;

@@ -1,6 +1,7 @@
 #include "search/transfer_calibration.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,13 +16,16 @@ namespace {
 // A probe of the model's step against the per-transfer time: large enough to move a step of
 // tens of milliseconds measurably, small against one.
 constexpr double kProbeSeconds = 1e-3;
+// Secant steps at most, and how close to the missing time they stop.
+constexpr int kSecantSteps = 4;
+constexpr double kSecantTolerance = 0.005;
 
 // The plan's step as the calibrated profile predicts it with `extra` seconds per transfer.
 double predicted_step(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                       const Profile& calibrated, const std::vector<std::string>& types, double extra) {
   Profile profile = calibrated;
   for (const std::string& type : types) profile.device_types.at(type).boundary_transfer_seconds = extra;
-  const CostModel cost(model, cluster, train, &profile);
+  const CostModel cost(model, cluster, plan_train_spec(train, plan), &profile);
   Plan evaluated = plan;
   plan_evaluate(&evaluated, cost);
   return evaluated.step_seconds;
@@ -50,12 +54,15 @@ std::optional<TransferCalibration> transfer_calibration_fit(const Plan& plan, co
   const double missing = measured_step_seconds - c.model_step_seconds;
   if (missing <= 0) return c;  // the link model is a floor: never below it
   // The step grows piecewise linearly with the time per transfer (the slowest stage can change):
-  // a secant from a probe, then one more from the first estimate.
-  const double slope = (step(kProbeSeconds) - c.model_step_seconds) / kProbeSeconds;
-  if (slope <= 0) return c;
-  c.extra_seconds = missing / slope;
-  const double reached = step(c.extra_seconds) - c.model_step_seconds;
-  if (reached > 0) c.extra_seconds *= missing / reached;
+  // secants through the origin, from a probe, until the step is within tolerance.
+  double tried = kProbeSeconds;
+  double reached = step(tried) - c.model_step_seconds;
+  for (int i = 0; i < kSecantSteps && reached > 0; ++i) {
+    tried *= missing / reached;
+    reached = step(tried) - c.model_step_seconds;
+    c.extra_seconds = tried;
+    if (std::abs(reached - missing) <= kSecantTolerance * missing) break;
+  }
   return c;
 }
 

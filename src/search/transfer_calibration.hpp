@@ -27,7 +27,9 @@ struct TransferCalibration {
   double measured_step_seconds = 0;
 };
 
-// None when the plan has one stage (no boundaries) or none of its device types is in the profile.
+// `train`: the run's spec (optimizer and master weights); the plan's sequence length, batch and
+// precision replace its own. None when the plan has one stage (no boundaries) or none of its
+// device types is in the profile.
 std::optional<TransferCalibration> transfer_calibration_fit(const Plan& plan, const ModelSpec& model,
                                                             const ClusterSpec& cluster, const TrainSpec& train,
                                                             const Profile& calibrated, double measured_step_seconds);
@@ -35,7 +37,9 @@ std::optional<TransferCalibration> transfer_calibration_fit(const Plan& plan, co
 // Sets the fitted time on the calibration's device types.
 void transfer_calibration_apply(Profile* profile, const TransferCalibration& c);
 
-// One line, e.g. "measured / predicted on stage-boundary transfers: step 1.12x ...".
+// One line, e.g. "measured / predicted on stage-boundary transfers: the step 1.05x (447 ms
+// measured, 426 ms with the corrections above), so each transfer from cpu-fast takes 432 us
+// more than the link model".
 std::string transfer_calibration_describe(const TransferCalibration& c);
 
 }  // namespace alloy

@@ -22,11 +22,7 @@ namespace {
 // Per stage: one block's activations parked in host memory (all but its output) per
 // micro-batch, at recomputation none and selective, from the cost model's activation formula.
 std::vector<std::array<int64_t, 2>> parked_block_bytes(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster) {
-  TrainSpec train;
-  train.seq_len = plan.seq_len;
-  train.global_batch_sequences = plan.global_batch_sequences;
-  train.precision = plan.precision;
-  const CostModel cost(model, cluster, train);
+  const CostModel cost(model, cluster, plan_train_spec(TrainSpec{}, plan));
   std::vector<std::array<int64_t, 2>> bytes;
   for (const PlanStage& st : plan.stages) {
     bytes.push_back({0, 0});

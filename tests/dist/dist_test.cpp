@@ -404,6 +404,21 @@ TEST_F(DistFailureTest, ResumeContinuesExactlyAndMismatchedCheckpointsAreRefused
   EXPECT_NE(o.output.find("fingerprint"), std::string::npos) << o.output;
 }
 
+// Under ZeRO the replicas' shares set which floats each one's optimizer state holds, so a
+// checkpoint of one split is refused by a plan with another, naming the fingerprint.
+TEST_F(DistFailureTest, ResumeRefusesAnotherSplitOfUnevenZeroShards) {
+  const std::string ck = dir_->path() + "/ck-uneven";
+  const std::string written = dir_->path() + "/uneven-3-1.json", other = dir_->path() + "/uneven-1-3.json";
+  const Plan base = test_plan(gpt(), cluster(), {{1, 2, 1, {6}}}, k1f1b, 2);
+  plan_save(with_uneven_replicas(base, 0, {3, 1}), written);
+  plan_save(with_uneven_replicas(base, 0, {1, 3}), other);
+  CommandResult saved = run_command(train_command(2, written, 2, "--checkpoint " + ck), 60);
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  CommandResult o = run_command(train_command(2, other, 3, fmt::format("--checkpoint {} --resume", ck)), 60);
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_NE(o.output.find("fingerprint"), std::string::npos) << o.output;
+}
+
 TEST_F(DistFailureTest, TraceOfTheRealRunHasEveryRank) {
   const std::string trace = dir_->path() + "/trace.json";
   CommandResult r = run_command(train_command(2, two_stage_plan(), 3, "--trace " + trace), 60);

@@ -192,6 +192,20 @@ TEST(Plan, ZeroPiecesFollowTheReplicasShares) {
   EXPECT_EQ(even.zero_piece(2, 5, 0), (std::pair<int64_t, int64_t>{0, 3}));
   EXPECT_EQ(even.zero_piece(2, 5, 1), (std::pair<int64_t, int64_t>{3, 5}));
   EXPECT_DOUBLE_EQ(even.zero_share(2, 1), 0.5);
+  // Three replicas (shares 5, 2, 1 of 8) over fewer floats than sequences: pieces may be empty,
+  // and they still tile the range.
+  Plan three = uneven_plan();
+  three.stages[0].dp = 3;
+  three.stages[0].replicas.resize(3, three.stages[0].replicas[1]);
+  three.stages[0].replicas[0].sequences = 5;
+  three.stages[0].replicas[1].sequences = 2;
+  three.stages[0].replicas[2].sequences = 1;
+  const PlanStage& st = three.stages[0];
+  EXPECT_EQ(st.zero_piece(8, 3, 0), (std::pair<int64_t, int64_t>{0, 1}));
+  EXPECT_EQ(st.zero_piece(8, 3, 1), (std::pair<int64_t, int64_t>{1, 2}));
+  EXPECT_EQ(st.zero_piece(8, 3, 2), (std::pair<int64_t, int64_t>{2, 3}));
+  EXPECT_EQ(st.zero_piece(8, 1, 1), (std::pair<int64_t, int64_t>{0, 0})) << "an empty piece";
+  EXPECT_EQ(st.zero_piece(8, 1, 2), (std::pair<int64_t, int64_t>{0, 1}));
 }
 
 TEST(Plan, UnevenReplicasThatDoNotAddUpAreRefused) {

@@ -53,6 +53,15 @@ TEST(TransferCalibration, FitsThePerTransferTimeThatPredictsTheMeasuredStep) {
   EXPECT_DOUBLE_EQ(profile_parse(profile_to_json(calibrated), "p.json").boundary_transfer_seconds("a100-80"),
                    c->extra_seconds);
   EXPECT_NE(transfer_calibration_describe(*c).find("1.20x"), std::string::npos) << transfer_calibration_describe(*c);
+  // The plan's shape, not the command line's defaults, sets what the run measured.
+  TrainSpec defaults = f.train;
+  defaults.seq_len = 64;
+  defaults.global_batch_sequences = 4;
+  const std::optional<TransferCalibration> same =
+      transfer_calibration_fit(pipeline, f.model, f.cluster, defaults, f.profile, measured);
+  ASSERT_TRUE(same.has_value());
+  EXPECT_DOUBLE_EQ(same->model_step_seconds, c->model_step_seconds);
+  EXPECT_DOUBLE_EQ(same->extra_seconds, c->extra_seconds);
 }
 
 TEST(TransferCalibration, NeverGoesBelowTheLinkModelAndNeedsABoundary) {

@@ -64,15 +64,17 @@ std::string shape_text(const LayerShape& s) {
                      s.sequence_parallel ? " sp" : "");
 }
 
-// The cluster's nodes share this host (emulated): a group across them runs at what was measured
-// here, so each measured collective is also recorded as spanning nodes.
-void collectives_for_emulated_nodes(std::vector<ProfiledCollective>* collectives) {
-  const size_t measured = collectives->size();
+// The cluster's nodes share this host (emulated): a group or a transfer across them runs at
+// what was measured here, so each measurement (a collective or a point-to-point link) is also
+// recorded as spanning nodes.
+template <typename Measured>
+void also_across_emulated_nodes(std::vector<Measured>* measurements) {
+  const size_t measured = measurements->size();
   for (size_t i = 0; i < measured; ++i) {
-    if ((*collectives)[i].spans_nodes) continue;
-    ProfiledCollective across = (*collectives)[i];
+    if ((*measurements)[i].spans_nodes) continue;
+    Measured across = (*measurements)[i];
     across.spans_nodes = true;
-    collectives->push_back(across);
+    measurements->push_back(across);
   }
 }
 
@@ -137,9 +139,16 @@ void run_profile(const ProfileCommand& c) {
   const double gemm = profile_gemm_flops(512, 3);
   const double bandwidth = profile_memory_bandwidth();
   std::vector<ProfiledCollective> collectives;
-  if (comm && world > 1) collectives = comm_profile_measure(*comm, c.repeats, progress_line);
+  std::vector<ProfiledLink> point_to_point;
+  if (comm && world > 1) {
+    collectives = comm_profile_measure(*comm, c.repeats, progress_line);
+    point_to_point = comm_profile_point_to_point(*comm, c.repeats, progress_line);
+  }
   const bool emulated_nodes = comm && world > 1 && comm->local_size() == world && cluster.num_nodes > 1;
-  if (emulated_nodes) collectives_for_emulated_nodes(&collectives);
+  if (emulated_nodes) {
+    also_across_emulated_nodes(&collectives);
+    also_across_emulated_nodes(&point_to_point);
+  }
   if (root) progress_line("");
   if (!root) return;
 
@@ -167,6 +176,7 @@ void run_profile(const ProfileCommand& c) {
       dp.layers.push_back({s.kind, s.micro_batch, s.seq_len, s.tp, s.sequence_parallel, forward, backward});
     }
     dp.collectives = collectives;
+    dp.point_to_point = point_to_point;
     dp.optimizer_seconds_per_parameter = ranks_of_type[k] > 0 ? optimizer[1 + k] / ranks_of_type[k]
                                                                 : optimizer[0] / world *
                                                                       device_slowdown(type, ranks_on_host, runtime_threads());
@@ -195,6 +205,10 @@ void run_profile(const ProfileCommand& c) {
       comm_table.add_row({collective_op_name(pc.op), std::to_string(pc.group_size), units_format_seconds(pc.latency_seconds),
                           units_format_bandwidth(pc.bandwidth_bytes_per_second), largest});
     }
+    for (const ProfiledLink& link : point_to_point)
+      comm_table.add_row({link.spans_nodes ? "point-to-point across nodes" : "point-to-point in a node", "2",
+                          units_format_seconds(link.latency_seconds), units_format_bandwidth(link.bandwidth_bytes_per_second),
+                          "-"});
     fmt::print("{}latency and bandwidth: the line fitted to the timed buffers; the planner follows the timings themselves "
                "between sizes\n",
                comm_table.render());

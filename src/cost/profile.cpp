@@ -30,6 +30,21 @@ double positive_number(const json& object, const char* key, const std::string& p
   return v.get<double>();
 }
 
+double non_negative_number(const json& object, const char* key, const std::string& path, const std::string& field) {
+  const json& v = require(object, key, path, field);
+  if (!v.is_number() || v.get<double>() < 0)
+    throw Error("must be a number >= 0", {path, field + "." + key}, "measured values are seconds or bytes per second");
+  return v.get<double>();
+}
+
+// "intra_node" or "inter_node": whether the measured ranks were on different nodes.
+bool parse_spans_nodes(const json& object, const std::string& path, const std::string& field) {
+  const json& placement = require(object, "placement", path, field);
+  if (placement == "intra_node") return false;
+  if (placement == "inter_node") return true;
+  throw Error("unknown placement " + placement.dump(), {path, field + ".placement"}, "use intra_node or inter_node");
+}
+
 int positive_int(const json& object, const char* key, const std::string& path, const std::string& field) {
   const json& v = require(object, key, path, field);
   if (!v.is_number_integer() || v.get<int>() <= 0)
@@ -190,6 +205,17 @@ double Profile::optimizer_rate(const std::string& device_type) const {
   return it == device_types.end() ? 0.0 : it->second.optimizer_seconds_per_parameter;
 }
 
+Link Profile::point_to_point_link(const std::string& device_type, bool spans_nodes, Link fallback) const {
+  auto it = device_types.find(device_type);
+  if (it == device_types.end()) return fallback;
+  for (const ProfiledLink& link : it->second.point_to_point)
+    if (link.spans_nodes == spans_nodes) {
+      fallback.bandwidth_bytes_per_second = link.bandwidth_bytes_per_second;
+      fallback.latency_seconds = link.latency_seconds;
+    }
+  return fallback;
+}
+
 double Profile::boundary_transfer_seconds(const std::string& device_type) const {
   auto it = device_types.find(device_type);
   return it == device_types.end() ? 0.0 : it->second.boundary_transfer_seconds;
@@ -242,29 +268,29 @@ Profile profile_parse(const std::string& json_text, const std::string& path) {
         ProfiledCollective pc;
         pc.op = parse_op(require(c, "op", path, field), path, field + ".op");
         pc.group_size = positive_int(c, "group_size", path, field);
-        const json& placement = require(c, "placement", path, field);
-        if (placement == "intra_node") pc.spans_nodes = false;
-        else if (placement == "inter_node") pc.spans_nodes = true;
-        else throw Error("unknown placement " + placement.dump(), {path, field + ".placement"},
-                         "use intra_node or inter_node");
+        pc.spans_nodes = parse_spans_nodes(c, path, field);
         pc.bandwidth_bytes_per_second = positive_number(c, "bandwidth_bytes_per_second", path, field);
-        const json& latency = require(c, "latency_seconds", path, field);
-        if (!latency.is_number() || latency.get<double>() < 0)
-          throw Error("must be a number >= 0", {path, field + ".latency_seconds"});
-        pc.latency_seconds = latency.get<double>();
+        pc.latency_seconds = non_negative_number(c, "latency_seconds", path, field);
         if (c.contains("samples")) pc.samples = parse_samples(c.at("samples"), path, field + ".samples");
         dp.collectives.push_back(pc);
       }
     }
     if (entry.contains("optimizer_seconds_per_parameter"))
       dp.optimizer_seconds_per_parameter = positive_number(entry, "optimizer_seconds_per_parameter", path, base);
-    if (entry.contains("boundary_transfer_seconds")) {
-      const json& extra = entry.at("boundary_transfer_seconds");
-      if (!extra.is_number() || extra.get<double>() < 0)
-        throw Error("must be a number of seconds >= 0", {path, base + ".boundary_transfer_seconds"},
-                    "recalibrate with alloy train --calibrated-profile, or remove the field");
-      dp.boundary_transfer_seconds = extra.get<double>();
+    if (entry.contains("point_to_point")) {
+      const json& links = entry.at("point_to_point");
+      if (!links.is_array()) throw Error("must be a list", {path, base + ".point_to_point"});
+      for (size_t i = 0; i < links.size(); ++i) {
+        const std::string field = base + ".point_to_point[" + std::to_string(i) + "]";
+        ProfiledLink link;
+        link.spans_nodes = parse_spans_nodes(links[i], path, field);
+        link.bandwidth_bytes_per_second = positive_number(links[i], "bandwidth_bytes_per_second", path, field);
+        link.latency_seconds = non_negative_number(links[i], "latency_seconds", path, field);
+        dp.point_to_point.push_back(link);
+      }
     }
+    if (entry.contains("boundary_transfer_seconds"))
+      dp.boundary_transfer_seconds = non_negative_number(entry, "boundary_transfer_seconds", path, base);
     profile.device_types[type_name] = std::move(dp);
   }
   return profile;
@@ -291,6 +317,10 @@ std::string profile_to_json(const Profile& profile) {
       entry["collectives"].push_back(std::move(collective));
     }
     if (dp.optimizer_seconds_per_parameter > 0) entry["optimizer_seconds_per_parameter"] = dp.optimizer_seconds_per_parameter;
+    for (const ProfiledLink& link : dp.point_to_point)
+      entry["point_to_point"].push_back({{"placement", link.spans_nodes ? "inter_node" : "intra_node"},
+                                         {"bandwidth_bytes_per_second", link.bandwidth_bytes_per_second},
+                                         {"latency_seconds", link.latency_seconds}});
     if (dp.boundary_transfer_seconds > 0) entry["boundary_transfer_seconds"] = dp.boundary_transfer_seconds;
     root["device_types"][name] = std::move(entry);
   }

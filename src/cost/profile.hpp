@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "spec/cluster.hpp"
+
 namespace alloy {
 
 enum class LayerKind { LayerKind_embedding, LayerKind_block, LayerKind_head };
@@ -48,9 +50,18 @@ struct ProfiledCollective {
   double seconds(double bytes) const;
 };
 
+// A point-to-point transfer between two ranks, timed by ping-pong (half the round trip) and
+// fitted to time = latency + bytes / bandwidth.
+struct ProfiledLink {
+  bool spans_nodes = false;  // placement: "intra_node" or "inter_node"
+  double bandwidth_bytes_per_second = 0;
+  double latency_seconds = 0;
+};
+
 struct DeviceProfile {
   std::vector<ProfiledLayer> layers;
   std::vector<ProfiledCollective> collectives;
+  std::vector<ProfiledLink> point_to_point;  // at most one per placement
   double optimizer_seconds_per_parameter = 0;  // gradient norm and AdamW update; 0: not measured
   // Seconds each stage-boundary transfer sent by this type takes beyond the link model, fitted
   // by calibration so that the profile predicts its run's step (a pipeline's waits for its
@@ -76,6 +87,9 @@ struct Profile {
                                             int group_size, bool spans_nodes) const;
   // Measured optimizer seconds per parameter of a device type, or 0.
   double optimizer_rate(const std::string& device_type) const;
+  // `fallback` (a cluster file's link) with the measured latency and bandwidth of transfers from
+  // a device type at that placement, where the profile has them.
+  Link point_to_point_link(const std::string& device_type, bool spans_nodes, Link fallback) const;
   // DeviceProfile::boundary_transfer_seconds of a device type, or 0.
   double boundary_transfer_seconds(const std::string& device_type) const;
 };

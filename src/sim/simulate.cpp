@@ -116,23 +116,31 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
   const Device& a = cluster_.devices[lanes_[lane].device_id];
   const Device& b = cluster_.devices[peer.device_id];
   const int peer_lane = peer.stage;
+  // The sender's measured transfers and calibrated extra, where the profile has them (as the
+  // cost model's boundary links).
+  const std::string& sender = cluster_.device_type(a).name;
+  const Profile* profile = options_.profile;
   BoundaryLink link;
   link.intra_node = cluster_.node_group(a).intra_node;
   link.network = cluster_.network;
+  if (profile) {
+    link.intra_node = profile->point_to_point_link(sender, false, link.intra_node);
+    link.network = profile->point_to_point_link(sender, true, link.network);
+    link.extra_seconds = profile->boundary_transfer_seconds(sender);
+  }
   if (a.node == b.node) {
     link.path = P2pPath::P2pPath_intra_node;
     resources->assign({lane * kNumResources + kIntraTx, peer_lane * kNumResources + kIntraRx});
   } else {
     // Every device of the stage on this node sends at the same time, sharing the node's network.
     const int concurrent = busiest_node_count(cluster_, from.device_ids);
-    link.aggregate_network_bytes_per_second = cluster_.network.bandwidth_bytes_per_second / concurrent;
+    link.aggregate_network_bytes_per_second = link.network.bandwidth_bytes_per_second / concurrent;
     link.path = cluster_.device_type(a).vendor == cluster_.device_type(b).vendor ? P2pPath::P2pPath_network
                                                                                  : P2pPath::P2pPath_host_staged;
     link.host_link_from_bytes_per_second = cluster_.node_group(a).host_link_bytes_per_second;
     link.host_link_to_bytes_per_second = cluster_.node_group(b).host_link_bytes_per_second;
     resources->assign({lane * kNumResources + kNetTx, peer_lane * kNumResources + kNetRx});
   }
-  if (options_.profile) link.extra_seconds = options_.profile->boundary_transfer_seconds(cluster_.device_type(a).name);
   return boundary_seconds(static_cast<double>(op.bytes), link);
 }
 

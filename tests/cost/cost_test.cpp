@@ -101,6 +101,22 @@ TEST(Comm, BoundaryPathFollowsPlacementAndVendor) {
   const double staged = boundary_seconds(bytes, cost.boundary_link({4, 5}, {8, 9}));
   EXPECT_LT(intra, net);
   EXPECT_LT(net, staged);
+
+  // A profile's measured transfers from the sender's type replace the cluster file's links, and
+  // its calibrated extra adds to every transfer; other types keep theirs.
+  Profile profile;
+  profile.model_name = m.name;
+  DeviceProfile& a100 = profile.device_types["a100-80"];
+  a100.point_to_point = {{false, 1e9, 1e-3}, {true, 2e8, 2e-3}};
+  a100.boundary_transfer_seconds = 0.5;
+  CostModel measured(m, c, t, &profile);
+  EXPECT_DOUBLE_EQ(boundary_seconds(bytes, measured.boundary_link({0, 1}, {2, 3})), 0.5 + 1e-3 + bytes / 2 / 1e9)
+      << "two lanes share the bytes in a node";
+  EXPECT_DOUBLE_EQ(boundary_seconds(bytes, measured.boundary_link({0, 1}, {4, 5})), 0.5 + 2e-3 + bytes / 2e8)
+      << "one node on each side";
+  EXPECT_DOUBLE_EQ(boundary_seconds(bytes, measured.boundary_link({8, 9}, {12, 13})),
+                   boundary_seconds(bytes, cost.boundary_link({8, 9}, {12, 13})))
+      << "an mi250x sender is not in the profile";
 }
 
 class StageCost : public ::testing::Test {
@@ -271,7 +287,11 @@ TEST(Profile, WrittenProfilesReadBackUnchanged) {
   p.device_types["cpu-fast"].collectives.push_back(
       {CollectiveOp::CollectiveOp_reduce_scatter, 3, true, 2.5e9, 4e-5, {{16384, 5e-5}, {4194304, 2e-3}}});
   p.device_types["cpu-half"].layers.push_back({LayerKind::LayerKind_embedding, 1, 32, 1, false, 1e-4, 2e-4});
+  p.device_types["cpu-half"].point_to_point.push_back({true, 3e9, 7e-6});
   const Profile q = profile_parse(profile_to_json(p), "round.json");
+  EXPECT_EQ(profile_to_json(q), profile_to_json(p));
+  ASSERT_EQ(q.device_types.at("cpu-half").point_to_point.size(), 1u);
+  EXPECT_TRUE(q.device_types.at("cpu-half").point_to_point[0].spans_nodes);
   EXPECT_EQ(q.model_name, "small-gpt");
   ASSERT_EQ(q.device_types.size(), 2u);
   const ProfiledLayer* head = q.find_layer("cpu-fast", LayerKind::LayerKind_head, 4, 64, 2, true);
@@ -354,6 +374,19 @@ TEST(Profile, BadFilesNameTheField) {
     } catch (const Error& e) {
       EXPECT_EQ(e.where().field, field) << samples;
       EXPECT_NE(e.hint().find("[[bytes, seconds]"), std::string::npos) << e.hint();
+    }
+  }
+  for (const auto& [entry, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"("point_to_point": [{"placement": "far", "bandwidth_bytes_per_second": 1e9, "latency_seconds": 0}])",
+            "device_types.a.point_to_point[0].placement"},
+           {R"("point_to_point": [{"placement": "intra_node", "bandwidth_bytes_per_second": 1e9, "latency_seconds": -1}])",
+            "device_types.a.point_to_point[0].latency_seconds"},
+           {R"("point_to_point": {})", "device_types.a.point_to_point"}}) {
+    try {
+      profile_parse(R"({"version": 1, "model": "x", "device_types": {"a": {)" + entry + "}}}", "p2p.json");
+      FAIL() << entry;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.where().field, field) << entry;
     }
   }
   EXPECT_THROW(profile_parse(R"({"version": 7, "model": "x", "device_types": {}})", "v.json"), Error);

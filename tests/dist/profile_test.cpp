@@ -78,6 +78,18 @@ TEST_F(ProfileCommandTest, MeasuresCollectivesUnderMpirun) {
     EXPECT_GE(c->latency_seconds, 0);
   }
   EXPECT_NE(p.find_layer("cpu", LayerKind::LayerKind_block, 2, 16, 2, true), nullptr) << "tp 2 with sequence parallelism";
+  // Point-to-point in a node, timed by ping-pong; the planner's links then follow it.
+  const std::vector<ProfiledLink>& links = p.device_types.at("cpu").point_to_point;
+  ASSERT_EQ(links.size(), 1u);
+  EXPECT_FALSE(links[0].spans_nodes);
+  EXPECT_GT(links[0].bandwidth_bytes_per_second, 1e6);
+  EXPECT_GE(links[0].latency_seconds, 0);
+  const Link fallback{"shm", 1.0, 1.0};
+  const Link measured = p.point_to_point_link("cpu", false, fallback);
+  EXPECT_EQ(measured.bandwidth_bytes_per_second, links[0].bandwidth_bytes_per_second);
+  EXPECT_EQ(measured.latency_seconds, links[0].latency_seconds);
+  EXPECT_EQ(p.point_to_point_link("cpu", true, fallback).bandwidth_bytes_per_second, 1.0) << "none measured across nodes";
+  EXPECT_NE(r.output.find("point-to-point in a node"), std::string::npos) << r.output;
 }
 
 // Two device types equal on paper; rank 1 runs at a tenth of the speed its type claims. After

@@ -178,7 +178,8 @@ TEST(Plan, UnevenReplicasRoundTripAndSplitTheMicroBatch) {
 TEST(Plan, ZeroPiecesFollowTheReplicasShares) {
   // Shares 3 and 1 of 4 sequences: 10 floats split 7 and 3 (boundary at floor(10 * 3 / 4)),
   // pieces that tile the range whatever its size, even sizes past 2^63 / 4.
-  const PlanStage& uneven = uneven_plan().stages[0];
+  const Plan uneven_shares = uneven_plan();
+  const PlanStage& uneven = uneven_shares.stages[0];
   EXPECT_EQ(uneven.zero_piece(4, 10, 0), (std::pair<int64_t, int64_t>{0, 7}));
   EXPECT_EQ(uneven.zero_piece(4, 10, 1), (std::pair<int64_t, int64_t>{7, 10}));
   EXPECT_DOUBLE_EQ(uneven.zero_share(4, 0), 0.75);
@@ -187,7 +188,8 @@ TEST(Plan, ZeroPiecesFollowTheReplicasShares) {
   EXPECT_EQ(uneven.zero_piece(4, huge, 1).second, huge);
   EXPECT_EQ(uneven.zero_piece(4, huge, 0).second, huge / 4 * 3 + 2);
   // Even replicas: the first count % dp pieces take one float more.
-  const PlanStage& even = two_stage_plan().stages[0];
+  const Plan even_shares = two_stage_plan();
+  const PlanStage& even = even_shares.stages[0];
   ASSERT_EQ(even.dp, 2);
   EXPECT_EQ(even.zero_piece(2, 5, 0), (std::pair<int64_t, int64_t>{0, 3}));
   EXPECT_EQ(even.zero_piece(2, 5, 1), (std::pair<int64_t, int64_t>{3, 5}));
@@ -196,7 +198,8 @@ TEST(Plan, ZeroPiecesFollowTheReplicasShares) {
   // and they still tile the range.
   Plan three = uneven_plan();
   three.stages[0].dp = 3;
-  three.stages[0].replicas.resize(3, three.stages[0].replicas[1]);
+  const PlanReplica copy = three.stages[0].replicas[1];
+  three.stages[0].replicas.resize(3, copy);
   three.stages[0].replicas[0].sequences = 5;
   three.stages[0].replicas[1].sequences = 2;
   three.stages[0].replicas[2].sequences = 1;

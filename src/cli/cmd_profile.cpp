@@ -59,6 +59,8 @@ int cpu_devices_per_node(const ClusterSpec& cluster) {
   return most;
 }
 
+const char* placement_name(bool spans_nodes) { return spans_nodes ? "across nodes" : "in a node"; }
+
 std::string shape_text(const LayerShape& s) {
   return fmt::format("{} mb {} seq {} tp {}{}", layer_kind_name(s.kind), s.micro_batch, s.seq_len, s.tp,
                      s.sequence_parallel ? " sp" : "");
@@ -197,18 +199,18 @@ void run_profile(const ProfileCommand& c) {
                "was scaled by a reference GEMM timed right after it\n",
                100 * (spread - 1));
   if (!collectives.empty()) {
-    TextTable comm_table({"collective", "ranks>", "latency>", "bandwidth>", "largest buffer timed>"});
+    TextTable comm_table({"collective", "placement", "ranks>", "latency>", "bandwidth>", "largest buffer timed>"});
     for (const ProfiledCollective& pc : collectives) {
       const std::string largest = pc.samples.empty() ? "-"
                                                      : fmt::format("{} in {}", units_format_bytes(pc.samples.back().bytes),
                                                                    units_format_seconds(pc.samples.back().seconds));
-      comm_table.add_row({collective_op_name(pc.op), std::to_string(pc.group_size), units_format_seconds(pc.latency_seconds),
-                          units_format_bandwidth(pc.bandwidth_bytes_per_second), largest});
+      comm_table.add_row({collective_op_name(pc.op), placement_name(pc.spans_nodes), std::to_string(pc.group_size),
+                          units_format_seconds(pc.latency_seconds), units_format_bandwidth(pc.bandwidth_bytes_per_second),
+                          largest});
     }
     for (const ProfiledLink& link : point_to_point)
-      comm_table.add_row({link.spans_nodes ? "point-to-point across nodes" : "point-to-point in a node", "2",
-                          units_format_seconds(link.latency_seconds), units_format_bandwidth(link.bandwidth_bytes_per_second),
-                          "-"});
+      comm_table.add_row({"point-to-point", placement_name(link.spans_nodes), "2", units_format_seconds(link.latency_seconds),
+                          units_format_bandwidth(link.bandwidth_bytes_per_second), "-"});
     fmt::print("{}latency and bandwidth: the line fitted to the timed buffers; the planner follows the timings themselves "
                "between sizes\n",
                comm_table.render());

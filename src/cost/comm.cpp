@@ -96,6 +96,13 @@ const char* p2p_path_name(P2pPath path) {
   return "?";
 }
 
+void boundary_link_apply_profile(BoundaryLink* link, const Profile* profile, const std::string& sender_type) {
+  if (profile == nullptr) return;
+  link->intra_node = profile->point_to_point_link(sender_type, false, link->intra_node);
+  link->network = profile->point_to_point_link(sender_type, true, link->network);
+  link->extra_seconds = profile->boundary_transfer_seconds(sender_type);
+}
+
 double boundary_seconds(double bytes, const BoundaryLink& link) {
   if (bytes <= 0) return 0;
   const double lanes = std::max(1, link.lanes);

@@ -45,4 +45,9 @@ struct BoundaryLink {
 
 double boundary_seconds(double bytes, const BoundaryLink& link);
 
+// Replaces `link`'s intra-node and network links with the sending type's measured transfers and
+// sets its calibrated extra time per transfer, where `profile` (may be null) has them. Call it
+// before deriving the aggregate network bandwidth from `link->network`.
+void boundary_link_apply_profile(BoundaryLink* link, const Profile* profile, const std::string& sender_type);
+
 }  // namespace alloy

@@ -177,16 +177,14 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
   b.lanes = static_cast<int>(std::min(from.size(), to.size()));
   const Device& a = cluster_.devices[from.front()];
   const Device& z = cluster_.devices[to.front()];
-  // The sender's measured transfers, where the profile has them, in place of the cluster file's.
-  const std::string& sender = cluster_.device_type(a).name;
-  b.network = profile_ ? profile_->point_to_point_link(sender, true, cluster_.network) : cluster_.network;
+  b.intra_node = type_links_[a.device_type_index];
+  b.network = cluster_.network;
+  boundary_link_apply_profile(&b, profile_, cluster_.device_type(a).name);
   const int from_nodes = distinct_nodes(cluster_, from);
   const int to_nodes = distinct_nodes(cluster_, to);
   b.aggregate_network_bytes_per_second = std::min(from_nodes, to_nodes) * b.network.bandwidth_bytes_per_second;
   if (from_nodes == 1 && to_nodes == 1 && a.node == z.node) {
     b.path = P2pPath::P2pPath_intra_node;
-    const Link& link = type_links_[a.device_type_index];
-    b.intra_node = profile_ ? profile_->point_to_point_link(sender, false, link) : link;
   } else if (cluster_.device_type(a).vendor != cluster_.device_type(z).vendor) {
     b.path = P2pPath::P2pPath_host_staged;
     b.host_link_from_bytes_per_second = cluster_.node_group(a).host_link_bytes_per_second;
@@ -194,7 +192,6 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
   } else {
     b.path = P2pPath::P2pPath_network;
   }
-  if (profile_) b.extra_seconds = profile_->boundary_transfer_seconds(sender);
   return b;
 }
 

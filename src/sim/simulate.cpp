@@ -116,18 +116,10 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
   const Device& a = cluster_.devices[lanes_[lane].device_id];
   const Device& b = cluster_.devices[peer.device_id];
   const int peer_lane = peer.stage;
-  // The sender's measured transfers and calibrated extra, where the profile has them (as the
-  // cost model's boundary links).
-  const std::string& sender = cluster_.device_type(a).name;
-  const Profile* profile = options_.profile;
   BoundaryLink link;
   link.intra_node = cluster_.node_group(a).intra_node;
   link.network = cluster_.network;
-  if (profile) {
-    link.intra_node = profile->point_to_point_link(sender, false, link.intra_node);
-    link.network = profile->point_to_point_link(sender, true, link.network);
-    link.extra_seconds = profile->boundary_transfer_seconds(sender);
-  }
+  boundary_link_apply_profile(&link, options_.profile, cluster_.device_type(a).name);
   if (a.node == b.node) {
     link.path = P2pPath::P2pPath_intra_node;
     resources->assign({lane * kNumResources + kIntraTx, peer_lane * kNumResources + kIntraRx});

@@ -251,20 +251,24 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.block = layer_times(shape, LayerKind::LayerKind_block, sp, block);
   const LayerTimes compute_only = u.block;
   // Two tp collectives on the hidden state in forward, two in backward (all-reduce, or
-  // all-gather plus reduce-scatter under sequence parallelism: the same ring volume).
+  // all-gather plus reduce-scatter under sequence parallelism: the same ring volume). Full
+  // recomputation stops before the MLP's output projection, so it redoes the attention's sum
+  // (and, under sequence parallelism, both norms' gathers) but not the MLP's.
   const double hidden = hidden_state_bytes(m, b, s, p);
-  double tp_collectives = 0;
+  double tp_collectives = 0, recompute_collectives = 0;
   if (tp > 1) {
-    tp_collectives = sp ? group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, hidden, shape.tp_group) +
-                              group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter, hidden, shape.tp_group)
-                        : group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, hidden, shape.tp_group);
-    tp_collectives *= 2.0;
+    const auto seconds = [&](CollectiveOp op) { return group_seconds(shape.device_type, op, hidden, shape.tp_group); };
+    const double gather = sp ? seconds(CollectiveOp::CollectiveOp_all_gather) : 0;
+    const double sum = seconds(sp ? CollectiveOp::CollectiveOp_reduce_scatter : CollectiveOp::CollectiveOp_all_reduce);
+    tp_collectives = 2.0 * (gather + sum);
+    recompute_collectives = 2.0 * gather + sum;
   }
   u.block.forward_seconds += tp_collectives;
   u.block.backward_seconds += tp_collectives;
-  const double selective_share = block.forward_flops > 0 ? block.selective_flops / block.forward_flops : 0;
-  u.recompute_selective_seconds = compute_only.forward_seconds * selective_share;
-  u.recompute_full_seconds = u.block.forward_seconds;
+  u.recompute_selective_seconds =
+      compute_only.forward_seconds * recompute_forward_share(block, Recompute::Recompute_selective);
+  u.recompute_full_seconds =
+      compute_only.forward_seconds * recompute_forward_share(block, Recompute::Recompute_full) + recompute_collectives;
 
   u.block_parameters = static_cast<double>(block_parameters(m)) / tp;
   double host_link = 0;

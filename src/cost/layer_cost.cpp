@@ -64,6 +64,7 @@ LayerWork block_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, i
   w.backward_flops = 2.0 * w.forward_flops;
   w.backward_bytes = 2.0 * w.forward_bytes;
   w.selective_flops = attention_flops / tp;
+  w.full_recompute_flops = w.forward_flops - 2.0 * tokens * f * c / tp;  // less the (F -> C) projection
   w.selective_bytes = score_traffic + tokens * 3.0 * static_cast<double>(query_width(m)) * e / tp;
   w.matmul_rows = tokens;
   w.matmul_cols = c / tp;
@@ -98,6 +99,19 @@ LayerWork head_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, in
   w.matmul_rows = tokens;
   w.matmul_cols = v / tp;
   return w;
+}
+
+double recompute_forward_share(const LayerWork& block, Recompute recompute) {
+  if (block.forward_flops <= 0) return 0;
+  switch (recompute) {
+    case Recompute::Recompute_none:
+      return 0;
+    case Recompute::Recompute_selective:
+      return block.selective_flops / block.forward_flops;
+    case Recompute::Recompute_full:
+      return block.full_recompute_flops / block.forward_flops;
+  }
+  return 0;
 }
 
 double model_flops_per_sequence(const ModelSpec& m, int64_t seq_len) {

@@ -24,6 +24,9 @@ struct LayerWork {
   double backward_bytes = 0;
   double selective_flops = 0;      // extra forward work recomputed under selective recompute
   double selective_bytes = 0;
+  // Forward work recomputed under full recompute: all of it but the MLP's output projection, as
+  // the block's output is kept (the next block's input) and backward never reads it again.
+  double full_recompute_flops = 0;
   double matmul_rows = 0;          // M of the dominant matrix products (tokens on the device)
   double matmul_cols = 0;          // N of the dominant matrix products (per tp rank)
 };
@@ -35,6 +38,9 @@ LayerWork embedding_work(const ModelSpec& model, int64_t micro_batch, int64_t se
                          Precision precision);
 LayerWork head_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
                     Precision precision);
+
+// The share of a block's forward time that `recompute` runs again in its backward.
+double recompute_forward_share(const LayerWork& block, Recompute recompute);
 
 // Model FLOPs of one sequence through forward and backward (no recomputation), all layers.
 double model_flops_per_sequence(const ModelSpec& model, int64_t seq_len);

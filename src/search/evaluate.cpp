@@ -83,7 +83,7 @@ ReplicaCosts pass_costs(const Plan& plan, int s, int dp_rank, int64_t b, const S
   out.peak_flops = cost.cluster().device_types[shape.device_type].peak_flops(plan.precision);
   const LayerWork work = block_work(cost.model(), b, plan.seq_len, st.tp, st.sequence_parallel, plan.precision);
   out.recompute_flops = static_cast<double>(plan.num_micro_batches) *
-                        (choice.full * work.forward_flops + choice.selective * work.selective_flops);
+                        (choice.full * work.full_recompute_flops + choice.selective * work.selective_flops);
   return out;
 }
 

@@ -227,6 +227,33 @@ TEST_F(StageCost, RecomputeAndOffloadTradeMemoryForTime) {
   EXPECT_GT(unit.recompute_full_seconds, unit.recompute_selective_seconds);
 }
 
+TEST_F(StageCost, FullRecomputationStopsBeforeTheMlpOutputProjection) {
+  // Both runtimes keep a block's output (the next block's input), so recomputing a block runs
+  // all of its forward but the (F -> C) projection: for LLaMA-2 7B at 4096 tokens that projection
+  // is 2 x 4096 x 11008 x 4096 of the forward's FLOPs.
+  const LayerWork work = block_work(model, 1, 4096, 1, false, train.precision);
+  const double projection = 2.0 * 4096 * 11008 * 4096;
+  EXPECT_NEAR(recompute_forward_share(work, Recompute::Recompute_full), 1 - projection / work.forward_flops, 1e-12);
+  EXPECT_EQ(recompute_forward_share(work, Recompute::Recompute_none), 0);
+  EXPECT_LT(recompute_forward_share(work, Recompute::Recompute_selective),
+            recompute_forward_share(work, Recompute::Recompute_full));
+
+  const StageUnitCosts one = cost.unit_costs(cost.stage_shape({0}, 1, 1, 1), false);
+  EXPECT_NEAR(one.recompute_full_seconds,
+              one.block.forward_seconds * recompute_forward_share(work, Recompute::Recompute_full), 1e-15);
+  // Under tensor parallelism it redoes the attention's all-reduce but not the MLP's: of the
+  // forward's two, one.
+  const StageUnitCosts tp = cost.unit_costs(cost.stage_shape({0, 1}, 2, 1, 1), false);
+  const LayerWork tp_work = block_work(model, 1, 4096, 2, false, train.precision);
+  // The analytic backward computes twice the forward and carries the same two all-reduces, so
+  // forward - backward / 2 is one all-reduce.
+  const double all_reduce = tp.block.forward_seconds - tp.block.backward_seconds / 2;
+  ASSERT_GT(all_reduce, 0);
+  const double compute = tp.block.forward_seconds - 2 * all_reduce;
+  EXPECT_NEAR(tp.recompute_full_seconds,
+              compute * recompute_forward_share(tp_work, Recompute::Recompute_full) + all_reduce, 1e-12);
+}
+
 TEST_F(StageCost, SlowerDeviceTakesLonger) {
   ClusterSpec mixed = testing::cluster("av", {testing::a100_80(), testing::v100_32()}, {{0, 1, 1}, {1, 1, 1}});
   CostModel c2(model, mixed, train);

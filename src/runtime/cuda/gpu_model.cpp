@@ -107,8 +107,11 @@ void release_block_internals(GpuModel& m, GpuBlockActivations& a) {
   give(m, a.mlp_act);
 }
 
-// x: (N, C) -> a.out: (N, C) = block(x), filling every activation on the way.
-void block_forward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const bf16* x, GpuBlockActivations& a) {
+// x: (N, C) -> a.out: (N, C) = block(x), filling every activation on the way. Without
+// `with_output` it stops before the MLP's output projection: a recomputation keeps a.out, which
+// the backward does not read.
+void block_forward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const bf16* x, GpuBlockActivations& a,
+                   bool with_output) {
   cudaStream_t s = m.stream;
   norm_forward(m, d, a.ln1, a.ln1_mean, a.ln1_rstd, x, w.attn_norm_w, w.attn_norm_b);
   m.matmul.forward(a.qkv, a.ln1, m.weight(w.qkv_w), m.weight(w.qkv_b), nullptr, d.N, d.C, d.R, d.R, s);
@@ -122,7 +125,8 @@ void block_forward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const b
   } else {
     cuda_swiglu_forward(a.mlp_act, a.mlp_up, d.N, d.F, s);
   }
-  m.matmul.forward(a.out, a.mlp_act, m.weight(w.down_w), m.weight(w.down_b), a.residual1, d.N, d.F, d.C, d.C, s);
+  if (with_output)
+    m.matmul.forward(a.out, a.mlp_act, m.weight(w.down_w), m.weight(w.down_b), a.residual1, d.N, d.F, d.C, d.C, s);
 }
 
 // Gradient buffers of one backward, shared by every block.
@@ -294,7 +298,7 @@ void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* target
   for (size_t layer = 0; layer < L; ++layer) {
     GpuBlockActivations& a = m.blocks[layer];
     allocate_block(m, d, a);
-    block_forward(m, d, w.blocks[layer], block_input(m, layer), a);
+    block_forward(m, d, w.blocks[layer], block_input(m, layer), a, true);
     // Without a backward to follow, or under full recomputation, only the output stays.
     if (!training || m.recompute[layer] == Recompute::Recompute_full) release_block_internals(m, a);
     if (!training && layer > 0) give(m, m.blocks[layer - 1].out);
@@ -346,7 +350,7 @@ void gpu_model_backward(GpuModel& m) {
     const bf16* x = block_input(m, layer);
     if (m.recompute[layer] == Recompute::Recompute_full) {
       allocate_block(m, d, a);
-      block_forward(m, d, w.blocks[layer], x, a);
+      block_forward(m, d, w.blocks[layer], x, a, false);
     }
     block_backward(m, d, w.blocks[layer], x, a, sc);
     if (m.on_block_gradients) m.on_block_gradients(static_cast<int>(layer));

@@ -104,12 +104,8 @@ bool predicted_layer_weights(const Plan& plan, const PlanStage& st, const std::s
     const std::optional<ProfiledLayer> block = entry(LayerKind::LayerKind_block);
     if (!block) return false;
     const LayerWork work = block_work(model, b, seq, st.tp, st.sequence_parallel, plan.precision);
-    const double selective_share = work.forward_flops > 0 ? work.selective_flops / work.forward_flops : 0;
     double seconds = st.num_blocks() * (block->forward_seconds + block->backward_seconds);
-    for (Recompute r : st.recompute) {
-      if (r == Recompute::Recompute_full) seconds += block->forward_seconds;
-      if (r == Recompute::Recompute_selective) seconds += block->forward_seconds * selective_share;
-    }
+    for (Recompute r : st.recompute) seconds += block->forward_seconds * recompute_forward_share(work, r);
     (*weights)[static_cast<int>(LayerKind::LayerKind_block)] = seconds;
   }
   for (const auto& [present, kind] : {std::pair{st.has_embedding, LayerKind::LayerKind_embedding},

@@ -93,6 +93,28 @@ TEST_F(ProfileCommandTest, MeasuresCollectivesUnderMpirun) {
   EXPECT_NE(r.output.find("in a node"), std::string::npos) << r.output;
 }
 
+// Three unequal ranks (speeds 1, 0.5 and 0.25): the groups of 2 and the ping-pong leave a rank
+// out, which must still meet every measurement's end, and every type gets both group sizes.
+TEST_F(ProfileCommandTest, ProfilesThreeUnequalRanks) {
+  const std::string train = dir_.write("train.yaml", kSmallBatch);
+  const std::string out = dir_.path() + "/profile.json";
+  CommandResult r = run_command(fmt::format("mpirun -np 3 {} profile --model tiny-gpt --cluster local-cpu-3 --train {} -o {} --repeats 1",
+                                            ALLOY_BINARY, train, out), 180);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Profile p = profile_load(out);
+  ASSERT_EQ(p.device_types.size(), 3u);
+  for (const auto& [type, profiled] : p.device_types) {
+    for (int ranks : {2, 3}) {
+      const ProfiledCollective* c = p.find_collective(type, CollectiveOp::CollectiveOp_all_reduce, ranks, false);
+      ASSERT_NE(c, nullptr) << type << " over " << ranks;
+      ASSERT_FALSE(c->samples.empty());
+      EXPECT_GT(c->samples.front().seconds, 0) << type << " over " << ranks;
+    }
+    ASSERT_FALSE(profiled.point_to_point.empty()) << type;
+    EXPECT_GT(profiled.point_to_point[0].bandwidth_bytes_per_second, 1e6) << type;
+  }
+}
+
 // Two device types equal on paper; rank 1 runs at a tenth of the speed its type claims. After
 // profiling, the planner gives that type fewer layers than it does from the cluster file alone.
 TEST_F(ProfileCommandTest, PlannerFollowsMeasurementOfASlowerDevice) {

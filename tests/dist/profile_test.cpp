@@ -31,6 +31,15 @@ steps: 10
 class ProfileCommandTest : public ::testing::Test {
  protected:
   void SetUp() override { mpi_test_environment_set(); }
+
+  // `alloy profile` of tiny-gpt over `ranks` ranks of `cluster` under mpirun, written to `out`.
+  CommandResult profile_under_mpirun(int ranks, const std::string& cluster, const std::string& out) {
+    const std::string train = dir_.write("train.yaml", kSmallBatch);
+    return run_command(fmt::format("mpirun -np {} {} profile --model tiny-gpt --cluster {} --train {} -o {} --repeats 1",
+                                   ranks, ALLOY_BINARY, cluster, train, out),
+                       180);
+  }
+
   TempDir dir_;
 };
 
@@ -64,10 +73,8 @@ TEST_F(ProfileCommandTest, MeasuresEveryShapeAndScalesBySpeed) {
 }
 
 TEST_F(ProfileCommandTest, MeasuresCollectivesUnderMpirun) {
-  const std::string train = dir_.write("train.yaml", kSmallBatch);
   const std::string out = dir_.path() + "/profile.json";
-  CommandResult r = run_command(fmt::format("mpirun -np 2 {} profile --model tiny-gpt --cluster local-cpu-2 --train {} -o {} --repeats 1",
-                                            ALLOY_BINARY, train, out), 120);
+  CommandResult r = profile_under_mpirun(2, "local-cpu-2", out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const Profile p = profile_load(out);
   for (const CollectiveOp op : {CollectiveOp::CollectiveOp_all_reduce, CollectiveOp::CollectiveOp_all_gather,
@@ -96,10 +103,8 @@ TEST_F(ProfileCommandTest, MeasuresCollectivesUnderMpirun) {
 // Three unequal ranks (speeds 1, 0.5 and 0.25): the groups of 2 and the ping-pong leave a rank
 // out, which must still meet every measurement's end, and every type gets both group sizes.
 TEST_F(ProfileCommandTest, ProfilesThreeUnequalRanks) {
-  const std::string train = dir_.write("train.yaml", kSmallBatch);
   const std::string out = dir_.path() + "/profile.json";
-  CommandResult r = run_command(fmt::format("mpirun -np 3 {} profile --model tiny-gpt --cluster local-cpu-3 --train {} -o {} --repeats 1",
-                                            ALLOY_BINARY, train, out), 180);
+  CommandResult r = profile_under_mpirun(3, "local-cpu-3", out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const Profile p = profile_load(out);
   ASSERT_EQ(p.device_types.size(), 3u);
@@ -169,8 +174,7 @@ TEST_F(ProfileCommandTest, TrainingRunCalibratesTheProfile) {
                                     data)).exit_code, 0);
   const std::string profile = dir_.path() + "/profile.json", plan = dir_.path() + "/plan.json";
   const std::string calibrated = dir_.path() + "/calibrated.json";
-  ASSERT_EQ(run_command(fmt::format("mpirun -np 2 {} profile --model tiny-gpt --cluster local-cpu-2 --train {} -o {} --repeats 1",
-                                    ALLOY_BINARY, train, profile), 120).exit_code, 0);
+  ASSERT_EQ(profile_under_mpirun(2, "local-cpu-2", profile).exit_code, 0);
   ASSERT_EQ(run_command(fmt::format("{} plan --model tiny-gpt --cluster local-cpu-2 --train {} --profile {} --pp 2 --no-offload -o {}",
                                     ALLOY_BINARY, train, profile, plan)).exit_code, 0);
   CommandResult r = run_command(fmt::format("mpirun -np 2 {} train --plan {} --model tiny-gpt --data {} --train {} --steps 4 "

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -118,7 +119,7 @@ int main(int argc, char** argv) {
   // cases of a round erred together (over six runs, the round's shared part of the error had a
   // standard deviation of 12%, the case's own 9%).
   std::vector<std::vector<Measured>> results(cases.size());  // [case][round that ran]
-  std::vector<bool> calibration_shown(5, false);              // by ranks
+  std::set<int> calibration_shown;                            // clusters (by ranks) whose calibration was printed
   for (int round = 0; round < rounds; ++round) {
     std::fprintf(stderr, "round %d of %d ...\n", round + 1, rounds);
     for (size_t k = 0; k < cases.size(); ++k) {
@@ -133,8 +134,7 @@ int main(int argc, char** argv) {
         std::printf("calibrating on %d ranks failed:\n%s", ranks, errors_in(calibration_output).c_str());
         continue;
       }
-      if (!calibration_shown[static_cast<size_t>(ranks)]) {
-        calibration_shown[static_cast<size_t>(ranks)] = true;
+      if (calibration_shown.insert(ranks).second) {
         std::printf("calibrated on %d ranks with the planner's best plan on all devices, first time:\n%s", ranks,
                     alloy::bench::calibration_lines_in(calibration_output).c_str());
       }

@@ -22,7 +22,7 @@
 #include "hw/catalog.hpp"
 #include "mpi_bench_util.hpp"
 #include "plan/plan.hpp"
-#include "runtime/dist/dist_trainer.hpp"
+#include "runtime/parallel/dist_report.hpp"
 #include "runtime/shard.hpp"
 #include "search/planner.hpp"
 #include "spec/cluster.hpp"

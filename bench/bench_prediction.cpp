@@ -28,7 +28,7 @@
 
 #include "mpi_bench_util.hpp"
 #include "plan/plan.hpp"
-#include "runtime/dist/dist_trainer.hpp"
+#include "runtime/parallel/dist_report.hpp"
 
 namespace {
 

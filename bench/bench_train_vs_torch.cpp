@@ -21,7 +21,9 @@
 #include "runtime/model.hpp"
 #include "runtime/profile.hpp"
 #include "runtime/threads.hpp"
-#include "runtime/train_step.hpp"
+#include "runtime/parallel/communicator.hpp"
+#include "runtime/parallel/executor.hpp"
+#include "runtime/trainer.hpp"
 #include "spec/error.hpp"
 
 namespace {
@@ -76,12 +78,19 @@ Timing timing_of(std::vector<double> seconds, const std::vector<double>& cpu_sec
 Timing alloy_run(const ModelSpec& spec, int B, int T, int threads, int steps,
                  KernelProfile& profile) {
   runtime_set_threads(threads);
-  Arena arena(int64_t{8} << 30);
-  Model model(spec, arena);
-  model_init_weights(model, 1234);
-  AdamWState state(model);
+  // What `alloy train` runs each step: the executor of one rank over the one-stage plan.
   TrainSpec train;
   train.steps = 1000;
+  train.seq_len = T;
+  train.global_batch_sequences = B;
+  train.seed = 1234;
+  TrainerOptions options;
+  options.batch_size = B;
+  const OneStage one = trainer_one_stage(spec, train, options);
+  std::unique_ptr<Communicator> comm = communicator_local();
+  RankResources resources;
+  resources.memory_cap_bytes = int64_t{8} << 30;
+  RankRuntime runtime(one.plan, spec, train, *comm, resources);
   std::vector<int32_t> tokens(static_cast<size_t>(B) * (T + 1));
   uint64_t x = 42;
   for (int32_t& token : tokens) {
@@ -95,7 +104,7 @@ Timing alloy_run(const ModelSpec& spec, int B, int T, int threads, int steps,
     targets.insert(targets.end(), row + 1, row + T + 1);
   }
   for (int warmup = 0; warmup < 2; warmup++) {
-    train_step(model, state, train, inputs.data(), targets.data(), B, T);
+    runtime.step(inputs.data(), targets.data());
   }
   std::vector<double> seconds;
   std::vector<double> cpu_seconds;
@@ -104,7 +113,7 @@ Timing alloy_run(const ModelSpec& spec, int B, int T, int threads, int steps,
   for (int step = 0; step < steps; step++) {
     const auto start = std::chrono::steady_clock::now();
     const double cpu_start = cpu_seconds_now();
-    train_step(model, state, train, inputs.data(), targets.data(), B, T);
+    runtime.step(inputs.data(), targets.data());
     cpu_seconds.push_back(cpu_seconds_now() - cpu_start);
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -22,7 +22,7 @@
 #include "runtime/cuda/communicator_nccl.hpp"
 #include "runtime/cuda/cuda_check.hpp"
 #include "runtime/cuda/device.hpp"
-#include "runtime/dist/communicator.hpp"
+#include "runtime/parallel/communicator.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {

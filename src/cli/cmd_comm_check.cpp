@@ -13,7 +13,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
-#include "runtime/dist/communicator.hpp"
+#include "runtime/parallel/communicator.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 

@@ -11,7 +11,7 @@
 #include "search/planner.hpp"
 #include "sim/report.hpp"
 #include "sim/simulate.hpp"
-#include "sim/trace.hpp"
+#include "plan/trace.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 

@@ -13,8 +13,9 @@
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"
 #include "runtime/cpu/blas_core.hpp"
-#include "runtime/dist/calibration.hpp"
-#include "runtime/dist/dist_trainer.hpp"
+#include "runtime/parallel/calibration.hpp"
+#include "runtime/parallel/agree.hpp"
+#include "runtime/parallel/dist_report.hpp"
 #include "runtime/io/tokenize.hpp"
 #include "runtime/trainer.hpp"
 #include "search/transfer_calibration.hpp"
@@ -59,28 +60,10 @@ TrainSpec train_spec_from(const TrainCommand& c, const ModelSpec& model) {
     t.min_learning_rate = std::min(t.min_learning_rate, c.learning_rate);
   }
   if (c.options.batch_size > 0) t.global_batch_sequences = c.options.batch_size;
-  t.precision = Precision::Precision_fp32;  // the CPU runtime computes in fp32
+  // The CPU backend computes in fp32, the CUDA backend in bf16 with fp32 master weights.
+  t.precision = c.device == "cuda" ? Precision::Precision_bf16 : Precision::Precision_fp32;
   train_validate(t);
   return t;
-}
-
-void print_summary(const ModelSpec& model, const TrainSpec& train, const TrainerResult& r) {
-  if (r.steps.empty()) {
-    fmt::print("nothing to do: the checkpoint is already at step {} of {}\n", r.first_step, train.steps);
-    return;
-  }
-  std::vector<double> rates;
-  for (const auto& s : r.steps) rates.push_back(s.tokens_per_second);
-  std::sort(rates.begin(), rates.end());
-  fmt::print("\ntrained {} for steps {}..{}: loss {:.4f} -> {:.4f}\n", model.name, r.first_step + 1,
-             r.steps.back().step, r.steps.front().loss, r.steps.back().loss);
-  if (r.initial_val_loss && r.final_val_loss) {
-    fmt::print("validation loss {:.4f} -> {:.4f}\n", *r.initial_val_loss, *r.final_val_loss);
-  } else if (r.final_val_loss) {
-    fmt::print("validation loss {:.4f}\n", *r.final_val_loss);
-  }
-  fmt::print("median {:.0f} tokens/s; measured GEMM peak {} ({} kernels); peak arena memory {}\n", rates[rates.size() / 2],
-             units_format_flops(r.gemm_peak_flops), blas_core().name, units_format_bytes(static_cast<double>(r.peak_arena_bytes)));
 }
 
 // Options that the plan decides (batch, sequence, recomputation) or that only one rank runs.
@@ -112,7 +95,7 @@ void print_types_not_run(const Profile& profile, const std::vector<DeviceTypeCal
 // The plan's profile with each device type's layer times scaled per layer kind, and its
 // optimizer rate and collectives, by what this run measured against what the plan predicted;
 // then the time per stage-boundary transfer that makes it predict this run's step.
-void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& result, const Plan& plan, const ModelSpec& model,
+void write_calibrated_profile(const TrainCommand& c, const TrainerResult& result, const Plan& plan, const ModelSpec& model,
                               const ClusterSpec& cluster, const TrainSpec& train) {
   // Without a profile the ratios are still printed, over every layer kind together.
   const Profile profile = c.profile.empty() ? Profile{} : profile_load(c.profile);
@@ -133,66 +116,6 @@ void write_calibrated_profile(const TrainCommand& c, const DistTrainResult& resu
   print_types_not_run(profile, ratios);
 }
 
-DistTrainOptions dist_options_from(const TrainCommand& c) {
-  DistTrainOptions o;
-  o.plan_path = c.plan;
-  o.train_data = c.options.train_data;
-  o.checkpoint_dir = c.options.checkpoint_dir;
-  o.checkpoint_every = c.options.checkpoint_every;
-  o.resume = c.options.resume;
-  o.log_path = c.options.log_path;
-  o.trace_path = c.trace;
-  o.export_path = c.export_weights;
-  o.threads = c.options.threads;
-  o.memory_cap_bytes = c.options.memory_cap_bytes;
-  o.progress = c.options.progress;
-  return o;
-}
-
-void print_dist_summary(const ModelSpec& model, const Plan& plan, const DistTrainResult& r, const DistTrainOptions& o) {
-  if (r.steps.empty()) {
-    fmt::print("nothing to do: the checkpoints are already at step {}\n", r.first_step);
-    return;
-  }
-  fmt::print("\ntrained {} on {} ranks ({} stages) for steps {}..{}: loss {:.4f} -> {:.4f}\n", model.name,
-             plan.num_used_devices(), plan.stages.size(), r.first_step + 1, r.steps.back().step, r.steps.front().loss,
-             r.steps.back().loss);
-  fmt::print("{}", dist_render_summary(r, plan));
-  if (!o.trace_path.empty()) fmt::print("trace of the last step: {} (open in https://ui.perfetto.dev)\n", o.trace_path);
-  if (!o.export_path.empty()) fmt::print("full weights: {}\n", o.export_path);
-}
-
-// Every rank runs this. Errors all ranks agreed on are printed by each and end it with exit 2;
-// an error on one rank alone ends the whole job through the communicator.
-void run_distributed(TrainCommand& c, const ModelSpec& model, int* exit_code) {
-  check_plan_options(c);
-  std::unique_ptr<Communicator> comm = communicator_mpi();
-  try {
-    Plan plan;
-    ClusterSpec cluster;
-    TrainSpec train;
-    dist_agree_on(*comm, [&] {
-      plan = plan_load(c.plan);
-      cluster = cluster_load(c.cluster.empty() ? plan.cluster_name : c.cluster, catalog_builtin());
-      train = train_spec_from(c, model);
-    });
-    const DistTrainOptions options = dist_options_from(c);
-    DistTrainResult result = dist_train_run(model, train, plan, cluster, *comm, options);
-    if (comm->rank() == 0) {
-      print_dist_summary(model, plan, result, options);
-      if (!result.steps.empty()) write_calibrated_profile(c, result, plan, model, cluster, train);
-    }
-    *exit_code = 0;
-  } catch (const AgreedError& e) {
-    fmt::print(stderr, "alloy: error: {}\n", e.format());
-    *exit_code = kExitBadInput;
-  } catch (const Error& e) {
-    comm->abort(e.format(), kExitBadInput);
-  } catch (const std::exception& e) {
-    comm->abort(fmt::format("internal error: {}", e.what()), 1);
-  }
-}
-
 void parse_single_run_options(TrainCommand& c) {
   if (!recompute_parse(c.recompute, &c.options.recompute)) {
     throw Error("unknown recomputation level '" + c.recompute + "'", {"", "--recompute"}, "use none, selective or full");
@@ -204,44 +127,108 @@ void parse_single_run_options(TrainCommand& c) {
   }
 }
 
-// GPUs: one alone or with a one-GPU plan, or under mpirun one data-parallel replica per GPU.
-void run_gpu(TrainCommand& c, const ModelSpec& model, int* exit_code) {
-  if (!c.plan.empty()) check_plan_options(c);
-  for (const auto& [given, option] : {std::pair{!c.trace.empty(), "--trace"}, std::pair{!c.export_weights.empty(), "--export"},
-                                      std::pair{!c.calibrated_profile.empty(), "--calibrated-profile"}}) {
-    if (given) throw Error(fmt::format("{} is not run on the GPU yet", option), {"", option}, "drop it, or train on CPU ranks");
+TrainerOptions run_options(const TrainCommand& c) {
+  TrainerOptions o = c.options;
+  o.plan_path = c.plan;
+  o.trace_path = c.trace;
+  o.export_path = c.export_weights;
+  return o;
+}
+
+// What people read at the end: the loss, the speed against the devices' measured peak, memory,
+// and with a plan (or several ranks) each rank's time and memory against the plan's.
+void print_run_summary(const ModelSpec& model, const Plan& plan, const TrainerResult& r, const TrainCommand& c,
+                       const std::string& devices) {
+  if (r.steps.empty()) {
+    fmt::print("nothing to do: the checkpoint is already at step {}\n", r.first_step);
+    return;
   }
+  const int ranks = plan.num_used_devices();
+  fmt::print("\ntrained {} on {} for steps {}..{}: loss {:.4f} -> {:.4f}\n", model.name, devices, r.first_step + 1,
+             r.steps.back().step, r.steps.front().loss, r.steps.back().loss);
+  if (r.initial_val_loss && r.final_val_loss) {
+    fmt::print("validation loss {:.4f} -> {:.4f}\n", *r.initial_val_loss, *r.final_val_loss);
+  } else if (r.final_val_loss) {
+    fmt::print("validation loss {:.4f}\n", *r.final_val_loss);
+  }
+  const double step_seconds = dist_measured_step_seconds(r);
+  const double tokens_per_second = static_cast<double>(plan.global_batch_sequences * plan.seq_len) / step_seconds;
+  const double mfu = tokens_per_second * model_flops_per_token(model, plan.seq_len).training / r.gemm_peak_flops;
+  fmt::print("median step {} over {} rank(s) x {} micro-batch(es): {:.0f} tokens/s; model FLOPs utilisation {:.1f}% of "
+             "the measured matrix-product peak ({}{}); peak arena memory {}\n",
+             units_format_seconds(step_seconds), ranks, plan.num_micro_batches, tokens_per_second, 100.0 * mfu,
+             units_format_flops(r.gemm_peak_flops), c.device == "cpu" ? fmt::format(", {} kernels", blas_core().name) : "",
+             units_format_bytes(static_cast<double>(r.peak_arena_bytes)));
+  if (!c.plan.empty() || ranks > 1) fmt::print("{}", dist_render_summary(r, plan));
+  if (!c.trace.empty()) fmt::print("trace of the last step: {} (open in https://ui.perfetto.dev)\n", c.trace);
+  if (!c.export_weights.empty()) fmt::print("full weights: {}\n", c.export_weights);
+}
+
+// The plan every rank runs: the given one, or without one a single stage of the whole model on
+// each rank's device, data parallel over the ranks.
+void run_plan_or_one_stage(const TrainCommand& c, const ModelSpec& model, Communicator& comm, const DeviceType* device,
+                           Plan* plan, ClusterSpec* cluster, TrainSpec* train) {
+  *train = train_spec_from(c, model);
+  if (!c.plan.empty()) {
+    *plan = plan_load(c.plan);
+    *cluster = cluster_load(c.cluster.empty() ? plan->cluster_name : c.cluster, catalog_builtin());
+    return;
+  }
+  OneStage one = trainer_one_stage(model, *train, c.options, device, comm.world_size());
+  *plan = std::move(one.plan);
+  *cluster = std::move(one.cluster);
+}
+
+// Every rank runs this. Errors all ranks agreed on are printed by each and end it with exit 2;
+// an error on one rank alone ends the whole job through the communicator. A run of one rank
+// throws, and the error is printed with its file and field.
+void run_training(TrainCommand& c, const ModelSpec& model, int* exit_code) {
+  if (!c.plan.empty()) check_plan_options(c);
   parse_single_run_options(c);
-  TrainSpec train = train_spec_from(c, model);
-  GpuTrainRequest request{c.options, c.plan, c.cluster, c.gpu, c.gpu_comm};
-  train_on_gpu(model, train, request);
-  *exit_code = 0;
+  std::unique_ptr<Communicator> comm = communicator_launched_by_mpi() ? communicator_mpi() : communicator_local();
+  const bool alone = comm->world_size() == 1;
+  try {
+    std::unique_ptr<GpuTraining> gpu;
+    if (c.device == "cuda") dist_agree_on(*comm, [&] { gpu = gpu_training_open(*comm, c.gpu, c.gpu_comm); });
+    Plan plan;
+    ClusterSpec cluster;
+    TrainSpec train;
+    dist_agree_on(*comm, [&] {
+      run_plan_or_one_stage(c, model, *comm, gpu ? &gpu->device : nullptr, &plan, &cluster, &train);
+    });
+    const TrainerResult result = train_run(model, train, plan, cluster, *comm, run_options(c), gpu ? gpu->backend : TrainBackend{});
+    if (comm->rank() == 0) {
+      const std::string devices = gpu ? fmt::format("{} x {}", plan.num_used_devices(), gpu->description)
+                                      : fmt::format("{} CPU rank(s)", plan.num_used_devices());
+      print_run_summary(model, plan, result, c, devices);
+      if (!c.plan.empty() && !result.steps.empty()) write_calibrated_profile(c, result, plan, model, cluster, train);
+    }
+    *exit_code = 0;
+  } catch (const AgreedError& e) {
+    if (alone) throw;
+    fmt::print(stderr, "alloy: error: {}\n", e.format());
+    *exit_code = kExitBadInput;
+  } catch (const Error& e) {
+    if (alone) throw;
+    comm->abort(e.format(), kExitBadInput);
+  } catch (const std::exception& e) {
+    if (alone) throw;
+    comm->abort(fmt::format("internal error: {}", e.what()), 1);
+  }
 }
 
 void run_train(TrainCommand& c, int* exit_code) {
   if (c.model.empty()) throw Error("no model given", {"", "--model"}, "pass --model tiny-gpt (or a config path)");
   ModelSpec model = model_load(c.model);
   if (c.device != "cpu" && c.device != "cuda") {
-    throw Error("unknown device '" + c.device + "'", {"", "--device"}, "use cpu, or cuda for one GPU");
+    throw Error("unknown device '" + c.device + "'", {"", "--device"}, "use cpu, or cuda for one GPU per rank");
   }
-  if (c.device == "cuda") {
-    run_gpu(c, model, exit_code);
-    return;
-  }
-  if (!c.plan.empty()) {
-    run_distributed(c, model, exit_code);
-    return;
-  }
-  if (c.seq_len > model.max_seq_len) {
+  if (c.plan.empty() && c.seq_len > model.max_seq_len) {
     throw Error(fmt::format("sequence length {} is longer than model {} allows ({})", c.seq_len, model.name,
                             model.max_seq_len),
                 {"", "--seq-len"}, fmt::format("use --seq-len {} or less", model.max_seq_len));
   }
-  TrainSpec train = train_spec_from(c, model);
-  parse_single_run_options(c);
-  TrainerResult result = trainer_run(model, train, c.options);
-  print_summary(model, train, result);
-  *exit_code = 0;
+  run_training(c, model, exit_code);
 }
 
 }  // namespace

@@ -2,26 +2,33 @@
 // (-DALLOY_CUDA=ON); without it each says how to get it.
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "runtime/parallel/communicator.hpp"
 #include "runtime/trainer.hpp"
+#include "spec/device_type.hpp"
 #include "spec/model.hpp"
 #include "spec/train.hpp"
 
 namespace alloy::cli {
 
-struct GpuTrainRequest {
-  TrainerOptions options;  // data, batch, validation, checkpoints, log, recomputation, memory cap
-  std::string plan_path;   // a plan whose batch, micro-batches and recomputation to run
-  std::string cluster;     // the plan's cluster (default: the plan's cluster name)
-  int gpu = -1;            // CUDA device index; -1: the rank's index on its host
-  std::string gradient_path = "auto";  // data parallel: auto, nccl or host
+// This rank's GPU for `alloy train --device cuda`: the CUDA stage backend, the communicator that
+// moves GPU memory between ranks (NCCL, or through host memory), and the GPU as a device type.
+// It owns what it opened (stream, communicators) until the run ends.
+class GpuTraining {
+ public:
+  virtual ~GpuTraining() = default;
+  TrainBackend backend;     // name "cuda"
+  DeviceType device;        // the catalog's entry for this GPU (or the driver's figures); memory: what is free
+  std::string description;  // e.g. "NVIDIA H200 (139.8 GiB)"
 };
 
-// Trains and prints the summary (with the plan's predictions against the measurements when a
-// plan is given). Under mpirun every rank is a data-parallel replica on its own GPU. Throws
-// alloy::Error for bad input or when this build has no CUDA backend.
-void train_on_gpu(const ModelSpec& model, TrainSpec train, const GpuTrainRequest& request);
+// Opens GPU `gpu` (-1: the rank's index on its host) for this rank of `comm`; under mpirun,
+// `gradient_path` says how replicas reach each other: auto, nccl or host. Collective over
+// `comm`. Throws alloy::Error when this build has no CUDA backend, there is no GPU, or the
+// path cannot be used (NCCL needs a GPU per rank).
+std::unique_ptr<GpuTraining> gpu_training_open(Communicator& comm, int gpu, const std::string& gradient_path);
 
 // Measures the model's layer times and optimizer rate on GPU `gpu` and writes them to `output`
 // as the profile of the device type of the cluster's first device (a GPU type).

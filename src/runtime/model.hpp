@@ -134,6 +134,12 @@ struct ChunkPass {
   bool active = false;
 };
 
+// floats [offset, offset + count) of the rank's flat parameter (and gradient) buffer.
+struct FlatRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
 // A contiguous range of the flat parameter index and where its parameters and gradients live:
 // the device arena, or host memory for a block offloaded there (weights reach the device only
 // through the model's parameter source, a block at a time).

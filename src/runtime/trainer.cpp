@@ -1,114 +1,285 @@
+// The one training loop: checks agreed by every rank, data for the stages that read tokens, the
+// executor's steps, validation, checkpoints with exact resume, the JSON-lines log and progress
+// from rank 0, and at the end the per-rank summaries, timed collectives, trace and weights.
 #include "runtime/trainer.hpp"
 
-#include <chrono>
-#include <cmath>
-#include <vector>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 
-#include "plan/plan.hpp"
-#include "runtime/arena.hpp"
-#include "runtime/profile.hpp"
-#include "runtime/io/checkpoint.hpp"
-#include "runtime/model.hpp"
+#include "runtime/device_speed.hpp"
+#include "runtime/io/batch_loader.hpp"
+#include "runtime/io/token_file.hpp"
+#include "runtime/parallel/agree.hpp"
+#include "runtime/parallel/collective_join.hpp"
+#include "runtime/parallel/dist_report.hpp"
 #include "runtime/threads.hpp"
-#include "runtime/train_step.hpp"
 #include "runtime/trainer_common.hpp"
+#include "runtime/trainer_setup.hpp"
 #include "spec/error.hpp"
-#include "util/clock.hpp"
 
 namespace alloy {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// What one rank needs from before training: its device's resources and the readers of tokens.
+struct RankSetup {
+  RankResources resources;
+  double slowdown = 1.0;
+  std::optional<BatchLoader> loader;  // the stages with the embedding or head
+  std::optional<BatchLoader> val;     // with options.val_data
+};
 
-double validation_loss(Model& model, const BatchLoader& val, int64_t batches, std::vector<int32_t>& inputs,
-                       std::vector<int32_t>& targets) {
-  const int B = static_cast<int>(val.local_batch_size());
-  const int T = static_cast<int>(val.options().seq_len);
-  const int64_t count = std::max<int64_t>(1, std::min<int64_t>(batches, val.batches_per_epoch()));
+class RankTrainer {
+ public:
+  RankTrainer(const ModelSpec& model, const TrainSpec& train, const Plan& plan, const ClusterSpec& cluster,
+              Communicator& comm, const TrainerOptions& o, const TrainBackend& backend, RankSetup& setup)
+      : model_(model),
+        train_(train),
+        plan_(plan),
+        cluster_(cluster),
+        comm_(comm),
+        o_(o),
+        setup_(setup),
+        runtime_(plan, model, train, backend.data != nullptr ? *backend.data : comm, setup.resources, &comm),
+        fingerprint_(fmt::format("{}|plan {}|rank {}", trainer_model_fingerprint(model), plan_layout_fingerprint(plan),
+                                 comm.rank())),
+        inputs_(static_cast<size_t>(plan.global_batch_sequences * plan.seq_len)),
+        targets_(inputs_.size()) {}
+
+  TrainerResult run(const std::function<void(const StepReport&)>& on_step);
+
+ private:
+  std::string rank_dir() const {
+    return comm_.world_size() == 1 ? o_.checkpoint_dir : fmt::format("{}/rank-{:05d}", o_.checkpoint_dir, comm_.rank());
+  }
+  int64_t resume();
+  void save(int64_t step);
+  double validate();
+  StepReport report_of(int64_t step, const RankStepStats& stats, std::vector<RankStepStats>& all);
+  void finish(TrainerResult& result, const std::vector<RankStepStats>& history);
+
+  const ModelSpec& model_;
+  const TrainSpec& train_;
+  const Plan& plan_;
+  const ClusterSpec& cluster_;
+  Communicator& comm_;
+  const TrainerOptions& o_;
+  RankSetup& setup_;
+  RankRuntime runtime_;
+  const std::string fingerprint_;
+  std::vector<int32_t> inputs_, targets_;  // (global batch, T)
+  double flops_per_token_ = 0;
+  double matmul_peak_flops_ = 0;  // every rank's, summed
+};
+
+int64_t RankTrainer::resume() {
+  int64_t first = 0;
+  dist_agree_on(comm_, [&] { first = runtime_.checkpoint_load_from(rank_dir(), fingerprint_).step; });
+  double steps[2] = {static_cast<double>(first), -static_cast<double>(first)};
+  comm_.all_reduce(steps, 2, comm_.world(), ReduceOp::ReduceOp_max).wait();
+  if (steps[0] != -steps[1]) {
+    throw AgreedError(fmt::format("the ranks' checkpoints are from different steps ({} to {}): a save was interrupted",
+                                  -steps[1], steps[0]),
+                      {o_.checkpoint_dir, "rank-*/checkpoint.json"},
+                      "restore every rank's folder from the same save, or start afresh");
+  }
+  return first;
+}
+
+void RankTrainer::save(int64_t step) {
+  CheckpointState state;
+  state.step = step;
+  state.fingerprint = fingerprint_;
+  runtime_.checkpoint_save_to(rank_dir(), state);
+  if (comm_.rank() == 0) plan_save(plan_, o_.checkpoint_dir + "/plan.json");
+}
+
+// Mean over the validation batches of each batch's mean token loss; each replica takes its
+// share of every batch, as in training (every rank holds the whole model: one stage, tp 1).
+double RankTrainer::validate() {
+  BatchLoader& val = *setup_.val;
+  const int64_t count = std::max<int64_t>(1, std::min<int64_t>(o_.val_batches, val.batches_per_epoch()));
+  const double tokens = static_cast<double>(plan_.global_batch_sequences * plan_.seq_len);
   double sum = 0;
   for (int64_t k = 0; k < count; ++k) {
-    batch_loader_read(val, static_cast<uint64_t>(k), inputs.data(), targets.data());
-    sum += model_forward(model, inputs.data(), targets.data(), B, T);
-    model_release_activations(model);
+    batch_loader_read(val, static_cast<uint64_t>(k), inputs_.data(), targets_.data());
+    double losses = runtime_.loss_sum(inputs_.data(), targets_.data());
+    comm_.all_reduce(&losses, 1, comm_.world()).wait();
+    sum += losses / tokens;
   }
   return sum / static_cast<double>(count);
+}
+
+// Every rank's figures for this step, on every rank: the loss from the head stage's ranks, the
+// step time of the slowest, the largest arena.
+StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std::vector<RankStepStats>& all) {
+  all.assign(static_cast<size_t>(comm_.world_size()), RankStepStats{});
+  comm_.all_gather_bytes(&stats, all.data(), sizeof(RankStepStats), comm_.world()).wait();
+  StepReport report;
+  report.step = step;
+  report.learning_rate = stats.learning_rate;
+  report.grad_norm = stats.grad_norm;
+  double loss_sum = 0, loss_tokens = 0;
+  for (const RankStepStats& r : all) {
+    loss_sum += r.loss_sum;
+    loss_tokens += r.loss_tokens;
+    report.step_seconds = std::max(report.step_seconds, r.step_seconds);
+    report.peak_arena_bytes = std::max(report.peak_arena_bytes, r.peak_arena_bytes);
+  }
+  report.loss = loss_sum / loss_tokens;
+  report.tokens_per_second = static_cast<double>(plan_.global_batch_sequences * plan_.seq_len) / report.step_seconds;
+  report.mfu = report.tokens_per_second * flops_per_token_ / matmul_peak_flops_;
+  return report;
+}
+
+TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_step) {
+  TrainerResult result;
+  if (o_.resume) result.first_step = resume();
+  flops_per_token_ = model_flops_per_token(model_, plan_.seq_len).training;
+  matmul_peak_flops_ = runtime_.backend().matmul_peak_flops() / setup_.slowdown;
+  comm_.all_reduce(&matmul_peak_flops_, 1, comm_.world()).wait();
+  result.gemm_peak_flops = matmul_peak_flops_;
+  const bool lead = comm_.rank() == 0;
+  StepLog log(lead ? o_.log_path : std::string());
+  if (setup_.val && !o_.resume) result.initial_val_loss = validate();
+
+  std::vector<RankStepStats> history, all;
+  for (int64_t step = result.first_step + 1; step <= train_.steps; ++step) {
+    trainer_inject_fault(comm_.rank(), step);
+    if (setup_.loader) batch_loader_read(*setup_.loader, static_cast<uint64_t>(step - 1), inputs_.data(), targets_.data());
+    const RankStepStats stats = runtime_.step(inputs_.data(), targets_.data());
+    StepReport report = report_of(step, stats, all);
+    const bool last = step == train_.steps;
+    if (setup_.val && ((o_.val_every > 0 && step % o_.val_every == 0) || last)) {
+      report.val_loss = validate();
+      if (last) result.final_val_loss = report.val_loss;
+    }
+    if (!o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) || last)) save(step);
+    if (lead) {
+      log.write(report, comm_.world_size() > 1 ? &all : nullptr);
+      if (o_.progress) trainer_print_progress(report, train_.steps);
+    }
+    if (on_step) on_step(report);
+    history.push_back(stats);
+    result.steps.push_back(report);
+    result.peak_arena_bytes = std::max(result.peak_arena_bytes, report.peak_arena_bytes);
+    // Every rank switches at the same step boundary, after this step's gather of the figures.
+    if (history.size() == 1)
+      comm_.collective_timing(true);
+    else if (history.size() <= 1 + kTimedCollectiveSteps)
+      ++result.collective_steps;
+    if (history.size() == 1 + kTimedCollectiveSteps) comm_.collective_timing(false);
+  }
+  finish(result, history);
+  return result;
+}
+
+void RankTrainer::finish(TrainerResult& result, const std::vector<RankStepStats>& history) {
+  comm_.collective_timing(false);
+  const RankGroups& groups = runtime_.groups();
+  result.collectives = collectives_joined(comm_, comm_.take_collective_timings(),
+                                          {{CollectiveGroup::CollectiveGroup_world, comm_.world()},
+                                           {CollectiveGroup::CollectiveGroup_tensor, groups.tp},
+                                           {CollectiveGroup::CollectiveGroup_data, groups.dp},
+                                           {CollectiveGroup::CollectiveGroup_embedding, groups.embedding}},
+                                          plan_, cluster_);
+  RankSummary mine = trainer_summarise(history, runtime_.schedule());
+  result.ranks.resize(static_cast<size_t>(comm_.world_size()));
+  comm_.all_gather_bytes(&mine, result.ranks.data(), sizeof(RankSummary), comm_.world()).wait();
+  if (!o_.trace_path.empty() && !history.empty()) dist_save_trace(runtime_, plan_, comm_, o_.trace_path);
+  if (!o_.export_path.empty()) dist_export_weights(runtime_, plan_, comm_, o_.export_path);
+  if (std::getenv("ALLOY_ARENA_REPORT") != nullptr) {  // what filled each rank's arena at its peak
+    Arena& arena = runtime_.arena();
+    std::string line = fmt::format("rank {} arena peak {:.2f} MiB:", comm_.rank(), arena.peak_bytes() / 1048576.0);
+    for (const auto& [name, bytes] : arena.peak_breakdown()) line += fmt::format(" {} {:.2f};", name, bytes / 1048576.0);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+// Checks every rank agrees on before any allocation, then the rank's resources and readers.
+RankSetup rank_setup(const ModelSpec& model, TrainSpec& train, const Plan& plan, const ClusterSpec& cluster,
+                     Communicator& comm, const TrainerOptions& o, const TrainBackend& backend) {
+  if (comm.world_size() != plan.num_used_devices()) {
+    throw AgreedError(fmt::format("the plan uses {} devices but {} ranks were started", plan.num_used_devices(),
+                                  comm.world_size()),
+                      {o.plan_path, "stages[].device_ids"}, fmt::format("launch with mpirun -np {}", plan.num_used_devices()));
+  }
+  dist_agree_on(comm, [&] {
+    plan_validate_for(plan, model, cluster, o.plan_path);
+    stage_backend_check_plan(backend.name, plan, o.plan_path);
+    trainer_check_plan(plan, model, cluster, o);
+    if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume needs --checkpoint DIR", {"", "--resume"}, "name the checkpoint folder");
+  });
+  // Emulated devices share this host's cores as the whole cluster would, threads included, so a
+  // plan that uses fewer of its devices runs each as fast as the profile measured it.
+  const int sharing = emulated_ranks_on_host(cluster, comm.local_size(), comm.local_size() == comm.world_size());
+  runtime_set_threads(o.threads > 0 ? o.threads : runtime_threads_for_ranks(sharing));
+  train.seq_len = plan.seq_len;
+  train.global_batch_sequences = plan.global_batch_sequences;
+  const RankInfo me = plan_rank_map(plan)[static_cast<size_t>(comm.rank())];
+  const PlanStage& stage = plan.stages[static_cast<size_t>(me.stage)];
+  const Device& device = cluster.devices[static_cast<size_t>(me.device_id)];
+  const DeviceType& type = cluster.device_type(device);
+  const NodeGroup& node_group = cluster.node_group(device);
+  RankSetup setup;
+  dist_agree_on(comm, [&] { setup.slowdown = device_slowdown(type, sharing, runtime_threads()); });
+  setup.resources.backend = backend.make;
+  setup.resources.slowdown = setup.slowdown;
+  setup.resources.memory_cap_bytes = static_cast<int64_t>(o.memory_cap_bytes > 0 ? o.memory_cap_bytes : type.memory_bytes);
+  setup.resources.host_memory_bytes = node_group.host_memory_bytes / node_group.devices_per_node;
+  setup.resources.host_link_bytes_per_second = node_group.host_link_bytes_per_second;
+  dist_agree_on(comm, [&] {
+    BatchLoaderOptions lo;
+    lo.batch_size = plan.global_batch_sequences;
+    lo.seq_len = plan.seq_len;
+    lo.seed = train.seed;
+    if (stage.has_embedding || stage.has_head) {
+      if (o.train_data.empty()) throw Error("no training data given", {"", "--data"}, "pass --data FILE.bin (make one with `alloy tokenize`)");
+      setup.loader = batch_loader_create(token_file_open(o.train_data, model.vocab_size), lo);
+    }
+    if (!o.val_data.empty()) {
+      lo.sampling = BatchSampling::BatchSampling_sequential;
+      setup.val = batch_loader_create(token_file_open(o.val_data, model.vocab_size), lo);
+    }
+  });
+  return setup;
 }
 
 }  // namespace
 
 std::string trainer_model_fingerprint(const ModelSpec& m) { return m.name + "@" + model_fingerprint(m); }
 
-TrainerResult trainer_run(const ModelSpec& spec, const TrainSpec& train, const TrainerOptions& o,
+TrainerResult train_run(const ModelSpec& model, TrainSpec train, const Plan& plan, const ClusterSpec& cluster,
+                        Communicator& comm, const TrainerOptions& o, const TrainBackend& backend,
+                        const std::function<void(const StepReport&)>& on_step) {
+  RankSetup setup = rank_setup(model, train, plan, cluster, comm, o, backend);
+  // From here an error on one rank alone ends the job at once (before buffers that transfers
+  // in flight still use are freed); errors every rank agrees on still return normally, and so
+  // does any error of a run with one rank, which has no peer to leave waiting.
+  try {
+    RankTrainer trainer(model, train, plan, cluster, comm, o, backend, setup);
+    return trainer.run(on_step);
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const Error& e) {
+    if (comm.world_size() == 1) throw;
+    comm.abort(e.format(), kExitBadInput);
+  } catch (const std::exception& e) {
+    if (comm.world_size() == 1) throw;
+    comm.abort(fmt::format("internal error: {}", e.what()), 1);
+  }
+  std::abort();  // not reached: Communicator::abort ends the process (GCC ignores [[noreturn]] on virtuals)
+}
+
+TrainerResult trainer_run(const ModelSpec& model, const TrainSpec& train, const TrainerOptions& options,
                           const std::function<void(const StepReport&)>& on_step) {
-  runtime_set_threads(o.threads);
-  const int64_t batch = o.batch_size > 0 ? o.batch_size : train.global_batch_sequences;
-  trainer_check_seq_len(spec, train);
-  TrainerData data = trainer_data_open(spec, train, o, batch);
-
-  Arena arena(o.memory_cap_bytes > 0 ? static_cast<int64_t>(o.memory_cap_bytes) : (int64_t{64} << 30));
-  Model model(spec, arena);
-  model.recompute.assign(static_cast<size_t>(spec.num_layers), o.recompute);
-  model_init_weights(model, train.seed);
-  AdamWState optimizer(model);
-
-  TrainerResult result;
-  const std::string fingerprint = trainer_model_fingerprint(spec);
-  if (o.resume) {
-    if (o.checkpoint_dir.empty()) throw Error("--resume needs --checkpoint DIR", {"", "--resume"}, "name the checkpoint folder");
-    CheckpointState state = checkpoint_load(o.checkpoint_dir, fingerprint, trainer_parameter_refs(model, model.params, ""),
-                                            trainer_optimizer_refs(model, optimizer.m, optimizer.v));
-    batch_loader_state_restore(data.train, state.loader_state);
-    optimizer.step = state.step;
-    result.first_step = state.step;
-  }
-
-  result.gemm_peak_flops = profile_gemm_flops(512, 4);
-  const double flops_per_token = model_flops_per_token(spec, train.seq_len).training;
-  const int B = static_cast<int>(batch), T = static_cast<int>(train.seq_len);
-  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
-  StepLog log(o.log_path);
-  if (data.val && !o.resume) {
-    result.initial_val_loss = validation_loss(model, *data.val, o.val_batches, inputs, targets);
-  }
-
-  auto save = [&](int64_t step) {
-    CheckpointState state;
-    state.step = step;
-    state.loader_state = batch_loader_state_save(data.train);
-    state.fingerprint = fingerprint;
-    checkpoint_save(o.checkpoint_dir, trainer_parameter_refs(model, model.params, ""),
-                    trainer_optimizer_refs(model, optimizer.m, optimizer.v), state);
-  };
-
-  for (int64_t step = result.first_step + 1; step <= train.steps; ++step) {
-    auto start = Clock::now();
-    batch_loader_next(data.train, inputs.data(), targets.data());
-    TrainStepResult r = train_step(model, optimizer, train, inputs.data(), targets.data(), B, T);
-    StepReport report;
-    report.step = step;
-    report.loss = r.loss;
-    report.learning_rate = r.learning_rate;
-    report.grad_norm = r.grad_norm;
-    report.step_seconds = seconds_since(start);
-    report.tokens_per_second = static_cast<double>(B) * T / report.step_seconds;
-    report.mfu = report.tokens_per_second * flops_per_token / result.gemm_peak_flops;
-    report.peak_arena_bytes = arena.peak_bytes();
-    const bool last = step == train.steps;
-    if (data.val && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
-      report.val_loss = validation_loss(model, *data.val, o.val_batches, inputs, targets);
-      if (last) result.final_val_loss = report.val_loss;
-    }
-    if (!o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || last)) save(step);
-    log.write(report);
-    if (o.progress) trainer_print_progress(report, train.steps);
-    if (on_step) on_step(report);
-    result.steps.push_back(report);
-  }
-  result.peak_arena_bytes = arena.peak_bytes();
-  return result;
+  const OneStage one = trainer_one_stage(model, train, options);
+  std::unique_ptr<Communicator> comm = communicator_local();
+  return train_run(model, train, one.plan, one.cluster, *comm, options, {}, on_step);
 }
 
 }  // namespace alloy

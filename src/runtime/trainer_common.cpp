@@ -1,4 +1,4 @@
-// Token files, step log and progress line shared by the CPU and GPU trainers.
+// The step log, the progress line and the one-device plan of the training loop.
 #include "runtime/trainer_common.hpp"
 
 #include <cstdio>
@@ -6,31 +6,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/io/token_file.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 
 namespace alloy {
-
-TrainerData trainer_data_open(const ModelSpec& model, const TrainSpec& train, const TrainerOptions& o,
-                              int64_t batch, int64_t sample_begin, int64_t sample_end) {
-  if (o.train_data.empty()) {
-    throw Error("no training data given", {"", "--data"}, "pass --data FILE.bin (make one with `alloy tokenize`)");
-  }
-  BatchLoaderOptions lo;
-  lo.batch_size = batch;
-  lo.seq_len = train.seq_len;
-  lo.seed = train.seed;
-  lo.sample_begin = sample_begin;
-  lo.sample_end = sample_end;
-  TrainerData d{batch_loader_create(token_file_open(o.train_data, model.vocab_size), lo), std::nullopt};
-  if (!o.val_data.empty()) {
-    BatchLoaderOptions vo = lo;
-    vo.sampling = BatchSampling::BatchSampling_sequential;
-    d.val = batch_loader_create(token_file_open(o.val_data, model.vocab_size), vo);
-  }
-  return d;
-}
 
 void trainer_check_seq_len(const ModelSpec& spec, const TrainSpec& train) {
   if (train.seq_len > spec.max_seq_len) {
@@ -40,32 +19,26 @@ void trainer_check_seq_len(const ModelSpec& spec, const TrainSpec& train) {
   }
 }
 
-std::vector<TensorRef> trainer_parameter_refs(const Model& model, float* base, const std::string& prefix) {
-  std::vector<TensorRef> refs;
-  refs.reserve(model.views.size());
-  for (const auto& v : model.views) refs.push_back({prefix + v.name, v.shape, base + v.offset});
-  return refs;
-}
-
-std::vector<TensorRef> trainer_optimizer_refs(const Model& model, float* m, float* v) {
-  std::vector<TensorRef> refs = trainer_parameter_refs(model, m, "adamw.m.");
-  for (auto& r : trainer_parameter_refs(model, v, "adamw.v.")) refs.push_back(std::move(r));
-  return refs;
-}
-
 StepLog::StepLog(const std::string& path) {
   if (path.empty()) return;
   out_.open(path, std::ios::app);
   if (!out_) throw Error("cannot open the log file for writing", {path, "--log"}, "check the folder exists and is writable");
 }
 
-void StepLog::write(const StepReport& r) {
+void StepLog::write(const StepReport& r, const std::vector<RankStepStats>* ranks) {
   if (!out_.is_open()) return;
   nlohmann::json j = {{"step", r.step},       {"loss", r.loss},
                       {"lr", r.learning_rate}, {"grad_norm", r.grad_norm},
                       {"step_seconds", r.step_seconds}, {"tokens_per_second", r.tokens_per_second},
                       {"mfu", r.mfu},         {"peak_arena_bytes", r.peak_arena_bytes}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
+  if (ranks != nullptr) {
+    for (const RankStepStats& rank : *ranks) {
+      j["ranks"].push_back({{"step_seconds", rank.step_seconds}, {"compute_seconds", rank.compute_seconds},
+                            {"wait_seconds", rank.wait_seconds}, {"communication_seconds", rank.communication_seconds},
+                            {"peak_arena_bytes", rank.peak_arena_bytes}});
+    }
+  }
   out_ << j.dump() << "\n";
   out_.flush();
 }
@@ -76,6 +49,69 @@ void trainer_print_progress(const StepReport& r, int64_t total_steps) {
                                  100.0 * r.mfu, units_format_bytes(static_cast<double>(r.peak_arena_bytes)));
   if (r.val_loss) line += fmt::format("  val {:.4f}", *r.val_loss);
   std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+OneStage trainer_one_stage(const ModelSpec& model, const TrainSpec& train, const TrainerOptions& o,
+                           const DeviceType* device, int replicas) {
+  trainer_check_seq_len(model, train);
+  DeviceType type;
+  if (device != nullptr) {
+    type = *device;
+  } else {  // this machine's cores as one device: only its memory matters to a run
+    type.name = "cpu";
+    type.vendor = "cpu";
+    type.description = "this machine's cores";
+    type.peak_flops_fp32 = 1;
+    type.memory_bandwidth_bytes_per_second = 1;
+    type.memory_bytes = static_cast<double>(int64_t{64} << 30);
+    type.is_cpu = true;
+  }
+  if (o.memory_cap_bytes > 0) type.memory_bytes = o.memory_cap_bytes;
+  if (replicas < 1) replicas = 1;
+  OneStage one;
+  ClusterSpec& cluster = one.cluster;
+  cluster.name = "one-" + type.name;
+  cluster.device_types = {type};
+  NodeGroup node;
+  node.name = "this host";
+  node.count = 1;
+  node.devices_per_node = replicas;
+  node.device_type_index = 0;
+  node.host_memory_bytes = type.memory_bytes * replicas;
+  node.intra_node.kind = "shm";
+  cluster.node_groups = {node};
+  cluster_finalize(&cluster);
+
+  Plan& plan = one.plan;
+  const int L = static_cast<int>(model.num_layers);
+  plan.model_name = model.name;
+  plan.model_fingerprint = model_fingerprint(model);
+  plan.num_layers = L;
+  plan.cluster_name = cluster.name;
+  plan.cluster_fingerprint = cluster_fingerprint(cluster);
+  plan.num_devices = replicas;
+  plan.seq_len = train.seq_len;
+  plan.global_batch_sequences = o.batch_size > 0 ? o.batch_size : train.global_batch_sequences;
+  if (plan.global_batch_sequences % replicas != 0)
+    throw Error(fmt::format("the batch of {} sequences does not split over {} data-parallel ranks",
+                            plan.global_batch_sequences, replicas),
+                {"", "--batch"}, "use a batch that the number of ranks divides");
+  plan.micro_batch_sequences = plan.global_batch_sequences;
+  plan.num_micro_batches = 1;
+  plan.precision = train.precision;
+  PlanStage stage;
+  stage.device_type = type.name;
+  stage.dp = replicas;
+  for (int d = 0; d < replicas; ++d) stage.device_ids.push_back(d);
+  stage.chunks = {{0, L}};
+  stage.has_embedding = true;
+  stage.has_head = true;
+  stage.recompute.assign(static_cast<size_t>(L), o.recompute);
+  stage.offload.assign(static_cast<size_t>(L), false);
+  stage.memory_capacity_bytes = type.memory_bytes;
+  plan.stages = {stage};
+  plan_validate(plan);
+  return one;
 }
 
 }  // namespace alloy

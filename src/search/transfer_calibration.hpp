@@ -1,7 +1,7 @@
 // Calibration of stage-boundary transfers: the per-transfer time, beyond the link model, that
 // makes a calibrated profile predict the step its own run measured.
 //
-// The layer, optimizer and collective corrections (runtime/dist/calibration.hpp) leave one part
+// The layer, optimizer and collective corrections (runtime/parallel/calibration.hpp) leave one part
 // of a pipeline's step unmeasured: its waits for neighbouring stages. On this machine's shared
 // cores each of them costs a wake-up and a scheduling delay, not the link's 5 us, and a 2-stage
 // interleaved plan (64 transfers per step) ran 1.07-1.14x of its calibrated prediction while

@@ -448,16 +448,6 @@ SimResult Simulator::run() {
 
 }  // namespace
 
-const char* sim_stream_name(SimStream stream) {
-  switch (stream) {
-    case SimStream::SimStream_compute: return "compute";
-    case SimStream::SimStream_send: return "send";
-    case SimStream::SimStream_recv: return "recv";
-    case SimStream::SimStream_collective: return "collective";
-    case SimStream::SimStream_copy: return "copy";
-  }
-  return "?";
-}
 
 SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options) {
   Simulator sim(plan, model, cluster, options);

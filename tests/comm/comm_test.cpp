@@ -8,7 +8,7 @@
 #include <string>
 
 #include "../common/test_util.hpp"
-#include "runtime/dist/communicator.hpp"
+#include "runtime/parallel/communicator.hpp"
 
 namespace {
 

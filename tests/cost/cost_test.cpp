@@ -150,7 +150,7 @@ TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
   EXPECT_DOUBLE_EQ(z0.master_weights_bytes, 2 * z0.parameters_bytes);
   EXPECT_DOUBLE_EQ(z1.optimizer_states_bytes, z0.optimizer_states_bytes / 8);
   // Gradients accumulate in full over the step's micro-batches at every ZeRO stage (the schedule
-  // reduces once per step), as the runtime measures (tests/dist DataParallelAtEveryZeroStage).
+  // reduces once per step), as the runtime measures (tests/parallel DataParallelAtEveryZeroStage).
   EXPECT_DOUBLE_EQ(z1.gradients_bytes, z0.gradients_bytes);
   EXPECT_DOUBLE_EQ(z2.gradients_bytes, z0.gradients_bytes);
   EXPECT_DOUBLE_EQ(z3.gradients_bytes, z0.gradients_bytes);

@@ -14,7 +14,7 @@
 
 #include "runtime/model.hpp"
 #include "runtime/threads.hpp"
-#include "runtime/train_step.hpp"
+#include "../common/one_rank.hpp"
 
 namespace alloy {
 namespace {
@@ -188,12 +188,14 @@ void check_golden(const std::string& name, Recompute level) {
   const std::vector<float>& step_losses = fixture.floats["step_losses"];
   const std::vector<float>& step_norms = fixture.floats["step_grad_norms"];
   train.steps = static_cast<int64_t>(step_losses.size());
-  AdamWState state(model);
+  train.seq_len = T;
+  // The steps `alloy train` runs: the executor of one rank, from the same weights.
+  testing::OneRank run(spec, train, B, level);
+  golden_weights_set(run.model());
   double worst_loss = 0.0;
   float last_loss = 0.0f;
   for (size_t step = 0; step < step_losses.size(); step++) {
-    const TrainStepResult result =
-        train_step(model, state, train, inputs.data(), targets.data(), B, T);
+    const testing::OneRankStep result = run.step(inputs.data(), targets.data());
     last_loss = result.loss;
     worst_loss =
         std::max(worst_loss, std::fabs(static_cast<double>(result.loss) - step_losses[step]));

@@ -1,6 +1,6 @@
 // The single-rank model: parameter layout, initialisation, activation bytes measured by the arena
 // against the analytic formula of activation_memory.hpp, recomputation levels giving identical
-// gradients, input errors, and loss going down under train_step.
+// gradients, input errors, and loss going down under the one-rank executor's steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include "runtime/activation_memory.hpp"
 #include "runtime/model.hpp"
 #include "runtime/threads.hpp"
-#include "runtime/train_step.hpp"
+#include "../common/one_rank.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -264,20 +264,19 @@ TEST(Model, BadInputsAreClearErrors) {
 TEST(Model, TrainStepsLowerTheLossWithWarmupSchedule) {
   runtime_set_threads(1);  // the golden tests cover two threads; this one only needs the steps
   for (const ModelSpec& spec : {tiny_gpt(), tiny_llama()}) {
-    Arena arena(int64_t{1} << 28);
-    Model model(spec, arena);
-    model_init_weights(model, 11);
-    AdamWState state(model);
     TrainSpec train;
+    train.seq_len = 32;
     train.learning_rate = 3e-3;
     train.min_learning_rate = 3e-4;
     train.warmup_steps = 5;
     train.steps = 25;
+    train.seed = 11;
+    testing::OneRank run(spec, train, 2, Recompute::Recompute_none, int64_t{1} << 28);
     auto inputs = token_batch(2 * 32, 256, 6);
     auto targets = token_batch(2 * 32, 256, 7);
-    TrainStepResult first, last;
+    testing::OneRankStep first, last;
     for (int step = 0; step < train.steps; step++) {
-      last = train_step(model, state, train, inputs.data(), targets.data(), 2, 32);
+      last = run.step(inputs.data(), targets.data());
       if (step == 0) {
         first = last;
         EXPECT_FLOAT_EQ(last.learning_rate, 3e-3f / 5);
@@ -286,7 +285,7 @@ TEST(Model, TrainStepsLowerTheLossWithWarmupSchedule) {
     EXPECT_NEAR(first.loss, std::log(256.0), 0.05) << "small init gives a near-uniform guess";
     EXPECT_LT(last.loss, 0.5 * first.loss) << spec.name << " memorises a fixed batch";
     EXPECT_GT(first.grad_norm, 0.0f);
-    EXPECT_EQ(state.step, train.steps);
+    EXPECT_EQ(run.runtime().optimizer_steps(), train.steps);
   }
 }
 

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plans.hpp"
-#include "sim/trace.hpp"
+#include "plan/trace.hpp"
 
 namespace alloy {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dist/communicator.hpp"
+#include "runtime/parallel/communicator.hpp"
 
 namespace alloy {
 

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "runtime/dist/communicator.hpp"
+#include "runtime/parallel/communicator.hpp"
 
 namespace alloy {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "runtime/cuda/device.hpp"
-#include "runtime/dist/communicator.hpp"
+#include "runtime/parallel/communicator.hpp"
 #include "runtime/trainer.hpp"
 
 namespace alloy {

@@ -1,0 +1,92 @@
+// Chrome trace events from simulation intervals; metadata events name devices and streams.
+#include "plan/trace.hpp"
+
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+const char* sim_stream_name(SimStream stream) {
+  switch (stream) {
+    case SimStream::SimStream_compute: return "compute";
+    case SimStream::SimStream_send: return "send";
+    case SimStream::SimStream_recv: return "recv";
+    case SimStream::SimStream_collective: return "collective";
+    case SimStream::SimStream_copy: return "copy";
+  }
+  return "?";
+}
+
+
+namespace {
+
+constexpr SimStream kStreams[] = {SimStream::SimStream_compute, SimStream::SimStream_send, SimStream::SimStream_recv,
+                                  SimStream::SimStream_collective, SimStream::SimStream_copy};
+
+std::string event_name(const SimInterval& iv) {
+  std::string name = op_kind_name(iv.kind);
+  if (iv.micro_batch >= 0) name += fmt::format(" mb {}", iv.micro_batch);
+  if (iv.kind != OpKind::OpKind_optimizer) name += fmt::format(" c{}", iv.chunk);
+  return name;
+}
+
+nlohmann::json metadata(const char* name, int pid, int tid, nlohmann::json args) {
+  return {{"name", name}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", std::move(args)}};
+}
+
+}  // namespace
+
+std::string trace_json(const SimResult& result, const Plan& plan, const TraceOptions& options) {
+  nlohmann::json events = nlohmann::json::array();
+  const bool every_rank = plan.num_used_devices() <= options.max_ranks;
+  // Processes of each lane: its stage's ranks, or the lane's rank alone.
+  std::vector<std::vector<int>> pids(result.lanes.size());
+  for (size_t l = 0; l < result.lanes.size(); ++l) {
+    const SimLane& lane = result.lanes[l];
+    const int count = every_rank ? lane.represented_ranks : 1;
+    for (int k = 0; k < count; ++k) {
+      const int pid = lane.rank + k;
+      pids[l].push_back(pid);
+      std::string name = fmt::format("rank {}: {} stage {}", pid, lane.device_type, lane.stage);
+      if (!every_rank && lane.represented_ranks > 1)
+        name += fmt::format(" (for ranks {}-{})", lane.rank, lane.rank + lane.represented_ranks - 1);
+      events.push_back(metadata("process_name", pid, 0, {{"name", name}}));
+      events.push_back(metadata("process_sort_index", pid, 0, {{"sort_index", pid}}));
+      for (SimStream s : kStreams) {
+        const int tid = static_cast<int>(s);
+        events.push_back(metadata("thread_name", pid, tid, {{"name", sim_stream_name(s)}}));
+        events.push_back(metadata("thread_sort_index", pid, tid, {{"sort_index", tid}}));
+      }
+    }
+  }
+  for (const SimInterval& iv : result.intervals) {
+    const double dur = (iv.end_seconds - iv.start_seconds) * 1e6;
+    if (dur <= 0 && iv.stream != SimStream::SimStream_compute) continue;
+    nlohmann::json args = {{"op", iv.op_index}, {"chunk", iv.chunk}};
+    if (iv.micro_batch >= 0) args["micro_batch"] = iv.micro_batch;
+    const std::string name = event_name(iv);
+    for (int pid : pids[iv.lane])
+      events.push_back({{"name", name}, {"cat", op_kind_name(iv.kind)}, {"ph", "X"}, {"ts", iv.start_seconds * 1e6},
+                        {"dur", dur}, {"pid", pid}, {"tid", static_cast<int>(iv.stream)}, {"args", args}});
+  }
+  for (size_t l = 0; l < result.lanes.size(); ++l)
+    for (const MemorySample& m : result.lanes[l].memory)
+      for (int pid : pids[l])
+        events.push_back({{"name", "memory"}, {"ph", "C"}, {"ts", m.seconds * 1e6}, {"pid", pid},
+                          {"args", {{"GiB", m.bytes / (1024.0 * 1024.0 * 1024.0)}}}});
+  nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+  return doc.dump();
+}
+
+void trace_save(const SimResult& result, const Plan& plan, const std::string& path, const TraceOptions& options) {
+  std::ofstream out(path);
+  if (!out) throw Error("cannot write the trace file", {path, ""}, "check the directory exists and is writable");
+  out << trace_json(result, plan, options);
+  if (!out) throw Error("writing the trace failed", {path, ""}, "check free disk space");
+}
+
+}  // namespace alloy

@@ -1,0 +1,26 @@
+// Agreement on errors across ranks: a problem one rank finds before training is told to every
+// rank, so each reports the same error and exits normally instead of leaving peers waiting.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "runtime/parallel/communicator.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+
+// An error every rank found (or was told of) at the same point: each rank reports it and exits
+// normally, instead of aborting the job.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Every rank calls it with its own problem ("" for none); throws the first rank's problem as an
+// AgreedError on every rank ("rank R of N: ..."), or returns when all are fine.
+void dist_agree(Communicator& comm, const std::string& problem);
+// Runs `check` on every rank and agrees on the alloy::Errors it throws.
+void dist_agree_on(Communicator& comm, const std::function<void()>& check);
+
+}  // namespace alloy

@@ -1,0 +1,436 @@
+// The MPI Communicator: checks each call, names it for timeouts, and queues the MPI calls that
+// implement it on the progress engine (mpi_progress.hpp), which makes every MPI call after
+// start-up.
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include "runtime/parallel/communicator.hpp"
+#include "runtime/parallel/mpi_progress.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+
+double communicator_timeout_resolve(double timeout_seconds) {
+  if (timeout_seconds < 0) {
+    throw Error(fmt::format("communicator timeout {} s is negative", timeout_seconds), {},
+                "give a positive number of seconds, or 0 for ALLOY_COMM_TIMEOUT / the 300 s default");
+  }
+  if (timeout_seconds > 0) return timeout_seconds;
+  const char* text = std::getenv("ALLOY_COMM_TIMEOUT");
+  if (text == nullptr || *text == '\0') return kCommDefaultTimeoutSeconds;
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  if (*end != '\0' || !(value > 0)) {
+    throw Error(fmt::format("ALLOY_COMM_TIMEOUT='{}' is not a positive number of seconds", text),
+                {"", "ALLOY_COMM_TIMEOUT"}, "set it to e.g. 600, or unset it for the 300 s default");
+  }
+  return value;
+}
+
+namespace {
+// Largest element count handed to one MPI call; larger transfers are split into pieces that
+// every member splits identically.
+constexpr int64_t kMaxChunkCount = int64_t{1} << 30;
+
+// Calls fn(offset, count) for consecutive pieces of at most kMaxChunkCount.
+template <typename Fn>
+void chunks_for_each(int64_t count, Fn fn) {
+  for (int64_t offset = 0; offset < count; offset += kMaxChunkCount) {
+    fn(offset, static_cast<int>(std::min(kMaxChunkCount, count - offset)));
+  }
+}
+
+template <typename T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <>
+MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(double timeout_seconds);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_.size(); }
+  int local_size() const override { return local_size_; }
+  std::string host_name() const override { return host_; }
+  CommGroup split(const std::vector<std::vector<int>>& ranks_of_groups) override;
+  const CommGroup& world() const override { return world_; }
+
+  CommHandle send(const void* data, int64_t bytes, int peer, int tag) override;
+  CommHandle recv(void* data, int64_t bytes, int peer, int tag) override;
+  CommHandle all_reduce(float* data, int64_t count, const CommGroup& group, ReduceOp op) override {
+    return all_reduce_typed(data, count, group, op);
+  }
+  CommHandle all_reduce(double* data, int64_t count, const CommGroup& group, ReduceOp op) override {
+    return all_reduce_typed(data, count, group, op);
+  }
+  CommHandle reduce_scatter(float* data, const std::vector<int64_t>& counts, const CommGroup& group) override;
+  CommHandle all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) override;
+  CommHandle broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) override;
+  CommHandle all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) override;
+  double take_busy_seconds() override { return progress_.take_busy_seconds(); }
+  void collective_timing(bool on) override { timing_on_ = on; }
+  std::vector<CollectiveTiming> take_collective_timings() override { return progress_.take_collective_timings(); }
+  [[noreturn]] void abort(const std::string& message, int exit_code) override;
+
+ private:
+  template <typename T>
+  CommHandle all_reduce_typed(T* data, int64_t count, const CommGroup& group, ReduceOp op);
+  std::shared_ptr<CommHandle::State> state_make(const char* kind, int64_t bytes);
+  std::shared_ptr<const std::vector<int>> group_members(const CommGroup& group, const char* kind) const;
+  // Numbers the collective in its group's order and, when `op` is a timed kind and timing is on,
+  // marks it for timing from now (on the caller's thread, as alloy profile times a collective
+  // from its call). Call it after every check that can refuse the call.
+  void collective_count(CommHandle::State& state, const CommGroup& group, std::optional<CollectiveOp> op);
+  void point_check(int64_t bytes, int peer, int tag, const char* kind) const;
+  std::vector<int> counts_check(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind) const;
+  CommHandle enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
+                     std::function<void()> finish = {});
+
+  double timeout_seconds_ = kCommDefaultTimeoutSeconds;
+  int rank_ = 0;
+  int local_size_ = 1;
+  int tag_upper_bound_ = 32767;
+  std::string host_;
+  CommGroup world_;
+  mutable std::mutex groups_mutex_;
+  std::vector<std::shared_ptr<const std::vector<int>>> group_members_;  // by group id
+  std::vector<int64_t> group_collectives_;                              // by group id: collectives posted so far
+  std::atomic<bool> timing_on_ = false;
+  // By group id; 0 is a duplicate of MPI_COMM_WORLD. Touched only by the progress thread
+  // (and by the constructor and destructor, before it starts and after it stops).
+  std::vector<MPI_Comm> comms_;
+  MpiProgress progress_;
+};
+
+MpiCommunicator::MpiCommunicator(double timeout_seconds)
+    : timeout_seconds_(communicator_timeout_resolve(timeout_seconds)), progress_(this, timeout_seconds_) {
+  mpi_acquire();
+  MPI_Comm world_comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &world_comm);
+  MPI_Comm_set_errhandler(world_comm, MPI_ERRORS_RETURN);
+  comms_.push_back(world_comm);
+  int size = 1;
+  MPI_Comm_rank(world_comm, &rank_);
+  MPI_Comm_size(world_comm, &size);
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  MPI_Comm_split_type(world_comm, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm);
+  MPI_Comm_size(node_comm, &local_size_);
+  MPI_Comm_free(&node_comm);
+  void* tag_attribute = nullptr;
+  int has_tag_attribute = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_attribute, &has_tag_attribute);
+  if (has_tag_attribute) tag_upper_bound_ = *static_cast<int*>(tag_attribute);
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int name_length = 0;
+  MPI_Get_processor_name(name, &name_length);
+  host_.assign(name, static_cast<size_t>(name_length));
+
+  world_.id = 0;
+  for (int r = 0; r < size; ++r) world_.members.push_back(r);
+  world_.my_index = rank_;
+  group_members_.push_back(std::make_shared<const std::vector<int>>(world_.members));
+  progress_.start();
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  progress_.stop();
+  for (MPI_Comm& comm : comms_) {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+  mpi_release();
+}
+
+void MpiCommunicator::abort(const std::string& message, int exit_code) {
+  // With MPI_THREAD_MULTIPLE this is safe while the progress thread is inside MPI; with only
+  // SERIALIZED the standard does not cover it, and OpenMPI still ends the job in practice.
+  fmt::print(stderr, "alloy: error on rank {} ({}): {}\n", rank_, host_, message);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this only guards a broken library
+}
+
+std::shared_ptr<CommHandle::State> MpiCommunicator::state_make(const char* kind, int64_t bytes) {
+  auto state = std::make_shared<CommHandle::State>();
+  state->owner = this;
+  state->timeout_seconds = timeout_seconds_;
+  state->kind = kind;
+  state->bytes = bytes;
+  return state;
+}
+
+void MpiCommunicator::collective_count(CommHandle::State& state, const CommGroup& group,
+                                       std::optional<CollectiveOp> op) {
+  std::lock_guard lock(groups_mutex_);
+  if (group_collectives_.size() <= static_cast<size_t>(group.id))
+    group_collectives_.resize(static_cast<size_t>(group.id) + 1, 0);
+  const int64_t sequence = group_collectives_[static_cast<size_t>(group.id)]++;
+  if (op && timing_on_) {
+    state.timing = CollectiveTiming{*op, group.id, sequence, state.bytes, 0.0, false};
+    state.posted = std::chrono::steady_clock::now();
+  }
+}
+
+std::shared_ptr<const std::vector<int>> MpiCommunicator::group_members(const CommGroup& group, const char* kind) const {
+  std::lock_guard lock(groups_mutex_);
+  if (group.id < 0 || group.id >= static_cast<int>(group_members_.size()) || group.my_index < 0 ||
+      *group_members_[static_cast<size_t>(group.id)] != group.members) {
+    throw Error(fmt::format("{} on a group this rank ({}) is not a member of (group id {}, members [{}])", kind,
+                            rank_, group.id, fmt::join(group.members, ", ")),
+                {}, "call collectives only on groups returned by split() with my_index >= 0, or world()");
+  }
+  return group_members_[static_cast<size_t>(group.id)];
+}
+
+void MpiCommunicator::point_check(int64_t bytes, int peer, int tag, const char* kind) const {
+  if (peer < 0 || peer >= world_size()) {
+    throw Error(fmt::format("{} with peer rank {} outside the world of {} ranks", kind, peer, world_size()));
+  }
+  if (tag < 0 || tag > tag_upper_bound_) {
+    throw Error(fmt::format("{} with tag {} outside [0, {}] (MPI_TAG_UB of this MPI)", kind, tag, tag_upper_bound_),
+                {}, "number messages with smaller tags");
+  }
+  if (bytes < 0) throw Error(fmt::format("{} of {} bytes", kind, bytes));
+}
+
+std::vector<int> MpiCommunicator::counts_check(const std::vector<int64_t>& counts, const CommGroup& group,
+                                               const char* kind) const {
+  if (static_cast<int>(counts.size()) != group.size()) {
+    throw Error(fmt::format("{} given {} counts for a group of {} members", kind, counts.size(), group.size()));
+  }
+  int64_t total = 0;
+  std::vector<int> result;
+  for (int64_t count : counts) {
+    if (count < 0) throw Error(fmt::format("{} given a negative count {}", kind, count));
+    total += count;
+    result.push_back(static_cast<int>(count));
+  }
+  if (total > INT_MAX) {
+    throw Error(fmt::format("{} of {} elements in total: MPI counts stop at {}", kind, total, INT_MAX), {},
+                "split the buffer into several calls of fewer elements");
+  }
+  return result;
+}
+
+CommHandle MpiCommunicator::enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
+                                    std::function<void()> finish) {
+  auto op = std::make_shared<MpiOperation>();
+  op->state = state;
+  op->post = std::move(post);
+  op->finish = std::move(finish);
+  progress_.enqueue(std::move(op));
+  return CommHandle(std::move(state));
+}
+
+CommGroup MpiCommunicator::split(const std::vector<std::vector<int>>& ranks_of_groups) {
+  std::vector<int> group_of_rank(static_cast<size_t>(world_size()), -1);
+  CommGroup mine;
+  for (size_t g = 0; g < ranks_of_groups.size(); ++g) {
+    for (int r : ranks_of_groups[g]) {
+      if (r < 0 || r >= world_size()) {
+        throw Error(fmt::format("split: group {} names rank {} outside the world of {} ranks", g, r, world_size()));
+      }
+      if (group_of_rank[static_cast<size_t>(r)] >= 0) {
+        throw Error(fmt::format("split: rank {} is in group {} and in group {}", r, group_of_rank[static_cast<size_t>(r)], g),
+                    {}, "give each rank at most one group");
+      }
+      group_of_rank[static_cast<size_t>(r)] = static_cast<int>(g);
+    }
+  }
+  int color = group_of_rank[static_cast<size_t>(rank_)];
+  if (color >= 0) {
+    mine.members = ranks_of_groups[static_cast<size_t>(color)];
+    std::sort(mine.members.begin(), mine.members.end());
+    mine.my_index = static_cast<int>(std::find(mine.members.begin(), mine.members.end(), rank_) - mine.members.begin());
+    std::lock_guard lock(groups_mutex_);
+    mine.id = static_cast<int>(group_members_.size());
+    group_members_.push_back(std::make_shared<const std::vector<int>>(mine.members));
+  }
+  auto state = state_make("split", 0);
+  state->members = std::make_shared<const std::vector<int>>(world_.members);
+  int id = mine.id;
+  CommHandle handle = enqueue(state, [this, color, id](MpiPosting&) {
+    MPI_Comm comm = MPI_COMM_NULL;
+    mpi_check(MPI_Comm_split(comms_[0], color >= 0 ? color : MPI_UNDEFINED, rank_, &comm), "MPI_Comm_split");
+    if (id >= 0) {
+      if (comms_.size() <= static_cast<size_t>(id)) comms_.resize(static_cast<size_t>(id) + 1, MPI_COMM_NULL);
+      comms_[static_cast<size_t>(id)] = comm;
+    }
+  });
+  handle.wait();
+  return mine;
+}
+
+CommHandle MpiCommunicator::send(const void* data, int64_t bytes, int peer, int tag) {
+  point_check(bytes, peer, tag, "send");
+  auto state = state_make("send", bytes);
+  state->peer = peer;
+  state->tag = tag;
+  const char* base = static_cast<const char*>(data);
+  return enqueue(state, [this, base, bytes, peer, tag](MpiPosting& posting) {
+    chunks_for_each(bytes, [&](int64_t offset, int n) {
+      MPI_Request request;
+      mpi_check(MPI_Isend(base + offset, n, MPI_BYTE, peer, tag, comms_[0], &request), "MPI_Isend");
+      posting.add(request);
+    });
+  });
+}
+
+CommHandle MpiCommunicator::recv(void* data, int64_t bytes, int peer, int tag) {
+  point_check(bytes, peer, tag, "recv");
+  auto state = state_make("recv", bytes);
+  state->peer = peer;
+  state->tag = tag;
+  char* base = static_cast<char*>(data);
+  return enqueue(state, [this, base, bytes, peer, tag](MpiPosting& posting) {
+    chunks_for_each(bytes, [&](int64_t offset, int n) {
+      MPI_Request request;
+      mpi_check(MPI_Irecv(base + offset, n, MPI_BYTE, peer, tag, comms_[0], &request), "MPI_Irecv");
+      posting.add(request, n);
+    });
+  });
+}
+
+template <typename T>
+CommHandle MpiCommunicator::all_reduce_typed(T* data, int64_t count, const CommGroup& group, ReduceOp op) {
+  const char* kind = op == ReduceOp::ReduceOp_sum ? "all_reduce (sum)" : "all_reduce (max)";
+  auto state = state_make(kind, count * static_cast<int64_t>(sizeof(T)));
+  state->members = group_members(group, kind);
+  if (count < 0) throw Error(fmt::format("{} of {} elements", kind, count));
+  collective_count(*state, group, CollectiveOp::CollectiveOp_all_reduce);
+  MPI_Op mpi_op = op == ReduceOp::ReduceOp_sum ? MPI_SUM : MPI_MAX;
+  int id = group.id;
+  return enqueue(state, [this, data, count, mpi_op, id](MpiPosting& posting) {
+    chunks_for_each(count, [&](int64_t offset, int n) {
+      MPI_Request request;
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, data + offset, n, mpi_type<T>(), mpi_op, comms_[static_cast<size_t>(id)],
+                               &request),
+                "MPI_Iallreduce");
+      posting.add(request);
+    });
+  });
+}
+
+CommHandle MpiCommunicator::reduce_scatter(float* data, const std::vector<int64_t>& counts, const CommGroup& group) {
+  const char* kind = "reduce_scatter (sum)";
+  auto members = group_members(group, kind);
+  auto mpi_counts = std::make_shared<std::vector<int>>(counts_check(counts, group, kind));
+  int64_t total = 0;
+  int64_t my_offset = 0;
+  for (int i = 0; i < group.size(); ++i) {
+    if (i == group.my_index) my_offset = total;
+    total += counts[static_cast<size_t>(i)];
+  }
+  auto state = state_make(kind, total * static_cast<int64_t>(sizeof(float)));
+  state->members = members;
+  collective_count(*state, group, CollectiveOp::CollectiveOp_reduce_scatter);
+  int id = group.id;
+  int64_t my_count = counts[static_cast<size_t>(group.my_index)];
+  // In place, MPI leaves this member's piece at the start of the buffer; move it to its offset.
+  return enqueue(
+      state,
+      [this, data, mpi_counts, id](MpiPosting& posting) {
+        MPI_Request request;
+        mpi_check(MPI_Ireduce_scatter(MPI_IN_PLACE, data, mpi_counts->data(), MPI_FLOAT, MPI_SUM,
+                                      comms_[static_cast<size_t>(id)], &request),
+                  "MPI_Ireduce_scatter");
+        posting.add(request);
+      },
+      [data, my_offset, my_count] {
+        if (my_offset > 0) std::memmove(data + my_offset, data, static_cast<size_t>(my_count) * sizeof(float));
+      });
+}
+
+CommHandle MpiCommunicator::all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) {
+  const char* kind = "all_gather";
+  auto members = group_members(group, kind);
+  auto mpi_counts = std::make_shared<std::vector<int>>(counts_check(counts, group, kind));
+  auto offsets = std::make_shared<std::vector<int>>();
+  int total = 0;
+  for (int count : *mpi_counts) {
+    offsets->push_back(total);
+    total += count;
+  }
+  auto state = state_make(kind, int64_t{total} * static_cast<int64_t>(sizeof(float)));
+  state->members = members;
+  collective_count(*state, group, CollectiveOp::CollectiveOp_all_gather);
+  int id = group.id;
+  return enqueue(state, [this, data, mpi_counts, offsets, id](MpiPosting& posting) {
+    MPI_Request request;
+    mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, mpi_counts->data(), offsets->data(), MPI_FLOAT,
+                              comms_[static_cast<size_t>(id)], &request),
+              "MPI_Iallgatherv");
+    posting.add(request);
+  });
+}
+
+CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) {
+  const char* kind = "broadcast";
+  auto state = state_make(kind, bytes);
+  state->members = group_members(group, kind);
+  if (root_index < 0 || root_index >= group.size()) {
+    throw Error(fmt::format("broadcast from member {} of a group of {}", root_index, group.size()));
+  }
+  if (bytes < 0) throw Error(fmt::format("broadcast of {} bytes", bytes));
+  collective_count(*state, group, std::nullopt);
+  char* base = static_cast<char*>(data);
+  int id = group.id;
+  return enqueue(state, [this, base, bytes, root_index, id](MpiPosting& posting) {
+    chunks_for_each(bytes, [&](int64_t offset, int n) {
+      MPI_Request request;
+      mpi_check(MPI_Ibcast(base + offset, n, MPI_BYTE, root_index, comms_[static_cast<size_t>(id)], &request),
+                "MPI_Ibcast");
+      posting.add(request);
+    });
+  });
+}
+
+CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) {
+  const char* kind = "all_gather_bytes";
+  auto state = state_make(kind, bytes * group.size());
+  state->members = group_members(group, kind);
+  if (bytes < 0 || bytes * group.size() > INT_MAX) {
+    throw Error(fmt::format("all_gather_bytes of {} bytes per member over {} members: MPI counts stop at {} in total",
+                            bytes, group.size(), INT_MAX),
+                {}, "gather smaller records");
+  }
+  collective_count(*state, group, std::nullopt);
+  int id = group.id;
+  return enqueue(state, [this, in, out, bytes, id](MpiPosting& posting) {
+    MPI_Request request;
+    mpi_check(MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes), MPI_BYTE,
+                             comms_[static_cast<size_t>(id)], &request),
+              "MPI_Iallgather");
+    posting.add(request);
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> communicator_mpi(double timeout_seconds) {
+  return std::make_unique<MpiCommunicator>(timeout_seconds);
+}
+
+bool communicator_launched_by_mpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && std::atoi(value) > 1) return true;
+  }
+  return false;
+}
+
+}  // namespace alloy

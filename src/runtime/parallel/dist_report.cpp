@@ -1,0 +1,120 @@
+// What a distributed run hands back to people: the predicted-against-measured table, the Chrome
+// trace of the real step (the simulator's format, so both open side by side) and the full
+// weights gathered from every rank's shard.
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "runtime/parallel/dist_report.hpp"
+#include "runtime/parallel/gather_records.hpp"
+#include "runtime/io/safetensors.hpp"
+#include "plan/trace.hpp"
+#include "spec/error.hpp"
+#include "spec/units.hpp"
+#include "util/table.hpp"
+
+namespace alloy {
+
+double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory) {
+  double bytes = 0;
+  for (const MemoryTerm& t : memory) {
+    const bool outside = t.name == "framework_context" || t.name == "allocator_margin" ||
+                         t.name == "communication_buffers" || t.name == "host_offload";
+    if (!outside) bytes += t.bytes;
+  }
+  return bytes;
+}
+
+double dist_measured_step_seconds(const TrainerResult& result) {
+  double slowest = 0;
+  for (const RankSummary& r : result.ranks) slowest = std::max(slowest, r.step_seconds);
+  return slowest;
+}
+
+std::string dist_render_summary(const TrainerResult& result, const Plan& plan) {
+  TextTable table({"rank>", "stage>", "device", "tp rank>", "dp rank>", "step>", "compute>", "waiting>", "comm busy>",
+                   "peak memory>", "predicted>"});
+  for (const RankSummary& r : result.ranks) {
+    const PlanReplica replica = plan.stages[r.stage].replica(plan.micro_batch_sequences, r.dp_rank);
+    table.add_row({std::to_string(r.rank), std::to_string(r.stage), replica.device_type, std::to_string(r.tp_rank),
+                   std::to_string(r.dp_rank), units_format_seconds(r.step_seconds),
+                   units_format_seconds(r.compute_seconds), units_format_seconds(r.wait_seconds),
+                   units_format_seconds(r.communication_seconds), units_format_bytes(r.peak_arena_bytes),
+                   units_format_bytes(dist_predicted_arena_bytes(replica.memory))});
+  }
+  std::string text = table.render();
+  const double slowest = dist_measured_step_seconds(result);
+  text += fmt::format("step time: predicted {}, measured {} (median of the steps after the first; {:.2f}x)\n",
+                      units_format_seconds(plan.step_seconds), units_format_seconds(slowest),
+                      plan.step_seconds > 0 ? slowest / plan.step_seconds : 0.0);
+  text += "memory: measured is the rank's arena peak (fp32); predicted is the plan's per-device memory in " +
+          std::string(precision_name(plan.precision)) + " without the framework context, communication buffers and allocator margin (not in the arena)\n";
+  return text;
+}
+
+void dist_save_trace(RankRuntime& runtime, const Plan& plan, Communicator& comm, const std::string& path) {
+  SimResult sim;
+  double earliest = -runtime.step_start_seconds();
+  comm.all_reduce(&earliest, 1, comm.world(), ReduceOp::ReduceOp_max).wait();
+  earliest = -earliest;
+  const std::vector<RankInfo> ranks = plan_rank_map(plan);
+  for (int r = 0; r < comm.world_size(); ++r) {
+    std::vector<SimInterval> intervals = gather_records_on_root(comm, runtime.intervals(), r);
+    std::vector<MemorySample> memory = gather_records_on_root(comm, runtime.memory_samples(), r);
+    std::vector<double> offset = gather_records_on_root(comm, std::vector<double>{runtime.step_start_seconds() - earliest}, r);
+    if (comm.rank() != 0) continue;
+    SimLane lane;
+    lane.rank = r;
+    lane.stage = ranks[r].stage;
+    lane.device_id = ranks[r].device_id;
+    lane.device_type = plan.stages[lane.stage].replica(plan.micro_batch_sequences, ranks[r].dp_rank).device_type;
+    for (MemorySample m : memory) {
+      m.seconds += offset[0];
+      lane.memory.push_back(m);
+    }
+    for (SimInterval iv : intervals) {
+      iv.lane = r;
+      iv.start_seconds += offset[0];
+      iv.end_seconds += offset[0];
+      sim.step_seconds = std::max(sim.step_seconds, iv.end_seconds);
+      sim.intervals.push_back(iv);
+    }
+    sim.lanes.push_back(lane);
+  }
+  if (comm.rank() == 0) trace_save(sim, plan, path);
+}
+
+void dist_export_weights(RankRuntime& runtime, const Plan& plan, Communicator& comm, const std::string& path) {
+  const std::vector<float> mine = runtime.full_parameters();
+  const ModelSpec& spec = runtime.model().spec;
+  const std::vector<RankInfo> ranks = plan_rank_map(plan);
+  std::map<std::string, std::vector<float>> full;
+  std::vector<ShardedTensor> order = shard_tensors(spec, shard_full(spec));
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (ranks[r].dp_rank != 0) continue;
+    const std::vector<float> params = gather_records_on_root(comm, mine, r);
+    if (comm.rank() != 0) continue;
+    const PlanStage& st = plan.stages[ranks[r].stage];
+    int64_t offset = 0;
+    for (const ShardedTensor& t : shard_tensors(spec, rank_shard(plan, ranks[r].stage, ranks[r].tp_rank))) {
+      const bool copy_of_embedding = t.name == "embed.token" && !st.has_embedding;
+      std::vector<float>& out = full[t.name];
+      int64_t numel = 1;
+      for (int64_t e : t.full_shape) numel *= e;
+      out.resize(static_cast<size_t>(numel));
+      for (const ShardSegment& seg : t.segments) {
+        if (!copy_of_embedding)
+          std::memcpy(out.data() + seg.full_offset, params.data() + offset, static_cast<size_t>(seg.count) * sizeof(float));
+        offset += seg.count;
+      }
+    }
+  }
+  if (comm.rank() != 0) return;
+  std::vector<TensorRef> refs;
+  for (const ShardedTensor& t : order) refs.push_back({t.name, t.full_shape, full.at(t.name).data()});
+  safetensors_save(path, refs, {{"format", "pt"}, {"source", "alloy train --plan (gathered from every rank)"}});
+}
+
+}  // namespace alloy

@@ -1,0 +1,673 @@
+// The rank executor: walks the rank's schedule op by op. Sends and collectives are posted and
+// complete in the communicator's progress thread; a receive is waited for when its data is
+// first needed; gradient buckets are reduced while the rest of the backward runs.
+#include "runtime/parallel/executor.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/cpu/optimizer.hpp"
+#include "runtime/device_speed.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+
+// Tensor-parallel sums of the model's passes, blocking, on the rank's tp group.
+class CommTensorParallel : public TensorParallelOps {
+ public:
+  CommTensorParallel(Communicator& comm, const CommGroup& group) : comm_(comm), group_(group) {}
+  void all_reduce_sum(float* data, int64_t count) override { timed(comm_.all_reduce(data, count, group_)); }
+  void all_reduce_max(float* data, int64_t count) override {
+    timed(comm_.all_reduce(data, count, group_, ReduceOp::ReduceOp_max));
+  }
+  void all_gather(float* data, int64_t piece) override {
+    timed(comm_.all_gather(data, std::vector<int64_t>(static_cast<size_t>(group_.size()), piece), group_));
+  }
+  void reduce_scatter(float* data, int64_t piece) override {
+    timed(comm_.reduce_scatter(data, std::vector<int64_t>(static_cast<size_t>(group_.size()), piece), group_));
+  }
+  double take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }
+
+ private:
+  void timed(const CommHandle& handle) {
+    wait_seconds_ += compute_wait([&] { handle.wait(); });
+  }
+  Communicator& comm_;
+  CommGroup group_;
+  double wait_seconds_ = 0;
+};
+
+struct RankRuntime::PassSlot {
+  int micro_batch = 0;
+  int chunk = 0;
+  std::unique_ptr<StagePass> pass;
+  int64_t sample_begin = 0;     // the replica's first global sample of the micro-batch
+  const void* output = nullptr;          // forward output (B, T, C) while sends are in flight
+  const void* input_gradient = nullptr;  // backward result to send
+  std::vector<CommHandle> receives;
+  std::vector<CommHandle> sends;
+  bool finished = false;        // backward done; released once its sends complete
+};
+
+namespace {
+
+std::vector<int> stage_first_ranks(const Plan& plan) {
+  std::vector<int> first;
+  int next = 0;
+  for (const PlanStage& st : plan.stages) {
+    first.push_back(next);
+    next += st.tp * st.dp;
+  }
+  return first;
+}
+
+double clock_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+bool any_set(const std::vector<bool>& flags) { return std::find(flags.begin(), flags.end(), true) != flags.end(); }
+
+}  // namespace
+
+ModelShard rank_shard(const Plan& plan, int stage_index, int tp_rank) {
+  const PlanStage& stage = plan.stages[stage_index];
+  ModelShard shard;
+  for (const LayerRange& c : stage.chunks) shard.block_ranges.push_back({c.begin, c.end});
+  std::sort(shard.block_ranges.begin(), shard.block_ranges.end());
+  shard.has_embedding = stage.has_embedding;
+  shard.has_head = stage.has_head;
+  shard.tp = stage.tp;
+  shard.tp_rank = tp_rank;
+  shard.sequence_parallel = stage.sequence_parallel;
+  return shard;
+}
+
+RankGroups rank_groups_build(const Plan& plan, const ModelSpec& model, Communicator& comm) {
+  const std::vector<int> first = stage_first_ranks(plan);
+  std::vector<std::vector<int>> tp_groups, dp_groups, embedding_groups;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    for (int d = 0; d < st.dp; ++d) {
+      tp_groups.emplace_back();
+      for (int t = 0; t < st.tp; ++t) tp_groups.back().push_back(first[s] + d * st.tp + t);
+    }
+    for (int t = 0; t < st.tp; ++t) {
+      dp_groups.emplace_back();
+      for (int d = 0; d < st.dp; ++d) dp_groups.back().push_back(first[s] + d * st.tp + t);
+    }
+  }
+  if (model.tied_embeddings && plan.stages.size() > 1) {
+    const PlanStage& head = plan.stages.back();
+    const PlanStage& embed = plan.stages.front();
+    if (embed.tp == head.tp) {  // the same vocabulary rows on tp rank t of both stages
+      for (int t = 0; t < embed.tp; ++t) {
+        embedding_groups.emplace_back();
+        for (int d = 0; d < embed.dp; ++d) embedding_groups.back().push_back(d * embed.tp + t);
+        for (int d = 0; d < head.dp; ++d) embedding_groups.back().push_back(first.back() + d * head.tp + t);
+      }
+    } else {  // different row splits: one group sums whole tables
+      embedding_groups.emplace_back();
+      for (int r = 0; r < embed.tp * embed.dp; ++r) embedding_groups.back().push_back(r);
+      for (int r = 0; r < head.tp * head.dp; ++r) embedding_groups.back().push_back(first.back() + r);
+    }
+  }
+  RankGroups groups;
+  groups.tp = comm.split(tp_groups);
+  groups.dp = comm.split(dp_groups);
+  groups.embedding = comm.split(embedding_groups);
+  return groups;
+}
+
+RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpec& train, Communicator& comm,
+                         const RankResources& resources, Communicator* control)
+    : plan_(plan),
+      train_(train),
+      comm_(comm),
+      control_(control != nullptr ? *control : comm),
+      slowdown_(std::max(1.0, resources.slowdown)) {
+  schedule_ = schedule_build_rank(plan, spec, comm.rank());
+  groups_ = rank_groups_build(plan, spec, comm);
+  for (const ScheduleOp& op : schedule_.ops)
+    if (op.kind == OpKind::OpKind_send_gradient) gradient_sends_[{op.micro_batch, op.chunk}]++;
+  const PlanStage& stage = plan.stages[schedule_.stage];
+  HostPlacement host;
+  host.blocks = stage.layer_flags(stage.offload, spec.num_layers);
+  const std::vector<bool> activations = stage.layer_flags(stage.offload_activations, spec.num_layers);
+  const bool offloads = any_set(host.blocks);
+  if (offloads || any_set(activations)) {
+    host_arena_ = std::make_unique<Arena>(static_cast<int64_t>(resources.host_memory_bytes), "the host of " + stage.device_type);
+    host.arena = host_arena_.get();
+    host_link_ = std::make_unique<HostLink>(resources.host_link_bytes_per_second);
+  }
+  StageRequest request;
+  request.model = &spec;
+  request.shard = rank_shard(plan, schedule_.stage, schedule_.tp_rank);
+  request.host = host;
+  request.memory_cap_bytes = resources.memory_cap_bytes;
+  request.device_name = stage.device_type;
+  request.seed = train.seed;
+  backend_ = resources.backend ? resources.backend(request) : stage_backend_cpu(request);
+  Model& model = backend_->model();
+  model.layer_cpu_seconds = &layer_cpu_seconds_;
+  if (stage.tp > 1) {
+    tp_ops_ = std::make_unique<CommTensorParallel>(comm, groups_.tp);
+    model.tp_ops = tp_ops_.get();
+  }
+  int local = 0;
+  for (const LayerRange& c : stage.chunks)
+    for (int b = c.begin; b < c.end; ++b) model.recompute[static_cast<size_t>(b)] = stage.recompute[local++];
+  const bool tied_sync = spec.tied_embeddings && plan.stages.size() > 1 && (stage.has_embedding || stage.has_head);
+  layout_ = param_layout_build(plan, model, schedule_, tied_sync);
+  // ZeRO 3 and offload move weights with host copies: backends whose memory is not the host's
+  // refuse such plans (stage_backend_supports) before they get here.
+  if (layout_.sharded && stage.zero == 3) zero3_ = std::make_unique<Zero3Parameters>(model, layout_, comm, groups_.dp);
+  build_moments();
+  if (offloads) {
+    offload_ = std::make_unique<LayerOffload>(model, offload_uses_from_schedule(schedule_, host.blocks),
+                                              stage.offload_prefetch_depth, *host_link_);
+  }
+  if (any_set(activations)) {
+    activation_offload_ = std::make_unique<ActivationOffload>(model, activations, stage.offload_prefetch_depth,
+                                                              *host_link_, *host_arena_);
+  }
+}
+
+RankRuntime::~RankRuntime() {
+  for (auto& slot : passes_) backend_->pass_release(*slot->pass);
+  activation_offload_.reset();
+  offload_.reset();
+  for (MomentSegment& ms : moments_) {
+    Arena& from = ms.on_host ? *host_arena_ : backend_->arena();
+    from.release(ms.v);
+    from.release(ms.m);
+  }
+}
+
+// One moment segment for the packed optimizer ranges; with weight offload (data parallelism 1, so
+// the packed ranges are the flat index) one per parameter segment, in host memory for offloaded
+// blocks. Activation offload alone keeps the packed (possibly ZeRO-sharded) layout.
+void RankRuntime::build_moments() {
+  const Model& model = backend_->model();
+  const bool weights_on_host = std::any_of(model.segments.begin(), model.segments.end(),
+                                           [](const ParameterSegment& p) { return p.host_block >= 0; });
+  if (!weights_on_host) {
+    moments_.push_back({0, layout_.optimizer_floats(), nullptr, nullptr, false});
+  } else {
+    for (const ParameterSegment& p : model.segments) moments_.push_back({p.offset, p.count, nullptr, nullptr, p.host_block >= 0});
+  }
+  for (MomentSegment& ms : moments_) {
+    if (ms.on_host) {
+      ms.m = host_arena_->allocate_floats(ms.count, "offloaded adamw.m");
+      ms.v = host_arena_->allocate_floats(ms.count, "offloaded adamw.v");
+      std::memset(ms.m, 0, static_cast<size_t>(ms.count) * sizeof(float));
+      std::memset(ms.v, 0, static_cast<size_t>(ms.count) * sizeof(float));
+    } else {
+      ms.m = backend_->arena().allocate_floats(ms.count, "adamw.m");
+      ms.v = backend_->arena().allocate_floats(ms.count, "adamw.v");
+      backend_->fill_zero(ms.m, ms.count);
+      backend_->fill_zero(ms.v, ms.count);
+    }
+  }
+}
+
+const MomentSegment& RankRuntime::moments_at(int64_t packed) const {
+  for (const MomentSegment& ms : moments_)
+    if (packed >= ms.packed_offset && packed < ms.packed_offset + ms.count) return ms;
+  throw Error(fmt::format("rank {}: packed optimizer offset {} has no AdamW moments", comm_.rank(), packed));
+}
+
+std::vector<TensorRef> RankRuntime::optimizer_refs() {
+  std::vector<TensorRef> refs;
+  const Model& model = backend_->model();
+  if (!layout_.sharded && moments_.size() == 1 && layout_.optimizer_floats() == model.num_parameters) {
+    // This rank updates all of its parameters in one place: one pair of moments per tensor.
+    for (const char* moment : {"m", "v"}) {
+      float* base = moment[0] == 'm' ? moments_.front().m : moments_.front().v;
+      for (const TensorView& view : model.views)
+        refs.push_back({fmt::format("adamw.{}.{}", moment, view.name), view.shape, base + view.offset});
+    }
+    return refs;
+  }
+  for (const MomentSegment& ms : moments_) {
+    const std::string suffix = moments_.size() == 1 ? "" : fmt::format("@{}", ms.packed_offset);
+    refs.push_back({"adamw.m" + suffix, {ms.count}, ms.m});
+    refs.push_back({"adamw.v" + suffix, {ms.count}, ms.v});
+  }
+  return refs;
+}
+
+void RankRuntime::record_offload_copies() {
+  std::vector<OffloadCopy> copies = offload_ ? offload_->take_copies() : std::vector<OffloadCopy>{};
+  if (activation_offload_)
+    for (const OffloadCopy& c : activation_offload_->take_copies()) copies.push_back(c);
+  for (const OffloadCopy& c : copies) {
+    SimInterval iv;
+    iv.stream = SimStream::SimStream_copy;
+    iv.kind = c.to_device ? OpKind::OpKind_prefetch : OpKind::OpKind_evict;
+    iv.op_index = c.use.op_index;
+    iv.micro_batch = c.use.micro_batch;
+    iv.chunk = c.use.chunk;
+    iv.start_seconds = c.start_seconds - step_start_;
+    iv.end_seconds = c.end_seconds - step_start_;
+    intervals_.push_back(iv);
+  }
+}
+
+double RankRuntime::now() const { return clock_seconds() - step_start_; }
+
+int RankRuntime::gradient_sends(int micro_batch, int chunk) const {
+  auto it = gradient_sends_.find({micro_batch, chunk});
+  return it == gradient_sends_.end() ? 0 : it->second;
+}
+
+int64_t RankRuntime::replica_begin(int micro_batch) const {
+  const PlanStage& st = plan_.stages[schedule_.stage];
+  return micro_batch * plan_.micro_batch_sequences + st.replica_offset(plan_.micro_batch_sequences, schedule_.dp_rank);
+}
+
+void RankRuntime::wait(const CommHandle& handle, RankStepStats& stats) {
+  stats.wait_seconds += compute_wait([&] { handle.wait(); });
+}
+
+void RankRuntime::record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end) {
+  SimInterval iv;
+  iv.stream = stream;
+  iv.kind = op.kind;
+  iv.op_index = static_cast<int>(index);
+  iv.micro_batch = op.micro_batch;
+  iv.chunk = op.chunk;
+  iv.start_seconds = start;
+  iv.end_seconds = end;
+  intervals_.push_back(iv);
+}
+
+RankRuntime::PassSlot& RankRuntime::pass_for(const ScheduleOp& op, const int32_t* inputs, const int32_t* targets) {
+  // A compute op names its samples (a piece of the replica's share, under uneven data
+  // parallelism); a transfer names those it carries, part of the replica's share or all of it.
+  const bool compute = op_kind_is_compute(op.kind);
+  for (auto& slot : passes_)
+    if (slot->micro_batch == op.micro_batch && slot->chunk == op.chunk && !slot->finished &&
+        (!compute || slot->sample_begin == op.sample_begin))
+      return *slot;
+  const PlanStage& st = plan_.stages[schedule_.stage];
+  const int p = static_cast<int>(plan_.stages.size());
+  const int virtual_stage = op.chunk * p + schedule_.stage;
+  auto slot = std::make_unique<PassSlot>();
+  slot->micro_batch = op.micro_batch;
+  slot->chunk = op.chunk;
+  slot->sample_begin = compute ? op.sample_begin : replica_begin(op.micro_batch);
+  const int T = static_cast<int>(plan_.seq_len);
+  const int B = static_cast<int>(compute ? op.sample_end - op.sample_begin
+                                         : st.replica_sequences(plan_.micro_batch_sequences, schedule_.dp_rank));
+  const bool embeds = virtual_stage == 0;
+  const bool heads = virtual_stage == p * plan_.virtual_chunks - 1;
+  const LayerRange& blocks = st.chunks[op.chunk];
+  slot->pass = backend_->pass_begin(blocks.begin, blocks.end, embeds, heads, inputs + slot->sample_begin * T,
+                                    targets + slot->sample_begin * T, B, T);
+  passes_.push_back(std::move(slot));
+  return *passes_.back();
+}
+
+CommHandle RankRuntime::track(CommHandle handle, SimStream stream, const ScheduleOp& op, size_t index) {
+  in_flight_.push_back({handle, stream, op, index, now()});
+  return handle;
+}
+
+void RankRuntime::record_completed(bool all) {
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (!all && !it->handle.done()) {
+      ++it;
+      continue;
+    }
+    record(it->stream, it->op, it->index, it->start, now());
+    it = in_flight_.erase(it);
+  }
+}
+
+void RankRuntime::reap_finished_passes(bool wait_all, RankStepStats& stats) {
+  for (auto it = passes_.begin(); it != passes_.end();) {
+    PassSlot& slot = **it;
+    bool ready = slot.finished && static_cast<int>(slot.sends.size()) == gradient_sends(slot.micro_batch, slot.chunk);
+    for (const CommHandle& h : slot.sends) {
+      if (!ready) break;
+      if (wait_all) wait(h, stats);
+      ready = h.done();
+    }
+    if (!ready) {
+      ++it;
+      continue;
+    }
+    backend_->pass_release(*slot.pass);
+    it = passes_.erase(it);
+  }
+}
+
+void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inputs, const int32_t* targets,
+                         RankStepStats& stats) {
+  // One sample's hidden state, in bytes as the backend holds it.
+  const int64_t row_bytes = plan_.seq_len * backend_->model().spec.hidden_size * backend_->hidden_element_bytes();
+  switch (op.kind) {
+    case OpKind::OpKind_recv_activation:
+    case OpKind::OpKind_recv_gradient: {
+      PassSlot& slot = pass_for(op, inputs, targets);
+      auto* base = static_cast<std::byte*>(op.kind == OpKind::OpKind_recv_activation
+                                               ? backend_->pass_input(*slot.pass)
+                                               : backend_->pass_output_gradient(*slot.pass));
+      const int64_t offset = (op.sample_begin - slot.sample_begin) * row_bytes;
+      const int64_t bytes = (op.sample_end - op.sample_begin) * row_bytes;
+      slot.receives.push_back(track(comm_.recv(base + offset, bytes, op.peer, op.tag), SimStream::SimStream_recv, op, index));
+      return;
+    }
+    case OpKind::OpKind_send_activation:
+    case OpKind::OpKind_send_gradient: {
+      PassSlot* found = nullptr;
+      for (auto& slot : passes_)
+        if (slot->micro_batch == op.micro_batch && slot->chunk == op.chunk &&
+            slot->finished == (op.kind == OpKind::OpKind_send_gradient))
+          found = slot.get();
+      if (found == nullptr) throw Error(fmt::format("rank {}: {} has no pass to send from", comm_.rank(), schedule_op_describe(op)));
+      const auto* base =
+          static_cast<const std::byte*>(op.kind == OpKind::OpKind_send_activation ? found->output : found->input_gradient);
+      const int64_t offset = (op.sample_begin - found->sample_begin) * row_bytes;
+      const int64_t bytes = (op.sample_end - op.sample_begin) * row_bytes;
+      found->sends.push_back(track(comm_.send(base + offset, bytes, op.peer, op.tag), SimStream::SimStream_send, op, index));
+      return;
+    }
+    case OpKind::OpKind_forward:
+    case OpKind::OpKind_backward: {
+      PassSlot& slot = pass_for(op, inputs, targets);
+      for (const CommHandle& h : slot.receives) wait(h, stats);
+      slot.receives.clear();
+      const double compute_start = now();
+      ComputeStretch stretch(slowdown_);
+      if (op.kind == OpKind::OpKind_forward) {
+        slot.output = backend_->pass_forward(*slot.pass);
+        if (slot.pass->heads && schedule_.tp_rank == 0) stats.loss_tokens += static_cast<double>(slot.pass->B) * slot.pass->T;
+      } else {
+        for (const CommHandle& h : slot.sends) wait(h, stats);  // the outputs are freed below
+        slot.sends.clear();
+        // The pass's loss is its mean over its B sequences; scaled by B / global batch, every
+        // sequence of the step weighs alike, however unevenly the replicas share micro-batches.
+        const float loss_scale = static_cast<float>(slot.pass->B) / static_cast<float>(plan_.global_batch_sequences);
+        slot.input_gradient = backend_->pass_backward(*slot.pass, op.block_begin, op.block_end, loss_scale);
+        slot.finished = backend_->pass_finished(*slot.pass);
+      }
+      const double tp_wait = (tp_ops_ ? tp_ops_->take_wait_seconds() : 0.0) +
+                             (zero3_ ? zero3_->take_wait_seconds() : 0.0) +
+                             (offload_ ? offload_->take_wait_seconds() : 0.0) +
+                             (activation_offload_ ? activation_offload_->take_wait_seconds() : 0.0);
+      stretch.finish();
+      const double end = now();
+      stats.compute_seconds += end - compute_start - tp_wait;
+      stats.wait_seconds += tp_wait;
+      stats.pass_seconds += end - compute_start;
+      record(SimStream::SimStream_compute, op, index, compute_start, end);
+      memory_.push_back({end, static_cast<double>(backend_->arena().bytes_in_use())});
+      return;
+    }
+    case OpKind::OpKind_all_reduce:
+    case OpKind::OpKind_reduce_scatter: {
+      const GradientBucket& b = param_layout_bucket(layout_, op.chunk, op.bucket);
+      float* data = backend_->gradients_at(b.range.offset, b.range.count);
+      pending_reductions_.push_back(track(op.kind == OpKind::OpKind_all_reduce
+                                              ? comm_.all_reduce(data, b.range.count, groups_.dp)
+                                              : comm_.reduce_scatter(data, b.piece_counts, groups_.dp),
+                                          SimStream::SimStream_collective, op, index));
+      return;
+    }
+    case OpKind::OpKind_all_gather: {
+      if (zero3_) return;  // ZeRO 3 gathers each block's weights inside the compute that uses them
+      std::vector<CommHandle> handles;
+      for (const GradientBucket& b : layout_.buckets)
+        if (b.chunk == op.chunk)
+          handles.push_back(track(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, groups_.dp),
+                                  SimStream::SimStream_collective, op, index));
+      if (op.micro_batch >= 0) {  // ZeRO 3: the weights are needed now
+        for (const CommHandle& h : handles) wait(h, stats);
+      } else {
+        for (CommHandle& h : handles) pending_gathers_.push_back(std::move(h));
+      }
+      return;
+    }
+    case OpKind::OpKind_optimizer: {
+      for (const CommHandle& h : pending_reductions_) wait(h, stats);
+      pending_reductions_.clear();
+      if (zero3_) zero3_->drop_prefetched();  // gathered before the update: stale after it
+      if (offload_) {  // the offloaded blocks' gradients must be back in host memory
+        const double start = now();
+        offload_->step_end();
+        stats.wait_seconds += now() - start;
+      }
+      const double compute_start = now();
+      ComputeStretch stretch(slowdown_);
+      const double waited_before = stats.wait_seconds;
+      optimizer(stats);
+      const double waited = stats.wait_seconds - waited_before;  // the norm's and tied table's sums
+      stretch.finish();
+      const double end = now();
+      stats.compute_seconds += end - compute_start - waited;
+      stats.optimizer_seconds += end - compute_start - waited;
+      record(SimStream::SimStream_compute, op, index, compute_start, end);
+      return;
+    }
+    case OpKind::OpKind_prefetch:
+    case OpKind::OpKind_evict:
+      return;  // the offload engine copies block by block in the passes' order, ahead of them
+  }
+}
+
+// Consecutive tensors with the same weight decay, clipped to the optimizer ranges: one update
+// each (a launch per span on a GPU, not per tensor).
+std::vector<RankRuntime::UpdateSpan> RankRuntime::update_spans() const {
+  std::vector<UpdateSpan> spans;
+  const Model& model = backend_->model();
+  int64_t packed = 0;
+  for (const FlatRange& r : layout_.optimizer_ranges) {
+    for (const TensorView& view : model.views) {
+      const int64_t begin = std::max(r.offset, view.offset);
+      const int64_t end = std::min(r.offset + r.count, view.offset + view.numel);
+      if (begin >= end) continue;
+      const int64_t at = packed + begin - r.offset;
+      const bool joins = !spans.empty() && spans.back().decay == view.weight_decay &&
+                         spans.back().offset + spans.back().count == begin &&
+                         spans.back().packed + spans.back().count == at &&
+                         model.segments.size() == 1 && &moments_at(spans.back().packed) == &moments_at(at);
+      if (joins) {
+        spans.back().count += end - begin;
+      } else {
+        spans.push_back({begin, end - begin, at, view.weight_decay});
+      }
+    }
+    packed += r.count;
+  }
+  return spans;
+}
+
+void RankRuntime::optimizer(RankStepStats& stats) {
+  if (layout_.tied_embedding.count > 0) sum_tied_embedding(stats);
+  const Model& model = backend_->model();
+  if (model.shard.sequence_parallel && model.shard.tp > 1) sum_sequence_parallel_norms(stats);
+  double squares = backend_->gradient_square_sum(layout_.norm_ranges);
+  wait(control_.all_reduce(&squares, 1, control_.world()), stats);
+  const double norm = std::sqrt(squares);
+  const float lr = lr_schedule(optimizer_steps_, train_.learning_rate, train_.min_learning_rate, train_.warmup_steps,
+                               train_.steps);
+  optimizer_steps_++;
+  AdamWHyper hyper{lr, static_cast<float>(train_.beta1), static_cast<float>(train_.beta2),
+                   static_cast<float>(train_.adam_eps), 0.0f, grad_clip_scale(norm, train_.grad_clip)};
+  if (spans_.empty()) spans_ = update_spans();
+  for (const UpdateSpan& span : spans_) {
+    hyper.weight_decay = span.decay ? static_cast<float>(train_.weight_decay) : 0.0f;
+    float* params = zero3_ ? zero3_->pieces() + span.packed : backend_->parameters_at(span.offset, span.count);
+    const MomentSegment& ms = moments_at(span.packed);
+    backend_->adamw_update(params, ms.m + (span.packed - ms.packed_offset), ms.v + (span.packed - ms.packed_offset),
+                           backend_->gradients_at(span.offset, span.count), span.count, hyper, optimizer_steps_);
+  }
+  backend_->parameters_changed();
+  stats.grad_norm = norm;
+  stats.learning_rate = lr;
+}
+
+// The tied table's gradient summed over every replica of the first and last stage. With the
+// same tp on both, tp rank t of each holds the same rows; otherwise whole tables are summed,
+// each rank placing its rows.
+void RankRuntime::sum_tied_embedding(RankStepStats& stats) {
+  float* grads = backend_->gradients_at(layout_.tied_embedding.offset, layout_.tied_embedding.count);
+  if (plan_.stages.front().tp == plan_.stages.back().tp) {
+    wait(comm_.all_reduce(grads, layout_.tied_embedding.count, groups_.embedding), stats);
+    return;
+  }
+  const Model& model = backend_->model();
+  const int64_t C = model.spec.hidden_size;
+  const int64_t table_floats = model.spec.vocab_size * C;
+  const auto [begin, end] = shard_vocab_range(model.spec, model.shard.tp, model.shard.tp_rank);
+  const int64_t rows_bytes = (end - begin) * C * static_cast<int64_t>(sizeof(float));
+  float* table = backend_->arena().allocate_floats(table_floats, "tied embedding gradient sum");
+  backend_->fill_zero(table, table_floats);
+  backend_->copy(table + begin * C, grads, rows_bytes);
+  wait(comm_.all_reduce(table, table_floats, groups_.embedding), stats);
+  backend_->copy(grads, table + begin * C, rows_bytes);
+  backend_->arena().release(table);
+}
+
+// Under sequence parallelism each rank's block norms saw only its rows: their gradients are
+// summed over the tensor-parallel group (packed, as they are spread through the buffer).
+void RankRuntime::sum_sequence_parallel_norms(RankStepStats& stats) {
+  const Model& model = backend_->model();
+  std::vector<const TensorView*> norms;
+  int64_t total = 0;
+  for (const TensorView& view : model.views) {
+    if (view.name.rfind("layers.", 0) == 0 && view.name.find("norm.") != std::string::npos) {
+      norms.push_back(&view);
+      total += view.numel;
+    }
+  }
+  float* packed = backend_->arena().allocate_floats(total, "sequence-parallel norm gradients");
+  int64_t at = 0;
+  for (const TensorView* view : norms) {
+    backend_->copy(packed + at, backend_->gradients_at(view->offset, view->numel), view->numel * static_cast<int64_t>(sizeof(float)));
+    at += view->numel;
+  }
+  wait(comm_.all_reduce(packed, total, groups_.tp), stats);
+  at = 0;
+  for (const TensorView* view : norms) {
+    backend_->copy(backend_->gradients_at(view->offset, view->numel), packed + at, view->numel * static_cast<int64_t>(sizeof(float)));
+    at += view->numel;
+  }
+  backend_->arena().release(packed);
+}
+
+RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
+  RankStepStats stats;
+  intervals_.clear();
+  memory_.clear();
+  step_start_ = clock_seconds();
+  backend_->arena().reset_peak();
+  comm_.take_busy_seconds();
+  backend_->zero_gradients();
+  layer_cpu_seconds_ = {0, 0, 0};
+  if (offload_) offload_->step_begin();
+  for (size_t i = 0; i < schedule_.ops.size(); ++i) {
+    run_op(i, schedule_.ops[i], inputs, targets, stats);
+    reap_finished_passes(false, stats);
+    record_completed(false);
+  }
+  for (const CommHandle& h : pending_gathers_) wait(h, stats);
+  pending_gathers_.clear();
+  reap_finished_passes(true, stats);
+  record_completed(true);
+  if (host_link_) record_offload_copies();
+  if (!passes_.empty()) throw Error(fmt::format("rank {}: {} micro-batch passes left at the end of the step", comm_.rank(), passes_.size()));
+  const double losses = backend_->take_loss_sum();  // fences the backend's queued work
+  if (schedule_.tp_rank == 0) stats.loss_sum = losses;
+  stats.step_seconds = now();
+  stats.communication_seconds = comm_.take_busy_seconds();
+  stats.peak_arena_bytes = backend_->arena().peak_bytes();
+  stats.layer_cpu_seconds = layer_cpu_seconds_;
+  return stats;
+}
+
+double RankRuntime::loss_sum(const int32_t* inputs, const int32_t* targets) {
+  const PlanStage& st = plan_.stages[schedule_.stage];
+  if (plan_.stages.size() != 1 || st.tp != 1)
+    throw Error("a forward-only pass needs the whole model on each rank", {"", "--val-data"},
+                "validate with a one-stage plan without tensor parallelism");
+  const int T = static_cast<int>(plan_.seq_len);
+  const int B = static_cast<int>(st.replica_sequences(plan_.micro_batch_sequences, schedule_.dp_rank));
+  const LayerRange& blocks = st.chunks.front();
+  backend_->take_loss_sum();
+  for (int m = 0; m < plan_.num_micro_batches; ++m) {
+    const int64_t first = replica_begin(m) * T;
+    std::unique_ptr<StagePass> pass = backend_->pass_begin(blocks.begin, blocks.end, true, true, inputs + first, targets + first, B, T);
+    backend_->pass_forward(*pass);
+    backend_->pass_release(*pass);
+  }
+  return backend_->take_loss_sum();
+}
+
+std::vector<float> RankRuntime::full_parameters() {
+  if (zero3_) return zero3_->full_parameters();
+  if (layout_.sharded) {  // ZeRO 1-2 gather after every step already; this makes it explicit
+    std::vector<CommHandle> handles;
+    for (const GradientBucket& b : layout_.buckets)
+      handles.push_back(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, groups_.dp));
+    for (const CommHandle& h : handles) h.wait();
+  }
+  const Model& model = backend_->model();
+  std::vector<float> full(static_cast<size_t>(model.num_parameters));
+  for (const ParameterSegment& segment : model.segments)
+    backend_->copy_to_host(full.data() + segment.offset, segment.params, segment.count * static_cast<int64_t>(sizeof(float)));
+  return full;
+}
+
+std::vector<TensorRef> RankRuntime::parameter_refs() {
+  if (zero3_) return {{"zero3.pieces", {layout_.optimizer_floats()}, zero3_->pieces()}};
+  std::vector<TensorRef> refs;
+  const Model& model = backend_->model();
+  for (const TensorView& v : model.views) refs.push_back({v.name, v.shape, backend_->parameters_at(v.offset, v.numel)});
+  return refs;
+}
+
+std::vector<TensorRef> RankRuntime::host_refs(const std::vector<TensorRef>& refs,
+                                              std::vector<std::vector<float>>& staging, bool download) {
+  if (backend_->memory_is_host()) return refs;
+  std::vector<TensorRef> host;
+  staging.clear();
+  staging.reserve(refs.size());
+  for (const TensorRef& r : refs) {
+    staging.emplace_back(static_cast<size_t>(tensor_ref_numel(r)));
+    if (download) backend_->copy_to_host(staging.back().data(), r.data, tensor_ref_numel(r) * static_cast<int64_t>(sizeof(float)));
+    host.push_back({r.name, r.shape, staging.back().data()});
+  }
+  return host;
+}
+
+void RankRuntime::checkpoint_save_to(const std::string& dir, const CheckpointState& state) {
+  std::vector<std::vector<float>> parameter_staging, optimizer_staging;
+  const std::vector<TensorRef> parameters = host_refs(parameter_refs(), parameter_staging, true);
+  const std::vector<TensorRef> moments = host_refs(optimizer_refs(), optimizer_staging, true);
+  checkpoint_save(dir, parameters, moments, state);
+}
+
+CheckpointState RankRuntime::checkpoint_load_from(const std::string& dir, const std::string& fingerprint) {
+  const std::vector<TensorRef> parameters = parameter_refs(), moments = optimizer_refs();
+  std::vector<std::vector<float>> parameter_staging, optimizer_staging;
+  const std::vector<TensorRef> host_parameters = host_refs(parameters, parameter_staging, false);
+  const std::vector<TensorRef> host_moments = host_refs(moments, optimizer_staging, false);
+  CheckpointState state = checkpoint_load(dir, fingerprint, host_parameters, host_moments);
+  if (!backend_->memory_is_host()) {
+    for (size_t i = 0; i < parameters.size(); ++i)
+      backend_->copy_from_host(parameters[i].data, host_parameters[i].data, tensor_ref_numel(parameters[i]) * static_cast<int64_t>(sizeof(float)));
+    for (size_t i = 0; i < moments.size(); ++i)
+      backend_->copy_from_host(moments[i].data, host_moments[i].data, tensor_ref_numel(moments[i]) * static_cast<int64_t>(sizeof(float)));
+  }
+  backend_->parameters_changed();
+  optimizer_steps_ = state.step;
+  return state;
+}
+
+}  // namespace alloy

@@ -1,0 +1,120 @@
+// Private to the MPI communicator: the handle state, MPI's process-wide lifetime, and the
+// progress engine, a thread that makes every MPI call after start-up. Callers queue operations;
+// the thread posts them in FIFO order (so every member posts its collectives in the same order)
+// and polls them with MPI_Testsome, sleeping when nothing is in flight.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/parallel/communicator.hpp"
+
+namespace alloy {
+
+inline constexpr double kCommDefaultTimeoutSeconds = 300;
+
+// What a wait needs: completion, an error, and enough to name the operation on a timeout.
+struct CommHandle::State {
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::string error;  // MPI's message when the operation failed
+  Communicator* owner = nullptr;
+  double timeout_seconds = kCommDefaultTimeoutSeconds;
+  const char* kind = "";
+  int64_t bytes = 0;
+  int peer = -1;  // point to point only
+  int tag = -1;
+  std::shared_ptr<const std::vector<int>> members;  // collectives only
+  // Set for a collective posted while timing was on: its timing, less the seconds.
+  std::optional<CollectiveTiming> timing;
+  std::chrono::steady_clock::time_point posted;  // when the caller called it (timed collectives only)
+  std::optional<std::chrono::steady_clock::time_point> wait_started;  // a caller's first wait, if before completion
+
+  // "all_reduce (sum) of 4.0 MiB over ranks [0, 1]", "recv of 64 B from rank 3 tag 17".
+  std::string describe() const;
+};
+
+// MPI is initialised once per process (MPI_THREAD_MULTIPLE requested, SERIALIZED accepted);
+// the last release finalises it when mpi_acquire initialised it.
+void mpi_acquire();
+void mpi_release();
+
+std::string mpi_error_text(int code);
+
+// Posting runs on the progress thread; a failed MPI call throws this and fails the handle.
+struct MpiFailure {
+  std::string message;
+};
+void mpi_check(int code, const char* call);
+
+// Requests one operation posted; `recv_bytes` is the size a receive must deliver (-1: any).
+struct MpiPosting {
+  std::vector<MPI_Request> requests;
+  std::vector<int> recv_bytes;
+  void add(MPI_Request request, int expected_recv_bytes = -1) {
+    requests.push_back(request);
+    recv_bytes.push_back(expected_recv_bytes);
+  }
+};
+
+struct MpiOperation {
+  std::shared_ptr<CommHandle::State> state;
+  std::function<void(MpiPosting&)> post;  // on the progress thread: issue the MPI calls
+  std::function<void()> finish;           // on the progress thread once all requests completed
+  int pending = 0;
+};
+
+class MpiProgress {
+ public:
+  // `owner` ends the job when MPI itself fails or a drain at shutdown exceeds the timeout.
+  MpiProgress(Communicator* owner, double timeout_seconds) : owner_(owner), timeout_seconds_(timeout_seconds) {}
+  ~MpiProgress() { stop(); }
+  MpiProgress(const MpiProgress&) = delete;
+  MpiProgress& operator=(const MpiProgress&) = delete;
+
+  void start();
+  // Finishes everything queued or in flight, then joins the thread.
+  void stop();
+  void enqueue(std::shared_ptr<MpiOperation> op);
+  double take_busy_seconds();
+  std::vector<CollectiveTiming> take_collective_timings();
+
+ private:
+  void loop();
+  void operation_start(const std::shared_ptr<MpiOperation>& op);
+  void requests_test();
+  void busy_update(bool busy_now);
+  void complete(MpiOperation& op);  // marks it done; keeps its timing if it has one
+
+  Communicator* owner_;
+  double timeout_seconds_;
+
+  // Shared between callers and the thread.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<MpiOperation>> queue_;
+  bool stopping_ = false;
+  double busy_seconds_ = 0;
+  bool busy_ = false;
+  std::chrono::steady_clock::time_point busy_since_;
+  std::vector<CollectiveTiming> timings_;  // completed since take_collective_timings
+
+  // The thread only: requests in flight, and for each its operation and expected receive size.
+  std::vector<MPI_Request> requests_;
+  std::vector<int> request_recv_bytes_;
+  std::vector<std::shared_ptr<MpiOperation>> request_ops_;
+  std::thread thread_;
+};
+
+}  // namespace alloy

@@ -1,0 +1,118 @@
+// Buckets, ZeRO pieces and optimizer/norm ownership from a rank's shard and schedule.
+#include "runtime/parallel/param_layout.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+namespace {
+
+FlatRange bucket_range(const Model& model, const PlanStage& stage, const ScheduleOp& op, bool tied_sync) {
+  const bool with_embedding = stage.has_embedding && op.block_begin == stage.chunks.front().begin;
+  const bool with_head = stage.has_head && op.block_end == stage.chunks.back().end;
+  int64_t begin = -1, end = -1, total = 0;
+  for (const TensorView& view : model.views) {
+    const int owner = param_view_unit(model, view);
+    const bool inside = (owner >= op.block_begin && owner < op.block_end) ||
+                        (owner == kUnitEmbedding && with_embedding) || (owner == kUnitHead && with_head);
+    if (!inside || (tied_sync && view.name == "embed.token")) continue;
+    begin = begin < 0 ? view.offset : std::min(begin, view.offset);
+    end = std::max(end, view.offset + view.numel);
+    total += view.numel;
+  }
+  if (begin < 0 || end - begin != total) {
+    throw Error(fmt::format("gradient bucket of blocks [{}, {}) is not one contiguous range of the parameters",
+                            op.block_begin, op.block_end));
+  }
+  return {begin, end - begin};
+}
+
+// Parts of [range) that lie inside any of `keep` (ascending, disjoint).
+void add_intersections(std::vector<FlatRange>& out, const FlatRange& range, const std::vector<FlatRange>& keep) {
+  for (const FlatRange& k : keep) {
+    const int64_t begin = std::max(range.offset, k.offset);
+    const int64_t end = std::min(range.offset + range.count, k.offset + k.count);
+    if (begin < end) out.push_back({begin, end - begin});
+  }
+}
+
+}  // namespace
+
+int param_view_unit(const Model& model, const TensorView& view) {
+  if (view.name.rfind("layers.", 0) == 0) return std::stoi(view.name.substr(7));
+  if (view.name.rfind("embed.", 0) == 0 && model.shard.has_embedding) return kUnitEmbedding;
+  return kUnitHead;
+}
+
+int64_t ParamLayout::optimizer_floats() const {
+  int64_t total = 0;
+  for (const FlatRange& r : optimizer_ranges) total += r.count;
+  return total;
+}
+
+int64_t ParamLayout::packed_offset(int64_t offset) const {
+  int64_t packed = 0;
+  for (const FlatRange& r : optimizer_ranges) {
+    if (offset >= r.offset && offset < r.offset + r.count) return packed + offset - r.offset;
+    packed += r.count;
+  }
+  throw Error(fmt::format("parameter offset {} is in none of this rank's pieces", offset));
+}
+
+ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankSchedule& schedule, bool tied_sync) {
+  const PlanStage& stage = plan.stages[schedule.stage];
+  ParamLayout layout;
+  layout.sharded = stage.zero >= 1 && stage.dp > 1;
+  for (const ScheduleOp& op : schedule.ops) {
+    if (op.kind != OpKind::OpKind_all_reduce && op.kind != OpKind::OpKind_reduce_scatter) continue;
+    GradientBucket b;
+    b.chunk = op.chunk;
+    b.bucket = op.bucket;
+    b.block_begin = op.block_begin;
+    b.block_end = op.block_end;
+    b.range = bucket_range(model, stage, op, tied_sync);
+    for (int d = 0; d < stage.dp; ++d) {
+      const auto [begin, end] = stage.zero_piece(plan.micro_batch_sequences, b.range.count, d);
+      b.piece_counts.push_back(end - begin);
+      if (d == schedule.dp_rank) b.owned = {b.range.offset + begin, end - begin};
+    }
+    layout.buckets.push_back(std::move(b));
+  }
+  if (tied_sync) layout.tied_embedding = {model_view(model, "embed.token").offset, model_view(model, "embed.token").numel};
+
+  // Ranges this rank reduces as a data-parallel member: its pieces when sharded, else all.
+  std::vector<FlatRange> mine;
+  if (layout.sharded) {
+    for (const GradientBucket& b : layout.buckets) mine.push_back(b.owned);
+    if (layout.tied_embedding.count > 0) mine.push_back(layout.tied_embedding);
+    std::sort(mine.begin(), mine.end(), [](const FlatRange& a, const FlatRange& b) { return a.offset < b.offset; });
+    layout.optimizer_ranges = mine;
+  } else {
+    mine.push_back({0, model.num_parameters});
+    layout.optimizer_ranges = mine;
+  }
+  // Norm: every gradient element counted by exactly one rank of the job.
+  const bool dp_counts = layout.sharded || schedule.dp_rank == 0;
+  for (const TensorView& view : model.views) {
+    const FlatRange range{view.offset, view.numel};
+    if (model.shard.tp_rank != 0 && shard_split_of(view.name) == ShardSplit::ShardSplit_replicated) continue;
+    if (tied_sync && view.name == "embed.token") {
+      if (stage.has_embedding && schedule.dp_rank == 0) layout.norm_ranges.push_back(range);
+      continue;
+    }
+    if (dp_counts) add_intersections(layout.norm_ranges, range, mine);
+  }
+  return layout;
+}
+
+const GradientBucket& param_layout_bucket(const ParamLayout& layout, int chunk, int bucket) {
+  for (const GradientBucket& b : layout.buckets)
+    if (b.chunk == chunk && b.bucket == bucket) return b;
+  throw Error(fmt::format("no gradient bucket {} in chunk {} of this rank's schedule", bucket, chunk));
+}
+
+}  // namespace alloy

@@ -1,0 +1,170 @@
+// Gather-on-use parameters for ZeRO 3, one block (or embedding, or head) at a time.
+#include "runtime/parallel/zero3.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/device_speed.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+
+Zero3Parameters::Zero3Parameters(Model& model, const ParamLayout& layout, Communicator& comm, const CommGroup& dp)
+    : model_(model), layout_(layout), comm_(comm), dp_(dp), slots_(model_weight_slots(model)) {
+  for (size_t k = 0; k < model.views.size(); ++k) {
+    const TensorView& view = model.views[k];
+    Unit& unit = units_[param_view_unit(model, view)];
+    const int64_t end = std::max(unit.range.offset + unit.range.count, view.offset + view.numel);
+    unit.range.offset = unit.views.empty() ? view.offset : std::min(unit.range.offset, view.offset);
+    unit.range.count = end - unit.range.offset;
+    unit.views.push_back(k);
+  }
+  const int64_t floats = layout.optimizer_floats();
+  pieces_ = model.arena->allocate_floats(floats, "zero3 parameter pieces");
+  int64_t at = 0;
+  for (const FlatRange& r : layout.optimizer_ranges) {
+    std::memcpy(pieces_ + at, model.params + r.offset, static_cast<size_t>(r.count) * sizeof(float));
+    at += r.count;
+  }
+  model.arena->release(model.params);
+  model.params = nullptr;
+  model.segments.front().params = nullptr;
+  for (float** slot : slots_)
+    if (slot != nullptr) *slot = nullptr;
+  model.weights.lm_head = nullptr;
+  model.parameter_source = this;
+}
+
+Zero3Parameters::~Zero3Parameters() {
+  for (auto& [id, unit] : units_) {
+    if (unit.in_flight) unit.gathering.wait();
+    model_.arena->release(unit.buffer);
+  }
+  model_.arena->release(pieces_);
+  model_.parameter_source = nullptr;
+}
+
+double Zero3Parameters::take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }
+
+// Allocates and fills unit.buffer: the tied table (not sharded) from this member's copy, the rest
+// all-gathered from the members' pieces of the one bucket that holds the unit (left in flight).
+void Zero3Parameters::gather_start(Unit& unit) {
+  unit.buffer = model_.arena->allocate_floats(unit.range.count, "zero3 gathered weights");
+  FlatRange sharded = unit.range;
+  const FlatRange& tied = layout_.tied_embedding;
+  if (tied.count > 0 && tied.offset >= unit.range.offset && tied.offset < unit.range.offset + unit.range.count) {
+    std::memcpy(unit.buffer + (tied.offset - unit.range.offset), pieces_ + layout_.packed_offset(tied.offset),
+                static_cast<size_t>(tied.count) * sizeof(float));
+    if (tied.offset == sharded.offset) sharded.offset += tied.count;
+    sharded.count -= tied.count;
+  }
+  if (sharded.count == 0) return;
+  const GradientBucket* bucket = nullptr;
+  for (const GradientBucket& b : layout_.buckets)
+    if (sharded.offset >= b.range.offset && sharded.offset + sharded.count <= b.range.offset + b.range.count) bucket = &b;
+  if (bucket == nullptr) throw Error(fmt::format("ZeRO 3: parameters at offset {} lie in no gradient bucket", sharded.offset));
+  std::vector<int64_t> counts;
+  int64_t piece_begin = bucket->range.offset;
+  for (size_t d = 0; d < bucket->piece_counts.size(); ++d) {
+    const int64_t begin = std::max(piece_begin, sharded.offset);
+    const int64_t end = std::min(piece_begin + bucket->piece_counts[d], sharded.offset + sharded.count);
+    counts.push_back(std::max<int64_t>(0, end - begin));
+    if (static_cast<int>(d) == dp_.my_index && end > begin) {
+      std::memcpy(unit.buffer + (begin - unit.range.offset), pieces_ + layout_.packed_offset(begin),
+                  static_cast<size_t>(end - begin) * sizeof(float));
+    }
+    piece_begin += bucket->piece_counts[d];
+  }
+  unit.gathering = comm_.all_gather(unit.buffer + (sharded.offset - unit.range.offset), counts, dp_);
+  unit.in_flight = true;
+}
+
+void Zero3Parameters::gather_finish(Unit& unit) {
+  if (!unit.in_flight) return;
+  wait_seconds_ += compute_wait([&] { unit.gathering.wait(); });
+  unit.in_flight = false;
+}
+
+Zero3Parameters::Unit* Zero3Parameters::next_unit(int id, bool backward) {
+  const auto found = [&](int other) {
+    auto it = units_.find(other);
+    return it == units_.end() ? nullptr : &it->second;
+  };
+  // Blocks are the non-negative ids, in model order.
+  const int first_block = units_.lower_bound(0) == units_.end() ? -1 : units_.lower_bound(0)->first;
+  const int last_block = units_.empty() || units_.rbegin()->first < 0 ? -1 : units_.rbegin()->first;
+  if (!backward) {
+    if (id == kUnitEmbedding) return first_block >= 0 ? found(first_block) : found(kUnitHead);
+    if (id == kUnitHead) return nullptr;
+    if (Unit* next = found(id + 1)) return next;
+    return id == last_block ? found(kUnitHead) : nullptr;
+  }
+  if (id == kUnitHead) return last_block >= 0 ? found(last_block) : found(kUnitEmbedding);
+  if (id == kUnitEmbedding) return nullptr;
+  if (Unit* previous = found(id - 1)) return previous;
+  return id == first_block ? found(kUnitEmbedding) : nullptr;
+}
+
+void Zero3Parameters::drop_prefetched() {
+  for (auto& [id, unit] : units_) {
+    if (unit.holders > 0 || unit.buffer == nullptr) continue;
+    gather_finish(unit);
+    model_.arena->release(unit.buffer);
+    unit.buffer = nullptr;
+  }
+}
+
+void Zero3Parameters::bind(const Unit& unit, float* base) {
+  for (size_t k : unit.views) {
+    if (slots_[k] != nullptr) *slots_[k] = base == nullptr ? nullptr : base + (model_.views[k].offset - unit.range.offset);
+  }
+  if (model_.spec.tied_embeddings) model_.weights.lm_head = model_.weights.token;
+}
+
+void Zero3Parameters::acquire(int id, bool backward) {
+  // A tied head reads the embedding's table when both are on this stage; the embedding's own
+  // successor (the first block) is not what the head needs next. Prefetching it held a block's
+  // weights through the whole backward (measured: small-gpt on one stage peaked 2.7 MiB above
+  // the cost model's two units).
+  if (id == kUnitHead && model_.spec.tied_embeddings && model_.shard.has_embedding)
+    acquire_unit(kUnitEmbedding, false, false);
+  acquire_unit(id, backward, true);
+}
+
+void Zero3Parameters::acquire_unit(int id, bool backward, bool prefetch) {
+  auto it = units_.find(id);
+  if (it == units_.end()) throw Error(fmt::format("ZeRO 3: unit {} has no parameters on this rank", id));
+  Unit& unit = it->second;
+  if (unit.holders++ > 0) return;
+  if (unit.buffer == nullptr) gather_start(unit);
+  // Every member acquires in the same order, so the prefetches post their collectives alike.
+  Unit* next = prefetch ? next_unit(id, backward) : nullptr;
+  if (next != nullptr && next->buffer == nullptr) gather_start(*next);
+  gather_finish(unit);
+  bind(unit, unit.buffer);
+}
+
+void Zero3Parameters::release(int id, bool /*backward*/) {
+  Unit& unit = units_.at(id);
+  if (--unit.holders == 0) {
+    bind(unit, nullptr);
+    model_.arena->release(unit.buffer);
+    unit.buffer = nullptr;
+  }
+  if (id == kUnitHead && model_.spec.tied_embeddings && model_.shard.has_embedding) release(kUnitEmbedding, false);
+}
+
+std::vector<float> Zero3Parameters::full_parameters() {
+  std::vector<float> full(static_cast<size_t>(model_.num_parameters));
+  for (auto& [id, unit] : units_) {
+    acquire(id, false);
+    std::memcpy(full.data() + unit.range.offset, unit.buffer, static_cast<size_t>(unit.range.count) * sizeof(float));
+    release(id, false);
+  }
+  drop_prefetched();
+  return full;
+}
+
+}  // namespace alloy

@@ -1,0 +1,65 @@
+// ZeRO 3 parameters: each data-parallel member keeps only its pieces of the stage's weights;
+// the weights of a block (or of the embedding or head) are all-gathered into a temporary
+// buffer and freed right after the pass that uses them. Acquiring a unit starts the gather of
+// the next one in the pass's order (the next block forward, the previous one backward), so it
+// runs during this unit's compute: two units are gathered at most.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "runtime/parallel/communicator.hpp"
+#include "runtime/parallel/param_layout.hpp"
+#include "runtime/model.hpp"
+
+namespace alloy {
+
+class Zero3Parameters : public ParameterSource {
+ public:
+  // Takes the model's initialised weights: keeps this member's pieces (packed like
+  // layout.optimizer_ranges) and frees model.params.
+  Zero3Parameters(Model& model, const ParamLayout& layout, Communicator& comm, const CommGroup& dp);
+  ~Zero3Parameters() override;
+  Zero3Parameters(const Zero3Parameters&) = delete;
+  Zero3Parameters& operator=(const Zero3Parameters&) = delete;
+
+  void acquire(int unit, bool backward) override;
+  void release(int unit, bool backward) override;
+
+  // This member's pieces: (layout.optimizer_floats()), what the optimizer updates.
+  float* pieces() { return pieces_; }
+  // Drops gathered weights no pass holds (a prefetch not used yet): call before the pieces change.
+  void drop_prefetched();
+  // Every parameter of the rank's shard in model order (num_parameters). Collective over dp.
+  std::vector<float> full_parameters();
+  double take_wait_seconds();
+
+ private:
+  struct Unit {
+    FlatRange range;                 // the unit's views in the flat layout
+    std::vector<size_t> views;       // indices into model.views
+    float* buffer = nullptr;         // gathered (or being gathered) weights
+    CommHandle gathering;            // the all-gather in flight, if any
+    bool in_flight = false;
+    int holders = 0;
+  };
+  void gather_start(Unit& unit);
+  // Gathers the unit if needed and, with `prefetch`, starts the next one in the pass's order.
+  void acquire_unit(int unit, bool backward, bool prefetch);
+  void gather_finish(Unit& unit);
+  // The unit a pass uses after `id` on this rank's contiguous blocks, or nullptr.
+  Unit* next_unit(int id, bool backward);
+  void bind(const Unit& unit, float* base);
+
+  Model& model_;
+  const ParamLayout& layout_;
+  Communicator& comm_;
+  CommGroup dp_;
+  std::vector<float**> slots_;
+  std::map<int, Unit> units_;
+  float* pieces_ = nullptr;
+  double wait_seconds_ = 0;
+};
+
+}  // namespace alloy

@@ -1,0 +1,83 @@
+// What each backend runs of a plan, answered from the plan alone so that a build without a GPU
+// answers for the CUDA backend too, and a plan is refused before anything is allocated.
+#include "runtime/stage_backend.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "spec/error.hpp"
+
+namespace alloy {
+
+namespace {
+
+bool any_set(const std::vector<bool>& flags) { return std::find(flags.begin(), flags.end(), true) != flags.end(); }
+
+StageSupport refuse(std::string feature, std::string field, std::string reason) {
+  return {false, std::move(feature), std::move(field), std::move(reason)};
+}
+
+// The CPU backend runs every feature the executor has; offload of weights keeps one copy of a
+// block's state in host memory, which data-parallel replicas would each update.
+StageSupport cpu_supports(const Plan& plan, int s) {
+  const PlanStage& st = plan.stages[static_cast<size_t>(s)];
+  if (any_set(st.offload) && st.dp > 1)
+    return refuse(fmt::format("weight offload with data parallelism {}", st.dp), fmt::format("stages[{}].dp", s),
+                  "offloaded blocks are updated by one rank; re-plan with --dp 1, or without offload (--no-offload)");
+  if (st.sequence_parallel && st.tp > 1) {
+    for (int d = 0; d < st.dp; ++d) {
+      const int64_t tokens = st.replica_sequences(plan.micro_batch_sequences, d) * plan.seq_len;
+      if (tokens % st.tp != 0)
+        return refuse(fmt::format("sequence parallelism over replica {}'s {} tokens with tp {}", d, tokens, st.tp),
+                      fmt::format("stages[{}].sequence_parallel", s),
+                      "the tokens do not divide; set it to false, or change the micro-batch");
+    }
+  }
+  return {};
+}
+
+// The CUDA backend runs whole models on each GPU with data parallelism between them.
+StageSupport cuda_supports(const Plan& plan, int s) {
+  const PlanStage& st = plan.stages[static_cast<size_t>(s)];
+  const std::string why = "the cuda backend runs one whole model per GPU with data parallelism so far; "
+                          "run this plan on CPU ranks (--device cpu), or re-plan";
+  if (plan.stages.size() > 1)
+    return refuse(fmt::format("pipeline parallelism ({} stages)", plan.stages.size()), "stages", why + " with --pp 1");
+  if (plan.virtual_chunks > 1)
+    return refuse(fmt::format("interleaved chunks ({})", plan.virtual_chunks), "virtual_chunks", why + " with --pp 1");
+  if (st.tp > 1) return refuse(fmt::format("tensor parallelism (tp {})", st.tp), fmt::format("stages[{}].tp", s), why + " with --tp 1");
+  if (st.sequence_parallel)
+    return refuse("sequence parallelism", fmt::format("stages[{}].sequence_parallel", s), why + " with --tp 1");
+  if (st.zero > 0 && st.dp > 1)
+    return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + " with --zero 0");
+  if (any_set(st.offload))
+    return refuse("weight offload to host memory", fmt::format("stages[{}].offload", s), why + " with --no-offload");
+  if (any_set(st.offload_activations))
+    return refuse("activation offload to host memory", fmt::format("stages[{}].offload_activations", s),
+                  why + " without --offload-activations");
+  if (!st.replicas.empty())
+    return refuse("uneven data parallelism", fmt::format("stages[{}].replicas", s), why + " with --even-dp");
+  return {};
+}
+
+}  // namespace
+
+StageSupport stage_backend_supports(const std::string& name, const Plan& plan, int stage) {
+  if (stage < 0 || stage >= static_cast<int>(plan.stages.size()))
+    return refuse(fmt::format("stage {}", stage), "stages", fmt::format("the plan has {} stages", plan.stages.size()));
+  if (name == "cpu") return cpu_supports(plan, stage);
+  if (name == "cuda") return cuda_supports(plan, stage);
+  return refuse(fmt::format("backend '{}'", name), "", "Alloy's backends are cpu and cuda");
+}
+
+void stage_backend_check_plan(const std::string& name, const Plan& plan, const std::string& source) {
+  for (int s = 0; s < static_cast<int>(plan.stages.size()); ++s) {
+    const StageSupport support = stage_backend_supports(name, plan, s);
+    if (support.ok) continue;
+    throw Error(fmt::format("stage {} asks for {}, which the {} backend does not run", s, support.feature, name),
+                {source, support.field}, support.reason);
+  }
+}
+
+}  // namespace alloy

@@ -1,0 +1,136 @@
+// Checks of a plan against what a run can do, the checkpoint layout's fingerprint, per-rank
+// summaries and the fault hook.
+#include "runtime/trainer_setup.hpp"
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+#include <fmt/format.h>
+
+#include "spec/error.hpp"
+#include "spec/units.hpp"
+
+namespace alloy {
+
+namespace {
+
+// Bytes of host memory one rank of `stage` needs for its offloaded blocks: parameters,
+// gradients and the two AdamW moments, fp32 in the CPU runtime.
+double offloaded_host_bytes(const Plan& plan, const ModelSpec& model, size_t stage) {
+  const std::vector<bool> offloaded = plan.stages[stage].layer_flags(plan.stages[stage].offload, model.num_layers);
+  double floats = 0;
+  for (const ShardedTensor& t : shard_tensors(model, rank_shard(plan, static_cast<int>(stage), 0))) {
+    if (t.name.rfind("layers.", 0) != 0 || !offloaded[static_cast<size_t>(std::stoi(t.name.substr(7)))]) continue;
+    double numel = 1;
+    for (int64_t extent : t.local_shape) numel *= static_cast<double>(extent);
+    floats += numel;
+  }
+  return floats * 4.0 * sizeof(float);
+}
+
+// The offloaded state of every offloading stage must fit each device's share of its node's host
+// memory (whether a backend offloads at all is its own answer: stage_backend_supports).
+void check_offload(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const std::string& source) {
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    if (std::find(st.offload.begin(), st.offload.end(), true) == st.offload.end()) continue;
+    const NodeGroup& group = cluster.node_groups[static_cast<size_t>(cluster.devices[static_cast<size_t>(st.device_ids.front())].node_group)];
+    const double share = group.host_memory_bytes / group.devices_per_node;
+    const double needed = offloaded_host_bytes(plan, model, s);
+    if (needed > share)
+      throw Error(fmt::format("stage {} keeps {} of offloaded blocks in host memory per device, but each of node group "
+                              "'{}''s {} devices has {} ({} per node)",
+                              s, units_format_bytes(needed), group.name, group.devices_per_node, units_format_bytes(share),
+                              units_format_bytes(group.host_memory_bytes)),
+                  {cluster.source_path, "nodes[].host_memory"},
+                  "give the nodes more host memory, offload fewer blocks, or spread the model over more devices");
+  }
+}
+
+void check_validation(const Plan& plan, const TrainerOptions& o) {
+  if (o.val_data.empty()) return;
+  if (plan.stages.size() != 1 || plan.stages.front().tp != 1)
+    throw Error(fmt::format("validation needs the whole model on every rank, and the plan has {} stage(s) with tp {}",
+                            plan.stages.size(), plan.stages.front().tp),
+                {"", "--val-data"}, "drop --val-data, or validate with a one-stage plan without tensor parallelism");
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const RankSchedule& schedule) {
+  RankSummary s;
+  s.rank = schedule.rank;
+  s.stage = schedule.stage;
+  s.tp_rank = schedule.tp_rank;
+  s.dp_rank = schedule.dp_rank;
+  const size_t skip = steps.size() > 1 ? 1 : 0;  // the first step warms caches and allocators
+  std::vector<double> step, compute, wait, comm, pass, optimizer;
+  std::array<std::vector<double>, kLayerKinds> layer_cpu;
+  for (size_t i = skip; i < steps.size(); ++i) {
+    step.push_back(steps[i].step_seconds);
+    compute.push_back(steps[i].compute_seconds);
+    wait.push_back(steps[i].wait_seconds);
+    comm.push_back(steps[i].communication_seconds);
+    pass.push_back(steps[i].pass_seconds);
+    optimizer.push_back(steps[i].optimizer_seconds);
+    for (size_t k = 0; k < layer_cpu.size(); ++k) layer_cpu[k].push_back(steps[i].layer_cpu_seconds[k]);
+    s.peak_arena_bytes = std::max(s.peak_arena_bytes, static_cast<double>(steps[i].peak_arena_bytes));
+  }
+  s.step_seconds = median(step);
+  s.compute_seconds = median(compute);
+  s.wait_seconds = median(wait);
+  s.communication_seconds = median(comm);
+  s.pass_seconds = median(pass);
+  s.optimizer_seconds = median(optimizer);
+  for (size_t k = 0; k < layer_cpu.size(); ++k) s.layer_cpu_seconds[k] = median(layer_cpu[k]);
+  return s;
+}
+
+void trainer_inject_fault(int rank, int64_t step) {
+  const char* spec = std::getenv("ALLOY_FAULT");
+  if (spec == nullptr) return;
+  char kind[16] = {0};
+  int fault_rank = -1;
+  long long fault_step = -1;
+  if (std::sscanf(spec, "%15[a-z]:%d:%lld", kind, &fault_rank, &fault_step) != 3 || fault_rank != rank ||
+      fault_step != step)
+    return;
+  if (std::string(kind) == "kill") {
+    std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d kills itself at step %lld\n", rank, fault_step);
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+  throw Error(fmt::format("injected failure at step {}", step), {"", "ALLOY_FAULT"}, "unset ALLOY_FAULT");
+}
+
+void trainer_check_plan(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const TrainerOptions& o) {
+  for (const PlanStage& st : plan.stages) shard_check_tp(model, st.tp);
+  check_offload(plan, model, cluster, o.plan_path);
+  check_validation(plan, o);
+}
+
+std::string plan_layout_fingerprint(const Plan& plan) {
+  std::string text = fmt::format("{} {} {} {} {} {}", plan.seq_len, plan.global_batch_sequences,
+                                 plan.micro_batch_sequences, plan.num_micro_batches, static_cast<int>(plan.schedule),
+                                 plan.virtual_chunks);
+  for (const PlanStage& st : plan.stages) {
+    text += fmt::format("|{} {} {}", st.tp, st.dp, st.zero);
+    for (const LayerRange& c : st.chunks) text += fmt::format(" [{},{})", c.begin, c.end);
+    for (bool offloaded : st.offload) text += offloaded ? "o" : "-";
+    // Under ZeRO the shares set which floats each replica's optimizer state holds.
+    if (st.zero >= 1)
+      for (const PlanReplica& r : st.replicas) text += fmt::format(" s{}", r.sequences);
+  }
+  return fmt::format("{:016x}", std::hash<std::string>{}(text));
+}
+
+}  // namespace alloy

@@ -17,11 +17,6 @@ constexpr double kGradientOverlapFraction = 0.9;
 constexpr double kHostOptimizerBytesPerSecond = 20e9;
 // Latency assumed for an intra-node link that a cluster file gives without one.
 constexpr double kDefaultIntraNodeLatencySeconds = 5e-6;
-constexpr double kGpuContextBytes = 1.0 * kGiB;
-constexpr double kCpuContextBytes = 16.0 * kMiB;
-constexpr double kGpuWorkspaceBytes = 32.0 * kMiB;
-constexpr double kGpuAllocatorMarginFraction = 0.05;
-constexpr double kGradientBucketBytes = 2.0 * 64.0 * kMiB;
 // The step schedule's gradient buckets (ScheduleOptions::bucket_bytes): whole blocks from the
 // stage's last back to its first, each closed once it holds this many bytes.
 constexpr double kScheduleBucketBytes = 64.0 * kMiB;
@@ -39,18 +34,6 @@ double weights_backward_link_seconds(const StageUnitCosts& u, const StageChoice&
   const double m = std::max(1, c.micro_batches);
   const double fetch_in = u.offload_weights_seconds + u.offload_gradients_seconds * (m - 1.0) / m;
   return c.prefetch_depth <= 1 ? fetch_in + u.offload_gradients_seconds : std::max(fetch_in, u.offload_gradients_seconds);
-}
-
-double peak_efficiency(Precision p, bool is_cpu) {
-  if (is_cpu) return 0.85;
-  switch (p) {
-    case Precision::Precision_fp8: return 0.55;
-    case Precision::Precision_bf16:
-    case Precision::Precision_fp16: return 0.70;
-    case Precision::Precision_tf32: return 0.65;
-    case Precision::Precision_fp32: return 0.80;
-  }
-  return 0.7;
 }
 
 int distinct_nodes(const ClusterSpec& cluster, const std::vector<int>& ids) {
@@ -96,18 +79,19 @@ double MemoryBreakdown::total_bytes() const {
          communication_buffers_bytes + framework_context_bytes + allocator_margin_bytes;
 }
 
-double compute_efficiency(Precision precision, double rows, double cols, bool is_cpu) {
-  const double half_rows = is_cpu ? 16.0 : 128.0;
-  const double half_cols = is_cpu ? 16.0 : 128.0;
-  return peak_efficiency(precision, is_cpu) * (rows / (rows + half_rows)) * (cols / (cols + half_cols));
+double compute_efficiency(const RuntimeTraits& runtime, Precision precision, double rows, double cols) {
+  return runtime.matmul_peak_efficiency(precision) * (rows / (rows + runtime.matmul_half_rows)) *
+         (cols / (cols + runtime.matmul_half_cols));
 }
 
 double compute_seconds(const DeviceType& type, Precision precision, const LayerWork& work, bool backward) {
   const double flops = backward ? work.backward_flops : work.forward_flops;
   const double bytes = backward ? work.backward_bytes : work.forward_bytes;
-  const double eff = compute_efficiency(precision, work.matmul_rows, work.matmul_cols, type.is_cpu);
+  const RuntimeTraits& runtime = runtime_traits(type);
+  const double eff = compute_efficiency(runtime, precision, work.matmul_rows, work.matmul_cols);
   const double math = flops > 0 ? flops / (type.peak_flops(precision) * eff) : 0;
-  const double memory = bytes / (type.memory_bandwidth_bytes_per_second * (type.is_cpu ? type.speed : 1.0));
+  const double speed = runtime.memory_bandwidth_scales_with_speed ? type.speed : 1.0;
+  const double memory = bytes / (type.memory_bandwidth_bytes_per_second * speed);
   return std::max(math, memory);
 }
 
@@ -283,9 +267,9 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
     const double gather = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, u.block_parameters * e, shape.dp_group);
     // The gradients' reduce-scatter is the step's, in buckets after the last backward
     // (stage_gradient_sync_seconds), not one per block and micro-batch.
-    // A prefetched gather runs under the previous block's compute; on a CPU device it copies on
-    // the same cores and adds its whole time (docs/profile-format.md, Calibration).
-    const bool shares_cores = cluster_.device_types[shape.device_type].is_cpu;
+    // A prefetched gather runs under the previous block's compute, unless it copies on the same
+    // cores (runtime_traits.cpp) and adds its whole time.
+    const bool shares_cores = runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores;
     u.zero3_forward_seconds = shares_cores ? gather : std::max(0.0, gather - compute_only.forward_seconds);
     u.zero3_backward_seconds = shares_cores ? gather : std::max(0.0, gather - compute_only.backward_seconds);
   }
@@ -301,20 +285,19 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.embedding_parameters = static_cast<double>(embedding_parameters(m)) / tp;
   u.head_parameters = static_cast<double>(head_parameters(m, true)) / tp;
 
-  // Alloy's GPU runtime fuses attention (docs/runtime-gpu.md); the CPU runtime stores the scores.
-  const bool gpu = !cluster_.device_types[shape.device_type].is_cpu;
-  const AttentionMemory attention = gpu ? AttentionMemory::AttentionMemory_fused : AttentionMemory::AttentionMemory_scores;
+  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
+  const AttentionMemory attention = runtime.attention_memory;
   for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
     u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, attention);
   u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, attention);
-  u.backward_workspace_bytes =
-      gpu ? block_backward_workspace_bytes(m, b, s, tp, p) : cpu_block_backward_workspace_bytes(m, b, s, tp, sp, p);
+  u.backward_workspace_bytes = runtime.backward_workspace == BackwardWorkspace::BackwardWorkspace_fused
+                                   ? block_backward_workspace_bytes(m, b, s, tp, p)
+                                   : cpu_block_backward_workspace_bytes(m, b, s, tp, sp, p);
   u.boundary_bytes = hidden_state_bytes(m, b * shape.dp, s, p);
   u.block_output_bytes = hidden_state_bytes(m, b, s, p) / (sp ? tp : 1);
-  // Alloy's CPU runtime keeps the embedding's output whole under sequence parallelism (the first
-  // block takes its rows from it), and a chunk's received input and gathered output too.
-  u.embedding_activation_bytes = embedding_activation_bytes(m, b, s, tp, sp && gpu, p);
-  if (sp && !gpu) {
+  const bool keeps_whole = runtime.sequence_parallel_keeps_whole_hidden_states;
+  u.embedding_activation_bytes = embedding_activation_bytes(m, b, s, tp, sp && !keeps_whole, p);
+  if (sp && keeps_whole) {
     u.chunk_input_extra_bytes = hidden_state_bytes(m, b, s, p) - u.block_output_bytes;
     u.chunk_output_bytes = hidden_state_bytes(m, b, s, p);
   }
@@ -460,9 +443,9 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   const double measured_rate = profile_ ? profile_->optimizer_rate(type.name) : 0.0;
   const double device_seconds_per_parameter =
       measured_rate > 0 ? measured_rate : bytes_per_update / type.memory_bandwidth_bytes_per_second;
-  // A CPU device's host is the device itself: its offloaded blocks update at the same rate.
-  const double host_seconds_per_parameter =
-      type.is_cpu ? device_seconds_per_parameter : bytes_per_update / kHostOptimizerBytesPerSecond;
+  const double host_seconds_per_parameter = runtime_traits(type).host_is_device
+                                                ? device_seconds_per_parameter
+                                                : bytes_per_update / kHostOptimizerBytesPerSecond;
   t.optimizer_seconds = (params - offloaded_params) * share * device_seconds_per_parameter +
                         offloaded_params * share * host_seconds_per_parameter;
   // The optimizer waits for the last block's gradients to reach host memory.
@@ -540,7 +523,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
     mem.host_offload_bytes += in_flight * per_micro_batch_parked;
   }
 
-  const DeviceType& type = cluster_.device_types[shape.device_type];
+  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
   // Recomputing a block rebuilds its activations for the duration of its backward: all of them
   // under full recomputation, the attention core's (what selective recomputation did not keep)
   // under selective.
@@ -548,7 +531,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
                            : c.selective > 0 ? u.block_activation_bytes[0] - u.block_activation_bytes[1]
                                              : 0;
   double block_backward_peak = u.backward_workspace_bytes + transient;
-  if (c.has_head && type.is_cpu) {
+  if (c.has_head && runtime.head_stage_peak_is_larger_phase) {
     // Alloy's CPU runtime (measured; the GPU runtime's head stage is not, so it keeps the sum):
     // the stage peaks either in the head's backward (all of the micro-batch's activations held,
     // and the head's whole input and its gradient) or in its blocks' backward after it, once the
@@ -557,17 +540,14 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
     const double head_backward_peak = 2.0 * u.boundary_bytes / shape.dp;
     block_backward_peak = std::max(head_backward_peak, block_backward_peak - u.head_activation_bytes);
   }
-  mem.workspace_bytes = (type.is_cpu ? 0 : kGpuWorkspaceBytes) + block_backward_peak;
+  mem.workspace_bytes = runtime.library_workspace_bytes + block_backward_peak;
   const double hidden_per_replica = u.boundary_bytes / dp;
-  // GPU runtimes reduce gradients through bucket buffers; Alloy's CPU runtime reduces them in
-  // place, in the gradient arena (executor.cpp), so a CPU device needs none.
-  if (shape.dp > 1 && c.zero < 3 && !type.is_cpu) mem.communication_buffers_bytes += kGradientBucketBytes;
+  if (shape.dp > 1 && c.zero < 3) mem.communication_buffers_bytes += runtime.gradient_bucket_bytes;
   if (shape.tp > 1) mem.communication_buffers_bytes += hidden_per_replica;
   if (has_next_stage) mem.communication_buffers_bytes += 2.0 * hidden_per_replica / shape.tp;
-  mem.framework_context_bytes = type.is_cpu ? kCpuContextBytes : kGpuContextBytes;
-  if (!type.is_cpu)
-    mem.allocator_margin_bytes =
-        kGpuAllocatorMarginFraction * (mem.activations_bytes + mem.workspace_bytes + mem.communication_buffers_bytes);
+  mem.framework_context_bytes = runtime.framework_context_bytes;
+  mem.allocator_margin_bytes = runtime.allocator_margin_fraction *
+                               (mem.activations_bytes + mem.workspace_bytes + mem.communication_buffers_bytes);
   return mem;
 }
 

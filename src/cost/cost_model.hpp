@@ -11,6 +11,7 @@
 #include "cost/comm.hpp"
 #include "cost/layer_cost.hpp"
 #include "cost/profile.hpp"
+#include "cost/runtime_traits.hpp"
 #include "spec/cluster.hpp"
 #include "spec/model.hpp"
 #include "spec/parallel.hpp"
@@ -18,9 +19,9 @@
 
 namespace alloy {
 
-// Fraction of peak a matrix product of M rows by N columns reaches at a precision
-// (the analytic efficiency curve; a profile replaces it for measured shapes).
-double compute_efficiency(Precision precision, double rows, double cols, bool is_cpu);
+// Fraction of peak a matrix product of M rows by N columns reaches at a precision under a
+// runtime (the analytic efficiency curve; a profile replaces it for measured shapes).
+double compute_efficiency(const RuntimeTraits& runtime, Precision precision, double rows, double cols);
 // Roofline: max(flops / (peak x efficiency), bytes / memory bandwidth).
 double compute_seconds(const DeviceType& type, Precision precision, const LayerWork& work, bool backward);
 

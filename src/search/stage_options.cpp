@@ -1,4 +1,5 @@
 #include "search/stage_options.hpp"
+#include "cost/runtime_traits.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -275,9 +276,9 @@ std::vector<int> stage_prefetch_depths(const OptionPins& pins) {
 int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks) {
   const StageUnitCosts* unit = slot.unit[0] ? slot.unit[0] : slot.unit[1];
   if (!unit || blocks <= 0) return 0;
-  // Alloy's CPU runtime offloads weights only on stages without data parallelism
-  // (docs/runtime-offload.md): plans for CPU devices keep to what it runs.
-  if (cost.cluster().device_types[slot.shape.device_type].is_cpu && slot.shape.dp > 1) return 0;
+  // Plans keep to what the device's runtime runs.
+  const RuntimeTraits& runtime = runtime_traits(cost.cluster().device_types[slot.shape.device_type]);
+  if (!runtime.offloads_with_data_parallelism && slot.shape.dp > 1) return 0;
   StageOption one;
   one.offloaded = 1;
   // Host bytes are linear in the offloaded count.

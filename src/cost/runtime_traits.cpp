@@ -1,0 +1,65 @@
+#include "cost/runtime_traits.hpp"
+#include "spec/units.hpp"
+
+namespace alloy {
+
+namespace {
+
+static_assert(static_cast<int>(Precision::Precision_fp32) == 0 && static_cast<int>(Precision::Precision_fp8) == 4,
+              "the efficiency tables below list fp32, tf32, bf16, fp16, fp8");
+
+// Alloy's GPU runtime (docs/runtime-gpu.md).
+constexpr RuntimeTraits kGpuRuntime = {
+    .matmul_peak_efficiency_by_precision = {0.80, 0.65, 0.70, 0.70, 0.55},
+    .matmul_half_rows = 128.0,
+    .matmul_half_cols = 128.0,
+    .memory_bandwidth_scales_with_speed = false,
+    .collectives_share_compute_cores = false,
+    // It fuses attention, keeping a log-sum-exp per query row.
+    .attention_memory = AttentionMemory::AttentionMemory_fused,
+    .backward_workspace = BackwardWorkspace::BackwardWorkspace_fused,
+    .sequence_parallel_keeps_whole_hidden_states = false,
+    .host_is_device = false,
+    // Its head stage's peak is not measured yet, so it keeps the sum.
+    .head_stage_peak_is_larger_phase = false,
+    .offloads_with_data_parallelism = true,
+    .library_workspace_bytes = 32.0 * kMiB,
+    // GPU runtimes reduce gradients through bucket buffers.
+    .gradient_bucket_bytes = 2.0 * 64.0 * kMiB,
+    .framework_context_bytes = 1.0 * kGiB,
+    .allocator_margin_fraction = 0.05,
+};
+
+// Alloy's CPU runtime: ranks on this machine, slowed by their speed to emulate devices.
+constexpr RuntimeTraits kCpuRuntime = {
+    .matmul_peak_efficiency_by_precision = {0.85, 0.85, 0.85, 0.85, 0.85},
+    .matmul_half_rows = 16.0,
+    .matmul_half_cols = 16.0,
+    .memory_bandwidth_scales_with_speed = true,
+    // A prefetched ZeRO-3 gather copies on the same cores and adds its whole time
+    // (docs/profile-format.md, Calibration).
+    .collectives_share_compute_cores = true,
+    // It stores the softmax scores.
+    .attention_memory = AttentionMemory::AttentionMemory_scores,
+    .backward_workspace = BackwardWorkspace::BackwardWorkspace_mlp_peak,
+    // It keeps the embedding's output whole under sequence parallelism (the first block takes its
+    // rows from it), and a chunk's received input and gathered output too.
+    .sequence_parallel_keeps_whole_hidden_states = true,
+    // A CPU device's host is the device itself.
+    .host_is_device = true,
+    // Measured on small-gpt (CostModel::stage_memory).
+    .head_stage_peak_is_larger_phase = true,
+    // It offloads weights only on stages without data parallelism (docs/runtime-offload.md).
+    .offloads_with_data_parallelism = false,
+    .library_workspace_bytes = 0,
+    // It reduces gradients in place, in the gradient arena (executor.cpp), so it needs none.
+    .gradient_bucket_bytes = 0,
+    .framework_context_bytes = 16.0 * kMiB,
+    .allocator_margin_fraction = 0,
+};
+
+}  // namespace
+
+const RuntimeTraits& runtime_traits(const DeviceType& type) { return type.is_cpu ? kCpuRuntime : kGpuRuntime; }
+
+}  // namespace alloy

@@ -1,0 +1,53 @@
+// What the runtime that runs a device type does, as the cost model needs it: its efficiency
+// curve, its memory habits and its fixed overheads. The cost model and the search ask these
+// traits, never whether a device is a CPU, so a new runtime is a new record, not new branches.
+#pragma once
+
+#include "cost/layer_cost.hpp"
+#include "spec/device_type.hpp"
+
+namespace alloy {
+
+// Which arithmetic prices the gradient buffers one block's backward holds (layer_cost.hpp).
+enum class BackwardWorkspace {
+  BackwardWorkspace_fused,     // block_backward_workspace_bytes: Alloy's GPU runtime
+  BackwardWorkspace_mlp_peak,  // cpu_block_backward_workspace_bytes: Alloy's CPU runtime
+};
+
+struct RuntimeTraits {
+  // A matrix product of M rows by N columns reaches
+  // peak(precision) x M/(M + half_rows) x N/(N + half_cols) of the device's peak FLOP/s
+  // (the analytic curve; a profile replaces it for measured shapes).
+  double matmul_peak_efficiency_by_precision[5] = {};  // indexed by Precision
+  double matmul_half_rows = 0;
+  double matmul_half_cols = 0;
+  // Emulated devices run slower by their speed, memory traffic included.
+  bool memory_bandwidth_scales_with_speed = false;
+  // Collectives copy on the cores that compute, so a prefetched ZeRO-3 gather hides nothing.
+  bool collectives_share_compute_cores = false;
+  AttentionMemory attention_memory = AttentionMemory::AttentionMemory_fused;
+  BackwardWorkspace backward_workspace = BackwardWorkspace::BackwardWorkspace_fused;
+  // Under sequence parallelism the embedding's output, a chunk's received input and its output
+  // gathered for the send stay whole (all rows) until the chunk's backward.
+  bool sequence_parallel_keeps_whole_hidden_states = false;
+  // The host is the device: offloaded blocks update at the device's own optimizer rate.
+  bool host_is_device = false;
+  // A stage holding the head peaks in the head's backward or in its blocks' backward after it,
+  // so the larger of the two counts, not their sum.
+  bool head_stage_peak_is_larger_phase = false;
+  // Weight offload runs on stages with data parallelism too.
+  bool offloads_with_data_parallelism = true;
+  double library_workspace_bytes = 0;   // besides one block's backward buffers
+  double gradient_bucket_bytes = 0;     // data-parallel reduction buffers below ZeRO 3
+  double framework_context_bytes = 0;   // e.g. the CUDA context
+  double allocator_margin_fraction = 0;  // of activations, workspace and communication buffers
+
+  double matmul_peak_efficiency(Precision p) const {
+    return matmul_peak_efficiency_by_precision[static_cast<int>(p)];
+  }
+};
+
+// The traits of the runtime that runs a device type: the one place that maps a type to it.
+const RuntimeTraits& runtime_traits(const DeviceType& type);
+
+}  // namespace alloy

@@ -1,0 +1,75 @@
+// Runtime traits: the CPU and GPU runtimes' documented values (docs/planner.md), and the cost
+// model's compute time following the curve of the device's runtime.
+#include <gtest/gtest.h>
+
+#include "cost/cost_model.hpp"
+#include "cost/runtime_traits.hpp"
+#include "hw/catalog.hpp"
+#include "spec/units.hpp"
+
+namespace alloy {
+namespace {
+
+TEST(RuntimeTraits, CpuAndGpuDifferWhereTheRuntimesDo) {
+  const RuntimeTraits& cpu = runtime_traits(*catalog_builtin().find("cpu"));
+  const RuntimeTraits& gpu = runtime_traits(*catalog_builtin().find("h100-sxm"));
+
+  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.85);
+  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.85);
+  EXPECT_DOUBLE_EQ(cpu.matmul_half_rows, 16.0);
+  EXPECT_DOUBLE_EQ(cpu.matmul_half_cols, 16.0);
+  EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.80);
+  EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_tf32), 0.65);
+  EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.70);
+  EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_fp16), 0.70);
+  EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_fp8), 0.55);
+  EXPECT_DOUBLE_EQ(gpu.matmul_half_rows, 128.0);
+  EXPECT_DOUBLE_EQ(gpu.matmul_half_cols, 128.0);
+
+  EXPECT_TRUE(cpu.memory_bandwidth_scales_with_speed && !gpu.memory_bandwidth_scales_with_speed);
+  EXPECT_TRUE(cpu.collectives_share_compute_cores && !gpu.collectives_share_compute_cores);
+  EXPECT_EQ(cpu.attention_memory, AttentionMemory::AttentionMemory_scores);
+  EXPECT_EQ(gpu.attention_memory, AttentionMemory::AttentionMemory_fused);
+  EXPECT_EQ(cpu.backward_workspace, BackwardWorkspace::BackwardWorkspace_mlp_peak);
+  EXPECT_EQ(gpu.backward_workspace, BackwardWorkspace::BackwardWorkspace_fused);
+  EXPECT_TRUE(cpu.sequence_parallel_keeps_whole_hidden_states && !gpu.sequence_parallel_keeps_whole_hidden_states);
+  EXPECT_TRUE(cpu.host_is_device && !gpu.host_is_device);
+  EXPECT_TRUE(cpu.head_stage_peak_is_larger_phase && !gpu.head_stage_peak_is_larger_phase);
+  EXPECT_TRUE(!cpu.offloads_with_data_parallelism && gpu.offloads_with_data_parallelism);
+
+  EXPECT_DOUBLE_EQ(cpu.library_workspace_bytes, 0);
+  EXPECT_DOUBLE_EQ(gpu.library_workspace_bytes, 32 * kMiB);
+  EXPECT_DOUBLE_EQ(cpu.gradient_bucket_bytes, 0);
+  EXPECT_DOUBLE_EQ(gpu.gradient_bucket_bytes, 128 * kMiB);
+  EXPECT_DOUBLE_EQ(cpu.framework_context_bytes, 16 * kMiB);
+  EXPECT_DOUBLE_EQ(gpu.framework_context_bytes, 1 * kGiB);
+  EXPECT_DOUBLE_EQ(cpu.allocator_margin_fraction, 0);
+  EXPECT_DOUBLE_EQ(gpu.allocator_margin_fraction, 0.05);
+}
+
+TEST(RuntimeTraits, ComputeTimeFollowsTheRuntimesCurve) {
+  const DeviceType& h100 = *catalog_builtin().find("h100-sxm");
+  DeviceType cpu = *catalog_builtin().find("cpu");
+  LayerWork work;
+  work.forward_flops = 1e12;
+  work.matmul_rows = 256;
+  work.matmul_cols = 512;
+  const Precision bf16 = Precision::Precision_bf16;
+  EXPECT_DOUBLE_EQ(compute_seconds(h100, bf16, work, false),
+                   1e12 / (h100.peak_flops(bf16) * 0.70 * (256.0 / 384.0) * (512.0 / 640.0)));
+  EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false),
+                   1e12 / (cpu.peak_flops(bf16) * 0.85 * (256.0 / 272.0) * (512.0 / 528.0)));
+
+  // Memory-bound work: an emulated device at half speed moves its bytes at half the bandwidth;
+  // a real device's speed does not touch its memory.
+  LayerWork copy;
+  copy.forward_bytes = 1e9;
+  cpu.speed = 0.5;
+  EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, copy, false), 1e9 / (cpu.memory_bandwidth_bytes_per_second * 0.5));
+  DeviceType slow_h100 = h100;
+  slow_h100.speed = 0.5;
+  EXPECT_DOUBLE_EQ(compute_seconds(slow_h100, bf16, copy, false), 1e9 / h100.memory_bandwidth_bytes_per_second);
+}
+
+}  // namespace
+}  // namespace alloy

@@ -17,6 +17,7 @@
 #include "runtime/parallel/agree.hpp"
 #include "runtime/parallel/dist_report.hpp"
 #include "runtime/io/tokenize.hpp"
+#include "runtime/stage_backend.hpp"
 #include "runtime/trainer.hpp"
 #include "search/transfer_calibration.hpp"
 #include "spec/error.hpp"
@@ -164,19 +165,35 @@ void print_run_summary(const ModelSpec& model, const Plan& plan, const TrainerRe
   if (!c.export_weights.empty()) fmt::print("full weights: {}\n", c.export_weights);
 }
 
-// The plan every rank runs: the given one, or without one a single stage of the whole model on
-// each rank's device, data parallel over the ranks.
-void run_plan_or_one_stage(const TrainCommand& c, const ModelSpec& model, Communicator& comm, const DeviceType* device,
-                           Plan* plan, ClusterSpec* cluster, TrainSpec* train) {
-  *train = train_spec_from(c, model);
-  if (!c.plan.empty()) {
-    *plan = plan_load(c.plan);
-    *cluster = cluster_load(c.cluster.empty() ? plan->cluster_name : c.cluster, catalog_builtin());
-    return;
+// The plan every rank runs: the given one, checked against the backend before anything is
+// opened or allocated, or without one a single stage of the whole model on each rank's device,
+// data parallel over the ranks (the GPU, when the backend is cuda, is opened first: its type
+// and memory make the stage).
+struct RunSetup {
+  Plan plan;
+  ClusterSpec cluster;
+  TrainSpec train;
+  std::unique_ptr<GpuTraining> gpu;
+};
+
+RunSetup run_setup(const TrainCommand& c, const ModelSpec& model, Communicator& comm) {
+  RunSetup r;
+  dist_agree_on(comm, [&] {
+    r.train = train_spec_from(c, model);
+    if (c.plan.empty()) return;
+    r.plan = plan_load(c.plan);
+    r.cluster = cluster_load(c.cluster.empty() ? r.plan.cluster_name : c.cluster, catalog_builtin());
+    stage_backend_check_plan(c.device, r.plan, c.plan);
+  });
+  if (c.device == "cuda") dist_agree_on(comm, [&] { r.gpu = gpu_training_open(comm, c.gpu, c.gpu_comm); });
+  if (c.plan.empty()) {
+    dist_agree_on(comm, [&] {
+      OneStage one = trainer_one_stage(model, r.train, c.options, r.gpu ? &r.gpu->device : nullptr, comm.world_size());
+      r.plan = std::move(one.plan);
+      r.cluster = std::move(one.cluster);
+    });
   }
-  OneStage one = trainer_one_stage(model, *train, c.options, device, comm.world_size());
-  *plan = std::move(one.plan);
-  *cluster = std::move(one.cluster);
+  return r;
 }
 
 // Every rank runs this. Errors all ranks agreed on are printed by each and end it with exit 2;
@@ -188,20 +205,14 @@ void run_training(TrainCommand& c, const ModelSpec& model, int* exit_code) {
   std::unique_ptr<Communicator> comm = communicator_launched_by_mpi() ? communicator_mpi() : communicator_local();
   const bool alone = comm->world_size() == 1;
   try {
-    std::unique_ptr<GpuTraining> gpu;
-    if (c.device == "cuda") dist_agree_on(*comm, [&] { gpu = gpu_training_open(*comm, c.gpu, c.gpu_comm); });
-    Plan plan;
-    ClusterSpec cluster;
-    TrainSpec train;
-    dist_agree_on(*comm, [&] {
-      run_plan_or_one_stage(c, model, *comm, gpu ? &gpu->device : nullptr, &plan, &cluster, &train);
-    });
-    const TrainerResult result = train_run(model, train, plan, cluster, *comm, run_options(c), gpu ? gpu->backend : TrainBackend{});
+    const RunSetup r = run_setup(c, model, *comm);
+    const TrainerResult result =
+        train_run(model, r.train, r.plan, r.cluster, *comm, run_options(c), r.gpu ? r.gpu->backend : TrainBackend{});
     if (comm->rank() == 0) {
-      const std::string devices = gpu ? fmt::format("{} x {}", plan.num_used_devices(), gpu->description)
-                                      : fmt::format("{} CPU rank(s)", plan.num_used_devices());
-      print_run_summary(model, plan, result, c, devices);
-      if (!c.plan.empty() && !result.steps.empty()) write_calibrated_profile(c, result, plan, model, cluster, train);
+      const std::string devices = r.gpu ? fmt::format("{} x {}", r.plan.num_used_devices(), r.gpu->description)
+                                        : fmt::format("{} CPU rank(s)", r.plan.num_used_devices());
+      print_run_summary(model, r.plan, result, c, devices);
+      if (!c.plan.empty() && !result.steps.empty()) write_calibrated_profile(c, result, r.plan, model, r.cluster, r.train);
     }
     *exit_code = 0;
   } catch (const AgreedError& e) {

@@ -1,3 +1,4 @@
+// The runtime traits of Alloy's CPU and GPU runtimes, and which runtime runs a device type.
 #include "cost/runtime_traits.hpp"
 #include "spec/units.hpp"
 

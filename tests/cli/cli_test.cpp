@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <sstream>
 
 #include "../common/test_util.hpp"
 #include "spec/cluster.hpp"
@@ -136,6 +137,59 @@ TEST(Cli, TokenizeThenTrainThenResume) {
   EXPECT_NE(resumed.output.find("steps 4..5"), std::string::npos) << resumed.output;
   const std::string log = testing::read_text(dir.path() + "/log.jsonl");
   EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 5);
+}
+
+// The losses and gradient norms of a run's JSON-lines log, as written (full precision).
+std::vector<std::string> logged(const std::string& path, const std::string& key) {
+  std::vector<std::string> values;
+  std::istringstream in(testing::read_text(path));
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("\"" + key + "\":");
+    if (at == std::string::npos) continue;
+    const size_t begin = at + key.size() + 3;
+    values.push_back(line.substr(begin, line.find_first_of(",}", begin) - begin));
+  }
+  return values;
+}
+
+// `alloy train` without a plan is the one-rank case of a plan's run: the planner's one-rank
+// plan for the same batch trains bit for bit alike.
+TEST(Cli, OneRankRunIsTheSameWithOrWithoutAPlan) {
+  TempDir dir;
+  const std::string source = ALLOY_SOURCE_DIR;
+  ASSERT_EQ(alloy("tokenize " + source + "/examples/data/fsf_licenses.txt -o " + dir.path() + "/fsf.bin").exit_code, 0);
+  const std::string setup = " --model tiny-gpt --train " + source + "/examples/train/tiny-cpu.yaml";
+  CommandResult plan = alloy("plan" + setup + " --cluster local-cpu-1 --pp 1 --tp 1 --dp 1 --micro-batch 8 "
+                             "--recompute none --no-offload -o " + dir.path() + "/one.json");
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  const std::string run = "train" + setup + " --data " + dir.path() + "/fsf.bin --steps 4 --threads 1 --log " + dir.path();
+  CommandResult without = alloy(run + "/without.jsonl");
+  ASSERT_EQ(without.exit_code, 0) << without.output;
+  CommandResult with = alloy(run + "/with.jsonl --plan " + dir.path() + "/one.json");
+  ASSERT_EQ(with.exit_code, 0) << with.output;
+  for (const char* key : {"loss", "grad_norm"}) {
+    const std::vector<std::string> a = logged(dir.path() + "/without.jsonl", key);
+    const std::vector<std::string> b = logged(dir.path() + "/with.jsonl", key);
+    ASSERT_EQ(a.size(), 4u) << key;
+    EXPECT_EQ(a, b) << key;
+  }
+  EXPECT_NE(with.output.find("predicted"), std::string::npos) << "a plan's run sets measured against predicted";
+}
+
+// A plan the CUDA backend cannot run is refused before any GPU is opened: one line naming the
+// stage, the feature and the backend, exit 2, on builds with and without the CUDA backend.
+TEST(Cli, CudaBackendRefusesAPlanItCannotRunFirst) {
+  TempDir dir;
+  const std::string source = ALLOY_SOURCE_DIR;
+  CommandResult plan = alloy("plan --model tiny-gpt --train " + source + "/examples/train/tiny-cpu.yaml "
+                             "--cluster local-cpu-2 --tp 2 --pp 1 -o " + dir.path() + "/tp2.json");
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  CommandResult r = alloy("train --device cuda --model tiny-gpt --data /no/such.bin --plan " + dir.path() + "/tp2.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("stage 0 asks for tensor parallelism (tp 2), which the cuda backend does not run"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stages[0].tp"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("without the CUDA backend"), std::string::npos) << "refused before the GPU: " << r.output;
 }
 
 TEST(Cli, TrainBadInputExitsTwo) {

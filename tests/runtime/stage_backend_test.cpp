@@ -1,0 +1,102 @@
+// The backends' capability query: what each claims of a plan, answered from the plan alone (so
+// a build without a GPU checks the CUDA backend's answers too), and the one-line refusal that
+// names the stage, the feature, the backend and the plan field.
+#include <gtest/gtest.h>
+
+#include "runtime/stage_backend.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+// One stage of 4 blocks on dp devices, or two stages of 2 blocks each.
+Plan plan_of(int stages, int dp) {
+  Plan plan;
+  plan.seq_len = 64;
+  plan.global_batch_sequences = 8;
+  plan.micro_batch_sequences = 8;
+  plan.num_micro_batches = 1;
+  const int per_stage = 4 / stages;
+  for (int s = 0; s < stages; ++s) {
+    PlanStage st;
+    st.dp = dp;
+    st.chunks = {{s * per_stage, (s + 1) * per_stage}};
+    st.has_embedding = s == 0;
+    st.has_head = s == stages - 1;
+    st.offload.assign(static_cast<size_t>(per_stage), false);
+    plan.stages.push_back(st);
+  }
+  return plan;
+}
+
+TEST(StageBackend, BothRunWholeModelsWithDataParallelism) {
+  for (const char* backend : {"cpu", "cuda"}) {
+    EXPECT_TRUE(stage_backend_supports(backend, plan_of(1, 1), 0).ok) << backend;
+    EXPECT_TRUE(stage_backend_supports(backend, plan_of(1, 4), 0).ok) << backend;
+    EXPECT_NO_THROW(stage_backend_check_plan(backend, plan_of(1, 4), "plan.json")) << backend;
+  }
+}
+
+TEST(StageBackend, CudaClaimsOnlyWhatItRuns) {
+  struct Case {
+    const char* what;
+    Plan plan;
+    const char* feature;
+    const char* field;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"pipeline", plan_of(2, 1), "pipeline parallelism (2 stages)", "stages"});
+  Plan tp = plan_of(1, 1);
+  tp.stages[0].tp = 2;
+  cases.push_back({"tensor parallel", tp, "tensor parallelism (tp 2)", "stages[0].tp"});
+  Plan zero = plan_of(1, 2);
+  zero.stages[0].zero = 1;
+  cases.push_back({"ZeRO", zero, "ZeRO stage 1", "stages[0].zero"});
+  Plan offload = plan_of(1, 1);
+  offload.stages[0].offload[1] = true;
+  cases.push_back({"offload", offload, "weight offload to host memory", "stages[0].offload"});
+  Plan parked = plan_of(1, 1);
+  parked.stages[0].offload_activations = {false, true, false, false};
+  cases.push_back({"activation offload", parked, "activation offload to host memory", "stages[0].offload_activations"});
+  Plan uneven = plan_of(1, 2);
+  uneven.stages[0].replicas.resize(2);
+  uneven.stages[0].replicas[0].sequences = 5;
+  uneven.stages[0].replicas[1].sequences = 3;
+  cases.push_back({"uneven", uneven, "uneven data parallelism", "stages[0].replicas"});
+  for (const Case& c : cases) {
+    EXPECT_TRUE(stage_backend_supports("cpu", c.plan, 0).ok) << c.what;
+    const StageSupport cuda = stage_backend_supports("cuda", c.plan, 0);
+    EXPECT_FALSE(cuda.ok) << c.what;
+    EXPECT_EQ(cuda.feature, c.feature) << c.what;
+    EXPECT_EQ(cuda.field, c.field) << c.what;
+    try {
+      stage_backend_check_plan("cuda", c.plan, "plan.json");
+      ADD_FAILURE() << c.what << ": expected a refusal";
+    } catch (const Error& e) {
+      const std::string text = e.format();
+      EXPECT_NE(text.find(std::string("stage 0 asks for ") + c.feature + ", which the cuda backend does not run"),
+                std::string::npos) << text;
+      EXPECT_EQ(e.where().file, "plan.json");
+      EXPECT_EQ(e.where().field, c.field);
+      EXPECT_NE(text.find("--device cpu"), std::string::npos) << "the fix names the way out: " << text;
+    }
+  }
+}
+
+TEST(StageBackend, CpuRefusesWeightOffloadWithDataParallelism) {
+  Plan plan = plan_of(1, 2);
+  plan.stages[0].offload[0] = true;
+  const StageSupport cpu = stage_backend_supports("cpu", plan, 0);
+  EXPECT_FALSE(cpu.ok);
+  EXPECT_EQ(cpu.field, "stages[0].dp");
+  EXPECT_NE(cpu.reason.find("--dp 1"), std::string::npos) << cpu.reason;
+}
+
+TEST(StageBackend, UnknownBackendIsNamed) {
+  const StageSupport rocm = stage_backend_supports("rocm", plan_of(1, 1), 0);
+  EXPECT_FALSE(rocm.ok);
+  EXPECT_NE(rocm.reason.find("cpu and cuda"), std::string::npos) << rocm.reason;
+}
+
+}  // namespace
+}  // namespace alloy

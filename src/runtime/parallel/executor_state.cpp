@@ -1,0 +1,165 @@
+// A rank's state seen from outside its steps: where the AdamW moments live and how the optimizer
+// walks them, the checkpoint's views of parameters and moments (through host copies on a
+// backend whose memory is not the host's), and the rank's full parameters.
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/parallel/executor.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+
+// One moment segment for the packed optimizer ranges; with weight offload (data parallelism 1, so
+// the packed ranges are the flat index) one per parameter segment, in host memory for offloaded
+// blocks. Activation offload alone keeps the packed (possibly ZeRO-sharded) layout.
+void RankRuntime::build_moments() {
+  const Model& model = backend_->model();
+  const bool weights_on_host = std::any_of(model.segments.begin(), model.segments.end(),
+                                           [](const ParameterSegment& p) { return p.host_block >= 0; });
+  if (!weights_on_host) {
+    moments_.push_back({0, layout_.optimizer_floats(), nullptr, nullptr, false});
+  } else {
+    for (const ParameterSegment& p : model.segments) moments_.push_back({p.offset, p.count, nullptr, nullptr, p.host_block >= 0});
+  }
+  for (MomentSegment& ms : moments_) {
+    if (ms.on_host) {
+      ms.m = host_arena_->allocate_floats(ms.count, "offloaded adamw.m");
+      ms.v = host_arena_->allocate_floats(ms.count, "offloaded adamw.v");
+      std::memset(ms.m, 0, static_cast<size_t>(ms.count) * sizeof(float));
+      std::memset(ms.v, 0, static_cast<size_t>(ms.count) * sizeof(float));
+    } else {
+      ms.m = backend_->arena().allocate_floats(ms.count, "adamw.m");
+      ms.v = backend_->arena().allocate_floats(ms.count, "adamw.v");
+      backend_->fill_zero(ms.m, ms.count);
+      backend_->fill_zero(ms.v, ms.count);
+    }
+  }
+}
+
+
+const MomentSegment& RankRuntime::moments_at(int64_t packed) const {
+  for (const MomentSegment& ms : moments_)
+    if (packed >= ms.packed_offset && packed < ms.packed_offset + ms.count) return ms;
+  throw Error(fmt::format("rank {}: packed optimizer offset {} has no AdamW moments", comm_.rank(), packed));
+}
+
+
+std::vector<TensorRef> RankRuntime::optimizer_refs() {
+  std::vector<TensorRef> refs;
+  const Model& model = backend_->model();
+  if (!layout_.sharded && moments_.size() == 1 && layout_.optimizer_floats() == model.num_parameters) {
+    // This rank updates all of its parameters in one place: one pair of moments per tensor.
+    for (const char* moment : {"m", "v"}) {
+      float* base = moment[0] == 'm' ? moments_.front().m : moments_.front().v;
+      for (const TensorView& view : model.views)
+        refs.push_back({fmt::format("adamw.{}.{}", moment, view.name), view.shape, base + view.offset});
+    }
+    return refs;
+  }
+  for (const MomentSegment& ms : moments_) {
+    const std::string suffix = moments_.size() == 1 ? "" : fmt::format("@{}", ms.packed_offset);
+    refs.push_back({"adamw.m" + suffix, {ms.count}, ms.m});
+    refs.push_back({"adamw.v" + suffix, {ms.count}, ms.v});
+  }
+  return refs;
+}
+
+
+// Consecutive tensors with the same weight decay, clipped to the optimizer ranges: one update
+// each (a launch per span on a GPU, not per tensor).
+std::vector<RankRuntime::UpdateSpan> RankRuntime::update_spans() const {
+  std::vector<UpdateSpan> spans;
+  const Model& model = backend_->model();
+  int64_t packed = 0;
+  for (const FlatRange& r : layout_.optimizer_ranges) {
+    for (const TensorView& view : model.views) {
+      const int64_t begin = std::max(r.offset, view.offset);
+      const int64_t end = std::min(r.offset + r.count, view.offset + view.numel);
+      if (begin >= end) continue;
+      const int64_t at = packed + begin - r.offset;
+      const bool joins = !spans.empty() && spans.back().decay == view.weight_decay &&
+                         spans.back().offset + spans.back().count == begin &&
+                         spans.back().packed + spans.back().count == at &&
+                         model.segments.size() == 1 && &moments_at(spans.back().packed) == &moments_at(at);
+      if (joins) {
+        spans.back().count += end - begin;
+      } else {
+        spans.push_back({begin, end - begin, at, view.weight_decay});
+      }
+    }
+    packed += r.count;
+  }
+  return spans;
+}
+
+
+std::vector<float> RankRuntime::full_parameters() {
+  if (zero3_) return zero3_->full_parameters();
+  if (layout_.sharded) {  // ZeRO 1-2 gather after every step already; this makes it explicit
+    std::vector<CommHandle> handles;
+    for (const GradientBucket& b : layout_.buckets)
+      handles.push_back(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, groups_.dp));
+    for (const CommHandle& h : handles) h.wait();
+  }
+  const Model& model = backend_->model();
+  std::vector<float> full(static_cast<size_t>(model.num_parameters));
+  for (const ParameterSegment& segment : model.segments)
+    backend_->copy_to_host(full.data() + segment.offset, backend_->parameters_at(segment.offset, segment.count),
+                           segment.count * static_cast<int64_t>(sizeof(float)));
+  return full;
+}
+
+
+std::vector<TensorRef> RankRuntime::parameter_refs() {
+  if (zero3_) return {{"zero3.pieces", {layout_.optimizer_floats()}, zero3_->pieces()}};
+  std::vector<TensorRef> refs;
+  const Model& model = backend_->model();
+  for (const TensorView& v : model.views) refs.push_back({v.name, v.shape, backend_->parameters_at(v.offset, v.numel)});
+  return refs;
+}
+
+
+std::vector<TensorRef> RankRuntime::host_refs(const std::vector<TensorRef>& refs,
+                                              std::vector<std::vector<float>>& staging, bool download) {
+  if (backend_->memory_is_host()) return refs;
+  std::vector<TensorRef> host;
+  staging.clear();
+  staging.reserve(refs.size());
+  for (const TensorRef& r : refs) {
+    staging.emplace_back(static_cast<size_t>(tensor_ref_numel(r)));
+    if (download) backend_->copy_to_host(staging.back().data(), r.data, tensor_ref_numel(r) * static_cast<int64_t>(sizeof(float)));
+    host.push_back({r.name, r.shape, staging.back().data()});
+  }
+  return host;
+}
+
+
+void RankRuntime::checkpoint_save_to(const std::string& dir, const CheckpointState& state) {
+  std::vector<std::vector<float>> parameter_staging, optimizer_staging;
+  const std::vector<TensorRef> parameters = host_refs(parameter_refs(), parameter_staging, true);
+  const std::vector<TensorRef> moments = host_refs(optimizer_refs(), optimizer_staging, true);
+  checkpoint_save(dir, parameters, moments, state);
+}
+
+
+CheckpointState RankRuntime::checkpoint_load_from(const std::string& dir, const std::string& fingerprint) {
+  const std::vector<TensorRef> parameters = parameter_refs(), moments = optimizer_refs();
+  std::vector<std::vector<float>> parameter_staging, optimizer_staging;
+  const std::vector<TensorRef> host_parameters = host_refs(parameters, parameter_staging, false);
+  const std::vector<TensorRef> host_moments = host_refs(moments, optimizer_staging, false);
+  CheckpointState state = checkpoint_load(dir, fingerprint, host_parameters, host_moments);
+  if (!backend_->memory_is_host()) {
+    for (size_t i = 0; i < parameters.size(); ++i)
+      backend_->copy_from_host(parameters[i].data, host_parameters[i].data, tensor_ref_numel(parameters[i]) * static_cast<int64_t>(sizeof(float)));
+    for (size_t i = 0; i < moments.size(); ++i)
+      backend_->copy_from_host(moments[i].data, host_moments[i].data, tensor_ref_numel(moments[i]) * static_cast<int64_t>(sizeof(float)));
+  }
+  backend_->parameters_changed();
+  optimizer_steps_ = state.step;
+  return state;
+}
+
+
+}  // namespace alloy

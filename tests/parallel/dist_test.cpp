@@ -162,6 +162,35 @@ std::string DistTest::gpt_path_, DistTest::llama_path_, DistTest::cluster_path_,
 using R = Recompute;
 constexpr Schedule k1f1b = Schedule::Schedule_1f1b;
 
+// Without a plan, the ranks under mpirun are data-parallel replicas of the whole model: the
+// same losses as one rank, and a validation pass split over them gives the same loss too.
+TEST_F(DistTest, WithoutAPlanRanksAreDataParallelReplicas) {
+  auto run = [&](int ranks, const std::string& name) {
+    const std::string out = dir_->path() + "/" + name + ".jsonl";
+    CommandResult r = run_command(fmt::format("{} {} train {} --batch {} --seq-len {} --val-data {} --val-every {} --log {}",
+                                              ranks > 1 ? mpirun(ranks) : std::string(), ALLOY_BINARY, common_args(gpt_path_, 4),
+                                              kTestGlobalBatch, kTestSeqLen, data_, 2, out),
+                                  120);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::vector<std::pair<double, double>> steps;  // loss, validation loss (0: none)
+    std::istringstream in(read_text(out));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      steps.push_back({j.at("loss").get<double>(), j.value("val_loss", 0.0)});
+    }
+    return steps;
+  };
+  const auto one = run(1, "no-plan-1");
+  const auto two = run(2, "no-plan-2");
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(two.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(two[i].first, one[i].first, 1e-5 * one[i].first) << "step " << i + 1;
+    EXPECT_NEAR(two[i].second, one[i].second, 1e-5 * one[i].second) << "step " << i + 1;
+  }
+  EXPECT_GT(one[1].second, 0.0) << "validation every 2 steps";
+}
+
 TEST_F(DistTest, UnevenPipeline) {
   expect_matches_single_rank(test_plan(gpt(), cluster(), {{1, 1, 0, {4}}, {1, 1, 0, {2}}}, k1f1b, 4), gpt_path_, "pp-uneven");
 }

@@ -620,7 +620,8 @@ std::vector<float> RankRuntime::full_parameters() {
   const Model& model = backend_->model();
   std::vector<float> full(static_cast<size_t>(model.num_parameters));
   for (const ParameterSegment& segment : model.segments)
-    backend_->copy_to_host(full.data() + segment.offset, segment.params, segment.count * static_cast<int64_t>(sizeof(float)));
+    backend_->copy_to_host(full.data() + segment.offset, backend_->parameters_at(segment.offset, segment.count),
+                           segment.count * static_cast<int64_t>(sizeof(float)));
   return full;
 }
 

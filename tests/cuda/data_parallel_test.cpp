@@ -1,6 +1,7 @@
-// Data parallelism over GPUs: two ranks (sharing this machine's GPU, so their gradients go
-// through host memory) follow the one-GPU run of the same global batch step by step, with and
-// without a plan; and plans the GPU runtime cannot run yet are refused with a clear error.
+// Data parallelism over GPUs through `alloy train --device cuda`: two ranks (sharing this
+// machine's GPU, so their gradients go through host memory) follow the one-GPU run of the same
+// global batch step by step, with and without a plan; and plans the CUDA backend does not run
+// are refused before anything is allocated.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -44,7 +45,7 @@ TEST_F(GpuDataParallel, TwoReplicasFollowOneGpu) {
                                             "--gpu-comm host --batch 16 " + common() + " --log " + dir.path() + "/two.jsonl",
                                         300);
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  EXPECT_NE(two.output.find("2 replica(s)"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("over 2 rank(s)"), std::string::npos) << two.output;
   const std::vector<double> a = losses_of(dir.path() + "/one.jsonl"), b = losses_of(dir.path() + "/two.jsonl");
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u) << "only rank 0 writes the log";
@@ -67,17 +68,19 @@ TEST_F(GpuDataParallel, RunsADataParallelPlanAndRefusesOthers) {
                                             " --no-progress",
                                         300);
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_NE(run.output.find("plan vs run"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("step time: predicted"), std::string::npos) << run.output;
 
   const std::string tp_plan = dir.path() + "/tp.json";
   ASSERT_EQ(testing::alloy("plan --model small-gpt --cluster " + cluster + " --train " + train +
                            " --tp 2 --dp 1 --pp 1 --no-offload -o " + tp_plan)
                 .exit_code,
             0);
-  const auto refused = testing::alloy("train --device cuda --plan " + tp_plan + " --cluster " + cluster +
-                                      " --model small-gpt --data " + dir.path() + "/data.bin --train " + train);
-  EXPECT_EQ(refused.exit_code, 2) << refused.output;
-  EXPECT_NE(refused.output.find("data-parallel plans"), std::string::npos) << refused.output;
+  const auto refused = testing::run_command("mpirun -np 2 " + std::string(ALLOY_BINARY) + " train --device cuda --gpu 0 " +
+                                                "--gpu-comm host --plan " + tp_plan + " --cluster " + cluster +
+                                                " --model small-gpt --data " + dir.path() + "/data.bin --train " + train,
+                                            120);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("which the cuda backend does not run"), std::string::npos) << refused.output;
 }
 
 }  // namespace

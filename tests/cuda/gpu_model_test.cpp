@@ -1,6 +1,6 @@
 // The GPU model against the CPU model on the same (bf16-rounded) weights and tokens: the loss and
-// every parameter's gradient after one forward and backward, for GPT-2 and LLaMA (GQA) blocks,
-// with and without full recomputation; and the GPU trainer's losses against the CPU trainer's.
+// every parameter's gradient after one forward and a scaled backward, whole or in two pieces,
+// for GPT-2 and LLaMA (GQA) blocks, with and without full recomputation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,8 +10,6 @@
 #include "../common/test_util.hpp"
 #include "cuda_test_util.hpp"
 #include "runtime/cuda/gpu_model.hpp"
-#include "runtime/cuda/gpu_trainer.hpp"
-#include "runtime/io/tokenize.hpp"
 #include "runtime/model.hpp"
 #include "spec/error.hpp"
 #include "spec/model.hpp"
@@ -66,7 +64,11 @@ struct Case {
   const char* yaml;
   Recompute recompute;
   int B, T;
+  int split;  // the backward runs blocks [split, L), then [0, split); 0: in one piece
 };
+
+// What the backward adds, as the executor scales a micro-batch of B in a global batch of 2 B.
+constexpr float kLossScale = 0.5f;
 
 class GpuModelTest : public ::testing::TestWithParam<Case> {};
 
@@ -83,26 +85,35 @@ TEST_P(GpuModelTest, LossAndGradientsMatchCpuModel) {
   const auto inputs = tokens(N, static_cast<int>(spec.vocab_size), 1);
   const auto targets = tokens(N, static_cast<int>(spec.vocab_size), 2);
 
+  const int L = static_cast<int>(spec.num_layers);
+  cpu.recompute.assign(static_cast<size_t>(L), c.recompute);  // the GPU model follows its host's levels
   Arena gpu_arena(int64_t{4} << 30, "gpu", cuda_arena_memory());
   GpuModel gpu(cpu, gpu_arena, nullptr);
-  gpu.recompute.assign(static_cast<size_t>(spec.num_layers), c.recompute);
-  gpu_model_forward(gpu, inputs.data(), targets.data(), c.B, c.T, true, 1.0f);
+  GpuActivations pass;
+  gpu_activations_begin(gpu, pass, inputs.data(), targets.data(), c.B, c.T);
+  gpu_model_forward(gpu, pass);
   std::vector<float> losses(static_cast<size_t>(N));
-  cuda_check(cudaMemcpy(losses.data(), gpu.losses, losses.size() * sizeof(float), cudaMemcpyDeviceToHost), "losses");
+  cuda_check(cudaMemcpy(losses.data(), pass.losses, losses.size() * sizeof(float), cudaMemcpyDeviceToHost), "losses");
   const double gpu_loss = std::accumulate(losses.begin(), losses.end(), 0.0) / N;
-  gpu_model_backward(gpu);
+  if (c.split > 0) {
+    gpu_model_backward(gpu, pass, c.split, L, kLossScale);
+    EXPECT_EQ(pass.backward_next, c.split);
+    EXPECT_EQ(pass.blocks[static_cast<size_t>(c.split)].out, nullptr) << "the top piece's blocks are freed";
+  }
+  gpu_model_backward(gpu, pass, 0, c.split > 0 ? c.split : L, kLossScale);
+  EXPECT_EQ(pass.backward_next, 0);
+  gpu_activations_release(gpu, pass);
   std::vector<float> gpu_grads(static_cast<size_t>(gpu.num_parameters));
   cuda_check(cudaMemcpy(gpu_grads.data(), gpu.grads, gpu_grads.size() * sizeof(float), cudaMemcpyDeviceToHost),
              "grads");
   const int64_t head_bytes = int64_t{gpu_logits_ld(spec.vocab_size)} * spec.hidden_size * 2;
   EXPECT_EQ(gpu_arena.bytes_in_use(), arena_rounded_bytes(gpu.num_parameters * 4) * 2 +
-                                          arena_rounded_bytes(gpu.num_parameters * 2) + arena_rounded_bytes(head_bytes) +
-                                          arena_rounded_bytes(N * 4))
-      << "activations left behind after the backward";
+                                          arena_rounded_bytes(gpu.num_parameters * 2) + arena_rounded_bytes(head_bytes))
+      << "activations left behind after the pass";
 
   model_zero_grad(cpu);
   const double cpu_loss = model_forward(cpu, inputs.data(), targets.data(), c.B, c.T);
-  model_backward(cpu);
+  model_backward(cpu, kLossScale);
   EXPECT_NEAR(gpu_loss, cpu_loss, 0.01 * cpu_loss);
 
   double diff_total = 0, ref_total = 0;
@@ -118,15 +129,16 @@ TEST_P(GpuModelTest, LossAndGradientsMatchCpuModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuModelTest,
-                         ::testing::Values(Case{kGpt2, Recompute::Recompute_none, 2, 80},
-                                           Case{kGpt2, Recompute::Recompute_full, 3, 33},
-                                           Case{kLlama, Recompute::Recompute_none, 2, 96},
-                                           Case{kLlama, Recompute::Recompute_full, 1, 17}),
+                         ::testing::Values(Case{kGpt2, Recompute::Recompute_none, 2, 80, 0},
+                                           Case{kGpt2, Recompute::Recompute_full, 3, 33, 1},
+                                           Case{kLlama, Recompute::Recompute_none, 2, 96, 1},
+                                           Case{kLlama, Recompute::Recompute_full, 1, 17, 0}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
                            const Case& c = param_info.param;
                            return std::string(c.yaml == kGpt2 ? "gpt2" : "llama") +
                                   (c.recompute == Recompute::Recompute_full ? "_full" : "_none") + "_B" +
-                                  std::to_string(c.B) + "_T" + std::to_string(c.T);
+                                  std::to_string(c.B) + "_T" + std::to_string(c.T) +
+                                  (c.split > 0 ? "_pieces" : "");
                          });
 
 TEST(GpuModel, RejectsTokensOutsideTheVocabulary) {
@@ -138,36 +150,27 @@ TEST(GpuModel, RejectsTokensOutsideTheVocabulary) {
   GpuModel gpu(cpu, gpu_arena, nullptr);
   std::vector<int32_t> inputs(8, 5), targets(8, 5);
   inputs[3] = 300;
-  EXPECT_THROW(gpu_model_forward(gpu, inputs.data(), targets.data(), 1, 8, true, 1.0f), Error);
+  GpuActivations pass;
+  EXPECT_THROW(gpu_activations_begin(gpu, pass, inputs.data(), targets.data(), 1, 8), Error);
 }
 
-TEST(GpuTrainer, LossesFollowTheCpuTrainer) {
+TEST(GpuModel, BackwardPiecesComeTopFirst) {
   ALLOY_REQUIRE_GPU();
-  testing::TempDir dir;
-  const std::string text = std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt";
-  tokenize_bytes(text, dir.path() + "/data.bin", 0.0);
   const ModelSpec spec = spec_from(kGpt2);
-  TrainSpec train;
-  train.steps = 12;
-  train.seq_len = 64;
-  train.global_batch_sequences = 8;
-  train.learning_rate = 1e-3;
-  train.warmup_steps = 2;
-  TrainerOptions common;
-  common.train_data = dir.path() + "/data.bin";
-  common.progress = false;
-  common.threads = 2;
-  const TrainerResult cpu = trainer_run(spec, train, common);
-  GpuTrainerOptions options;
-  options.common = common;
-  options.micro_batch_sequences = 4;  // two micro-batches: accumulation must not change the losses
-  const GpuTrainerResult gpu = gpu_trainer_run(spec, train, options);
-  ASSERT_EQ(gpu.run.steps.size(), cpu.steps.size());
-  EXPECT_EQ(gpu.micro_batches, 2);
-  for (size_t i = 0; i < cpu.steps.size(); ++i) {
-    EXPECT_NEAR(gpu.run.steps[i].loss, cpu.steps[i].loss, 0.02 * cpu.steps[i].loss) << "step " << i + 1;
-  }
-  EXPECT_LT(gpu.run.steps.back().loss, gpu.run.steps.front().loss - 0.5);
+  Arena host_arena(int64_t{1} << 32);
+  Model cpu(spec, host_arena);
+  Arena gpu_arena(int64_t{1} << 30, "gpu", cuda_arena_memory());
+  GpuModel gpu(cpu, gpu_arena, nullptr);
+  const std::vector<int32_t> ids = tokens(16, static_cast<int>(spec.vocab_size), 3);
+  GpuActivations pass;
+  gpu_activations_begin(gpu, pass, ids.data(), ids.data(), 2, 8);
+  EXPECT_THROW(gpu_model_backward(gpu, pass, 0, 2, 1.0f), Error) << "a backward before the forward";
+  gpu_model_forward(gpu, pass);
+  EXPECT_THROW(gpu_model_backward(gpu, pass, 0, 1, 1.0f), Error) << "the lowest piece before the top one";
+  gpu_model_backward(gpu, pass, 1, 2, 1.0f);
+  gpu_model_backward(gpu, pass, 0, 1, 1.0f);
+  gpu_activations_release(gpu, pass);
+  cuda_check(cudaDeviceSynchronize(), "the passes");
 }
 
 }  // namespace

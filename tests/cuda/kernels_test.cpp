@@ -458,6 +458,21 @@ TEST(CudaKernels, SumSquaresAddsToTheTotal) {
   }
 }
 
+TEST(CudaKernels, SumAddsToTheTotalInDouble) {
+  ALLOY_REQUIRE_GPU();
+  for (const int64_t n : {int64_t{1} << 20 | 5, int64_t{1001}, int64_t{1}}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const std::vector<float> x = random_floats(n, 3.0f, 131);
+    DeviceBuffer<float> d_x(x);
+    // A total far above the addends: an fp32 total would lose their low bits.
+    DeviceBuffer<double> d_sum(std::vector<double>{1e6});
+    cuda_sum(d_sum.get(), d_x.get(), n, nullptr);
+    double expected = 1e6;
+    for (const float v : x) expected += v;
+    EXPECT_NEAR(d_sum.download()[0], expected, 1e-2);
+  }
+}
+
 TEST(CudaKernels, ConversionsRoundToNearestEven) {
   ALLOY_REQUIRE_GPU();
   for (const int offset : {0, 1}) {
@@ -483,6 +498,7 @@ TEST(CudaKernels, EmptyInputsLaunchNothing) {
   cuda_crossentropy(nullptr, nullptr, nullptr, 0, 10, 16, 1.0f, true, nullptr);
   cuda_adamw_update(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1, nullptr);
   cuda_bias_backward(nullptr, nullptr, 0, 768, nullptr);
+  cuda_sum(nullptr, nullptr, 0, nullptr);
   cuda_check(cudaDeviceSynchronize(), "empty launches");
 }
 

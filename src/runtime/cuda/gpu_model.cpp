@@ -4,6 +4,8 @@
 // and scratch buffer comes from the GPU arena, so its peak is the measured activation memory.
 #include "runtime/cuda/gpu_model.hpp"
 
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "runtime/cuda/attention.hpp"
@@ -22,12 +24,12 @@ struct GpuDims {
   float eps, theta;
 };
 
-GpuDims gpu_dims(const GpuModel& m) {
+GpuDims gpu_dims(const GpuModel& m, const GpuActivations& a) {
   const ModelSpec& s = m.host->spec;
   GpuDims d{};
-  d.B = m.B;
-  d.T = m.T;
-  d.N = m.B * m.T;
+  d.B = a.B;
+  d.T = a.T;
+  d.N = a.B * a.T;
   d.C = static_cast<int>(s.hidden_size);
   d.Hq = static_cast<int>(s.num_heads);
   d.Hkv = static_cast<int>(s.num_kv_heads);
@@ -129,20 +131,9 @@ void block_forward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const b
     m.matmul.forward(a.out, a.mlp_act, m.weight(w.down_w), m.weight(w.down_b), a.residual1, d.N, d.F, d.C, d.C, s);
 }
 
-// Gradient buffers of one backward, shared by every block.
-struct Scratch {
-  bf16* dres = nullptr;     // (N, C) dL/d(residual stream), carried down through the blocks
-  bf16* dact = nullptr;     // (N, F)
-  bf16* dup = nullptr;      // (N, 2F), LLaMA only
-  bf16* dln = nullptr;      // (N, C)
-  bf16* dcontext = nullptr; // (N, Hq D)
-  bf16* dqkv = nullptr;     // (N, R)
-  void* attention_workspace = nullptr;
-};
-
 // scratch.dres holds dL/d(block output) on entry and dL/d(block input x) on exit.
 void block_backward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const bf16* x, const GpuBlockActivations& a,
-                    Scratch& sc) {
+                    GpuBackwardScratch& sc) {
   cudaStream_t s = m.stream;
   CudaMatmul& mm = m.matmul;
   mm.backward_input(sc.dact, sc.dres, m.weight(w.down_w), d.N, d.F, d.C, d.C, false, s);
@@ -177,27 +168,58 @@ void mark(const GpuModel& m, const std::vector<cudaEvent_t> GpuPhaseEvents::*whi
   if (m.phases != nullptr) cuda_check(cudaEventRecord((m.phases->*which)[index], m.stream), "recording a phase event");
 }
 
-const bf16* block_input(const GpuModel& m, size_t layer) {
-  return layer == 0 ? m.embedded : m.blocks[layer - 1].out;
+const bf16* block_input(const GpuActivations& a, size_t layer) {
+  return layer == 0 ? a.embedded : a.blocks[layer - 1].out;
 }
 
-void release_head(GpuModel& m) {
-  give(m, m.lnf);
-  give(m, m.lnf_mean);
-  give(m, m.lnf_rstd);
-  give(m, m.logits);
+void release_head(GpuModel& m, GpuActivations& a) {
+  give(m, a.lnf);
+  give(m, a.lnf_mean);
+  give(m, a.lnf_rstd);
+  give(m, a.logits);
 }
 
-void release_all(GpuModel& m) {
-  release_head(m);
-  for (GpuBlockActivations& a : m.blocks) {
-    release_block_internals(m, a);
-    give(m, a.out);
-  }
-  m.blocks.clear();
-  give(m, m.embedded);
-  give(m, m.tokens);
-  give(m, m.targets);
+void take_scratch(GpuModel& m, const GpuDims& d, GpuBackwardScratch& sc) {
+  const int64_t NC = int64_t{d.N} * d.C;
+  sc.dres = take<bf16>(m, NC, "d residual");
+  sc.dact = take<bf16>(m, int64_t{d.N} * d.F, "d mlp.act");
+  if (!d.gpt2) sc.dup = take<bf16>(m, int64_t{d.N} * d.U, "d mlp.up");
+  sc.dln = take<bf16>(m, NC, "d norm.out");
+  sc.dcontext = take<bf16>(m, int64_t{d.N} * d.Hq * d.D, "d attn.context");
+  sc.dqkv = take<bf16>(m, int64_t{d.N} * d.R, "d attn.qkv");
+  sc.attention_workspace =
+      m.arena->allocate(cuda_attention_backward_workspace_bytes(d.B, d.T, d.Hq, d.Hkv, d.D), "attention workspace");
+}
+
+void give_scratch(GpuModel& m, GpuBackwardScratch& sc) {
+  m.arena->release(sc.attention_workspace);
+  sc.attention_workspace = nullptr;
+  for (bf16** buffer : {&sc.dres, &sc.dact, &sc.dup, &sc.dln, &sc.dcontext, &sc.dqkv}) give(m, *buffer);
+}
+
+// The head's backward, the top piece's first part. The loss's gradient is computed here rather
+// than fused into the forward's cross-entropy: only the backward knows its loss_scale, and a
+// forward may have no backward at all (validation). It costs one more read of the logits than
+// the fused kernel and rounds dlogits to bf16 once, already scaled.
+// -> sc.dres: (N, C) = dL/d(last block's output)
+void head_backward(GpuModel& m, const GpuDims& d, GpuActivations& a, float loss_scale) {
+  const ModelTensors& w = m.host->weights;
+  cudaStream_t s = m.stream;
+  GpuBackwardScratch& sc = a.scratch;
+  cuda_crossentropy(a.logits, a.losses, a.targets, d.N, d.V, d.ld, loss_scale / static_cast<float>(d.N), true, s);
+  m.matmul.backward_input(sc.dln, a.logits, m.head_weight, d.N, d.C, d.ld, d.ld, false, s);
+  m.matmul.backward_weight(m.gradient(w.lm_head), a.logits, a.lnf, d.N, d.C, d.V, d.ld, s);
+  cuda_check(cudaMemsetAsync(sc.dres, 0, static_cast<size_t>(d.N) * d.C * sizeof(bf16), s), "zeroing d residual");
+  norm_backward(m, d, sc.dres, sc.dln, a.blocks.back().out, w.final_norm_w, w.final_norm_b, a.lnf_mean, a.lnf_rstd);
+  release_head(m, a);
+}
+
+void upload_weights(GpuModel& m) {
+  const size_t bytes = static_cast<size_t>(m.num_parameters) * sizeof(float);
+  cuda_check(cudaMemcpyAsync(m.params, m.host->params, bytes, cudaMemcpyHostToDevice, m.stream), "uploading weights");
+  cuda_float_to_bf16(m.weights, m.params, m.num_parameters, m.stream);
+  gpu_model_refresh_head(m);
+  cuda_check(cudaStreamSynchronize(m.stream), "uploading weights");
 }
 
 }  // namespace
@@ -207,9 +229,12 @@ int gpu_logits_ld(int64_t vocab_size) { return static_cast<int>((vocab_size + 63
 GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t compute_stream)
     : host(&host_model), arena(&device_arena), stream(compute_stream), num_parameters(host_model.num_parameters) {
   const ModelSpec& s = host->spec;
-  if (host->shard.tp != 1 || static_cast<int64_t>(host->shard.block_ranges.size()) != 1) {
+  const ModelShard& shard = host->shard;
+  const bool whole = shard.tp == 1 && shard.has_embedding && shard.has_head && shard.block_ranges.size() == 1 &&
+                     shard.block_ranges.front() == std::pair<int, int>{0, static_cast<int>(s.num_layers)};
+  if (!whole) {
     throw Error("the GPU model runs whole models on one GPU for now", {"", "--device"},
-                "run multi-GPU plans on CPU ranks, or a one-GPU plan on the GPU");
+                "run pipeline or tensor-parallel plans on CPU ranks, or a data-parallel plan on GPUs");
   }
   cuda_attention_check_shape(static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
                              static_cast<int>(s.head_dim));
@@ -220,14 +245,11 @@ GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t co
   head_weight = take<bf16>(*this, head_elements, "lm_head (bf16, padded)");
   cuda_check(cudaMemsetAsync(head_weight, 0, static_cast<size_t>(head_elements) * sizeof(bf16), stream),
              "zeroing the padded head");
-  recompute.assign(static_cast<size_t>(s.num_layers), Recompute::Recompute_none);
-  gpu_model_upload(*this);
+  upload_weights(*this);
   gpu_model_zero_grad(*this);
 }
 
 GpuModel::~GpuModel() {
-  release_all(*this);
-  give(*this, losses);
   give(*this, head_weight);
   give(*this, weights);
   give(*this, grads);
@@ -242,14 +264,6 @@ float* GpuModel::gradient(const float* host_tensor) const {
   return host_tensor == nullptr ? nullptr : grads + (host_tensor - host->params);
 }
 
-void gpu_model_upload(GpuModel& m) {
-  const size_t bytes = static_cast<size_t>(m.num_parameters) * sizeof(float);
-  cuda_check(cudaMemcpyAsync(m.params, m.host->params, bytes, cudaMemcpyHostToDevice, m.stream), "uploading weights");
-  cuda_float_to_bf16(m.weights, m.params, m.num_parameters, m.stream);
-  gpu_model_refresh_head(m);
-  cuda_check(cudaStreamSynchronize(m.stream), "uploading weights");
-}
-
 void gpu_model_refresh_head(GpuModel& m) {
   const ModelSpec& s = m.host->spec;
   const size_t bytes = static_cast<size_t>(s.vocab_size * s.hidden_size) * sizeof(bf16);
@@ -258,112 +272,106 @@ void gpu_model_refresh_head(GpuModel& m) {
              "refreshing the padded head");
 }
 
-void gpu_model_download(GpuModel& m) {
-  const size_t bytes = static_cast<size_t>(m.num_parameters) * sizeof(float);
-  cuda_check(cudaMemcpyAsync(m.host->params, m.params, bytes, cudaMemcpyDeviceToHost, m.stream),
-             "downloading weights");
-  cuda_check(cudaStreamSynchronize(m.stream), "downloading weights");
-}
-
 void gpu_model_zero_grad(GpuModel& m) {
   cuda_check(cudaMemsetAsync(m.grads, 0, static_cast<size_t>(m.num_parameters) * sizeof(float), m.stream),
              "zeroing gradients");
 }
 
-void gpu_model_release_activations(GpuModel& m) { release_all(m); }
-
-void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training,
-                       float loss_scale) {
+void gpu_activations_begin(GpuModel& m, GpuActivations& a, const int32_t* inputs, const int32_t* targets, int B,
+                           int T) {
   model_check_tokens(*m.host, inputs, targets, B, T);
-  release_all(m);
-  m.B = B;
-  m.T = T;
-  const GpuDims d = gpu_dims(m);
-  const ModelTensors& w = m.host->weights;
-  cudaStream_t s = m.stream;
-  const size_t token_bytes = static_cast<size_t>(d.N) * sizeof(int32_t);
-  m.tokens = take<int32_t>(m, d.N, "token ids");
-  m.targets = take<int32_t>(m, d.N, "target ids");
-  cuda_check(cudaMemcpyAsync(m.tokens, inputs, token_bytes, cudaMemcpyHostToDevice, s), "uploading tokens");
-  cuda_check(cudaMemcpyAsync(m.targets, targets, token_bytes, cudaMemcpyHostToDevice, s), "uploading targets");
-  give(m, m.losses);
-  m.losses = take<float>(m, d.N, "losses");
-
-  const size_t L = m.recompute.size();
-  mark(m, &GpuPhaseEvents::forward, 0);
-  m.embedded = take<bf16>(m, int64_t{d.N} * d.C, "embedding.out");
-  cuda_embedding_forward(m.embedded, m.tokens, m.weight(w.token), m.weight(w.position), B, T, d.C, s);
-  mark(m, &GpuPhaseEvents::forward, 1);
-  m.blocks.assign(L, GpuBlockActivations{});
-  for (size_t layer = 0; layer < L; ++layer) {
-    GpuBlockActivations& a = m.blocks[layer];
-    allocate_block(m, d, a);
-    block_forward(m, d, w.blocks[layer], block_input(m, layer), a, true);
-    // Without a backward to follow, or under full recomputation, only the output stays.
-    if (!training || m.recompute[layer] == Recompute::Recompute_full) release_block_internals(m, a);
-    if (!training && layer > 0) give(m, m.blocks[layer - 1].out);
-    mark(m, &GpuPhaseEvents::forward, 2 + layer);
-  }
-  m.lnf = take<bf16>(m, int64_t{d.N} * d.C, "final_norm.out");
-  if (d.gpt2) m.lnf_mean = take<float>(m, d.N, "final_norm.mean");
-  m.lnf_rstd = take<float>(m, d.N, "final_norm.rstd");
-  norm_forward(m, d, m.lnf, m.lnf_mean, m.lnf_rstd, m.blocks.back().out, w.final_norm_w, w.final_norm_b);
-  m.logits = take<bf16>(m, int64_t{d.N} * d.ld, "logits");
-  // Over the padded vocabulary: columns [V, ld) come out 0 and the loss ignores them.
-  m.matmul.forward(m.logits, m.lnf, m.head_weight, nullptr, nullptr, d.N, d.C, d.ld, d.ld, s);
-  cuda_crossentropy(m.logits, m.losses, m.targets, d.N, d.V, d.ld, loss_scale / static_cast<float>(d.N), training, s);
-  mark(m, &GpuPhaseEvents::forward, L + 2);
-  if (!training) release_all(m);
+  gpu_activations_release(m, a);
+  a.B = B;
+  a.T = T;
+  const int64_t N = int64_t{B} * T;
+  const size_t token_bytes = static_cast<size_t>(N) * sizeof(int32_t);
+  a.tokens = take<int32_t>(m, N, "token ids");
+  a.targets = take<int32_t>(m, N, "target ids");
+  cuda_check(cudaMemcpyAsync(a.tokens, inputs, token_bytes, cudaMemcpyHostToDevice, m.stream), "uploading tokens");
+  cuda_check(cudaMemcpyAsync(a.targets, targets, token_bytes, cudaMemcpyHostToDevice, m.stream), "uploading targets");
 }
 
-void gpu_model_backward(GpuModel& m) {
-  if (m.logits == nullptr) {
-    throw Error("gpu_model_backward without a training forward before it", {}, "call gpu_model_forward(training=true)");
-  }
-  const GpuDims d = gpu_dims(m);
+void gpu_model_forward(GpuModel& m, GpuActivations& a) {
+  if (a.tokens == nullptr || a.embedded != nullptr)
+    throw Error("gpu_model_forward needs a pass begun and not yet run", {}, "call gpu_activations_begin first");
+  const GpuDims d = gpu_dims(m, a);
   const ModelTensors& w = m.host->weights;
   cudaStream_t s = m.stream;
-  const int64_t NC = int64_t{d.N} * d.C;
-  Scratch sc;
-  sc.dres = take<bf16>(m, NC, "d residual");
-  sc.dact = take<bf16>(m, int64_t{d.N} * d.F, "d mlp.act");
-  if (!d.gpt2) sc.dup = take<bf16>(m, int64_t{d.N} * d.U, "d mlp.up");
-  sc.dln = take<bf16>(m, NC, "d norm.out");
-  sc.dcontext = take<bf16>(m, int64_t{d.N} * d.Hq * d.D, "d attn.context");
-  sc.dqkv = take<bf16>(m, int64_t{d.N} * d.R, "d attn.qkv");
-  sc.attention_workspace =
-      m.arena->allocate(cuda_attention_backward_workspace_bytes(d.B, d.T, d.Hq, d.Hkv, d.D), "attention workspace");
-
-  const size_t L = m.blocks.size();
-  mark(m, &GpuPhaseEvents::backward, 0);
-  // Head: logits hold dlogits; dres = norm backward of dlnf.
-  m.matmul.backward_input(sc.dln, m.logits, m.head_weight, d.N, d.C, d.ld, d.ld, false, s);
-  m.matmul.backward_weight(m.gradient(w.lm_head), m.logits, m.lnf, d.N, d.C, d.V, d.ld, s);
-  cuda_check(cudaMemsetAsync(sc.dres, 0, static_cast<size_t>(NC) * sizeof(bf16), s), "zeroing d residual");
-  const bf16* top = m.blocks.back().out;
-  norm_backward(m, d, sc.dres, sc.dln, top, w.final_norm_w, w.final_norm_b, m.lnf_mean, m.lnf_rstd);
-  release_head(m);
-  mark(m, &GpuPhaseEvents::backward, 1);
-
-  for (size_t layer = L; layer-- > 0;) {
-    GpuBlockActivations& a = m.blocks[layer];
-    const bf16* x = block_input(m, layer);
-    if (m.recompute[layer] == Recompute::Recompute_full) {
-      allocate_block(m, d, a);
-      block_forward(m, d, w.blocks[layer], x, a, false);
-    }
-    block_backward(m, d, w.blocks[layer], x, a, sc);
-    if (m.on_block_gradients) m.on_block_gradients(static_cast<int>(layer));
-    release_block_internals(m, a);
-    give(m, a.out);
-    mark(m, &GpuPhaseEvents::backward, 2 + (L - 1 - layer));
+  const size_t L = static_cast<size_t>(m.host->spec.num_layers);
+  mark(m, &GpuPhaseEvents::forward, 0);
+  a.embedded = take<bf16>(m, int64_t{d.N} * d.C, "embedding.out");
+  cuda_embedding_forward(a.embedded, a.tokens, m.weight(w.token), m.weight(w.position), d.B, d.T, d.C, s);
+  mark(m, &GpuPhaseEvents::forward, 1);
+  a.blocks.assign(L, GpuBlockActivations{});
+  for (size_t layer = 0; layer < L; ++layer) {
+    GpuBlockActivations& b = a.blocks[layer];
+    allocate_block(m, d, b);
+    block_forward(m, d, w.blocks[layer], block_input(a, layer), b, true);
+    // Under full recomputation only the output stays; the backward runs the block again.
+    if (m.host->recompute[layer] == Recompute::Recompute_full) release_block_internals(m, b);
+    mark(m, &GpuPhaseEvents::forward, 2 + layer);
   }
-  cuda_embedding_backward(m.gradient(w.token), m.gradient(w.position), sc.dres, m.tokens, d.B, d.T, d.C, s);
-  mark(m, &GpuPhaseEvents::backward, L + 2);
+  a.lnf = take<bf16>(m, int64_t{d.N} * d.C, "final_norm.out");
+  if (d.gpt2) a.lnf_mean = take<float>(m, d.N, "final_norm.mean");
+  a.lnf_rstd = take<float>(m, d.N, "final_norm.rstd");
+  norm_forward(m, d, a.lnf, a.lnf_mean, a.lnf_rstd, a.blocks.back().out, w.final_norm_w, w.final_norm_b);
+  a.logits = take<bf16>(m, int64_t{d.N} * d.ld, "logits");
+  // Over the padded vocabulary: columns [V, ld) come out 0 and the loss ignores them.
+  m.matmul.forward(a.logits, a.lnf, m.head_weight, nullptr, nullptr, d.N, d.C, d.ld, d.ld, s);
+  a.losses = take<float>(m, d.N, "losses");
+  cuda_crossentropy(a.logits, a.losses, a.targets, d.N, d.V, d.ld, 0.0f, false, s);
+  mark(m, &GpuPhaseEvents::forward, L + 2);
+  a.backward_next = static_cast<int>(L);
+}
 
-  m.arena->release(sc.attention_workspace);
-  for (bf16** buffer : {&sc.dres, &sc.dact, &sc.dup, &sc.dln, &sc.dcontext, &sc.dqkv}) give(m, *buffer);
-  release_all(m);
+void gpu_model_backward(GpuModel& m, GpuActivations& a, int block_begin, int block_end, float loss_scale) {
+  const int L = static_cast<int>(m.host->spec.num_layers);
+  if (a.embedded == nullptr || block_end != a.backward_next || block_begin < 0 || block_begin > block_end) {
+    throw Error(fmt::format("backward of blocks [{}, {}) out of order: the pass expects blocks ending at {}{}",
+                            block_begin, block_end, a.backward_next,
+                            a.embedded == nullptr ? ", after a forward" : ""));
+  }
+  const GpuDims d = gpu_dims(m, a);
+  const ModelTensors& w = m.host->weights;
+  GpuBackwardScratch& sc = a.scratch;
+  if (block_end == L) {
+    mark(m, &GpuPhaseEvents::backward, 0);
+    take_scratch(m, d, sc);
+    head_backward(m, d, a, loss_scale);
+    mark(m, &GpuPhaseEvents::backward, 1);
+  }
+  for (int layer = block_end - 1; layer >= block_begin; --layer) {
+    GpuBlockActivations& b = a.blocks[static_cast<size_t>(layer)];
+    const bf16* x = block_input(a, static_cast<size_t>(layer));
+    if (b.qkv == nullptr) {  // dropped by full recomputation
+      allocate_block(m, d, b);
+      block_forward(m, d, w.blocks[static_cast<size_t>(layer)], x, b, false);
+    }
+    block_backward(m, d, w.blocks[static_cast<size_t>(layer)], x, b, sc);
+    release_block_internals(m, b);
+    give(m, b.out);
+    mark(m, &GpuPhaseEvents::backward, static_cast<size_t>(2 + (L - 1 - layer)));
+  }
+  a.backward_next = block_begin;
+  if (block_begin != 0) return;
+  cuda_embedding_backward(m.gradient(w.token), m.gradient(w.position), sc.dres, a.tokens, d.B, d.T, d.C, m.stream);
+  mark(m, &GpuPhaseEvents::backward, static_cast<size_t>(L + 2));
+  give_scratch(m, sc);
+}
+
+void gpu_activations_release(GpuModel& m, GpuActivations& a) {
+  give_scratch(m, a.scratch);
+  release_head(m, a);
+  for (GpuBlockActivations& b : a.blocks) {
+    release_block_internals(m, b);
+    give(m, b.out);
+  }
+  a.blocks.clear();
+  give(m, a.losses);
+  give(m, a.embedded);
+  give(m, a.tokens);
+  give(m, a.targets);
+  a.backward_next = 0;
 }
 
 }  // namespace alloy

@@ -1,12 +1,12 @@
 // The model on one GPU: the same parameter layout as the CPU model (named views into one flat
 // buffer, so checkpoints and exports are interchangeable), with fp32 master weights and
-// gradients, a bf16 compute copy of the weights, bf16 activations in the GPU arena, and forward
-// and backward passes per micro-batch through cuBLASLt, the fused attention and the kernels of
-// kernels.hpp, with per-layer recomputation.
+// gradients and a bf16 compute copy of the weights; and forward and backward passes per
+// micro-batch through cuBLASLt, the fused attention and the kernels of kernels.hpp, each pass
+// keeping its own bf16 activations in the GPU arena (several may be alive at once), with
+// per-layer recomputation and a backward that may run in pieces of blocks.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "runtime/arena.hpp"
@@ -16,7 +16,7 @@
 
 namespace alloy {
 
-// What one block keeps between its forward and its backward (nullptr when dropped).
+// What one block keeps between its forward and its backward (nullptr when dropped). N = B T.
 struct GpuBlockActivations {
   bf16* ln1 = nullptr;         // (N, C)
   float* ln1_mean = nullptr;   // (N), LayerNorm only
@@ -33,6 +33,35 @@ struct GpuBlockActivations {
   bf16* out = nullptr;         // (N, C), kept at every recomputation level
 };
 
+// Gradient buffers of one backward, shared by its blocks: taken by the top piece, returned by
+// the lowest.
+struct GpuBackwardScratch {
+  bf16* dres = nullptr;      // (N, C) dL/d(residual stream), carried down through the blocks
+  bf16* dact = nullptr;      // (N, F)
+  bf16* dup = nullptr;       // (N, 2F), LLaMA only
+  bf16* dln = nullptr;       // (N, C)
+  bf16* dcontext = nullptr;  // (N, Hq D)
+  bf16* dqkv = nullptr;      // (N, R)
+  void* attention_workspace = nullptr;
+};
+
+// One micro-batch through the whole model, from gpu_activations_begin to
+// gpu_activations_release: what its forward keeps for its backward.
+struct GpuActivations {
+  int B = 0, T = 0;
+  int32_t* tokens = nullptr;    // (B, T) device
+  int32_t* targets = nullptr;   // (B, T) device
+  bf16* embedded = nullptr;     // (N, C) the first block's input
+  std::vector<GpuBlockActivations> blocks;  // L
+  bf16* lnf = nullptr;          // (N, C)
+  float* lnf_mean = nullptr;    // (N)
+  float* lnf_rstd = nullptr;    // (N)
+  bf16* logits = nullptr;       // (N, ld); dlogits from the top backward piece on
+  float* losses = nullptr;      // (N) per-token losses, after the forward
+  GpuBackwardScratch scratch;
+  int backward_next = 0;        // blocks [0, backward_next) still wait for their backward
+};
+
 // Events a profiler has the passes record at their phase boundaries (L blocks):
 //   forward:  [0] start, [1] after the embedding, [2 + l] after block l, [L + 2] after the head
 //   backward: [0] start, [1] after the head, [2 + k] after the k-th block down, [L + 2] after the embedding
@@ -42,8 +71,9 @@ struct GpuPhaseEvents {
 };
 
 struct GpuModel {
-  // host: the CPU model whose layout (views) and initial weights this copies; it stays the host
-  // side of checkpoints and must outlive this. device_arena: GPU memory.
+  // host: the CPU model whose layout (views), initial weights and per-block recomputation
+  // (read at each forward) this follows; it must outlive this. device_arena: GPU memory.
+  // Throws alloy::Error unless host holds the whole model without tensor parallelism.
   GpuModel(const Model& host, Arena& device_arena, cudaStream_t stream);
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
@@ -59,48 +89,33 @@ struct GpuModel {
   bf16* weights = nullptr;         // (num_parameters) bf16 compute copy of params
   bf16* head_weight = nullptr;     // (ld, C) the LM head's bf16 rows, zero past the vocabulary:
                                    // products over an aligned vocabulary run ~7x faster
-  std::vector<Recompute> recompute;  // one per block
   GpuPhaseEvents* phases = nullptr;  // recorded when set (alloy profile --device cuda)
-  // Called by the backward right after block `layer`'s gradients are queued (on `stream`): lets
-  // a data-parallel trainer post their reduction while the blocks below still run.
-  std::function<void(int layer)> on_block_gradients;
 
   // The device copy of one of host's tensors (a pointer into host->params): the bf16 weight or
   // the fp32 gradient at the same offset; nullptr for nullptr.
   bf16* weight(const float* host_tensor) const;
   float* gradient(const float* host_tensor) const;
-
-  // One micro-batch's activations.
-  int B = 0, T = 0;
-  int32_t* tokens = nullptr;    // (B, T) device
-  int32_t* targets = nullptr;   // (B, T) device
-  bf16* embedded = nullptr;     // (N, C) the first block's input
-  std::vector<GpuBlockActivations> blocks;
-  bf16* lnf = nullptr;          // (N, C)
-  float* lnf_mean = nullptr;    // (N)
-  float* lnf_rstd = nullptr;    // (N)
-  bf16* logits = nullptr;       // (N, ld); dlogits after a training forward
-  float* losses = nullptr;      // (N)
 };
 
-// Copies host->params to the GPU (fp32 and the bf16 copy).
-void gpu_model_upload(GpuModel& model);
-// Copies the LM head's bf16 weights into head_weight (after every optimizer step).
+// Copies the LM head's bf16 weights into head_weight (after every change of the weights).
 void gpu_model_refresh_head(GpuModel& model);
-// Copies the GPU's fp32 params into host->params (for checkpoints and exports).
-void gpu_model_download(GpuModel& model);
 void gpu_model_zero_grad(GpuModel& model);
-// Frees every activation of the last pass (after a failed one, or a forward without backward).
-void gpu_model_release_activations(GpuModel& model);
 
-// inputs, targets: (B, T) host token ids -> per-token losses in model.losses (device, N floats,
-// not yet synchronised). training: also turns the logits into dlogits scaled by loss_scale / N,
-// ready for gpu_model_backward; otherwise the activations are freed at once. Throws
-// alloy::Error for ids outside the vocabulary or T above the model's maximum.
-void gpu_model_forward(GpuModel& model, const int32_t* inputs, const int32_t* targets, int B, int T, bool training,
-                       float loss_scale);
-// Adds the gradients of the last training forward into model.grads and frees its activations.
-void gpu_model_backward(GpuModel& model);
+// Starts a pass of (B, T) tokens: checks inputs and targets (host ids) and queues their upload
+// on model.stream, so they must stay unchanged until the stream has run the copies (pinned
+// memory) or the call returns (pageable memory). Throws alloy::Error for ids outside the
+// vocabulary or T above the model's maximum.
+void gpu_activations_begin(GpuModel& model, GpuActivations& pass, const int32_t* inputs, const int32_t* targets, int B,
+                           int T);
+// The forward: per-token losses in pass.losses (device, N floats, not yet synchronised), and
+// every activation its backward needs (as model.host->recompute asks per block).
+void gpu_model_forward(GpuModel& model, GpuActivations& pass);
+// Backward of blocks [block_begin, block_end), top piece (block_end == L, with the head) first,
+// down to the lowest (block_begin == 0, with the embedding): adds loss_scale x the gradients of
+// the pass's mean loss into model.grads, freeing each block's activations once used.
+void gpu_model_backward(GpuModel& model, GpuActivations& pass, int block_begin, int block_end, float loss_scale);
+// Frees whatever the pass still holds (any time after begin; twice is harmless).
+void gpu_activations_release(GpuModel& model, GpuActivations& pass);
 
 // Logits row stride: the vocabulary padded to a multiple of 64 for aligned, efficient products.
 int gpu_logits_ld(int64_t vocab_size);

@@ -44,7 +44,7 @@ struct PhaseEvents {
 
 // Times of the embedding, one block and the head at micro-batch B (one warm-up, then medians).
 std::vector<ProfiledLayer> measure_micro_batch(GpuModel& model, int B, int T, int repeats) {
-  const size_t L = model.recompute.size();
+  const size_t L = static_cast<size_t>(model.host->spec.num_layers);
   const int64_t N = int64_t{B} * T;
   std::vector<int32_t> tokens(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % model.host->spec.vocab_size);
@@ -55,8 +55,17 @@ std::vector<ProfiledLayer> measure_micro_batch(GpuModel& model, int B, int T, in
   // [kind][forward, backward] samples
   std::vector<double> samples[3][2];
   for (int r = 0; r <= repeats; ++r) {
-    gpu_model_forward(model, tokens.data(), tokens.data(), B, T, true, 1.0f);
-    gpu_model_backward(model);
+    GpuActivations pass;
+    try {
+      gpu_activations_begin(model, pass, tokens.data(), tokens.data(), B, T);
+      gpu_model_forward(model, pass);
+      gpu_model_backward(model, pass, 0, static_cast<int>(L), 1.0f);
+    } catch (const Error&) {  // out of memory: what the pass took goes back before the caller goes on
+      model.phases = nullptr;
+      gpu_activations_release(model, pass);
+      throw;
+    }
+    gpu_activations_release(model, pass);
     cuda_check(cudaStreamSynchronize(model.stream), "profiling a step");
     if (r == 0) continue;
     samples[0][0].push_back(elapsed_seconds(f[0], f[1]));
@@ -139,8 +148,6 @@ GpuProfile gpu_profile_measure(const ModelSpec& spec, const TrainSpec& train, in
           throw;
         }
         out.skipped_micro_batches.push_back(B);
-        model.phases = nullptr;
-        gpu_model_release_activations(model);
       }
     }
     out.optimizer_seconds_per_parameter = measure_optimizer(model, repeats);

@@ -55,6 +55,9 @@ void cuda_bias_backward(float* db, const bf16* dout, int N, int M, cudaStream_t 
 // [V, ld).
 void cuda_crossentropy(bf16* logits, float* losses, const int32_t* targets, int N, int V, int ld, float dloss,
                        bool backward, cudaStream_t stream);
+// *sum += x[0] + ... + x[n - 1] (sum: one double on the device, so the token losses of a whole
+// step add up without fp32 rounding).
+void cuda_sum(double* sum, const float* x, int64_t n, cudaStream_t stream);
 
 // AdamW on n parameters, as the CPU optimizer: g = grads * grad_scale (clipping); m, v updated;
 // params -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * params) with bias corrections for

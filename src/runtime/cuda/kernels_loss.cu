@@ -1,6 +1,7 @@
 // Fused softmax cross-entropy on the GPU, as runtime/cpu/loss.cpp's forward and in-place
 // backward in one kernel: one block per row, a first pass for the row's max and sum of
-// exponentials (online softmax), a second that overwrites the logits with their gradient.
+// exponentials (online softmax), a second that overwrites the logits with their gradient; and
+// the sum of the per-token losses.
 #include <cfloat>
 
 #include "runtime/cuda/kernels.hpp"
@@ -90,6 +91,15 @@ __global__ void __launch_bounds__(kLossThreads) crossentropy_kernel(bf16* logits
   }
 }
 
+// Each block adds its threads' partial sums (fp32 over a few elements each) to *sum in fp64.
+__global__ void sum_kernel(double* sum, const float* x, int64_t n) {
+  __shared__ float shared[kElementwiseThreads / kWarpSize];
+  float partial = 0.0f;
+  for (int64_t i = thread_index(); i < n; i += thread_count()) partial += x[i];
+  partial = block_sum(partial, shared);
+  if (threadIdx.x == 0) atomicAdd(sum, static_cast<double>(partial));
+}
+
 }  // namespace
 
 void cuda_crossentropy(bf16* logits, float* losses, const int32_t* targets, int N, int V, int ld, float dloss,
@@ -101,6 +111,12 @@ void cuda_crossentropy(bf16* logits, float* losses, const int32_t* targets, int 
     crossentropy_kernel<1><<<N, kLossThreads, 0, stream>>>(logits, losses, targets, V, ld, dloss, backward);
   }
   cuda_check_launch("crossentropy kernel");
+}
+
+void cuda_sum(double* sum, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  sum_kernel<<<grid_stride_blocks(n), kElementwiseThreads, 0, stream>>>(sum, x, n);
+  cuda_check_launch("sum kernel");
 }
 
 }  // namespace alloy

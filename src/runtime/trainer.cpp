@@ -138,6 +138,7 @@ StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std:
 
 TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_step) {
   TrainerResult result;
+  result.backend = runtime_.backend().name();
   if (o_.resume) result.first_step = resume();
   flops_per_token_ = model_flops_per_token(model_, plan_.seq_len).training;
   matmul_peak_flops_ = runtime_.backend().matmul_peak_flops() / setup_.slowdown;
@@ -160,7 +161,7 @@ TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_
     }
     if (!o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) || last)) save(step);
     if (lead) {
-      log.write(report, comm_.world_size() > 1 ? &all : nullptr);
+      log.write(report, &all);
       if (o_.progress) trainer_print_progress(report, train_.steps);
     }
     if (on_step) on_step(report);

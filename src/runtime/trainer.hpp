@@ -94,6 +94,7 @@ struct JoinedCollective {
 };
 
 struct TrainerResult {
+  std::string backend = "cpu";    // the backend the stages ran on
   int64_t first_step = 0;         // 0, or the checkpoint's step when resumed
   std::vector<StepReport> steps;
   std::optional<double> initial_val_loss;

@@ -17,8 +17,8 @@ namespace alloy {
 // Throws alloy::Error when train.seq_len exceeds what the model allows.
 void trainer_check_seq_len(const ModelSpec& model, const TrainSpec& train);
 
-// Appends one JSON object per step to `path` (nothing when empty): the step's figures, and with
-// several ranks each rank's time and memory.
+// Appends one JSON object per step to `path` (nothing when empty): the step's figures and each
+// rank's time and memory.
 class StepLog {
  public:
   explicit StepLog(const std::string& path);

@@ -49,8 +49,11 @@ std::string dist_render_summary(const TrainerResult& result, const Plan& plan) {
   text += fmt::format("step time: predicted {}, measured {} (median of the steps after the first; {:.2f}x)\n",
                       units_format_seconds(plan.step_seconds), units_format_seconds(slowest),
                       plan.step_seconds > 0 ? slowest / plan.step_seconds : 0.0);
-  text += "memory: measured is the rank's arena peak (fp32); predicted is the plan's per-device memory in " +
-          std::string(precision_name(plan.precision)) + " without the framework context, communication buffers and allocator margin (not in the arena)\n";
+  const char* computed = result.backend == "cpu" ? "fp32" : "bf16 with fp32 master weights";
+  text += fmt::format("memory: measured is the rank's arena peak (the {} backend computes in {}); predicted is the plan's "
+                      "per-device memory in {} without the framework context, communication buffers and allocator margin "
+                      "(not in the arena)\n",
+                      result.backend, computed, precision_name(plan.precision));
   return text;
 }
 

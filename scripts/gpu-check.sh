@@ -4,7 +4,7 @@
 # profiles GPT-2 small (124M) on the GPU, plans it for one H200 with that profile, trains the
 # plan at sequence 1024 (tokens/s, model FLOPs utilisation, peak memory, predicted against
 # measured), and follows a small GPT's loss over 50 steps on the GPU against the CPU backend.
-# Outputs go to $OUT when set (the device tool), else out/gpu-check/.
+# Outputs go to $OUT when set, else out/gpu-check/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out/gpu-check}

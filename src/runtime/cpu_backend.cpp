@@ -38,12 +38,7 @@ class CpuBackend final : public StageBackend {
   std::unique_ptr<StagePass> pass_begin(int block_begin, int block_end, bool embeds, bool heads, const int32_t* inputs,
                                         const int32_t* targets, int B, int T) override {
     auto pass = std::make_unique<CpuPass>();
-    pass->B = B;
-    pass->T = T;
-    pass->block_begin = block_begin;
-    pass->block_end = block_end;
-    pass->embeds = embeds;
-    pass->heads = heads;
+    pass->describe(block_begin, block_end, embeds, heads, B, T);
     chunk_begin(model_, pass->chunk, block_begin, block_end, embeds, heads, inputs, targets, B, T);
     return pass;
   }

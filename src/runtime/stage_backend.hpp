@@ -39,6 +39,15 @@ struct StageRequest {
 class StagePass {
  public:
   virtual ~StagePass() = default;
+  // What pass_begin was asked to run.
+  void describe(int first_block, int end_block, bool with_embedding, bool with_head, int batch, int tokens) {
+    block_begin = first_block;
+    block_end = end_block;
+    embeds = with_embedding;
+    heads = with_head;
+    B = batch;
+    T = tokens;
+  }
   int B = 0;
   int T = 0;
   int block_begin = 0;

@@ -111,12 +111,7 @@ class CudaBackend final : public StageBackend {
                   {"", "--device"}, "run pipeline plans on CPU ranks (--device cpu)");
     }
     auto pass = std::make_unique<CudaPass>(gpu_);
-    pass->B = B;
-    pass->T = T;
-    pass->block_begin = block_begin;
-    pass->block_end = block_end;
-    pass->embeds = embeds;
-    pass->heads = heads;
+    pass->describe(block_begin, block_end, embeds, heads, B, T);
     const int64_t N = int64_t{B} * T;
     const int32_t* staged = tokens_.stage(inputs, targets, N);
     gpu_activations_begin(gpu_, pass->activations, staged, staged + N, B, T);

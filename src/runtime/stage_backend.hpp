@@ -62,7 +62,8 @@ class StageBackend {
   virtual const char* name() const = 0;  // "cpu", "cuda"
 
   // The stage's layout: named views into the flat index, segments, per-block recomputation.
-  // Host code reads its metadata; its pointers belong to the backend's memory (model_memory_host).
+  // Host code reads its metadata (views, offsets, shard, recomputation); the tensors the
+  // executor works on are those of parameters_at and gradients_at.
   virtual Model& model() = 0;
   // Device memory, with the hard cap the plan's per-device memory is measured against.
   virtual Arena& arena() = 0;

@@ -198,7 +198,8 @@ RunSetup run_setup(const TrainCommand& c, const ModelSpec& model, Communicator& 
 
 // Every rank runs this. Errors all ranks agreed on are printed by each and end it with exit 2;
 // an error on one rank alone ends the whole job through the communicator. A run of one rank
-// throws, and the error is printed with its file and field.
+// throws, and the error is printed with its file and field. A run stopped on NaN or Inf (by
+// every rank at the same step) is reported once, by rank 0, and ends with exit 3.
 void run_training(TrainCommand& c, const ModelSpec& model, int* exit_code) {
   if (!c.plan.empty()) check_plan_options(c);
   parse_single_run_options(c);
@@ -215,6 +216,9 @@ void run_training(TrainCommand& c, const ModelSpec& model, int* exit_code) {
       if (!c.plan.empty() && !result.steps.empty()) write_calibrated_profile(c, result, r.plan, model, r.cluster, r.train);
     }
     *exit_code = 0;
+  } catch (const NonFiniteError& e) {
+    if (comm->rank() == 0) fmt::print(stderr, "alloy: error: {}\n", e.format());
+    *exit_code = kExitNonFinite;
   } catch (const AgreedError& e) {
     if (alone) throw;
     fmt::print(stderr, "alloy: error: {}\n", e.format());
@@ -259,6 +263,10 @@ void add_train(CLI::App& app, int* exit_code) {
   cmd->add_option("--lr", c->learning_rate, "Peak learning rate (overrides the setup)");
   cmd->add_option("--val-every", c->options.val_every, "Validation loss every N steps (and always at the end)");
   cmd->add_option("--val-batches", c->options.val_batches, "Batches per validation pass")->capture_default_str();
+  cmd->add_option("--max-bad-steps", c->options.max_bad_steps,
+                  "Stop (exit 3) after this many steps in a row with NaN or Inf in the loss or a gradient; fewer are "
+                  "skipped, the weights kept")
+      ->capture_default_str();
   cmd->add_option("--checkpoint", c->options.checkpoint_dir, "Checkpoint folder (written atomically at the end)");
   cmd->add_option("--checkpoint-every", c->options.checkpoint_every, "Also checkpoint every N steps");
   cmd->add_flag("--resume", c->options.resume, "Continue from --checkpoint with identical batches");

@@ -61,6 +61,7 @@ class RankTrainer {
   double validate();
   StepReport report_of(int64_t step, const RankStepStats& stats, std::vector<RankStepStats>& all);
   void finish(TrainerResult& result, const std::vector<RankStepStats>& history);
+  void bad_step(int64_t step, bool loss_finite, int64_t in_row);
 
   const ModelSpec& model_;
   const TrainSpec& train_;
@@ -74,6 +75,7 @@ class RankTrainer {
   std::vector<int32_t> inputs_, targets_;  // (global batch, T)
   double flops_per_token_ = 0;
   double matmul_peak_flops_ = 0;  // every rank's, summed
+  int64_t saved_step_ = -1;       // the step of the last checkpoint saved or resumed from
 };
 
 int64_t RankTrainer::resume() {
@@ -95,6 +97,7 @@ void RankTrainer::save(int64_t step) {
   state.step = step;
   state.fingerprint = fingerprint_;
   runtime_.checkpoint_save_to(rank_dir(), state);
+  saved_step_ = step;
   if (comm_.rank() == 0) plan_save(plan_, o_.checkpoint_dir + "/plan.json");
 }
 
@@ -139,7 +142,7 @@ StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std:
 TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_step) {
   TrainerResult result;
   result.backend = runtime_.backend().name();
-  if (o_.resume) result.first_step = resume();
+  if (o_.resume) saved_step_ = result.first_step = resume();
   flops_per_token_ = model_flops_per_token(model_, plan_.seq_len).training;
   matmul_peak_flops_ = runtime_.backend().matmul_peak_flops() / setup_.slowdown;
   comm_.all_reduce(&matmul_peak_flops_, 1, comm_.world()).wait();
@@ -149,10 +152,13 @@ TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_
   if (setup_.val && !o_.resume) result.initial_val_loss = validate();
 
   std::vector<RankStepStats> history, all;
+  int64_t bad_in_row = 0;
   for (int64_t step = result.first_step + 1; step <= train_.steps; ++step) {
-    trainer_inject_fault(comm_.rank(), step);
+    if (trainer_inject_fault(comm_.rank(), step)) runtime_.gradient_poison_next_step();
     if (setup_.loader) batch_loader_read(*setup_.loader, static_cast<uint64_t>(step - 1), inputs_.data(), targets_.data());
     const RankStepStats stats = runtime_.step(inputs_.data(), targets_.data());
+    bad_in_row = stats.update_skipped ? bad_in_row + 1 : 0;
+    if (stats.update_skipped) bad_step(step, stats.loss_finite, bad_in_row);
     StepReport report = report_of(step, stats, all);
     const bool last = step == train_.steps;
     if (setup_.val && ((o_.val_every > 0 && step % o_.val_every == 0) || last)) {
@@ -177,6 +183,31 @@ TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_
   }
   finish(result, history);
   return result;
+}
+
+// A step whose loss or gradient held NaN or Inf left the weights as they were (every rank agreed
+// to skip it): a warning, or once max_bad_steps come in a row, the stop, naming the first such
+// tensor (the loss first: a non-finite loss makes every gradient so) and the last good checkpoint.
+void RankTrainer::bad_step(int64_t step, bool loss_finite, int64_t in_row) {
+  const RankFinding first = loss_finite ? dist_first_finding(comm_, runtime_.gradient_nonfinite_name()) : RankFinding{};
+  std::string what = "the loss";
+  if (loss_finite) what = first.rank < 0 ? "the gradient norm" : first.text;
+  if (first.rank >= 0 && comm_.world_size() > 1) what += fmt::format(" on rank {}", first.rank);
+  if (in_row < o_.max_bad_steps) {
+    if (comm_.rank() == 0)
+      fmt::print(stderr, "alloy: warning: step {}: {} is not finite (NaN or Inf); the update was skipped ({} of --max-bad-steps {} in a row)\n",
+                 step, what, in_row, o_.max_bad_steps);
+    return;
+  }
+  const int64_t good = step - in_row;
+  const std::string weights = good > 0 ? fmt::format("the weights are those after step {}", good) : "the weights are the initial ones";
+  const std::string saved = saved_step_ >= 0 ? fmt::format("the last good checkpoint is {} (step {})", o_.checkpoint_dir, saved_step_)
+                                             : "no checkpoint was saved";
+  throw NonFiniteError(fmt::format("step {}: {} is not finite (NaN or Inf), {} bad step(s) in a row; the update was skipped, so {}; {}",
+                                   step, what, in_row, weights, saved),
+                       {},
+                       "lower the learning rate (--lr) or check the data, then continue from the last good checkpoint "
+                       "(--resume); --max-bad-steps N skips up to N - 1 bad steps in a row");
 }
 
 void RankTrainer::finish(TrainerResult& result, const std::vector<RankStepStats>& history) {
@@ -213,6 +244,7 @@ RankSetup rank_setup(const ModelSpec& model, TrainSpec& train, const Plan& plan,
     plan_validate_for(plan, model, cluster, o.plan_path);
     stage_backend_check_plan(backend.name, plan, o.plan_path);
     trainer_check_plan(plan, model, cluster, o);
+    trainer_check_numbers(train, o);
     if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume needs --checkpoint DIR", {"", "--resume"}, "name the checkpoint folder");
   });
   // Emulated devices share this host's cores as the whole cluster would, threads included, so a

@@ -40,6 +40,9 @@ struct TrainerOptions {
   Recompute recompute = Recompute::Recompute_none;  // without a plan: for every block
   double memory_cap_bytes = 0;       // per rank; 0: the device's memory
   bool progress = true;              // progress line on stderr (rank 0)
+  // Steps in a row whose loss or gradient held NaN or Inf (each skipped, the weights kept) that
+  // stop the run with NonFiniteError; fewer are skipped with a warning.
+  int64_t max_bad_steps = 1;
 };
 
 struct StepReport {

@@ -3,10 +3,12 @@
 #include "runtime/trainer_setup.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -95,21 +97,41 @@ RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const Ran
   return s;
 }
 
-void trainer_inject_fault(int rank, int64_t step) {
+bool trainer_inject_fault(int rank, int64_t step) {
   const char* spec = std::getenv("ALLOY_FAULT");
-  if (spec == nullptr) return;
+  if (spec == nullptr) return false;
   char kind[16] = {0};
   int fault_rank = -1;
   long long fault_step = -1;
   if (std::sscanf(spec, "%15[a-z]:%d:%lld", kind, &fault_rank, &fault_step) != 3 || fault_rank != rank ||
       fault_step != step)
-    return;
+    return false;
+  if (std::string(kind) == "nan") return true;
   if (std::string(kind) == "kill") {
     std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d kills itself at step %lld\n", rank, fault_step);
     std::fflush(stderr);
     std::raise(SIGKILL);
   }
   throw Error(fmt::format("injected failure at step {}", step), {"", "ALLOY_FAULT"}, "unset ALLOY_FAULT");
+}
+
+void trainer_check_numbers(const TrainSpec& train, const TrainerOptions& o) {
+  if (!std::isfinite(train.learning_rate) || !(train.learning_rate > 0))
+    throw Error(fmt::format("the learning rate is {}: it must be a finite number above 0", train.learning_rate),
+                {"", "--lr"}, "pass e.g. --lr 3e-4 (or set learning_rate in the training setup)");
+  const std::pair<const char*, double> fields[] = {{"min_learning_rate", train.min_learning_rate},
+                                                   {"weight_decay", train.weight_decay},
+                                                   {"beta1", train.beta1},
+                                                   {"beta2", train.beta2},
+                                                   {"adam_eps", train.adam_eps},
+                                                   {"grad_clip", train.grad_clip}};
+  for (const auto& [field, value] : fields)
+    if (!std::isfinite(value))
+      throw Error(fmt::format("{} is {}: the optimizer needs a finite number", field, value), {"", field},
+                  fmt::format("set a finite {} in the training setup", field));
+  if (o.max_bad_steps < 1)
+    throw Error(fmt::format("--max-bad-steps is {}: at least 1 bad step must stop the run", o.max_bad_steps),
+                {"", "--max-bad-steps"}, "pass 1 (stop at the first bad step) or more to skip that many in a row");
 }
 
 void trainer_check_plan(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const TrainerOptions& o) {

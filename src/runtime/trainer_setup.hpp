@@ -27,8 +27,13 @@ std::string plan_layout_fingerprint(const Plan& plan);
 // Medians of a rank's steps after the first (which warms caches and allocators).
 RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const RankSchedule& schedule);
 
+// The optimizer's numbers and the run's tolerance of bad steps: NaN, Inf or out of range is
+// refused before any allocation, naming the flag or training-setup field.
+void trainer_check_numbers(const TrainSpec& train, const TrainerOptions& options);
+
 // Test hook: ALLOY_FAULT=kill:R:S or throw:R:S makes rank R kill itself (SIGKILL) or throw an
-// error at the start of step S, to check that the whole job ends promptly with a clear message.
-void trainer_inject_fault(int rank, int64_t step);
+// error at the start of step S, to check that the whole job ends promptly with a clear message;
+// nan:R:S returns true on rank R at step S, for the caller to poison that step's gradient.
+bool trainer_inject_fault(int rank, int64_t step);
 
 }  // namespace alloy

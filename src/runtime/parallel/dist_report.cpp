@@ -90,6 +90,7 @@ void dist_save_trace(RankRuntime& runtime, const Plan& plan, Communicator& comm,
 }
 
 void dist_export_weights(RankRuntime& runtime, const Plan& plan, Communicator& comm, const std::string& path) {
+  runtime.state_check_finite("export the weights", path, false);
   const std::vector<float> mine = runtime.full_parameters();
   const ModelSpec& spec = runtime.model().spec;
   const std::vector<RankInfo> ranks = plan_rank_map(plan);

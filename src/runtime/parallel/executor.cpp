@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -411,12 +412,24 @@ void RankRuntime::optimizer(RankStepStats& stats) {
   if (layout_.tied_embedding.count > 0) sum_tied_embedding(stats);
   const Model& model = backend_->model();
   if (model.shard.sequence_parallel && model.shard.tp > 1) sum_sequence_parallel_norms(stats);
-  double squares = backend_->gradient_square_sum(layout_.norm_ranges);
-  wait(control_.all_reduce(&squares, 1, control_.world()), stats);
-  const double norm = std::sqrt(squares);
+  if (poison_gradient_) gradient_poison();
+  // The squares and the losses summed over every rank: NaN or Inf in any rank's loss or counted
+  // gradient makes a sum non-finite on every rank, so all skip the update alike, for one more
+  // double in the norm's all-reduce. The losses are taken here (all of the rank's forwards have
+  // run); taking them fences the backend's queued work.
+  const double losses = backend_->take_loss_sum();
+  if (schedule_.tp_rank == 0) stats.loss_sum = losses;
+  double sums[2] = {backend_->gradient_square_sum(layout_.norm_ranges), losses};  // squares, losses
+  wait(control_.all_reduce(sums, 2, control_.world()), stats);
+  const double norm = std::sqrt(sums[0]);
   const float lr = lr_schedule(optimizer_steps_, train_.learning_rate, train_.min_learning_rate, train_.warmup_steps,
                                train_.steps);
   optimizer_steps_++;
+  stats.grad_norm = norm;
+  stats.learning_rate = lr;
+  stats.loss_finite = std::isfinite(sums[1]);
+  stats.update_skipped = !stats.loss_finite || !std::isfinite(sums[0]);
+  if (stats.update_skipped) return;
   AdamWHyper hyper{lr, static_cast<float>(train_.beta1), static_cast<float>(train_.beta2),
                    static_cast<float>(train_.adam_eps), 0.0f, grad_clip_scale(norm, train_.grad_clip)};
   if (spans_.empty()) spans_ = update_spans();
@@ -428,8 +441,15 @@ void RankRuntime::optimizer(RankStepStats& stats) {
                            backend_->gradients_at(span.offset, span.count), span.count, hyper, optimizer_steps_);
   }
   backend_->parameters_changed();
-  stats.grad_norm = norm;
-  stats.learning_rate = lr;
+}
+
+void RankRuntime::gradient_poison() {
+  poison_gradient_ = false;
+  if (layout_.norm_ranges.empty())
+    throw Error(fmt::format("rank {} counts no gradient in the norm, so it has none to poison", comm_.rank()),
+                {"", "ALLOY_FAULT"}, "poison a rank that updates parameters of its own");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  backend_->copy_from_host(backend_->gradients_at(layout_.norm_ranges.front().offset, 1), &nan, sizeof(float));
 }
 
 // The tied table's gradient summed over every replica of the first and last stage. With the
@@ -502,8 +522,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   record_completed(true);
   if (host_link_) record_offload_copies();
   if (!passes_.empty()) throw Error(fmt::format("rank {}: {} micro-batch passes left at the end of the step", comm_.rank(), passes_.size()));
-  const double losses = backend_->take_loss_sum();  // fences the backend's queued work
-  if (schedule_.tp_rank == 0) stats.loss_sum = losses;
+  backend_->fence();
   stats.step_seconds = now();
   stats.communication_seconds = comm_.take_busy_seconds();
   stats.peak_arena_bytes = backend_->arena().peak_bytes();

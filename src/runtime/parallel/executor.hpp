@@ -50,6 +50,10 @@ struct RankStepStats {
   double grad_norm = 0;
   double learning_rate = 0;
   int64_t peak_arena_bytes = 0;
+  // Agreed by every rank: some rank's loss, or gradient, held NaN or Inf, so no rank updated its
+  // weights this step (they stay as they were; the learning-rate schedule still advances).
+  bool loss_finite = true;
+  bool update_skipped = false;
 };
 
 // Makes the backend of a rank's stage (stage_backend_cpu, or the CUDA backend's).
@@ -107,6 +111,16 @@ class RankRuntime {
   // Loads what checkpoint_save_to wrote and sets the optimizer's step; returns the state.
   CheckpointState checkpoint_load_from(const std::string& dir, const std::string& fingerprint);
   int64_t optimizer_steps() const { return optimizer_steps_; }
+  // The first tensor of this rank, in model order, whose gradient holds NaN or Inf, as
+  // "<name>'s gradient"; "" when all are finite. Read after a step whose update was skipped.
+  std::string gradient_nonfinite_name();
+  // Collective over the world: throws NonFiniteError on every rank when any rank's parameters
+  // (and, with `with_moments`, AdamW moments) hold NaN or Inf, naming the first such tensor and
+  // its rank, before `action` (e.g. "save a checkpoint") writes `file`.
+  void state_check_finite(const std::string& action, const std::string& file, bool with_moments);
+  // Test hook (ALLOY_FAULT=nan:R:S): the next step writes a NaN into the first gradient this rank
+  // counts in the norm, after the gradients' sums and before the finiteness check.
+  void gradient_poison_next_step() { poison_gradient_ = true; }
   // Every parameter of the rank's shard in model order (num_parameters), in host memory,
   // gathered from the data-parallel members' pieces where ZeRO shards them. Collective over dp.
   std::vector<float> full_parameters();
@@ -128,6 +142,7 @@ class RankRuntime {
   PassSlot& pass_for(const ScheduleOp& op, const int32_t* inputs, const int32_t* targets);
   void run_op(size_t index, const ScheduleOp& op, const int32_t* inputs, const int32_t* targets, RankStepStats& stats);
   void optimizer(RankStepStats& stats);
+  void gradient_poison();
   void sum_sequence_parallel_norms(RankStepStats& stats);
   void sum_tied_embedding(RankStepStats& stats);
   void wait(const CommHandle& handle, RankStepStats& stats);
@@ -167,6 +182,7 @@ class RankRuntime {
   std::vector<MomentSegment> moments_;
   std::vector<UpdateSpan> spans_;           // the optimizer's updates, built at its first step      // ascending packed offsets, covering the optimizer ranges
   int64_t optimizer_steps_ = 0;
+  bool poison_gradient_ = false;
   double slowdown_ = 1.0;
   std::vector<std::unique_ptr<PassSlot>> passes_;
   std::map<std::pair<int, int>, int> gradient_sends_;  // (micro-batch, chunk) -> send_gradient ops

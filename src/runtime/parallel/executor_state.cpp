@@ -2,14 +2,33 @@
 // walks them, the checkpoint's views of parameters and moments (through host copies on a
 // backend whose memory is not the host's), and the rank's full parameters.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "runtime/parallel/agree.hpp"
 #include "runtime/parallel/executor.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
+
+namespace {
+
+bool floats_finite(const float* data, int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    if (!std::isfinite(data[i])) return false;
+  return true;
+}
+
+// The name of the first of `refs` (in host memory) holding NaN or Inf, or "".
+std::string first_nonfinite(const std::vector<TensorRef>& refs) {
+  for (const TensorRef& r : refs)
+    if (!floats_finite(r.data, tensor_ref_numel(r))) return r.name;
+  return "";
+}
+
+}  // namespace
 
 // One moment segment for the packed optimizer ranges; with weight offload (data parallelism 1, so
 // the packed ranges are the flat index) one per parameter segment, in host memory for offloaded
@@ -136,7 +155,36 @@ std::vector<TensorRef> RankRuntime::host_refs(const std::vector<TensorRef>& refs
 }
 
 
+std::string RankRuntime::gradient_nonfinite_name() {
+  const Model& model = backend_->model();
+  std::vector<float> host;
+  for (const TensorView& view : model.views) {
+    const float* grads = backend_->gradients_at(view.offset, view.numel);
+    if (!backend_->memory_is_host()) {
+      host.resize(static_cast<size_t>(view.numel));
+      backend_->copy_to_host(host.data(), grads, view.numel * static_cast<int64_t>(sizeof(float)));
+      grads = host.data();
+    }
+    if (!floats_finite(grads, view.numel)) return view.name + "'s gradient";
+  }
+  return "";
+}
+
+
+void RankRuntime::state_check_finite(const std::string& action, const std::string& file, bool with_moments) {
+  std::vector<std::vector<float>> parameter_staging, optimizer_staging;
+  std::string found = first_nonfinite(host_refs(parameter_refs(), parameter_staging, true));
+  if (found.empty() && with_moments) found = first_nonfinite(host_refs(optimizer_refs(), optimizer_staging, true));
+  const RankFinding first = dist_first_finding(control_, found);
+  if (first.rank < 0) return;
+  const std::string where = control_.world_size() > 1 ? fmt::format(" on rank {}", first.rank) : "";
+  throw NonFiniteError(fmt::format("refusing to {}: {}{} holds NaN or Inf", action, first.text, where), {file, first.text},
+                       "nothing was written; lower the learning rate (--lr) and train again from the last good checkpoint");
+}
+
+
 void RankRuntime::checkpoint_save_to(const std::string& dir, const CheckpointState& state) {
+  state_check_finite("save a checkpoint", dir, true);
   std::vector<std::vector<float>> parameter_staging, optimizer_staging;
   const std::vector<TensorRef> parameters = host_refs(parameter_refs(), parameter_staging, true);
   const std::vector<TensorRef> moments = host_refs(optimizer_refs(), optimizer_staging, true);
@@ -150,6 +198,11 @@ CheckpointState RankRuntime::checkpoint_load_from(const std::string& dir, const 
   const std::vector<TensorRef> host_parameters = host_refs(parameters, parameter_staging, false);
   const std::vector<TensorRef> host_moments = host_refs(moments, optimizer_staging, false);
   CheckpointState state = checkpoint_load(dir, fingerprint, host_parameters, host_moments);
+  // Resuming from NaN or Inf would only train on them (a checkpoint written before they were refused).
+  for (const auto& [refs, file] : {std::pair{&host_parameters, kCheckpointModelFile}, std::pair{&host_moments, kCheckpointOptimizerFile}})
+    if (const std::string bad = first_nonfinite(*refs); !bad.empty())
+      throw Error(fmt::format("the checkpoint's {} holds NaN or Inf", bad), {dir + "/" + file, bad},
+                  "resume from a checkpoint saved before the numbers diverged, or start afresh without --resume");
   if (!backend_->memory_is_host()) {
     for (size_t i = 0; i < parameters.size(); ++i)
       backend_->copy_from_host(parameters[i].data, host_parameters[i].data, tensor_ref_numel(parameters[i]) * static_cast<int64_t>(sizeof(float)));

@@ -50,7 +50,8 @@ Medians bench_round(RankRuntime& runtime, const std::vector<int32_t>& tokens, in
     step.push_back(stats.step_seconds);
     optimizer.push_back(stats.optimizer_seconds);
     double squares = 0;
-    norm_pass.push_back(seconds_of([&] { squares = runtime.backend().gradient_square_sum(runtime.layout().norm_ranges); }));
+    norm_pass.push_back(
+        seconds_of([&] { squares = runtime.backend().gradient_square_sum(runtime.layout().norm_ranges); }));
     std::string found;
     scan.push_back(seconds_of([&] { found = runtime.gradient_nonfinite_name(); }));
     if (!found.empty() || squares < 0) throw Error("a benchmark gradient was not finite");
@@ -63,12 +64,17 @@ int bench_main(int argc, char** argv) {
   std::string model_name = "tiny-gpt";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--steps") steps = std::atoi(argv[i + 1]);
-    else if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
-    else if (flag == "--model") model_name = argv[i + 1];
-    else throw Error("unknown option " + flag, {"", flag}, "use --steps N, --rounds R or --model M");
+    if (flag == "--steps")
+      steps = std::atoi(argv[i + 1]);
+    else if (flag == "--rounds")
+      rounds = std::atoi(argv[i + 1]);
+    else if (flag == "--model")
+      model_name = argv[i + 1];
+    else
+      throw Error("unknown option " + flag, {"", flag}, "use --steps N, --rounds R or --model M");
   }
-  if (steps < 1 || rounds < 1) throw Error("--steps and --rounds must be at least 1", {"", "--steps"}, "pass e.g. --steps 20");
+  if (steps < 1 || rounds < 1)
+    throw Error("--steps and --rounds must be at least 1", {"", "--steps"}, "pass e.g. --steps 20");
   runtime_set_threads(1);
   const ModelSpec model = model_load(model_name);
   TrainSpec train;
@@ -102,11 +108,11 @@ int bench_main(int argc, char** argv) {
     for (const Medians& m : all) v.push_back(m.*field);
     return median(v);
   };
-  fmt::print("median: step {:.3f} ms, optimizer {:.3f} ms, norm pass {:.3f} ms, a separate full scan {:.3f} ms ({:.2f}% of "
-             "a step)\n",
-             over_rounds(&Medians::step) * 1e3, over_rounds(&Medians::optimizer) * 1e3,
-             over_rounds(&Medians::norm_pass) * 1e3, over_rounds(&Medians::scan) * 1e3,
-             100.0 * over_rounds(&Medians::scan) / over_rounds(&Medians::step));
+  fmt::print(
+      "median: step {:.3f} ms, optimizer {:.3f} ms, norm pass {:.3f} ms, a separate full scan {:.3f} ms ({:.2f}% of "
+      "a step)\n",
+      over_rounds(&Medians::step) * 1e3, over_rounds(&Medians::optimizer) * 1e3, over_rounds(&Medians::norm_pass) * 1e3,
+      over_rounds(&Medians::scan) * 1e3, 100.0 * over_rounds(&Medians::scan) / over_rounds(&Medians::step));
   return 0;
 }
 

@@ -195,15 +195,20 @@ void RankTrainer::bad_step(int64_t step, bool loss_finite, int64_t in_row) {
   if (first.rank >= 0 && comm_.world_size() > 1) what += fmt::format(" on rank {}", first.rank);
   if (in_row < o_.max_bad_steps) {
     if (comm_.rank() == 0)
-      fmt::print(stderr, "alloy: warning: step {}: {} is not finite (NaN or Inf); the update was skipped ({} of --max-bad-steps {} in a row)\n",
+      fmt::print(stderr,
+                 "alloy: warning: step {}: {} is not finite (NaN or Inf); the update was skipped ({} of "
+                 "--max-bad-steps {} in a row)\n",
                  step, what, in_row, o_.max_bad_steps);
     return;
   }
   const int64_t good = step - in_row;
-  const std::string weights = good > 0 ? fmt::format("the weights are those after step {}", good) : "the weights are the initial ones";
-  const std::string saved = saved_step_ >= 0 ? fmt::format("the last good checkpoint is {} (step {})", o_.checkpoint_dir, saved_step_)
-                                             : "no checkpoint was saved";
-  throw NonFiniteError(fmt::format("step {}: {} is not finite (NaN or Inf), {} bad step(s) in a row; the update was skipped, so {}; {}",
+  const std::string weights =
+      good > 0 ? fmt::format("the weights are those after step {}", good) : "the weights are the initial ones";
+  const std::string saved =
+      saved_step_ >= 0 ? fmt::format("the last good checkpoint is {} (step {})", o_.checkpoint_dir, saved_step_)
+                       : "no checkpoint was saved";
+  throw NonFiniteError(fmt::format("step {}: {} is not finite (NaN or Inf), {} bad step(s) in a row; the update was "
+                                   "skipped, so {}; {}",
                                    step, what, in_row, weights, saved),
                        {},
                        "lower the learning rate (--lr) or check the data, then continue from the last good checkpoint "

@@ -28,6 +28,19 @@ std::string first_nonfinite(const std::vector<TensorRef>& refs) {
   return "";
 }
 
+// Resuming from NaN or Inf would only train on them (a checkpoint written before they were
+// refused): names the file and tensor. parameters, moments: as loaded, in host memory.
+void checkpoint_check_finite(const std::string& dir, const std::vector<TensorRef>& parameters,
+                             const std::vector<TensorRef>& moments) {
+  for (const auto& [refs, file] :
+       {std::pair{&parameters, kCheckpointModelFile}, std::pair{&moments, kCheckpointOptimizerFile}}) {
+    const std::string bad = first_nonfinite(*refs);
+    if (!bad.empty())
+      throw Error(fmt::format("the checkpoint's {} holds NaN or Inf", bad), {dir + "/" + file, bad},
+                  "resume from a checkpoint saved before the numbers diverged, or start afresh without --resume");
+  }
+}
+
 }  // namespace
 
 // One moment segment for the packed optimizer ranges; with weight offload (data parallelism 1, so
@@ -178,8 +191,9 @@ void RankRuntime::state_check_finite(const std::string& action, const std::strin
   const RankFinding first = dist_first_finding(control_, found);
   if (first.rank < 0) return;
   const std::string where = control_.world_size() > 1 ? fmt::format(" on rank {}", first.rank) : "";
-  throw NonFiniteError(fmt::format("refusing to {}: {}{} holds NaN or Inf", action, first.text, where), {file, first.text},
-                       "nothing was written; lower the learning rate (--lr) and train again from the last good checkpoint");
+  throw NonFiniteError(
+      fmt::format("refusing to {}: {}{} holds NaN or Inf", action, first.text, where), {file, first.text},
+      "nothing was written; lower the learning rate (--lr) and train again from the last good checkpoint");
 }
 
 
@@ -198,11 +212,7 @@ CheckpointState RankRuntime::checkpoint_load_from(const std::string& dir, const 
   const std::vector<TensorRef> host_parameters = host_refs(parameters, parameter_staging, false);
   const std::vector<TensorRef> host_moments = host_refs(moments, optimizer_staging, false);
   CheckpointState state = checkpoint_load(dir, fingerprint, host_parameters, host_moments);
-  // Resuming from NaN or Inf would only train on them (a checkpoint written before they were refused).
-  for (const auto& [refs, file] : {std::pair{&host_parameters, kCheckpointModelFile}, std::pair{&host_moments, kCheckpointOptimizerFile}})
-    if (const std::string bad = first_nonfinite(*refs); !bad.empty())
-      throw Error(fmt::format("the checkpoint's {} holds NaN or Inf", bad), {dir + "/" + file, bad},
-                  "resume from a checkpoint saved before the numbers diverged, or start afresh without --resume");
+  checkpoint_check_finite(dir, host_parameters, host_moments);
   if (!backend_->memory_is_host()) {
     for (size_t i = 0; i < parameters.size(); ++i)
       backend_->copy_from_host(parameters[i].data, host_parameters[i].data, tensor_ref_numel(parameters[i]) * static_cast<int64_t>(sizeof(float)));

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -59,6 +60,9 @@ void check_validation(const Plan& plan, const TrainerOptions& o) {
                             plan.stages.size(), plan.stages.front().tp),
                 {"", "--val-data"}, "drop --val-data, or validate with a one-stage plan without tensor parallelism");
 }
+
+// The optimizer's settings reach its kernels as fp32: a larger double becomes Inf there.
+bool fits_fp32(double value) { return std::fabs(value) <= std::numeric_limits<float>::max(); }
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -116,8 +120,9 @@ bool trainer_inject_fault(int rank, int64_t step) {
 }
 
 void trainer_check_numbers(const TrainSpec& train, const TrainerOptions& o) {
-  if (!std::isfinite(train.learning_rate) || !(train.learning_rate > 0))
-    throw Error(fmt::format("the learning rate is {}: it must be a finite number above 0", train.learning_rate),
+  if (!fits_fp32(train.learning_rate) || !(train.learning_rate > 0))
+    throw Error(fmt::format("the learning rate is {}: it must be a finite number above 0 that fp32 holds",
+                            train.learning_rate),
                 {"", "--lr"}, "pass e.g. --lr 3e-4 (or set learning_rate in the training setup)");
   const std::pair<const char*, double> fields[] = {{"min_learning_rate", train.min_learning_rate},
                                                    {"weight_decay", train.weight_decay},
@@ -126,8 +131,9 @@ void trainer_check_numbers(const TrainSpec& train, const TrainerOptions& o) {
                                                    {"adam_eps", train.adam_eps},
                                                    {"grad_clip", train.grad_clip}};
   for (const auto& [field, value] : fields)
-    if (!std::isfinite(value))
-      throw Error(fmt::format("{} is {}: the optimizer needs a finite number", field, value), {"", field},
+    if (!fits_fp32(value))
+      throw Error(fmt::format("{} is {}: the optimizer needs a finite number that fp32 holds", field, value),
+                  {"", field},
                   fmt::format("set a finite {} in the training setup", field));
   if (o.max_bad_steps < 1)
     throw Error(fmt::format("--max-bad-steps is {}: at least 1 bad step must stop the run", o.max_bad_steps),

@@ -168,7 +168,7 @@ TEST(TrainerNumbers, NonFiniteOrNonPositiveSettingsAreRefusedNamingTheField) {
     return "";
   };
   EXPECT_EQ(field_of(small_train(), options), "");
-  for (double lr : {std::numeric_limits<double>::infinity(), std::nan(""), -1.0, 0.0}) {
+  for (double lr : {std::numeric_limits<double>::infinity(), std::nan(""), -1.0, 0.0, 1e39}) {
     TrainSpec t = small_train();
     t.learning_rate = lr;
     EXPECT_EQ(field_of(t, options), "--lr") << lr;

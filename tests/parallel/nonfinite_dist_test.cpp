@@ -84,6 +84,11 @@ TEST_F(NonFiniteRunTest, OneRankStopsAtTheStepNamingTheTensorAndTheLastCheckpoin
   EXPECT_NE(r.output.find(fmt::format("the last good checkpoint is {} (step 4)", ckpt)), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the weights are those after step 4"), std::string::npos) << r.output;
   expect_finite_checkpoint(ckpt, 4);
+  // What the message advises: continue from that checkpoint.
+  const CommandResult resumed = run_command(one_rank(ckpt, "--resume"), 120);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("for steps 5..{}", kGuardSteps)), std::string::npos) << resumed.output;
+  expect_finite_checkpoint(ckpt, kGuardSteps);
 }
 
 TEST_F(NonFiniteRunTest, FewerBadStepsThanTheLimitAreSkippedWithAWarning) {

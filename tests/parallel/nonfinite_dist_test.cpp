@@ -1,7 +1,7 @@
 // A NaN gradient injected on one rank (ALLOY_FAULT=nan:R:S) stops `alloy train` at that step on
-// one rank and on four MPI ranks (a pipeline, and data parallelism under ZeRO 1): exit 3, the
-// step and tensor named once, the last checkpoint left as it was and finite. Also bad-step
-// tolerance and non-finite settings refused up front.
+// one rank and on four MPI ranks (a pipeline, tensor parallelism in a pipeline, and data
+// parallelism under ZeRO 1): exit 3, the step and tensor named once, the last checkpoint left as
+// it was and finite. Also bad-step tolerance and non-finite settings refused up front.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -118,6 +118,16 @@ TEST_F(NonFiniteRunTest, PipelineOfFourStopsOnEveryRankAtTheStep) {
   EXPECT_EQ(r.exit_code, kExitNonFinite) << r.output;
   EXPECT_EQ(count(r.output, "step 3: layers.4.attn_norm.weight's gradient on rank 2 is not finite"), 1) << r.output;
   EXPECT_NE(r.output.find(fmt::format("the last good checkpoint is {} (step 2)", ckpt)), std::string::npos) << r.output;
+  for (int rank = 0; rank < 4; ++rank) expect_finite_checkpoint(fmt::format("{}/rank-{:05d}", ckpt, rank), 2);
+}
+
+TEST_F(NonFiniteRunTest, TensorParallelPipelineNamesTheSliceOnTheSecondTensorRank) {
+  // Tensor rank 1 leaves the replicated norms to tensor rank 0: its first counted gradient is a slice.
+  const std::string ckpt = dir_->path() + "/tp2pp2";
+  const std::string command = four_ranks({{2, 1, 0, {3}}, {2, 1, 0, {3}}}, 2, "tp2pp2", ckpt);
+  const CommandResult r = run_command("env ALLOY_FAULT=nan:3:3 " + command, 120);
+  EXPECT_EQ(r.exit_code, kExitNonFinite) << r.output;
+  EXPECT_EQ(count(r.output, "step 3: layers.3.attn.qkv.weight's gradient on rank 3 is not finite"), 1) << r.output;
   for (int rank = 0; rank < 4; ++rank) expect_finite_checkpoint(fmt::format("{}/rank-{:05d}", ckpt, rank), 2);
 }
 

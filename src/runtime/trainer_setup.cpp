@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "plan/runnable.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 
@@ -113,7 +114,12 @@ void trainer_inject_fault(int rank, int64_t step) {
 }
 
 void trainer_check_plan(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const TrainerOptions& o) {
-  for (const PlanStage& st : plan.stages) shard_check_tp(model, st.tp);
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const StageSupport support = tp_runnable(model, plan.stages[s].tp);
+    if (!support.ok)
+      throw Error(fmt::format("stage {} asks for {}", s, support.feature), {o.plan_path, fmt::format("stages[{}].tp", s)},
+                  support.reason + ", and re-plan");
+  }
   check_offload(plan, model, cluster, o.plan_path);
   check_validation(plan, o);
 }

@@ -3,10 +3,12 @@
 #include "runtime/trainer_setup.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -109,6 +111,11 @@ void trainer_inject_fault(int rank, int64_t step) {
     std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d kills itself at step %lld\n", rank, fault_step);
     std::fflush(stderr);
     std::raise(SIGKILL);
+  }
+  if (std::string(kind) == "stall") {  // its peers' communicator timeout ends the job
+    std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d stalls at step %lld\n", rank, fault_step);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::hours(24));
   }
   throw Error(fmt::format("injected failure at step {}", step), {"", "ALLOY_FAULT"}, "unset ALLOY_FAULT");
 }

@@ -27,8 +27,9 @@ std::string plan_layout_fingerprint(const Plan& plan);
 // Medians of a rank's steps after the first (which warms caches and allocators).
 RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const RankSchedule& schedule);
 
-// Test hook: ALLOY_FAULT=kill:R:S or throw:R:S makes rank R kill itself (SIGKILL) or throw an
-// error at the start of step S, to check that the whole job ends promptly with a clear message.
+// Test hook: ALLOY_FAULT=kill:R:S, throw:R:S or stall:R:S makes rank R kill itself (SIGKILL),
+// throw an error or sleep at the start of step S, to check that the whole job ends promptly with
+// a clear message.
 void trainer_inject_fault(int rank, int64_t step);
 
 }  // namespace alloy

@@ -1,6 +1,6 @@
 // Communicator timeouts: a rank that never joins is named, with the operation, its group's ranks
-// and where that rank is, by the ranks that waited for it; ALLOY_COMM_TIMEOUT is validated
-// (finite, positive, at most 10^6 s; "off" waits without a limit).
+// and where that rank is, by the ranks that waited for it (comm-check and a training run);
+// ALLOY_COMM_TIMEOUT is validated (finite, positive, at most 10^6 s; "off" waits without a limit).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +8,8 @@
 #include <string>
 
 #include "../common/test_util.hpp"
+#include "dist_plans.hpp"
+#include "hw/catalog.hpp"
 #include "runtime/parallel/communicator.hpp"
 #include "spec/error.hpp"
 
@@ -85,6 +87,40 @@ TEST(CommTimeout, RanksThatWaitedNameTheRankThatNeverJoined) {
   EXPECT_NE(line.find("rank 2 has not joined (it has posted 0 of this group's collectives; this one is number 1)"),
             std::string::npos)
       << line;
+  EXPECT_NE(line.find("waits for no communication"), std::string::npos) << line;
+  EXPECT_EQ(line.find("rank 0 has not joined"), std::string::npos) << line;
+  EXPECT_EQ(line.find("rank 1 has not joined"), std::string::npos) << line;
+}
+
+// A training run whose data-parallel group is part of the world: stage 0 on rank 0, stage 1 on
+// ranks 1 and 2. Rank 2 stalls at step 2; whoever waits for it names it and the operation.
+TEST(CommTimeout, TrainingRankThatStallsIsNamedByThoseWaitingForIt) {
+  const testing::TempDir dir;
+  const std::string data = testing::dist_test_setup(dir);
+  ASSERT_FALSE(data.empty()) << "alloy tokenize failed";
+  const std::string model_path = dir.write("gpt-6.yaml", testing::kGpt6Yaml);
+  const std::string cluster_path = dir.write("local-cpu-8.yaml", testing::kCpu8Yaml);
+  const ClusterSpec cluster = cluster_load(cluster_path, catalog_builtin());
+  const std::string plan_path = dir.path() + "/plan.json";
+  plan_save(testing::test_plan(model_load(model_path), cluster, {{1, 1, 0, {3}}, {1, 2, 0, {3}}},
+                               Schedule::Schedule_1f1b, 2),
+            plan_path);
+  const CommandResult r = run_command(
+      "env ALLOY_FAULT=stall:2:2 ALLOY_COMM_TIMEOUT=3 mpirun -np 3 --oversubscribe --bind-to none " +
+          std::string(ALLOY_BINARY) + " train --model " + model_path + " --data " + data + " --train " +
+          ALLOY_SOURCE_DIR + "/examples/train/tiny-cpu.yaml --steps 6 --no-progress --plan " + plan_path +
+          " --cluster " + cluster_path,
+      90);
+  EXPECT_EQ(r.exit_code, kExitCommTimeout) << r.output;
+  EXPECT_NE(r.output.find("rank 2 stalls at step 2"), std::string::npos) << r.output;
+  const size_t at = r.output.find("timed out after ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+  // Rank 0 waits for rank 2's gradients, or rank 1 in the data-parallel all-reduce over [1, 2].
+  const bool receive = line.find("from rank 2") != std::string::npos && line.find("on rank 0:") != std::string::npos;
+  const bool all_reduce =
+      line.find("over ranks [1, 2] on rank 1: rank 2 has not joined") != std::string::npos;
+  EXPECT_TRUE(receive || all_reduce) << line;
   EXPECT_NE(line.find("waits for no communication"), std::string::npos) << line;
   EXPECT_EQ(line.find("rank 0 has not joined"), std::string::npos) << line;
   EXPECT_EQ(line.find("rank 1 has not joined"), std::string::npos) << line;

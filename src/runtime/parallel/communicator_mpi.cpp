@@ -124,6 +124,8 @@ class MpiCommunicator final : public Communicator {
                      std::function<void()> finish = {});
   // This rank's answer to a peer's inquiry: collectives posted per group, what it waits for.
   std::string status_describe();
+  // "0,2#1": group `id` as every member names it. Call with groups_mutex_ held.
+  std::string group_key(size_t id) const;
 
   double timeout_seconds_ = kCommDefaultTimeoutSeconds;
   int rank_ = 0;
@@ -174,12 +176,21 @@ MpiCommunicator::MpiCommunicator(double timeout_seconds)
   progress_.start();
 }
 
+std::string MpiCommunicator::group_key(size_t id) const {
+  // Group ids differ between ranks (a rank numbers only its own groups), but every member creates
+  // the groups it shares with another in the same order: the members and how many groups with
+  // the same members came before name a group alike on all of them.
+  int earlier = 0;
+  for (size_t i = 0; i < id; ++i) earlier += *group_members_[i] == *group_members_[id];
+  return fmt::format("{}#{}", fmt::join(*group_members_[id], ","), earlier);
+}
+
 std::string MpiCommunicator::status_describe() {
   std::string text;
   {
     std::lock_guard lock(groups_mutex_);
     for (size_t id = 0; id < group_collectives_.size(); ++id)
-      text += fmt::format("group {} {}\n", fmt::join(*group_members_[id], ","), group_collectives_[id]);
+      text += fmt::format("group {} {}\n", group_key(id), group_collectives_[id]);
   }
   return text + "wait " + progress_.waiting() + "\n";
 }
@@ -220,6 +231,7 @@ void MpiCommunicator::collective_count(CommHandle::State& state, const CommGroup
     group_collectives_.resize(static_cast<size_t>(group.id) + 1, 0);
   const int64_t sequence = group_collectives_[static_cast<size_t>(group.id)]++;
   state.sequence = sequence;
+  state.group_key = group_key(static_cast<size_t>(group.id));
   if (op && timing_on_) {
     state.timing = CollectiveTiming{*op, group.id, sequence, state.bytes, 0.0, false};
     state.posted = std::chrono::steady_clock::now();

@@ -44,9 +44,9 @@ constexpr int kInquiryAnswerBytes = 4096;
 constexpr double kInquirySeconds = 5;
 constexpr auto kInquiryPollInterval = std::chrono::milliseconds(20);
 
-// One peer's answer: lines "group <ranks> <collectives posted>" and "wait <operation>".
+// One peer's answer: lines "group <key> <collectives posted>" and "wait <operation>".
 struct PeerStatus {
-  std::map<std::string, int64_t> posted;  // by the group's ranks, e.g. "0,2"
+  std::map<std::string, int64_t> posted;  // by the group's key, e.g. "0,2#0"
   std::string waiting;
 };
 
@@ -68,16 +68,14 @@ std::string peer_explain(const CommHandle::State& state, int peer, const std::st
     return fmt::format("rank {} gave no answer within {:.0f} s (it may have died, or be stuck inside MPI)", peer,
                        kInquirySeconds);
   const PeerStatus status = peer_status_parse(answer);
-  std::string text = fmt::format("rank {}", peer);
-  if (state.members && state.sequence >= 0) {
-    const auto found = status.posted.find(fmt::format("{}", fmt::join(*state.members, ",")));
-    const int64_t posted = found == status.posted.end() ? 0 : found->second;
-    if (posted > state.sequence) return "";
-    text += fmt::format(" has not joined (it has posted {} of this group's collectives; this one is number {})", posted,
-                        state.sequence + 1);
-  }
-  if (status.waiting.empty()) return text + " and waits for no communication (it computes, or is stuck outside it)";
-  return text + fmt::format(", waiting for {}", status.waiting);
+  const std::string where = status.waiting.empty() ? "waits for no communication (it computes, or is stuck outside it)"
+                                                   : "is waiting for " + status.waiting;
+  if (state.group_key.empty()) return fmt::format("rank {} {}", peer, where);
+  const auto found = status.posted.find(state.group_key);
+  const int64_t posted = found == status.posted.end() ? 0 : found->second;
+  if (posted > state.sequence) return "";
+  return fmt::format("rank {} has not joined (it has posted {} of this group's collectives; this one is number {}) and {}",
+                     peer, posted, state.sequence + 1, where);
 }
 
 struct MpiLifetime {

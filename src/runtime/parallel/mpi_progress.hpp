@@ -42,6 +42,7 @@ struct CommHandle::State {
   int tag = -1;
   std::shared_ptr<const std::vector<int>> members;  // collectives only
   int64_t sequence = -1;  // counted collectives: their number in the group's order, from 0
+  std::string group_key;  // counted collectives: the group as every member names it ("0,2#1")
   MpiProgress* progress = nullptr;  // asks the peers where they are when a wait times out
   // Set for a collective posted while timing was on: its timing, less the seconds.
   std::optional<CollectiveTiming> timing;

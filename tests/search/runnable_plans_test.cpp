@@ -116,7 +116,7 @@ TEST(RunnablePlans, EveryEmittedPlanPassesTheRuntimeChecks) {
   std::vector<ClusterSpec> specs;
   for (const std::string& name : clusters) specs.push_back(shipped_cluster(name));
   std::mt19937 rng(30);
-  const int problems = 2000;
+  const int problems = 5000;
   int plans = 0;
   int refused = 0;
   const auto started = std::chrono::steady_clock::now();

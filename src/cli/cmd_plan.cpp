@@ -146,7 +146,8 @@ std::optional<Spec> explain_spec(const std::string& given, const std::string& na
   try {
     return load(named);
   } catch (const Error&) {
-    *why = fmt::format("the plan names '{}', which is no preset; pass {} to price it", named, flag);
+    *why += fmt::format("{}the plan names '{}', which is no preset; pass {} to price it", why->empty() ? "" : "; ",
+                        named, flag);
     return std::nullopt;
   }
 }

@@ -87,7 +87,9 @@ TEST(CommTimeout, RanksThatWaitedNameTheRankThatNeverJoined) {
   EXPECT_NE(line.find("rank 2 has not joined (it has posted 0 of this group's collectives; this one is number 1)"),
             std::string::npos)
       << line;
-  EXPECT_NE(line.find("waits for no communication"), std::string::npos) << line;
+  EXPECT_NE(line.find("waits for no communication (it computes, or is stuck outside it; it has posted none yet)"),
+            std::string::npos)
+      << line;
   EXPECT_EQ(line.find("rank 0 has not joined"), std::string::npos) << line;
   EXPECT_EQ(line.find("rank 1 has not joined"), std::string::npos) << line;
 }
@@ -122,6 +124,7 @@ TEST(CommTimeout, TrainingRankThatStallsIsNamedByThoseWaitingForIt) {
       line.find("over ranks [1, 2] on rank 1: rank 2 has not joined") != std::string::npos;
   EXPECT_TRUE(receive || all_reduce) << line;
   EXPECT_NE(line.find("waits for no communication"), std::string::npos) << line;
+  EXPECT_NE(line.find("the last it posted: "), std::string::npos) << line;  // in step 1
   EXPECT_EQ(line.find("rank 0 has not joined"), std::string::npos) << line;
   EXPECT_EQ(line.find("rank 1 has not joined"), std::string::npos) << line;
 }

@@ -44,10 +44,12 @@ constexpr int kInquiryAnswerBytes = 4096;
 constexpr double kInquirySeconds = 5;
 constexpr auto kInquiryPollInterval = std::chrono::milliseconds(20);
 
-// One peer's answer: lines "group <key> <collectives posted>" and "wait <operation>".
+// One peer's answer: lines "group <key> <collectives posted>", "wait <operation>" and
+// "last <operation>" (the last it posted).
 struct PeerStatus {
   std::map<std::string, int64_t> posted;  // by the group's key, e.g. "0,2#0"
   std::string waiting;
+  std::string last_posted;
 };
 
 PeerStatus peer_status_parse(const std::string& answer) {
@@ -55,6 +57,7 @@ PeerStatus peer_status_parse(const std::string& answer) {
   std::istringstream lines(answer);
   for (std::string line; std::getline(lines, line);) {
     if (line.rfind("wait ", 0) == 0) status.waiting = line.substr(5);
+    if (line.rfind("last ", 0) == 0) status.last_posted = line.substr(5);
     if (line.rfind("group ", 0) != 0) continue;
     const size_t space = line.rfind(' ');
     status.posted[line.substr(6, space - 6)] = std::strtoll(line.c_str() + space + 1, nullptr, 10);
@@ -68,8 +71,11 @@ std::string peer_explain(const CommHandle::State& state, int peer, const std::st
     return fmt::format("rank {} gave no answer within {:.0f} s (it may have died, or be stuck inside MPI)", peer,
                        kInquirySeconds);
   const PeerStatus status = peer_status_parse(answer);
-  const std::string where = status.waiting.empty() ? "waits for no communication (it computes, or is stuck outside it)"
-                                                   : "is waiting for " + status.waiting;
+  const std::string last =
+      status.last_posted.empty() ? "it has posted none yet" : "the last it posted: " + status.last_posted;
+  const std::string where =
+      status.waiting.empty() ? fmt::format("waits for no communication (it computes, or is stuck outside it; {})", last)
+                             : "is waiting for " + status.waiting;
   if (state.group_key.empty()) return fmt::format("rank {} {}", peer, where);
   const auto found = status.posted.find(state.group_key);
   const int64_t posted = found == status.posted.end() ? 0 : found->second;
@@ -268,6 +274,7 @@ void MpiProgress::complete(MpiOperation& op) {
 }
 
 void MpiProgress::operation_start(const std::shared_ptr<MpiOperation>& op) {
+  if (op->state->owner != nullptr) last_started_ = op->state;  // inquiries have no owner
   MpiPosting posting;
   try {
     op->post(posting);
@@ -348,7 +355,9 @@ void MpiProgress::inquiries_test() {
   MPI_Status status;
   MPI_Test(&inquiry_recv_, &arrived, &status);  // sets the request to null once it arrived
   if (arrived) {
-    auto answer = std::make_shared<std::string>(status_().substr(0, kInquiryAnswerBytes - 1));
+    std::string text = status_();
+    if (last_started_) text += "last " + last_started_->describe() + "\n";
+    auto answer = std::make_shared<std::string>(text.substr(0, kInquiryAnswerBytes - 1));
     MPI_Request send = MPI_REQUEST_NULL;
     MPI_Isend(answer->c_str(), static_cast<int>(answer->size()) + 1, MPI_CHAR, status.MPI_SOURCE, kInquiryAnswerTag,
               inquiry_comm_, &send);

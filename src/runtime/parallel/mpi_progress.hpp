@@ -139,6 +139,7 @@ class MpiProgress {
   MPI_Request inquiry_recv_ = MPI_REQUEST_NULL;
   int inquiry_ask_ = 0;
   std::vector<std::pair<MPI_Request, std::shared_ptr<std::string>>> answers_;  // sends in flight
+  std::shared_ptr<CommHandle::State> last_started_;  // the caller's last operation posted
 
   // The thread only: requests in flight, and for each its operation and expected receive size.
   std::vector<MPI_Request> requests_;

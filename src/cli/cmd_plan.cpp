@@ -1,5 +1,6 @@
 // `alloy plan` and `alloy explain`: search the fastest layout that fits and print why it won;
 // print the full breakdown of a saved plan.
+#include <optional>
 #include <sstream>
 
 #include <fmt/core.h>
@@ -130,6 +131,65 @@ void run_plan(PlanCommand& c) {
   }
 }
 
+struct ExplainCommand {
+  std::string plan;
+  std::string model;
+  std::string cluster;
+};
+
+// A plan file's model or cluster: the one named on the command line (errors are the user's),
+// else the preset the plan names; empty with `why` set when that is no preset.
+template <typename Spec, typename Load>
+std::optional<Spec> explain_spec(const std::string& given, const std::string& named, const char* flag, Load load,
+                                 std::string* why) {
+  if (!given.empty()) return load(given);
+  try {
+    return load(named);
+  } catch (const Error&) {
+    *why += fmt::format("{}the plan names '{}', which is no preset; pass {} to price it", why->empty() ? "" : "; ",
+                        named, flag);
+    return std::nullopt;
+  }
+}
+
+// A plan with the planner's predictions is shown as saved; one without them (written by hand)
+// is priced by the cost model from its choices, or shown unpriced with the reason.
+void run_explain(const ExplainCommand& c) {
+  Plan plan = plan_load(c.plan);
+  const bool predicted = plan.step_seconds > 0;
+  if (predicted && (c.model.empty() || c.cluster.empty())) {
+    fmt::print("{}", plan_render_text(plan));
+    return;
+  }
+  std::string why;
+  const std::optional<ModelSpec> model =
+      explain_spec<ModelSpec>(c.model, plan.model_name, "--model", [](const std::string& m) { return model_load(m); }, &why);
+  const std::optional<ClusterSpec> cluster = explain_spec<ClusterSpec>(
+      c.cluster, plan.cluster_name, "--cluster",
+      [](const std::string& n) { return cluster_load(n, catalog_builtin()); }, &why);
+  if (!model || !cluster) {
+    RenderOptions render;
+    render.unpriced_reason = "the plan file carries no predictions and " + why;
+    fmt::print("{}", plan_render_text(plan, render));
+    return;
+  }
+  // A hand-written plan may leave the fingerprints empty: it is then checked by its choices.
+  if (plan.model_fingerprint.empty()) plan.model_fingerprint = model_fingerprint(*model);
+  if (plan.cluster_fingerprint.empty()) plan.cluster_fingerprint = cluster_fingerprint(*cluster);
+  plan_validate_for(plan, *model, *cluster, c.plan);
+  if (predicted) {
+    fmt::print("{}", plan_render_text(plan));
+    return;
+  }
+  CostModel cost(*model, *cluster, plan_train_spec(TrainSpec{}, plan));
+  plan_evaluate(&plan, cost);
+  plan.notes.push_back("priced by the cost model from the plan's choices: the plan file carries no predictions");
+  for (const std::string& note : cost.fallback_notes()) plan.notes.push_back(note);
+  RenderOptions render;
+  render.show_runner_ups = false;  // nothing was searched
+  fmt::print("{}", plan_render_text(plan, render));
+}
+
 }  // namespace
 
 void add_plan(CLI::App& app, int* exit_code) {
@@ -177,22 +237,13 @@ void add_plan(CLI::App& app, int* exit_code) {
 }
 
 void add_explain(CLI::App& app, int* exit_code) {
-  struct Options {
-    std::string plan;
-    std::string model;
-    std::string cluster;
-  };
-  auto o = std::make_shared<Options>();
+  auto o = std::make_shared<ExplainCommand>();
   CLI::App* cmd = app.add_subcommand("explain", "Print the full breakdown of a saved plan");
-  cmd->add_option("plan", o->plan, "plan.json written by `alloy plan -o`")->required();
-  cmd->add_option("--model,-m", o->model, "Also check the plan against this model");
-  cmd->add_option("--cluster,-c", o->cluster, "Also check the plan against this cluster");
+  cmd->add_option("plan", o->plan, "plan.json written by `alloy plan -o`, or written by hand")->required();
+  cmd->add_option("--model,-m", o->model, "Check (and price) the plan against this model (default: the plan's model name)");
+  cmd->add_option("--cluster,-c", o->cluster, "Check (and price) the plan against this cluster (default: the plan's cluster name)");
   cmd->callback([o, exit_code]() {
-    Plan plan = plan_load(o->plan);
-    if (!o->model.empty() && !o->cluster.empty()) {
-      plan_validate_for(plan, model_load(o->model), cluster_load(o->cluster, catalog_builtin()), o->plan);
-    }
-    fmt::print("{}", plan_render_text(plan));
+    run_explain(*o);
     *exit_code = 0;
   });
 }

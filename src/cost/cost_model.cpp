@@ -88,8 +88,9 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
   const double flops = backward ? work.backward_flops : work.forward_flops;
   const double bytes = backward ? work.backward_bytes : work.forward_bytes;
   const RuntimeTraits& runtime = runtime_traits(type);
-  const double eff = compute_efficiency(runtime, precision, work.matmul_rows, work.matmul_cols);
-  const double math = flops > 0 ? flops / (type.peak_flops(precision) * eff) : 0;
+  const Precision run = precision_run_on(type, precision);  // what the device really runs
+  const double eff = compute_efficiency(runtime, run, work.matmul_rows, work.matmul_cols);
+  const double math = flops > 0 ? flops / (type.peak_flops(run) * eff) : 0;
   const double speed = runtime.memory_bandwidth_scales_with_speed ? type.speed : 1.0;
   const double memory = bytes / (type.memory_bandwidth_bytes_per_second * speed);
   return std::max(math, memory);
@@ -109,6 +110,10 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
     Link& slot = type_links_[g.device_type_index];
     if (!seen[g.device_type_index] || link.bandwidth_bytes_per_second < slot.bandwidth_bytes_per_second) slot = link;
     seen[g.device_type_index] = true;
+  }
+  for (size_t t = 0; t < seen.size(); ++t) {
+    const std::string note = precision_fallback_note(cluster.device_types[t], train.precision);
+    if (seen[t] && !note.empty()) notes_.insert(note);
   }
 }
 

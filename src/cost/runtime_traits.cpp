@@ -1,5 +1,11 @@
-// The runtime traits of Alloy's CPU and GPU runtimes, and which runtime runs a device type.
+// The runtime traits of Alloy's CPU and GPU runtimes, which runtime runs a device type, and the
+// precision a device runs when it lacks the one asked for.
 #include "cost/runtime_traits.hpp"
+
+#include <vector>
+
+#include <fmt/format.h>
+
 #include "spec/units.hpp"
 
 namespace alloy {
@@ -62,5 +68,34 @@ constexpr RuntimeTraits kCpuRuntime = {
 }  // namespace
 
 const RuntimeTraits& runtime_traits(const DeviceType& type) { return type.is_cpu ? kCpuRuntime : kGpuRuntime; }
+
+Precision precision_run_on(const DeviceType& type, Precision requested) {
+  const auto has = [&](Precision p) {
+    switch (p) {
+      case Precision::Precision_fp8: return type.peak_flops_fp8 > 0;
+      case Precision::Precision_bf16: return type.peak_flops_bf16 > 0;
+      case Precision::Precision_fp16: return type.peak_flops_fp16 > 0;
+      case Precision::Precision_tf32: return type.peak_flops_tf32 > 0;
+      case Precision::Precision_fp32: return true;
+    }
+    return true;
+  };
+  // Nearest first: a narrower format never stands in for a wider one.
+  std::vector<Precision> order = {requested};
+  if (requested == Precision::Precision_fp8) order = {requested, Precision::Precision_bf16, Precision::Precision_fp16};
+  if (requested == Precision::Precision_bf16) order = {requested, Precision::Precision_fp16};
+  if (requested == Precision::Precision_fp16) order = {requested, Precision::Precision_bf16};
+  for (Precision p : order)
+    if (has(p)) return p;
+  return Precision::Precision_fp32;
+}
+
+std::string precision_fallback_note(const DeviceType& type, Precision requested) {
+  const Precision run = precision_run_on(type, requested);
+  if (run == requested) return "";
+  return fmt::format("{} has no {}: priced at {} ({:.1f} TFLOP/s at {:.0f}% efficiency), which it runs instead", type.name,
+                     precision_name(requested), precision_name(run), type.peak_flops(run) / 1e12,
+                     100 * runtime_traits(type).matmul_peak_efficiency(run));
+}
 
 }  // namespace alloy

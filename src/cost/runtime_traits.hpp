@@ -3,6 +3,8 @@
 // traits, never whether a device is a CPU, so a new runtime is a new record, not new branches.
 #pragma once
 
+#include <string>
+
 #include "cost/layer_cost.hpp"
 #include "spec/device_type.hpp"
 
@@ -49,5 +51,13 @@ struct RuntimeTraits {
 
 // The traits of the runtime that runs a device type: the one place that maps a type to it.
 const RuntimeTraits& runtime_traits(const DeviceType& type);
+
+// The precision a device's matrix products run at when `requested` is asked for: one it has no
+// peak for runs as the nearest it has (tf32 as fp32; bf16 and fp16 as each other, else fp32;
+// fp8 as bf16, fp16 or fp32), and is priced at that precision's peak and efficiency.
+Precision precision_run_on(const DeviceType& type, Precision requested);
+
+// "t4 has no tf32: priced at fp32 (8.1 TFLOP/s, its efficiency)", or "" when it runs `requested`.
+std::string precision_fallback_note(const DeviceType& type, Precision requested);
 
 }  // namespace alloy

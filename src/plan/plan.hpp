@@ -192,6 +192,8 @@ TrainSpec plan_train_spec(TrainSpec train, const Plan& plan);
 struct RenderOptions {
   bool show_memory_terms = true;
   bool show_runner_ups = true;
+  // Non-empty: the plan carries no predictions and this says why; its choices are shown alone.
+  std::string unpriced_reason;
 };
 // Aligned text tables for people (`alloy plan`, `alloy explain`).
 std::string plan_render_text(const Plan& plan, const RenderOptions& options = {});

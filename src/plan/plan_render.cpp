@@ -105,9 +105,14 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
   std::string out;
   out += fmt::format("Plan for {} on {} ({} of {} devices), objective {}\n", plan.model_name, plan.cluster_name,
                      plan.num_used_devices(), plan.num_devices, plan.objective);
-  out += fmt::format("  step {:.3f} s   {:.0f} tokens/s   MFU {:.1f}%   HFU {:.1f}%   bubble {:.1f}%", plan.step_seconds,
-                     plan.tokens_per_second, plan.mfu * 100, plan.hfu * 100, plan.bubble_fraction * 100);
-  if (plan.price_per_million_tokens > 0) out += fmt::format("   {:.4f} per million tokens", plan.price_per_million_tokens);
+  const bool priced = options.unpriced_reason.empty();
+  if (priced) {
+    out += fmt::format("  step {:.3f} s   {:.0f} tokens/s   MFU {:.1f}%   HFU {:.1f}%   bubble {:.1f}%", plan.step_seconds,
+                       plan.tokens_per_second, plan.mfu * 100, plan.hfu * 100, plan.bubble_fraction * 100);
+    if (plan.price_per_million_tokens > 0) out += fmt::format("   {:.4f} per million tokens", plan.price_per_million_tokens);
+  } else {
+    out += "  unpriced: " + options.unpriced_reason;
+  }
   out += "\n";
   out += fmt::format("  batch {} sequences x {} tokens = {} micro-batches of {}, schedule {}", plan.global_batch_sequences,
                      plan.seq_len, plan.num_micro_batches, plan.micro_batch_sequences, schedule_name(plan.schedule));
@@ -137,10 +142,12 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
                     fmt::format("{:.1f} / {:.1f}", total / kGiB, st.memory_capacity_bytes / kGiB),
                     st.memory_capacity_bytes > 0 ? fmt::format("{:.0f}%", 100 * total / st.memory_capacity_bytes) : "-"});
   }
+  if (!priced)  // the choices only: no predicted times or memory
+    for (std::vector<std::string>& row : rows) row.resize(10);
   out += table(rows);
-  out += replicas_table(plan);
+  if (priced) out += replicas_table(plan);
 
-  if (options.show_memory_terms && !plan.stages.empty() && !plan.stages.front().memory.empty()) {
+  if (priced && options.show_memory_terms && !plan.stages.empty() && !plan.stages.front().memory.empty()) {
     out += "\n  Memory per device, GiB (micro-batches in flight in brackets)\n";
     std::vector<std::vector<std::string>> mem = {{"term"}};
     for (size_t s = 0; s < plan.stages.size(); ++s)
@@ -157,7 +164,7 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
     out += table(mem);
   }
 
-  if (options.show_runner_ups && !plan.runner_ups.empty()) {
+  if (priced && options.show_runner_ups && !plan.runner_ups.empty()) {
     out += "\n  Runner-ups\n";
     std::vector<std::vector<std::string>> ru = {{"#", "layout", "step s", "tokens/s", "why it lost"}};
     for (size_t i = 0; i < plan.runner_ups.size(); ++i) {
@@ -166,7 +173,7 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
                     fmt::format("{:.0f}", r.tokens_per_second), r.reason});
     }
     out += table(ru);
-  } else if (options.show_runner_ups) {
+  } else if (priced && options.show_runner_ups) {
     out += fmt::format("\n  Runner-ups\n    none: no other layout of the {} device(s) fits (micro-batch, recomputation and "
                        "ZeRO are chosen inside the layout)\n",
                        plan.num_used_devices());

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "plan/runnable.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -116,18 +117,8 @@ std::pair<int64_t, int64_t> shard_vocab_range(const ModelSpec& spec, int tp, int
 }
 
 void shard_check_tp(const ModelSpec& spec, int tp) {
-  auto require = [&](int64_t value, const char* field, const char* what) {
-    if (value % tp == 0) return;
-    throw Error(fmt::format("tensor parallelism {} does not divide model {}'s {} ({})", tp, spec.name, what, value),
-                {spec.source_path, field}, "choose a tp degree that divides the heads, kv heads and FFN width");
-  };
-  require(spec.num_heads, "num_attention_heads", "attention heads");
-  require(spec.num_kv_heads, "num_key_value_heads", "key/value heads");
-  require(spec.ffn_hidden_size, "intermediate_size", "FFN width");
-  if (spec.vocab_size < tp) {
-    throw Error(fmt::format("tensor parallelism {} exceeds model {}'s vocabulary of {}", tp, spec.name, spec.vocab_size),
-                {spec.source_path, "vocab_size"}, "use a smaller tp degree");
-  }
+  const StageSupport support = tp_runnable(spec, tp);
+  if (!support.ok) throw Error(support.feature, {spec.source_path, support.field}, support.reason);
 }
 
 std::vector<ShardedTensor> shard_tensors(const ModelSpec& spec, const ModelShard& shard) {

@@ -18,23 +18,9 @@ StageSupport refuse(std::string feature, std::string field, std::string reason) 
   return {false, std::move(feature), std::move(field), std::move(reason)};
 }
 
-// The CPU backend runs every feature the executor has; offload of weights keeps one copy of a
-// block's state in host memory, which data-parallel replicas would each update.
+// The CPU backend runs every feature the executor has, within the limits the planner shares.
 StageSupport cpu_supports(const Plan& plan, int s) {
-  const PlanStage& st = plan.stages[static_cast<size_t>(s)];
-  if (any_set(st.offload) && st.dp > 1)
-    return refuse(fmt::format("weight offload with data parallelism {}", st.dp), fmt::format("stages[{}].dp", s),
-                  "offloaded blocks are updated by one rank; re-plan with --dp 1, or without offload (--no-offload)");
-  if (st.sequence_parallel && st.tp > 1) {
-    for (int d = 0; d < st.dp; ++d) {
-      const int64_t tokens = st.replica_sequences(plan.micro_batch_sequences, d) * plan.seq_len;
-      if (tokens % st.tp != 0)
-        return refuse(fmt::format("sequence parallelism over replica {}'s {} tokens with tp {}", d, tokens, st.tp),
-                      fmt::format("stages[{}].sequence_parallel", s),
-                      "the tokens do not divide; set it to false, or change the micro-batch");
-    }
-  }
-  return {};
+  return stage_features_runnable(stage_layout_of(plan, s), kCpuBackendCaps);
 }
 
 // The CUDA backend runs whole models on each GPU with data parallelism between them.

@@ -10,19 +10,13 @@
 #include <vector>
 
 #include "plan/plan.hpp"
+#include "plan/runnable.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/cpu/optimizer.hpp"
 #include "runtime/model.hpp"
 
 namespace alloy {
 
-// Whether a backend runs a stage of a plan: ok, or the plan feature it lacks and why.
-struct StageSupport {
-  bool ok = true;
-  std::string feature;  // e.g. "tensor parallelism (tp 2)"
-  std::string field;    // the plan field that asks for it, e.g. "stages[1].tp"
-  std::string reason;   // e.g. "the cuda backend runs whole blocks on one device"
-};
 
 // What the backend is asked to hold: the rank's shard of the model and where its blocks live.
 struct StageRequest {

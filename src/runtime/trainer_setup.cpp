@@ -3,16 +3,19 @@
 #include "runtime/trainer_setup.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "plan/runnable.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 
@@ -116,6 +119,11 @@ bool trainer_inject_fault(int rank, int64_t step) {
     std::fflush(stderr);
     std::raise(SIGKILL);
   }
+  if (std::string(kind) == "stall") {  // its peers' communicator timeout ends the job
+    std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d stalls at step %lld\n", rank, fault_step);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::hours(24));
+  }
   throw Error(fmt::format("injected failure at step {}", step), {"", "ALLOY_FAULT"}, "unset ALLOY_FAULT");
 }
 
@@ -141,7 +149,12 @@ void trainer_check_numbers(const TrainSpec& train, const TrainerOptions& o) {
 }
 
 void trainer_check_plan(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const TrainerOptions& o) {
-  for (const PlanStage& st : plan.stages) shard_check_tp(model, st.tp);
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const StageSupport support = tp_runnable(model, plan.stages[s].tp);
+    if (!support.ok)
+      throw Error(fmt::format("stage {} asks for {}", s, support.feature), {o.plan_path, fmt::format("stages[{}].tp", s)},
+                  support.reason + ", and re-plan");
+  }
   check_offload(plan, model, cluster, o.plan_path);
   check_validation(plan, o);
 }

@@ -31,9 +31,10 @@ RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const Ran
 // refused before any allocation, naming the flag or training-setup field.
 void trainer_check_numbers(const TrainSpec& train, const TrainerOptions& options);
 
-// Test hook: ALLOY_FAULT=kill:R:S or throw:R:S makes rank R kill itself (SIGKILL) or throw an
-// error at the start of step S, to check that the whole job ends promptly with a clear message;
-// nan:R:S returns true on rank R at step S, for the caller to poison that step's gradient.
+// Test hook: ALLOY_FAULT=kill:R:S, throw:R:S or stall:R:S makes rank R kill itself (SIGKILL),
+// throw an error or sleep at the start of step S, to check that the whole job ends promptly with
+// a clear message; nan:R:S returns true on rank R at step S, for the caller to poison that step's
+// gradient.
 bool trainer_inject_fault(int rank, int64_t step);
 
 }  // namespace alloy

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "plan/runnable.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -57,7 +58,7 @@ std::optional<Plan> best_uniform_plan(const CostModel& cost, int device_type, in
   std::optional<Plan> best;
   int scored = 0;
   for (int tp = 1; tp <= per_node; tp *= 2) {
-    if (per_node % tp != 0 || devices % tp != 0) continue;
+    if (per_node % tp != 0 || devices % tp != 0 || !tp_runnable(cost.model(), tp).ok) continue;
     for (int pp = 1; pp <= layers && tp * pp <= devices; ++pp) {
       if (layers % pp != 0 || (devices / tp) % pp != 0) continue;
       const int dp = devices / tp / pp;

@@ -80,7 +80,8 @@ ReplicaCosts pass_costs(const Plan& plan, int s, int dp_rank, int64_t b, const S
   out.timing = cost.stage_timing(shape, unit, choice, send_seconds, choice.chunks_sent);
   out.memory = cost.stage_memory(shape, unit, choice, st.micro_batches_in_flight, p > 1);
   out.capacity_bytes = cost.device_memory_bytes(shape.device_type);
-  out.peak_flops = cost.cluster().device_types[shape.device_type].peak_flops(plan.precision);
+  out.peak_flops = cost.cluster().device_types[shape.device_type].peak_flops(
+      precision_run_on(cost.cluster().device_types[shape.device_type], plan.precision));
   const LayerWork work = block_work(cost.model(), b, plan.seq_len, st.tp, st.sequence_parallel, plan.precision);
   out.recompute_flops = static_cast<double>(plan.num_micro_batches) *
                         (choice.full * work.full_recompute_flops + choice.selective * work.selective_flops);

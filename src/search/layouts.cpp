@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "plan/runnable.hpp"
 #include "search/split_bound.hpp"
 #include "spec/error.hpp"
 
@@ -37,11 +38,13 @@ struct ShapeOption {
   int dp = 1;
 };
 
-std::vector<ShapeOption> shape_options(const TypePool& pool, const SearchOptions& o, int max_stages) {
+// Every (tp, stages, dp) of a type's devices that the pins allow and the runtime runs.
+std::vector<ShapeOption> shape_options(const TypePool& pool, const ModelSpec& model, const SearchOptions& o,
+                                       int max_stages) {
   std::vector<ShapeOption> out;
   const int n = static_cast<int>(pool.device_ids.size());
   for (int tp = 1; tp <= pool.devices_per_node; tp *= 2) {
-    if (pool.devices_per_node % tp != 0 || n % tp != 0) continue;
+    if (pool.devices_per_node % tp != 0 || n % tp != 0 || !tp_runnable(model, tp).ok) continue;
     if (o.tp > 0 && tp != o.tp) continue;
     for (int k = 1; k <= std::min(n / tp, max_stages); ++k) {
       if ((n / tp) % k != 0) continue;
@@ -51,6 +54,13 @@ std::vector<ShapeOption> shape_options(const TypePool& pool, const SearchOptions
     }
   }
   return out;
+}
+
+// Pinned sequence parallelism: every group with tp > 1 must split its replicas' tokens.
+bool sequence_parallel_fits(const std::vector<TypeGroup>& groups, int64_t micro_batch, int64_t seq_len) {
+  for (const TypeGroup& g : groups)
+    if (g.tp > 1 && !group_sequence_parallel_runnable(g, micro_batch, seq_len)) return false;
+  return true;
 }
 
 int64_t lcm64(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
@@ -72,6 +82,15 @@ void stage_rates_append(int stages, double unit_seconds, const LayerSecondsBound
 }
 
 }  // namespace
+
+bool group_sequence_parallel_runnable(const TypeGroup& group, int64_t micro_batch, int64_t seq_len) {
+  StageLayout layout;
+  layout.tp = group.tp;
+  layout.dp = group.dp;
+  layout.sequence_parallel = true;
+  layout.replica_tokens.assign(static_cast<size_t>(group.dp), micro_batch / group.dp * seq_len);
+  return stage_features_runnable(layout, kCpuBackendCaps).ok;
+}
 
 int Structure::num_stages() const {
   int p = 0;
@@ -214,7 +233,7 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
   const bool families = o.device_order.empty();
 
   std::vector<std::vector<ShapeOption>> shapes(pools.size());
-  for (size_t i = 0; i < pools.size(); ++i) shapes[i] = shape_options(pools[i], o, layers);
+  for (size_t i = 0; i < pools.size(); ++i) shapes[i] = shape_options(pools[i], cost.model(), o, layers);
 
   std::vector<Schedule> schedules;
   if (o.schedule) schedules.push_back(*o.schedule);
@@ -258,6 +277,7 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
           if (!stages_ok) break;
           const int64_t micro = batch / m;
           if (micro % dp_lcm != 0) continue;
+          if (o.sequence_parallel.value_or(false) && !sequence_parallel_fits(groups, micro, cost.train().seq_len)) continue;
           if (o.num_micro_batches > 0 && m != o.num_micro_batches) continue;
           if (o.micro_batch_sequences > 0 && micro != o.micro_batch_sequences) continue;
           for (Schedule sched : schedules) {

@@ -22,6 +22,10 @@ struct TypeGroup {
   int dp = 1;
 };
 
+// Whether the runtime runs sequence parallelism on a group's stages with micro-batches of
+// `micro_batch` sequences of `seq_len` tokens (each replica's tokens must split over tp).
+bool group_sequence_parallel_runnable(const TypeGroup& group, int64_t micro_batch, int64_t seq_len);
+
 struct Structure {
   int64_t global_batch = 0;
   int micro_batches = 1;

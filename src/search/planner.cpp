@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "plan/runnable.hpp"
 #include "search/explain.hpp"
 #include "search/layouts.hpp"
 #include "search/option_cache.hpp"
@@ -31,6 +32,8 @@ namespace alloy {
 namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
+// The widest tp a refusal lists among those a model runs with.
+constexpr int kMaxTensorParallelism = 64;
 
 // A stage with its key parts, inside one structure.
 struct SlotInfo {
@@ -119,7 +122,8 @@ class Searcher {
         slot.shape.micro_batch = micro / g.dp;
         info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
                          0, micro / g.dp};
-        const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0;
+        const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0 &&
+                                group_sequence_parallel_runnable(g, micro, cost_.train().seq_len);
         const bool plain_allowed = pins_.sequence_parallel != 1 || g.tp == 1;
         UnitKey k = info.unit_key;
         if (plain_allowed) slot.unit[0] = unit(slot.shape, k);
@@ -432,10 +436,14 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   const std::vector<TypePool> pools = type_pools(cluster);
   StructureBounds structure_bounds(cost, options);
   std::vector<Structure> structures = structures_enumerate(cost, pools, options, structure_bounds);
-  if (structures.empty())
+  // One stage over devices of several types (e.g. a pinned dp that spans them) is no structure.
+  std::optional<Plan> uneven = uneven_dp_best(cost, options);
+  if (structures.empty() && !uneven)
     throw Error("no layout matches the pinned choices on this cluster", {"", ""},
-                "check that tp divides the devices per node, that tp x dp x pp uses each device type fully, and "
-                "that the batch divides into the pinned micro-batches and dp");
+                fmt::format("check that tp divides the devices per node and is one model {} runs with ({}), that "
+                            "tp x dp x pp uses each device type fully, and that the batch divides into the pinned "
+                            "micro-batches and dp",
+                            cost.model().name, tp_runnable_list(cost.model(), kMaxTensorParallelism)));
   const bool by_cost = options.objective == Objective::Objective_cost;
   const double tokens = static_cast<double>(cost.train().seq_len);
   auto score_factor = [&](const Structure& s) {
@@ -570,7 +578,6 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     stats.stage_option_sets += searchers[t]->stats.stage_option_sets;
   }
 
-  std::optional<Plan> uneven = uneven_dp_best(cost, options);
   if (kept.empty() && !uneven && host_shortfall.ratio < kInfinity) search_host_memory_fail(cluster, host_shortfall);
   if (kept.empty() && !uneven) {
     const DeviceType& type = cluster.device_types[frugal_type];

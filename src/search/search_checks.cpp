@@ -3,15 +3,11 @@
 
 #include <fmt/format.h>
 
+#include "plan/runnable.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 
 namespace alloy {
-
-namespace {
-
-
-}  // namespace
 
 void search_options_validate(const CostModel& cost, const SearchOptions& o) {
   const ClusterSpec& cluster = cost.cluster();
@@ -50,6 +46,11 @@ void search_options_validate(const CostModel& cost, const SearchOptions& o) {
                 {train.source_path, "global_batch"}, "choose a dp that divides the global batch");
   if (o.tp > 0 && (o.tp & (o.tp - 1)) != 0)
     throw Error(fmt::format("tp {} is not a power of two", o.tp), {"", "tp"}, "use 1, 2, 4, 8, ...");
+  if (o.tp > 0) {
+    const StageSupport support = tp_runnable(cost.model(), o.tp);
+    if (!support.ok)
+      throw Error(fmt::format("--tp {} cannot run: {}", o.tp, support.feature), {"", "--tp"}, support.reason);
+  }
   if (o.prefetch_depth < 0 || o.prefetch_depth > kMaxOffloadPrefetchDepth)
     throw Error(fmt::format("prefetch depth {} is out of range", o.prefetch_depth), {"", "prefetch_depth"},
                 fmt::format("use 1 to {} offloaded blocks fetched ahead", kMaxOffloadPrefetchDepth));

@@ -1,5 +1,6 @@
 #include "search/stage_options.hpp"
 #include "cost/runtime_traits.hpp"
+#include "plan/runnable.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -158,6 +159,11 @@ StageOption option_timing(const Context& c, int selective, int full, int offload
   return o;
 }
 
+// A pinned sequence parallelism binds stages with tp > 1; a stage of tp 1 has none to pin.
+bool sequence_parallel_pin_allows(const OptionPins& pins, const StageSlot& slot, int sp) {
+  return pins.sequence_parallel < 0 || pins.sequence_parallel == sp || slot.shape.tp == 1;
+}
+
 std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
   if (pins.zero >= 0) return {pins.zero};
   // With one replica every ZeRO stage is the same layout: keep 0.
@@ -278,7 +284,11 @@ int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks
   if (!unit || blocks <= 0) return 0;
   // Plans keep to what the device's runtime runs.
   const RuntimeTraits& runtime = runtime_traits(cost.cluster().device_types[slot.shape.device_type]);
-  if (!runtime.offloads_with_data_parallelism && slot.shape.dp > 1) return 0;
+  StageLayout offloading;
+  offloading.tp = slot.shape.tp;
+  offloading.dp = slot.shape.dp;
+  offloading.offload = true;
+  if (!stage_features_runnable(offloading, {runtime.offloads_with_data_parallelism}).ok) return 0;
   StageOption one;
   one.offloaded = 1;
   // Host bytes are linear in the offloaded count.
@@ -338,7 +348,7 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
   const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
-    if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
+    if (!slot.unit[sp] || !sequence_parallel_pin_allows(pins, slot, sp)) continue;
     for (int zero : zero_levels(slot, pins)) {
       const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
       const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync, parked};
@@ -486,7 +496,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
   const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
-    if (!slot.unit[sp] || (pins.sequence_parallel >= 0 && pins.sequence_parallel != sp)) continue;
+    if (!slot.unit[sp] || !sequence_parallel_pin_allows(pins, slot, sp)) continue;
     AffineStage activations;  // recomputation coefficients of this sp, from its first ZeRO stage
     bool have_activations = false;
     for (int zero : zeros) {

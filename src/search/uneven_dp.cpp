@@ -226,7 +226,8 @@ std::optional<Plan> uneven_dp_best(const CostModel& cost, const SearchOptions& o
   const bool one_micro_batch = (o.micro_batch_sequences <= 0 || o.micro_batch_sequences == batch) &&
                                o.num_micro_batches <= 1 &&
                                o.schedule.value_or(Schedule::Schedule_1f1b) == Schedule::Schedule_1f1b;
-  if (one_micro_batch && min_full == 0)
+  // Every replica takes at least one sequence of the one micro-batch.
+  if (one_micro_batch && min_full == 0 && batch >= static_cast<int64_t>(ids.size()))
     for (int zero : zeros)
       for (Recompute rest : rests)
         if (zero < 3)

@@ -142,5 +142,44 @@ TEST_F(BrokenPlans, HandEditedPlanOverMemory) {
   EXPECT_NE(r.output.find("stages["), std::string::npos) << r.output;
 }
 
+// A plan written by hand carries no predictions: `explain` prices it with the cost model, or
+// says it is unpriced and why, and never prints the missing predictions as zeros.
+TEST(PlanCli, ExplainPricesAHandWrittenPlanOrSaysItIsUnpriced) {
+  TempDir dir;
+  const std::string planned = dir.path() + "/planned.json";
+  const std::string train = dir.write("cpu.yaml", "seq_len: 64\nglobal_batch: 8\nprecision: fp32\n");
+  CommandResult r = alloy("plan --model tiny-llama --cluster local-cpu-2 --no-simulate --train " + train + " -o " + planned);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json plan = nlohmann::json::parse(testing::read_text(planned));
+  plan.erase("predicted");
+  for (auto& stage : plan["stages"]) stage.erase("predicted");
+  const std::string by_hand = dir.write("by-hand.json", plan.dump(2));
+
+  CommandResult priced = alloy("explain " + by_hand);
+  EXPECT_EQ(priced.exit_code, 0) << priced.output;
+  EXPECT_NE(priced.output.find("priced by the cost model"), std::string::npos) << priced.output;
+  EXPECT_EQ(priced.output.find("step 0.000 s"), std::string::npos) << priced.output;
+  EXPECT_EQ(priced.output.find(" 0 tokens/s"), std::string::npos) << priced.output;
+  EXPECT_NE(priced.output.find("total on device"), std::string::npos) << priced.output;
+
+  plan["model"]["name"] = "my-own-model";
+  const std::string renamed = dir.write("renamed.json", plan.dump(2));
+  CommandResult unpriced = alloy("explain " + renamed);
+  EXPECT_EQ(unpriced.exit_code, 0) << unpriced.output;
+  EXPECT_NE(unpriced.output.find("unpriced: the plan file carries no predictions"), std::string::npos) << unpriced.output;
+  EXPECT_NE(unpriced.output.find("'my-own-model'"), std::string::npos) << unpriced.output;
+  EXPECT_NE(unpriced.output.find("--model"), std::string::npos) << unpriced.output;
+  EXPECT_EQ(unpriced.output.find("fwd ms"), std::string::npos) << unpriced.output;
+  EXPECT_EQ(unpriced.output.find("0.00"), std::string::npos) << unpriced.output;
+
+  CommandResult named = alloy("explain " + renamed + " --model tiny-llama");
+  EXPECT_EQ(named.exit_code, 0) << named.output;
+  EXPECT_NE(named.output.find("priced by the cost model"), std::string::npos) << named.output;
+
+  CommandResult other = alloy("explain " + renamed + " --model tiny-gpt");
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("model_fingerprint"), std::string::npos) << other.output;
+}
+
 }  // namespace
 }  // namespace alloy

@@ -2,6 +2,7 @@
 // model's compute time following the curve of the device's runtime.
 #include <gtest/gtest.h>
 
+#include "../support/specs.hpp"
 #include "cost/cost_model.hpp"
 #include "cost/runtime_traits.hpp"
 #include "hw/catalog.hpp"
@@ -69,6 +70,41 @@ TEST(RuntimeTraits, ComputeTimeFollowsTheRuntimesCurve) {
   DeviceType slow_h100 = h100;
   slow_h100.speed = 0.5;
   EXPECT_DOUBLE_EQ(compute_seconds(slow_h100, bf16, copy, false), 1e9 / h100.memory_bandwidth_bytes_per_second);
+}
+
+// A precision the device has no peak for is priced as what it runs instead: on a T4 (Turing, no
+// TF32) tf32 is fp32 at fp32's efficiency, not fp32's peak at TF32's efficiency; a note says so.
+TEST(RuntimeTraits, PrecisionTheDeviceLacksIsPricedAsTheOneItRuns) {
+  const DeviceType& t4 = *catalog_builtin().find("t4");
+  const DeviceType& a100 = *catalog_builtin().find("a100-80gb-sxm");
+  const DeviceType& v100 = *catalog_builtin().find("v100-32gb");
+  const Precision tf32 = Precision::Precision_tf32;
+  const Precision fp32 = Precision::Precision_fp32;
+  EXPECT_EQ(precision_run_on(t4, tf32), fp32);
+  EXPECT_EQ(precision_run_on(a100, tf32), tf32);
+  EXPECT_EQ(precision_run_on(v100, Precision::Precision_bf16), Precision::Precision_fp16);
+  EXPECT_EQ(precision_run_on(v100, Precision::Precision_fp8), Precision::Precision_fp16);
+  LayerWork work;
+  work.forward_flops = 1e12;
+  work.matmul_rows = 4096;
+  work.matmul_cols = 4096;
+  EXPECT_DOUBLE_EQ(compute_seconds(t4, tf32, work, false), compute_seconds(t4, fp32, work, false));
+  const double shape = (4096.0 / (4096 + 128)) * (4096.0 / (4096 + 128));
+  EXPECT_DOUBLE_EQ(compute_seconds(t4, tf32, work, false), 1e12 / (t4.peak_flops_fp32 * 0.80 * shape));
+  EXPECT_DOUBLE_EQ(compute_seconds(a100, tf32, work, false), 1e12 / (a100.peak_flops_tf32 * 0.65 * shape));
+
+  EXPECT_EQ(precision_fallback_note(a100, tf32), "");
+  const std::string note = precision_fallback_note(t4, tf32);
+  EXPECT_NE(note.find("t4 has no tf32: priced at fp32"), std::string::npos) << note;
+
+  // The note reaches the cost model's notes, which `alloy plan` and `alloy explain` print.
+  ModelSpec model = testing::llama("m", 2, 256, 4, 4, 512, 1000);
+  const ClusterSpec cluster = testing::cluster("t4x2", {t4}, {{0, 1, 2}});
+  CostModel with_tf32(model, cluster, testing::train(128, 4, tf32));
+  const std::vector<std::string> notes = with_tf32.fallback_notes();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes.front(), note);
+  EXPECT_TRUE(CostModel(model, cluster, testing::train(128, 4, fp32)).fallback_notes().empty());
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "../support/specs.hpp"
+#include "plan/runnable.hpp"
 #include "search/planner.hpp"
 #include "search/stage_options.hpp"
 #include "spec/error.hpp"
@@ -78,7 +79,8 @@ class Exhaustive {
     const int n = static_cast<int>(ids_of(type).size());
     double best = kInf;
     for (int tp = 1; tp <= per_node(type); tp *= 2) {
-      if (per_node(type) % tp != 0 || n % tp != 0) continue;
+      // Only what the runtime runs, as the planner: tp dividing the heads, kv heads and FFN.
+      if (per_node(type) % tp != 0 || n % tp != 0 || !tp_runnable(cost_.model(), tp).ok) continue;
       for (int k = 1; k <= n / tp; ++k) {
         if ((n / tp) % k != 0) continue;
         groups.push_back({type, tp, k, n / tp / k});

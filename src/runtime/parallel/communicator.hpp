@@ -125,7 +125,8 @@ class Communicator {
 // MPI communicator (OpenMPI). Initialises MPI on first use (MPI_THREAD_MULTIPLE, or
 // SERIALIZED with every MPI call made from the progress thread) and finalises it when the
 // last communicator is destroyed. `timeout_seconds`: a wait longer than this aborts the job
-// with the operation named (0: ALLOY_COMM_TIMEOUT from the environment, else 300 s).
+// with the operation, the peers that have not joined it and where they are (0: ALLOY_COMM_TIMEOUT
+// from the environment, else 300 s).
 std::unique_ptr<Communicator> communicator_mpi(double timeout_seconds = 0);
 
 // The world of one rank, for a run on one device without mpirun: collectives over a group of one
@@ -133,7 +134,8 @@ std::unique_ptr<Communicator> communicator_mpi(double timeout_seconds = 0);
 std::unique_ptr<Communicator> communicator_local();
 
 // The timeout a communicator uses: `timeout_seconds` when positive, else ALLOY_COMM_TIMEOUT from
-// the environment, else 300 s; throws alloy::Error for a negative or malformed value.
+// the environment (seconds, at most 10^6; 0, off, inf or none: no limit), else 300 s; throws
+// alloy::Error for a negative, non-finite, malformed or longer value.
 double communicator_timeout_resolve(double timeout_seconds);
 
 // True when this process was started by mpirun/srun with more than one rank.

@@ -3,7 +3,9 @@
 // start-up.
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,19 +20,40 @@
 
 namespace alloy {
 
+namespace {
+
+// Longer timeouts are refused rather than silently cut: a wait past the clock's range would end
+// at once.
+constexpr double kCommLongestTimeoutSeconds = 1e6;
+
+bool text_means_no_timeout(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text == "0" || text == "off" || text == "inf" || text == "infinity" || text == "none";
+}
+
+}  // namespace
+
 double communicator_timeout_resolve(double timeout_seconds) {
-  if (timeout_seconds < 0) {
-    throw Error(fmt::format("communicator timeout {} s is negative", timeout_seconds), {},
-                "give a positive number of seconds, or 0 for ALLOY_COMM_TIMEOUT / the 300 s default");
+  if (std::isnan(timeout_seconds) || timeout_seconds < 0 || timeout_seconds > kCommLongestTimeoutSeconds) {
+    throw Error(fmt::format("communicator timeout {} s is not in (0, {:g}] seconds", timeout_seconds,
+                            kCommLongestTimeoutSeconds),
+                {"", "--timeout"}, "give a positive number of seconds, or 0 for ALLOY_COMM_TIMEOUT / the 300 s default");
   }
   if (timeout_seconds > 0) return timeout_seconds;
   const char* text = std::getenv("ALLOY_COMM_TIMEOUT");
   if (text == nullptr || *text == '\0') return kCommDefaultTimeoutSeconds;
+  if (text_means_no_timeout(text)) return kCommNoTimeout;
   char* end = nullptr;
-  double value = std::strtod(text, &end);
-  if (*end != '\0' || !(value > 0)) {
+  const double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !std::isfinite(value) || !(value > 0)) {
     throw Error(fmt::format("ALLOY_COMM_TIMEOUT='{}' is not a positive number of seconds", text),
-                {"", "ALLOY_COMM_TIMEOUT"}, "set it to e.g. 600, or unset it for the 300 s default");
+                {"", "ALLOY_COMM_TIMEOUT"},
+                "set it to e.g. 600, to 'off' to wait without a limit, or unset it for the 300 s default");
+  }
+  if (value > kCommLongestTimeoutSeconds) {
+    throw Error(fmt::format("ALLOY_COMM_TIMEOUT={} s is longer than the longest timeout, {:g} s ({:.1f} days)", text,
+                            kCommLongestTimeoutSeconds, kCommLongestTimeoutSeconds / 86400),
+                {"", "ALLOY_COMM_TIMEOUT"}, "give fewer seconds, or set it to 'off' to wait without a limit");
   }
   return value;
 }
@@ -99,6 +122,10 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> counts_check(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind) const;
   CommHandle enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
                      std::function<void()> finish = {});
+  // This rank's answer to a peer's inquiry: collectives posted per group, what it waits for.
+  std::string status_describe();
+  // "0,2#1": group `id` as every member names it. Call with groups_mutex_ held.
+  std::string group_key(size_t id) const;
 
   double timeout_seconds_ = kCommDefaultTimeoutSeconds;
   int rank_ = 0;
@@ -113,6 +140,7 @@ class MpiCommunicator final : public Communicator {
   // By group id; 0 is a duplicate of MPI_COMM_WORLD. Touched only by the progress thread
   // (and by the constructor and destructor, before it starts and after it stops).
   std::vector<MPI_Comm> comms_;
+  MPI_Comm inquiry_comm_ = MPI_COMM_NULL;  // peers ask this rank where it is (mpi_progress.hpp)
   MpiProgress progress_;
 };
 
@@ -143,11 +171,33 @@ MpiCommunicator::MpiCommunicator(double timeout_seconds)
   for (int r = 0; r < size; ++r) world_.members.push_back(r);
   world_.my_index = rank_;
   group_members_.push_back(std::make_shared<const std::vector<int>>(world_.members));
+  MPI_Comm_dup(world_comm, &inquiry_comm_);
+  progress_.inquiries_answer(inquiry_comm_, [this] { return status_describe(); });
   progress_.start();
+}
+
+std::string MpiCommunicator::group_key(size_t id) const {
+  // Group ids differ between ranks (a rank numbers only its own groups), but every member creates
+  // the groups it shares with another in the same order: the members and how many groups with
+  // the same members came before name a group alike on all of them.
+  int earlier = 0;
+  for (size_t i = 0; i < id; ++i) earlier += *group_members_[i] == *group_members_[id];
+  return fmt::format("{}#{}", fmt::join(*group_members_[id], ","), earlier);
+}
+
+std::string MpiCommunicator::status_describe() {
+  std::string text;
+  {
+    std::lock_guard lock(groups_mutex_);
+    for (size_t id = 0; id < group_collectives_.size(); ++id)
+      text += fmt::format("group {} {}\n", group_key(id), group_collectives_[id]);
+  }
+  return text + "wait " + progress_.waiting() + "\n";
 }
 
 MpiCommunicator::~MpiCommunicator() {
   progress_.stop();
+  if (inquiry_comm_ != MPI_COMM_NULL) MPI_Comm_free(&inquiry_comm_);
   for (MPI_Comm& comm : comms_) {
     if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
   }
@@ -168,6 +218,7 @@ std::shared_ptr<CommHandle::State> MpiCommunicator::state_make(const char* kind,
   auto state = std::make_shared<CommHandle::State>();
   state->owner = this;
   state->timeout_seconds = timeout_seconds_;
+  state->progress = &progress_;
   state->kind = kind;
   state->bytes = bytes;
   return state;
@@ -179,6 +230,8 @@ void MpiCommunicator::collective_count(CommHandle::State& state, const CommGroup
   if (group_collectives_.size() <= static_cast<size_t>(group.id))
     group_collectives_.resize(static_cast<size_t>(group.id) + 1, 0);
   const int64_t sequence = group_collectives_[static_cast<size_t>(group.id)]++;
+  state.sequence = sequence;
+  state.group_key = group_key(static_cast<size_t>(group.id));
   if (op && timing_on_) {
     state.timing = CollectiveTiming{*op, group.id, sequence, state.bytes, 0.0, false};
     state.posted = std::chrono::steady_clock::now();

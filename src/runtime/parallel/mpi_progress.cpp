@@ -4,8 +4,12 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <utility>
 
 #include <fmt/core.h>
@@ -31,6 +35,55 @@ constexpr auto kPollInterval = std::chrono::microseconds(30);
 constexpr double kBlockedWithinShare = 0.1;
 constexpr double kBlockedWithinSeconds = 1e-3;
 
+// Inquiries travel on a communicator of their own: a question (one int) and an answer (text).
+constexpr int kInquiryAskTag = 1;
+constexpr int kInquiryAnswerTag = 2;
+constexpr int kInquiryAnswerBytes = 4096;
+// How long a rank that timed out waits for its peers' answers, and how often an idle progress
+// thread looks for a question (a question only comes after a timeout of seconds).
+constexpr double kInquirySeconds = 5;
+constexpr auto kInquiryPollInterval = std::chrono::milliseconds(20);
+
+// One peer's answer: lines "group <key> <collectives posted>", "wait <operation>" and
+// "last <operation>" (the last it posted).
+struct PeerStatus {
+  std::map<std::string, int64_t> posted;  // by the group's key, e.g. "0,2#0"
+  std::string waiting;
+  std::string last_posted;
+};
+
+PeerStatus peer_status_parse(const std::string& answer) {
+  PeerStatus status;
+  std::istringstream lines(answer);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("wait ", 0) == 0) status.waiting = line.substr(5);
+    if (line.rfind("last ", 0) == 0) status.last_posted = line.substr(5);
+    if (line.rfind("group ", 0) != 0) continue;
+    const size_t space = line.rfind(' ');
+    status.posted[line.substr(6, space - 6)] = std::strtoll(line.c_str() + space + 1, nullptr, 10);
+  }
+  return status;
+}
+
+// What `peer` says of itself about `state`'s operation; "" when it has joined the collective.
+std::string peer_explain(const CommHandle::State& state, int peer, const std::string& answer) {
+  if (answer.empty())
+    return fmt::format("rank {} gave no answer within {:.0f} s (it may have died, or be stuck inside MPI)", peer,
+                       kInquirySeconds);
+  const PeerStatus status = peer_status_parse(answer);
+  const std::string last =
+      status.last_posted.empty() ? "it has posted none yet" : "the last it posted: " + status.last_posted;
+  const std::string where =
+      status.waiting.empty() ? fmt::format("waits for no communication (it computes, or is stuck outside it; {})", last)
+                             : "is waiting for " + status.waiting;
+  if (state.group_key.empty()) return fmt::format("rank {} {}", peer, where);
+  const auto found = status.posted.find(state.group_key);
+  const int64_t posted = found == status.posted.end() ? 0 : found->second;
+  if (posted > state.sequence) return "";
+  return fmt::format("rank {} has not joined (it has posted {} of this group's collectives; this one is number {}) and {}",
+                     peer, posted, state.sequence + 1, where);
+}
+
 struct MpiLifetime {
   std::mutex mutex;
   int users = 0;
@@ -50,6 +103,25 @@ std::string CommHandle::State::describe() const {
   return text;
 }
 
+std::string CommHandle::State::timeout_explain(int rank, double waited_seconds) const {
+  std::vector<int> peers;
+  if (peer >= 0) peers.push_back(peer);
+  if (members)
+    for (int m : *members)
+      if (m != rank) peers.push_back(m);
+  const std::vector<std::string> answers = progress ? progress->peers_ask(peers, kInquirySeconds)
+                                                    : std::vector<std::string>(peers.size());
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    std::string text = peer_explain(*this, peers[i], answers[i]);
+    if (!text.empty()) missing.push_back(std::move(text));
+  }
+  if (missing.empty()) missing.push_back("every peer has posted it, and the transfer has not finished");
+  return fmt::format("timed out after {:.1f} s waiting for {} on rank {}: {}; if a peer is only slow, raise "
+                     "ALLOY_COMM_TIMEOUT (seconds)",
+                     waited_seconds, describe(), rank, fmt::join(missing, "; "));
+}
+
 void CommHandle::wait() const {
   if (completion_) {
     completion_->wait();
@@ -59,16 +131,18 @@ void CommHandle::wait() const {
   std::unique_lock lock(state_->mutex);
   Clock::time_point start = Clock::now();
   if (!state_->done && !state_->wait_started) state_->wait_started = start;
-  bool finished = state_->finished.wait_for(lock, std::chrono::duration<double>(state_->timeout_seconds),
-                                            [this] { return state_->done; });
+  const bool announce = !state_->done && state_->progress;
+  if (announce) state_->progress->waiting_set(state_->describe());
+  const auto done = [this] { return state_->done; };
+  bool finished = true;
+  if (std::isinf(state_->timeout_seconds)) state_->finished.wait(lock, done);
+  else finished = state_->finished.wait_for(lock, std::chrono::duration<double>(state_->timeout_seconds), done);
   if (!finished) {
-    std::string message = fmt::format(
-        "timed out after {:.1f} s waiting for {}; a peer never joined it (it failed, hangs, or posts its "
-        "operations in another order); if it is only slow, raise ALLOY_COMM_TIMEOUT (seconds)",
-        seconds_since(start), state_->describe());
     lock.unlock();
-    state_->owner->abort(message, kExitCommTimeout);
+    const double waited_seconds = seconds_since(start);
+    state_->owner->abort(state_->timeout_explain(state_->owner->rank(), waited_seconds), kExitCommTimeout);
   }
+  if (announce) state_->progress->waiting_set("");
   if (!state_->error.empty()) {
     throw Error(fmt::format("{} failed: {}", state_->describe(), state_->error), {},
                 "check the MPI installation with `mpirun -np N alloy comm-check`");
@@ -200,6 +274,7 @@ void MpiProgress::complete(MpiOperation& op) {
 }
 
 void MpiProgress::operation_start(const std::shared_ptr<MpiOperation>& op) {
+  if (op->state->owner != nullptr) last_started_ = op->state;  // inquiries have no owner
   MpiPosting posting;
   try {
     op->post(posting);
@@ -257,6 +332,86 @@ void MpiProgress::requests_test() {
   request_ops_.resize(kept);
 }
 
+void MpiProgress::inquiries_answer(MPI_Comm comm, std::function<std::string()> status) {
+  inquiry_comm_ = comm;
+  status_ = std::move(status);
+}
+
+void MpiProgress::waiting_set(std::string what) {
+  std::lock_guard lock(mutex_);
+  waiting_ = std::move(what);
+}
+
+std::string MpiProgress::waiting() {
+  std::lock_guard lock(mutex_);
+  return waiting_;
+}
+
+void MpiProgress::inquiries_test() {
+  if (inquiry_comm_ == MPI_COMM_NULL) return;
+  if (inquiry_recv_ == MPI_REQUEST_NULL)
+    MPI_Irecv(&inquiry_ask_, 1, MPI_INT, MPI_ANY_SOURCE, kInquiryAskTag, inquiry_comm_, &inquiry_recv_);
+  int arrived = 0;
+  MPI_Status status;
+  MPI_Test(&inquiry_recv_, &arrived, &status);  // sets the request to null once it arrived
+  if (arrived) {
+    std::string text = status_();
+    if (last_started_) text += "last " + last_started_->describe() + "\n";
+    auto answer = std::make_shared<std::string>(text.substr(0, kInquiryAnswerBytes - 1));
+    MPI_Request send = MPI_REQUEST_NULL;
+    MPI_Isend(answer->c_str(), static_cast<int>(answer->size()) + 1, MPI_CHAR, status.MPI_SOURCE, kInquiryAnswerTag,
+              inquiry_comm_, &send);
+    answers_.emplace_back(send, std::move(answer));
+  }
+  std::erase_if(answers_, [](auto& a) {
+    int sent = 0;
+    MPI_Test(&a.first, &sent, MPI_STATUS_IGNORE);
+    return sent != 0;
+  });
+}
+
+void MpiProgress::inquiries_end() {
+  if (inquiry_comm_ == MPI_COMM_NULL) return;
+  if (inquiry_recv_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&inquiry_recv_);
+    MPI_Wait(&inquiry_recv_, MPI_STATUS_IGNORE);
+  }
+  for (auto& [send, answer] : answers_) MPI_Wait(&send, MPI_STATUS_IGNORE);
+  answers_.clear();
+}
+
+std::vector<std::string> MpiProgress::peers_ask(const std::vector<int>& peers, double seconds) {
+  std::vector<std::string> answers(peers.size());
+  if (inquiry_comm_ == MPI_COMM_NULL) return answers;
+  struct Asked {
+    std::shared_ptr<CommHandle::State> state = std::make_shared<CommHandle::State>();
+    std::shared_ptr<std::vector<char>> answer = std::make_shared<std::vector<char>>(kInquiryAnswerBytes, '\0');
+  };
+  static const int kQuestion = 0;
+  std::vector<Asked> asked(peers.size());
+  for (size_t i = 0; i < peers.size(); ++i) {
+    auto op = std::make_shared<MpiOperation>();
+    op->state = asked[i].state;
+    op->post = [this, peer = peers[i], answer = asked[i].answer](MpiPosting& posting) {
+      MPI_Request request = MPI_REQUEST_NULL;
+      mpi_check(MPI_Isend(&kQuestion, 1, MPI_INT, peer, kInquiryAskTag, inquiry_comm_, &request), "MPI_Isend");
+      posting.add(request);
+      mpi_check(MPI_Irecv(answer->data(), kInquiryAnswerBytes, MPI_CHAR, peer, kInquiryAnswerTag, inquiry_comm_, &request),
+                "MPI_Irecv");
+      posting.add(request);
+    };
+    enqueue(std::move(op));
+  }
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(seconds));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    std::unique_lock lock(asked[i].state->mutex);
+    if (!asked[i].state->finished.wait_until(lock, deadline, [&] { return asked[i].state->done; })) continue;
+    if (asked[i].state->error.empty()) answers[i] = std::string(asked[i].answer->data());
+  }
+  return answers;
+}
+
 void MpiProgress::loop() {
   // Linux stretches short sleeps by the timer slack (50 us by default); polls should be ~30 us.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
@@ -266,8 +421,10 @@ void MpiProgress::loop() {
     {
       std::unique_lock lock(mutex_);
       if (requests_.empty()) {
-        wake_.wait(lock, [this] { return !queue_.empty() || stopping_; });
-        if (queue_.empty()) break;  // stopping with nothing queued or in flight
+        const auto woken = [this] { return !queue_.empty() || stopping_; };
+        if (inquiry_comm_ == MPI_COMM_NULL) wake_.wait(lock, woken);
+        else wake_.wait_for(lock, kInquiryPollInterval, woken);
+        if (queue_.empty() && stopping_) break;  // stopping with nothing queued or in flight
       } else if (queue_.empty()) {
         wake_.wait_for(lock, kPollInterval, [this] { return !queue_.empty(); });
       }
@@ -275,6 +432,7 @@ void MpiProgress::loop() {
       if (stopping_ && !stop_seen) stop_seen = Clock::now();
     }
     for (const auto& op : ready) operation_start(op);
+    inquiries_test();
     busy_update(!requests_.empty());
     if (requests_.empty()) continue;
     requests_test();
@@ -285,6 +443,7 @@ void MpiProgress::loop() {
                     kExitCommTimeout);
     }
   }
+  inquiries_end();
 }
 
 }  // namespace alloy

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,6 +23,10 @@
 namespace alloy {
 
 inline constexpr double kCommDefaultTimeoutSeconds = 300;
+// ALLOY_COMM_TIMEOUT=off: waits have no limit.
+inline constexpr double kCommNoTimeout = std::numeric_limits<double>::infinity();
+
+class MpiProgress;
 
 // What a wait needs: completion, an error, and enough to name the operation on a timeout.
 struct CommHandle::State {
@@ -36,6 +41,9 @@ struct CommHandle::State {
   int peer = -1;  // point to point only
   int tag = -1;
   std::shared_ptr<const std::vector<int>> members;  // collectives only
+  int64_t sequence = -1;  // counted collectives: their number in the group's order, from 0
+  std::string group_key;  // counted collectives: the group as every member names it ("0,2#1")
+  MpiProgress* progress = nullptr;  // asks the peers where they are when a wait times out
   // Set for a collective posted while timing was on: its timing, less the seconds.
   std::optional<CollectiveTiming> timing;
   std::chrono::steady_clock::time_point posted;  // when the caller called it (timed collectives only)
@@ -43,6 +51,9 @@ struct CommHandle::State {
 
   // "all_reduce (sum) of 4.0 MiB over ranks [0, 1]", "recv of 64 B from rank 3 tag 17".
   std::string describe() const;
+  // Why a wait of `waited_seconds` timed out on rank `rank`: the operation, and each peer that
+  // has not joined it with where that peer is, as far as the peers answer.
+  std::string timeout_explain(int rank, double waited_seconds) const;
 };
 
 // MPI is initialised once per process (MPI_THREAD_MULTIPLE requested, SERIALIZED accepted);
@@ -90,8 +101,19 @@ class MpiProgress {
   double take_busy_seconds();
   std::vector<CollectiveTiming> take_collective_timings();
 
+  // Before start(): answer peers' inquiries on `comm` (a communicator of their own) with
+  // `status()`, from this thread, so that a rank whose caller is stuck still says where it is.
+  void inquiries_answer(MPI_Comm comm, std::function<std::string()> status);
+  // What each of `peers` says of itself; "" for a peer that gave no answer within `seconds`.
+  std::vector<std::string> peers_ask(const std::vector<int>& peers, double seconds);
+  // What this rank's caller waits for now ("" for nothing), for its answers.
+  void waiting_set(std::string what);
+  std::string waiting();
+
  private:
   void loop();
+  void inquiries_test();  // answers an inquiry that arrived, re-arms, retires sent answers
+  void inquiries_end();
   void operation_start(const std::shared_ptr<MpiOperation>& op);
   void requests_test();
   void busy_update(bool busy_now);
@@ -109,6 +131,15 @@ class MpiProgress {
   bool busy_ = false;
   std::chrono::steady_clock::time_point busy_since_;
   std::vector<CollectiveTiming> timings_;  // completed since take_collective_timings
+  std::string waiting_;
+
+  // Inquiries: set before start(), then the thread's alone.
+  MPI_Comm inquiry_comm_ = MPI_COMM_NULL;
+  std::function<std::string()> status_;
+  MPI_Request inquiry_recv_ = MPI_REQUEST_NULL;
+  int inquiry_ask_ = 0;
+  std::vector<std::pair<MPI_Request, std::shared_ptr<std::string>>> answers_;  // sends in flight
+  std::shared_ptr<CommHandle::State> last_started_;  // the caller's last operation posted
 
   // The thread only: requests in flight, and for each its operation and expected receive size.
   std::vector<MPI_Request> requests_;

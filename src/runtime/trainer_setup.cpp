@@ -95,21 +95,42 @@ RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const Ran
   return s;
 }
 
-void trainer_inject_fault(int rank, int64_t step) {
+namespace {
+
+// The kind of ALLOY_FAULT when it names this rank and step; "" otherwise.
+std::string fault_kind_at(int rank, int64_t step) {
   const char* spec = std::getenv("ALLOY_FAULT");
-  if (spec == nullptr) return;
+  if (spec == nullptr) return {};
   char kind[16] = {0};
   int fault_rank = -1;
   long long fault_step = -1;
   if (std::sscanf(spec, "%15[a-z]:%d:%lld", kind, &fault_rank, &fault_step) != 3 || fault_rank != rank ||
       fault_step != step)
+    return {};
+  return kind;
+}
+
+void fault_kill_self(int rank, int64_t step, const char* when) {
+  std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d kills itself %s step %lld\n", rank, when, static_cast<long long>(step));
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
+}  // namespace
+
+void trainer_inject_fault(int rank, int64_t step) {
+  const std::string kind = fault_kind_at(rank, step);
+  if (kind.empty() || kind == "killsave") return;
+  if (kind == "kill") fault_kill_self(rank, step, "at");
+  if (kind == "term") {
+    std::raise(SIGTERM);
     return;
-  if (std::string(kind) == "kill") {
-    std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d kills itself at step %lld\n", rank, fault_step);
-    std::fflush(stderr);
-    std::raise(SIGKILL);
   }
   throw Error(fmt::format("injected failure at step {}", step), {"", "ALLOY_FAULT"}, "unset ALLOY_FAULT");
+}
+
+void trainer_inject_save_fault(int rank, int64_t step) {
+  if (fault_kind_at(rank, step) == "killsave") fault_kill_self(rank, step, "while saving");
 }
 
 void trainer_check_plan(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const TrainerOptions& o) {

@@ -28,7 +28,11 @@ std::string plan_layout_fingerprint(const Plan& plan);
 RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const RankSchedule& schedule);
 
 // Test hook: ALLOY_FAULT=kill:R:S or throw:R:S makes rank R kill itself (SIGKILL) or throw an
-// error at the start of step S, to check that the whole job ends promptly with a clear message.
+// error at the start of step S, to check that the whole job ends promptly with a clear message;
+// term:R:S makes rank R send itself SIGTERM at the start of step S (a stop request).
 void trainer_inject_fault(int rank, int64_t step);
+// Test hook: ALLOY_FAULT=killsave:R:S makes rank R kill itself (SIGKILL) in the middle of writing
+// its checkpoint of step S, after the weights and before the optimizer state.
+void trainer_inject_save_fault(int rank, int64_t step);
 
 }  // namespace alloy

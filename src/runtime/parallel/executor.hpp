@@ -50,6 +50,7 @@ struct RankStepStats {
   double grad_norm = 0;
   double learning_rate = 0;
   int64_t peak_arena_bytes = 0;
+  int32_t stop_signal = 0;           // a stop signal this rank received (stop_signals.hpp); 0: none
 };
 
 // Makes the backend of a rank's stage (stage_backend_cpu, or the CUDA backend's).
@@ -102,8 +103,9 @@ class RankRuntime {
   // ZeRO 3 this member's packed pieces ("zero3.pieces"). Moments: per tensor
   // ("adamw.m.<name>") when this rank updates all of its parameters in one place, else packed
   // like the optimizer ranges ("adamw.m"), one pair per place ("adamw.m@<offset>") when
-  // offloaded blocks keep theirs in host memory.
-  void checkpoint_save_to(const std::string& dir, const CheckpointState& state);
+  // offloaded blocks keep theirs in host memory. Returns what checkpoint_save wrote.
+  CheckpointFileRecords checkpoint_save_to(const std::string& dir, const CheckpointState& state,
+                                           const CheckpointSaveOptions& options = {});
   // Loads what checkpoint_save_to wrote and sets the optimizer's step; returns the state.
   CheckpointState checkpoint_load_from(const std::string& dir, const std::string& fingerprint);
   int64_t optimizer_steps() const { return optimizer_steps_; }

@@ -16,7 +16,12 @@ volatile std::sig_atomic_t g_received = 0;
 std::array<struct sigaction, kStopSignals.size()> g_previous{};
 
 extern "C" void stop_signal_handle(int signal) {
-  if (g_received != 0) _exit(128 + signal);  // a second signal: the user means now
+  if (g_received != 0) {  // a second signal: the user means now
+    static const char kNote[] = "alloy: second stop signal: exiting now, without saving this step\n";
+    const ssize_t written = write(STDERR_FILENO, kNote, sizeof(kNote) - 1);  // nothing to do if it fails
+    static_cast<void>(written);
+    _exit(128 + signal);
+  }
   g_received = signal;
 }
 

@@ -1,6 +1,7 @@
 // Stopping a run on SIGTERM, SIGINT, SIGHUP or SIGUSR1: the handler only records the signal, and
 // the training loop reads it at the next step boundary, so every rank stops after the same step
-// (and saves it). A second signal ends the process at once with 128 + the signal.
+// (and saves it). A second signal ends the process at once, with a note on stderr and exit
+// status 128 + the signal.
 #pragma once
 
 namespace alloy {

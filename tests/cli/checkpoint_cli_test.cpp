@@ -1,6 +1,7 @@
 // `alloy train --checkpoint` as a user meets it on one rank: bad --keep-checkpoints, an edited
 // manifest, a folder in the older per-rank format and one with no committed save are each
-// refused with exit status 2 and a message that says what to do; SIGINT saves and exits 130.
+// refused with exit status 2 and a message that says what to do; SIGINT saves and exits 130, and a
+// second signal exits at once.
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -76,18 +77,29 @@ TEST_F(CheckpointCli, OlderFormatAndUncommittedFoldersSayHowToProceed) {
   EXPECT_NE(none.output.find("no committed checkpoint"), std::string::npos) << none.output;
 }
 
+// Polls `path` (every 50 ms, up to 10 s) until it is not empty; returns its text.
+std::string text_awaited(const std::string& path) {
+  std::string text;
+  for (int i = 0; i < 200 && (text = testing::read_text(path)).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return text;
+}
+
+// Starts `alloy ARGS` in the background once it holds the checkpoint lock; returns its pid. A
+// shell notes the pid in DIR/pid and, when the run ends, its exit status in DIR/rc.
+int alloy_started(const TempDir& dir, const std::string& args, const std::string& ck) {
+  const std::string command = fmt::format("sh -c '{} {} > {}/out.txt 2>&1 & echo $! > {}/pid; wait $!; echo $? > {}/rc' &",
+                                          ALLOY_BINARY, args, dir.path(), dir.path(), dir.path());
+  if (std::system(command.c_str()) != 0) return -1;
+  const int pid = std::stoi(text_awaited(dir.path() + "/pid"));
+  text_awaited(ck + "/.lock");
+  return pid;
+}
+
 TEST_F(CheckpointCli, SigintSavesTheStepAndExits130) {
   const std::string out = dir_.path() + "/out.txt";
-  // A shell in the background starts the run, notes its pid and, when it ends, its exit status.
-  ASSERT_EQ(std::system(fmt::format("sh -c '{} {} > {} 2>&1 & echo $! > {}/pid; wait $!; echo $? > {}/rc' &", ALLOY_BINARY,
-                                    train(100000, ""), out, dir_.path(), dir_.path())
-                            .c_str()),
-            0);
-  for (int i = 0; i < 200 && testing::read_text(dir_.path() + "/pid").empty(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const int pid = std::stoi(testing::read_text(dir_.path() + "/pid"));
-  for (int i = 0; i < 200 && testing::read_text(ck() + "/.lock").empty(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int pid = alloy_started(dir_, train(100000, ""), ck());
+  ASSERT_GT(pid, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   kill(pid, SIGINT);
   std::smatch saved;
@@ -99,12 +111,29 @@ TEST_F(CheckpointCli, SigintSavesTheStepAndExits130) {
   }
   ASSERT_FALSE(saved.empty()) << text;
   EXPECT_EQ(saved[1], saved[2]);
-  for (int i = 0; i < 200 && testing::read_text(dir_.path() + "/rc").empty(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(testing::read_text(dir_.path() + "/rc"), "130\n");
+  EXPECT_EQ(text_awaited(dir_.path() + "/rc"), "130\n");
   CommandResult resumed = alloy(train(std::stoi(saved[1]) + 1, "--resume"));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find(fmt::format("steps {}..", std::stoi(saved[1]) + 1)), std::string::npos) << resumed.output;
+}
+
+// A step of small-gpt takes seconds: both signals arrive within it, and the second ends the run
+// without waiting for the step.
+TEST_F(CheckpointCli, SecondSignalExitsAtOnceWithoutSaving) {
+  const int pid = alloy_started(dir_,
+                                fmt::format("train --model small-gpt --data {}/data.bin --batch 16 --seq-len 128 "
+                                            "--threads 1 --no-progress --steps 1000 --checkpoint {}",
+                                            dir_.path(), ck()),
+                                ck());
+  ASSERT_GT(pid, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  kill(pid, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // two pending SIGTERMs would merge into one
+  kill(pid, SIGTERM);
+  EXPECT_EQ(text_awaited(dir_.path() + "/rc"), "143\n");
+  const std::string out = testing::read_text(dir_.path() + "/out.txt");
+  EXPECT_NE(out.find("second stop signal: exiting now, without saving this step"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(ck() + "/latest.json"));
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ void fault_kill_self(int rank, int64_t step, const char* when) {
 
 void trainer_inject_fault(int rank, int64_t step) {
   const std::string kind = fault_kind_at(rank, step);
-  if (kind.empty() || kind == "killsave") return;
+  if (kind.empty() || kind == "killsave" || kind == "failsave") return;
   if (kind == "kill") fault_kill_self(rank, step, "at");
   if (kind == "term") {
     std::raise(SIGTERM);
@@ -130,7 +130,11 @@ void trainer_inject_fault(int rank, int64_t step) {
 }
 
 void trainer_inject_save_fault(int rank, int64_t step) {
-  if (fault_kind_at(rank, step) == "killsave") fault_kill_self(rank, step, "while saving");
+  const std::string kind = fault_kind_at(rank, step);
+  if (kind == "killsave") fault_kill_self(rank, step, "while saving");
+  if (kind == "failsave")
+    throw Error(fmt::format("injected write failure in the checkpoint of step {}", step), {"", "ALLOY_FAULT"},
+                "unset ALLOY_FAULT");
 }
 
 void trainer_check_plan(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const TrainerOptions& o) {

@@ -32,7 +32,8 @@ RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const Ran
 // term:R:S makes rank R send itself SIGTERM at the start of step S (a stop request).
 void trainer_inject_fault(int rank, int64_t step);
 // Test hook: ALLOY_FAULT=killsave:R:S makes rank R kill itself (SIGKILL) in the middle of writing
-// its checkpoint of step S, after the weights and before the optimizer state.
+// its checkpoint of step S, after the weights and before the optimizer state; failsave:R:S makes
+// that write fail there instead (as from a full disk).
 void trainer_inject_save_fault(int rank, int64_t step);
 
 }  // namespace alloy

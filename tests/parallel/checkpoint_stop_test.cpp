@@ -1,6 +1,7 @@
 // Checkpoints of a 4-rank job under mpirun: a rank killed in the middle of a save leaves the
-// previous checkpoint, which resumes onto the uninterrupted run's losses; a stop signal on one
-// rank ends every rank after the same step with a checkpoint of it; a second writer is refused.
+// previous checkpoint, which resumes onto the uninterrupted run's losses, and a write failure on
+// one rank fails the save on all; a stop signal on one rank ends every rank after the same step
+// with a checkpoint of it; a second writer is refused.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -80,6 +81,22 @@ TEST_F(CheckpointStopTest, RankKilledDuringSaveLeavesThePreviousCheckpointWhichR
   // The resumed run saves only at its end: step 4 stays, the unfinished step 6 is gone.
   EXPECT_EQ(checkpoint_manifest_read(ck).steps_kept, (std::vector<int64_t>{4, 8}));
   EXPECT_FALSE(std::filesystem::exists(checkpoint_step_dir(ck, 6)));
+}
+
+TEST_F(CheckpointStopTest, WriteFailureOnOneRankFailsTheSaveOnEveryRankAndKeepsThePreviousCheckpoint) {
+  const std::string ck = dir_->path() + "/ck-failed";
+  CommandResult r =
+      run_command("env ALLOY_FAULT=failsave:1:4 " + train_command(8, fmt::format("--checkpoint {} --checkpoint-every 2", ck)), 120);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  int reports = 0;
+  for (size_t at = r.output.find("injected write failure in the checkpoint of step 4"); at != std::string::npos;
+       at = r.output.find("injected write failure in the checkpoint of step 4", at + 1))
+    ++reports;
+  EXPECT_EQ(reports, 4) << r.output;  // every rank says which rank failed, and exits normally
+  EXPECT_EQ(checkpoint_manifest_read(ck).step, 2);
+  CommandResult resumed = run_command(train_command(3, fmt::format("--checkpoint {} --resume", ck)), 120);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("steps 3..3"), std::string::npos) << resumed.output;
 }
 
 TEST_F(CheckpointStopTest, SigtermOnOneRankStopsEveryRankAfterTheStepWithACheckpoint) {

@@ -215,7 +215,7 @@ void run_training(TrainCommand& c, const ModelSpec& model, int* exit_code) {
       print_run_summary(model, r.plan, result, c, devices);
       if (!c.plan.empty() && !result.steps.empty()) write_calibrated_profile(c, result, r.plan, model, r.cluster, r.train);
     }
-    *exit_code = 0;
+    *exit_code = result.stop_signal != 0 ? 128 + result.stop_signal : 0;
   } catch (const NonFiniteError& e) {
     if (comm->rank() == 0) fmt::print(stderr, "alloy: error: {}\n", e.format());
     *exit_code = kExitNonFinite;
@@ -267,8 +267,12 @@ void add_train(CLI::App& app, int* exit_code) {
                   "Stop (exit 3) after this many steps in a row with NaN or Inf in the loss or a gradient; fewer are "
                   "skipped, the weights kept")
       ->capture_default_str();
-  cmd->add_option("--checkpoint", c->options.checkpoint_dir, "Checkpoint folder (written atomically at the end)");
+  cmd->add_option("--checkpoint", c->options.checkpoint_dir,
+                  "Checkpoint folder: every rank's state, committed together at the end, on a stop signal and with "
+                  "--checkpoint-every");
   cmd->add_option("--checkpoint-every", c->options.checkpoint_every, "Also checkpoint every N steps");
+  cmd->add_option("--keep-checkpoints", c->options.keep_checkpoints, "Committed checkpoints kept in the folder (>= 1)")
+      ->capture_default_str();
   cmd->add_flag("--resume", c->options.resume, "Continue from --checkpoint with identical batches");
   cmd->add_option("--log", c->options.log_path, "Append one JSON line per step to this file");
   cmd->add_option("--threads", c->options.threads, "Threads (default: cores / ranks on this node; with --plan on one host, cores / the cluster's CPU devices; or ALLOY_THREADS)");

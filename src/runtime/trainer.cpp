@@ -12,10 +12,12 @@
 
 #include "runtime/device_speed.hpp"
 #include "runtime/io/batch_loader.hpp"
+#include "runtime/io/checkpoint_commit.hpp"
 #include "runtime/io/token_file.hpp"
 #include "runtime/parallel/agree.hpp"
 #include "runtime/parallel/collective_join.hpp"
 #include "runtime/parallel/dist_report.hpp"
+#include "runtime/stop_signals.hpp"
 #include "runtime/threads.hpp"
 #include "runtime/trainer_common.hpp"
 #include "runtime/trainer_setup.hpp"
@@ -45,19 +47,17 @@ class RankTrainer {
         o_(o),
         setup_(setup),
         runtime_(plan, model, train, backend.data != nullptr ? *backend.data : comm, setup.resources, &comm),
-        fingerprint_(fmt::format("{}|plan {}|rank {}", trainer_model_fingerprint(model), plan_layout_fingerprint(plan),
-                                 comm.rank())),
+        run_fingerprint_(fmt::format("{}|plan {}", trainer_model_fingerprint(model), plan_layout_fingerprint(plan))),
+        fingerprint_(fmt::format("{}|rank {}", run_fingerprint_, comm.rank())),
         inputs_(static_cast<size_t>(plan.global_batch_sequences * plan.seq_len)),
         targets_(inputs_.size()) {}
 
   TrainerResult run(const std::function<void(const StepReport&)>& on_step);
 
  private:
-  std::string rank_dir() const {
-    return comm_.world_size() == 1 ? o_.checkpoint_dir : fmt::format("{}/rank-{:05d}", o_.checkpoint_dir, comm_.rank());
-  }
   int64_t resume();
   void save(int64_t step);
+  void stop(int64_t step, const std::vector<RankStepStats>& all, bool saved, TrainerResult& result);
   double validate();
   StepReport report_of(int64_t step, const RankStepStats& stats, std::vector<RankStepStats>& all);
   void finish(TrainerResult& result, const std::vector<RankStepStats>& history);
@@ -71,34 +71,66 @@ class RankTrainer {
   const TrainerOptions& o_;
   RankSetup& setup_;
   RankRuntime runtime_;
-  const std::string fingerprint_;
+  const std::string run_fingerprint_;  // the model and the plan's layout: the whole checkpoint's
+  const std::string fingerprint_;      // one rank's files'
+  std::optional<CheckpointLock> lock_;  // rank 0, with a checkpoint folder
+  StopSignals stop_signals_;
   std::vector<int32_t> inputs_, targets_;  // (global batch, T)
   double flops_per_token_ = 0;
   double matmul_peak_flops_ = 0;  // every rank's, summed
   int64_t saved_step_ = -1;       // the step of the last checkpoint saved or resumed from
 };
 
+// Every rank checks the committed manifest and its own files against it, then loads them.
 int64_t RankTrainer::resume() {
-  int64_t first = 0;
-  dist_agree_on(comm_, [&] { first = runtime_.checkpoint_load_from(rank_dir(), fingerprint_).step; });
-  double steps[2] = {static_cast<double>(first), -static_cast<double>(first)};
-  comm_.all_reduce(steps, 2, comm_.world(), ReduceOp::ReduceOp_max).wait();
-  if (steps[0] != -steps[1]) {
-    throw AgreedError(fmt::format("the ranks' checkpoints are from different steps ({} to {}): a save was interrupted",
-                                  -steps[1], steps[0]),
-                      {o_.checkpoint_dir, "rank-*/checkpoint.json"},
-                      "restore every rank's folder from the same save, or start afresh");
-  }
-  return first;
+  int64_t step = 0;
+  dist_agree_on(comm_, [&] {
+    const CheckpointManifest manifest = checkpoint_manifest_read(o_.checkpoint_dir);
+    checkpoint_manifest_check(manifest, o_.checkpoint_dir, run_fingerprint_, comm_.world_size(), comm_.rank());
+    const std::string dir = checkpoint_rank_dir(o_.checkpoint_dir, manifest.step, comm_.rank());
+    const int64_t loaded = runtime_.checkpoint_load_from(dir, fingerprint_).step;
+    if (loaded != manifest.step)
+      throw Error(fmt::format("this rank's files are of step {}, and latest.json commits step {}", loaded, manifest.step),
+                  {dir + "/" + kCheckpointManifest, "step"}, "restore the checkpoint folder from a copy, or start afresh");
+    step = manifest.step;
+  });
+  return step;
 }
 
+// Every rank writes its folder of `step`; only when all have (a failure on any rank fails the
+// save on every rank, and the previous checkpoint stays) does rank 0 commit the manifest.
 void RankTrainer::save(int64_t step) {
   CheckpointState state;
   state.step = step;
   state.fingerprint = fingerprint_;
-  runtime_.checkpoint_save_to(rank_dir(), state);
+  CheckpointSaveOptions options;
+  options.on_model_written = [&] { trainer_inject_save_fault(comm_.rank(), step); };
+  CheckpointFileRecords mine{};
+  dist_agree_on(comm_, [&] {
+    mine = runtime_.checkpoint_save_to(checkpoint_rank_dir(o_.checkpoint_dir, step, comm_.rank()), state, options);
+  });
+  std::vector<CheckpointFileRecords> all(static_cast<size_t>(comm_.world_size()));
+  comm_.all_gather_bytes(&mine, all.data(), sizeof(CheckpointFileRecords), comm_.world()).wait();
+  dist_agree_on(comm_, [&] {
+    if (comm_.rank() != 0) return;
+    plan_save(plan_, o_.checkpoint_dir + "/plan.json");
+    checkpoint_commit(o_.checkpoint_dir, step, run_fingerprint_, all, o_.keep_checkpoints);
+  });
   saved_step_ = step;
-  if (comm_.rank() == 0) plan_save(plan_, o_.checkpoint_dir + "/plan.json");
+}
+
+// After a stop signal on any rank: every rank has finished `step` (and saved it when a folder
+// was given); rank 0 says so, and the run ends with 128 + the signal.
+void RankTrainer::stop(int64_t step, const std::vector<RankStepStats>& all, bool saved, TrainerResult& result) {
+  size_t from = 0;
+  while (all[from].stop_signal == 0) ++from;
+  result.stop_signal = all[from].stop_signal;
+  if (comm_.rank() != 0) return;
+  const std::string what = saved ? fmt::format("saved checkpoint step {} to {}; resume with --resume", step, o_.checkpoint_dir)
+                                 : "nothing was saved (no --checkpoint)";
+  std::fprintf(stderr, "alloy: received %s on rank %zu at step %lld; %s\n", stop_signal_name(result.stop_signal), from,
+               static_cast<long long>(step), what.c_str());
+  std::fflush(stderr);
 }
 
 // Mean over the validation batches of each batch's mean token loss; each replica takes its
@@ -142,6 +174,7 @@ StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std:
 TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_step) {
   TrainerResult result;
   result.backend = runtime_.backend().name();
+  if (!o_.checkpoint_dir.empty()) dist_agree_on(comm_, [&] { if (comm_.rank() == 0) lock_.emplace(o_.checkpoint_dir); });
   if (o_.resume) saved_step_ = result.first_step = resume();
   flops_per_token_ = model_flops_per_token(model_, plan_.seq_len).training;
   matmul_peak_flops_ = runtime_.backend().matmul_peak_flops() / setup_.slowdown;
@@ -156,16 +189,19 @@ TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_
   for (int64_t step = result.first_step + 1; step <= train_.steps; ++step) {
     if (trainer_inject_fault(comm_.rank(), step)) runtime_.gradient_poison_next_step();
     if (setup_.loader) batch_loader_read(*setup_.loader, static_cast<uint64_t>(step - 1), inputs_.data(), targets_.data());
-    const RankStepStats stats = runtime_.step(inputs_.data(), targets_.data());
+    RankStepStats stats = runtime_.step(inputs_.data(), targets_.data());
+    stats.stop_signal = StopSignals::received();
     bad_in_row = stats.update_skipped ? bad_in_row + 1 : 0;
     if (stats.update_skipped) bad_step(step, stats.loss_finite, bad_in_row);
     StepReport report = report_of(step, stats, all);
+    const bool stopping = std::any_of(all.begin(), all.end(), [](const RankStepStats& r) { return r.stop_signal != 0; });
     const bool last = step == train_.steps;
     if (setup_.val && ((o_.val_every > 0 && step % o_.val_every == 0) || last)) {
       report.val_loss = validate();
       if (last) result.final_val_loss = report.val_loss;
     }
-    if (!o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) || last)) save(step);
+    const bool saving = !o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) || last || stopping);
+    if (saving) save(step);
     if (lead) {
       log.write(report, &all);
       if (o_.progress) trainer_print_progress(report, train_.steps);
@@ -180,6 +216,10 @@ TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_
     else if (history.size() <= 1 + kTimedCollectiveSteps)
       ++result.collective_steps;
     if (history.size() == 1 + kTimedCollectiveSteps) comm_.collective_timing(false);
+    if (stopping) {
+      stop(step, all, saving, result);
+      break;
+    }
   }
   finish(result, history);
   return result;
@@ -251,6 +291,9 @@ RankSetup rank_setup(const ModelSpec& model, TrainSpec& train, const Plan& plan,
     trainer_check_plan(plan, model, cluster, o);
     trainer_check_numbers(train, o);
     if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume needs --checkpoint DIR", {"", "--resume"}, "name the checkpoint folder");
+    if (o.keep_checkpoints < 1)
+      throw Error(fmt::format("cannot keep {} checkpoints", o.keep_checkpoints), {"", "--keep-checkpoints"},
+                  "keep at least 1 (the default is 2)");
   });
   // Emulated devices share this host's cores as the whole cluster would, threads included, so a
   // plan that uses fewer of its devices runs each as fast as the profile measured it.

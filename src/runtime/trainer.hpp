@@ -29,8 +29,9 @@ struct TrainerOptions {
   int64_t batch_size = 0;            // without a plan: sequences per step; 0: the TrainSpec's global batch
   int64_t val_every = 0;             // 0: only at the end (when val_data is given)
   int64_t val_batches = 4;           // batches per validation pass
-  std::string checkpoint_dir;        // empty: no checkpoints; with several ranks one folder per rank inside
+  std::string checkpoint_dir;        // empty: no checkpoints; else every rank's, committed together
   int64_t checkpoint_every = 0;      // 0: only at the end
+  int keep_checkpoints = 2;          // committed checkpoints kept in checkpoint_dir (>= 1)
   bool resume = false;               // continue from checkpoint_dir
   std::string log_path;              // JSON lines, one per step, from rank 0
   std::string plan_path;             // the plan's file, for messages
@@ -107,6 +108,7 @@ struct TrainerResult {
   std::vector<RankSummary> ranks;  // every rank, on every rank
   std::vector<JoinedCollective> collectives;  // on rank 0 only
   int64_t collective_steps = 0;               // steps whose collectives were timed
+  int stop_signal = 0;  // the signal that stopped the run early (after saving its last step); 0: none
 };
 
 // Collectives are timed over this many steps after the first (which warms caches and

@@ -104,23 +104,40 @@ RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const Ran
   return s;
 }
 
-bool trainer_inject_fault(int rank, int64_t step) {
+namespace {
+
+// The kind of ALLOY_FAULT when it names this rank and step; "" otherwise.
+std::string fault_kind_at(int rank, int64_t step) {
   const char* spec = std::getenv("ALLOY_FAULT");
-  if (spec == nullptr) return false;
+  if (spec == nullptr) return {};
   char kind[16] = {0};
   int fault_rank = -1;
   long long fault_step = -1;
   if (std::sscanf(spec, "%15[a-z]:%d:%lld", kind, &fault_rank, &fault_step) != 3 || fault_rank != rank ||
       fault_step != step)
+    return {};
+  return kind;
+}
+
+void fault_kill_self(int rank, int64_t step, const char* when) {
+  std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d kills itself %s step %lld\n", rank, when, static_cast<long long>(step));
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
+}  // namespace
+
+bool trainer_inject_fault(int rank, int64_t step) {
+  const std::string kind = fault_kind_at(rank, step);
+  if (kind.empty() || kind == "killsave" || kind == "failsave") return false;
+  if (kind == "nan") return true;
+  if (kind == "kill") fault_kill_self(rank, step, "at");
+  if (kind == "term") {
+    std::raise(SIGTERM);
     return false;
-  if (std::string(kind) == "nan") return true;
-  if (std::string(kind) == "kill") {
-    std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d kills itself at step %lld\n", rank, fault_step);
-    std::fflush(stderr);
-    std::raise(SIGKILL);
   }
-  if (std::string(kind) == "stall") {  // its peers' communicator timeout ends the job
-    std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d stalls at step %lld\n", rank, fault_step);
+  if (kind == "stall") {  // its peers' communicator timeout ends the job
+    std::fprintf(stderr, "alloy: ALLOY_FAULT: rank %d stalls at step %lld\n", rank, static_cast<long long>(step));
     std::fflush(stderr);
     std::this_thread::sleep_for(std::chrono::hours(24));
   }
@@ -146,6 +163,14 @@ void trainer_check_numbers(const TrainSpec& train, const TrainerOptions& o) {
   if (o.max_bad_steps < 1)
     throw Error(fmt::format("--max-bad-steps is {}: at least 1 bad step must stop the run", o.max_bad_steps),
                 {"", "--max-bad-steps"}, "pass 1 (stop at the first bad step) or more to skip that many in a row");
+}
+
+void trainer_inject_save_fault(int rank, int64_t step) {
+  const std::string kind = fault_kind_at(rank, step);
+  if (kind == "killsave") fault_kill_self(rank, step, "while saving");
+  if (kind == "failsave")
+    throw Error(fmt::format("injected write failure in the checkpoint of step {}", step), {"", "ALLOY_FAULT"},
+                "unset ALLOY_FAULT");
 }
 
 void trainer_check_plan(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const TrainerOptions& o) {

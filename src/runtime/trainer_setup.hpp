@@ -33,8 +33,13 @@ void trainer_check_numbers(const TrainSpec& train, const TrainerOptions& options
 
 // Test hook: ALLOY_FAULT=kill:R:S, throw:R:S or stall:R:S makes rank R kill itself (SIGKILL),
 // throw an error or sleep at the start of step S, to check that the whole job ends promptly with
-// a clear message; nan:R:S returns true on rank R at step S, for the caller to poison that step's
+// a clear message; term:R:S makes rank R send itself SIGTERM at the start of step S (a stop
+// request); nan:R:S returns true on rank R at step S, for the caller to poison that step's
 // gradient.
 bool trainer_inject_fault(int rank, int64_t step);
+// Test hook: ALLOY_FAULT=killsave:R:S makes rank R kill itself (SIGKILL) in the middle of writing
+// its checkpoint of step S, after the weights and before the optimizer state; failsave:R:S makes
+// that write fail there instead (as from a full disk).
+void trainer_inject_save_fault(int rank, int64_t step);
 
 }  // namespace alloy

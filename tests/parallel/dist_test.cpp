@@ -20,6 +20,7 @@
 #include "search/planner.hpp"
 #include "spec/train.hpp"
 #include "runtime/parallel/dist_report.hpp"
+#include "runtime/io/checkpoint_commit.hpp"
 #include "runtime/io/safetensors.hpp"
 #include "runtime/shard.hpp"
 
@@ -63,7 +64,7 @@ class DistTest : public ::testing::Test {
                                               ALLOY_BINARY, common_args(model_path), kTestGlobalBatch, kTestSeqLen,
                                               out, out), 120);
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    return cache[model_path] = {losses(out + ".jsonl"), out + "/model.safetensors"};
+    return cache[model_path] = {losses(out + ".jsonl"), checkpoint_rank_dir(out, kSteps, 0) + "/model.safetensors"};
   }
 
   static std::vector<double> losses(const std::string& log) {
@@ -410,7 +411,8 @@ TEST_F(DistFailureTest, ResumeContinuesExactlyAndMismatchedCheckpointsAreRefused
   const std::string full_log = dir_->path() + "/full.jsonl", part_log = dir_->path() + "/part.jsonl";
   ASSERT_EQ(run_command(train_command(2, plan, 6, "--log " + full_log), 60).exit_code, 0);
   ASSERT_EQ(run_command(train_command(2, plan, 3, fmt::format("--checkpoint {} --log {}", ck, part_log)), 60).exit_code, 0);
-  std::filesystem::copy(ck + "/rank-00001", dir_->path() + "/rank-00001-step3", std::filesystem::copy_options::recursive);
+  const std::string step3_rank1 = dir_->path() + "/rank-00001-step3";
+  std::filesystem::copy(checkpoint_rank_dir(ck, 3, 1), step3_rank1, std::filesystem::copy_options::recursive);
   CommandResult resumed = run_command(train_command(2, plan, 6, fmt::format("--checkpoint {} --resume --log {}", ck, part_log)), 60);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const std::vector<double> full = losses(full_log), part = losses(part_log);
@@ -418,12 +420,12 @@ TEST_F(DistFailureTest, ResumeContinuesExactlyAndMismatchedCheckpointsAreRefused
   ASSERT_EQ(part.size(), 6u);
   for (size_t i = 0; i < full.size(); ++i) EXPECT_DOUBLE_EQ(full[i], part[i]) << "step " << i + 1;
 
-  // Rank 1's folder goes back to step 3 while rank 0's is at step 6.
-  std::filesystem::remove_all(ck + "/rank-00001");
-  std::filesystem::copy(dir_->path() + "/rank-00001-step3", ck + "/rank-00001", std::filesystem::copy_options::recursive);
+  // Rank 1's folder of step 6 holds its files of step 3: they are not the committed ones.
+  std::filesystem::remove_all(checkpoint_rank_dir(ck, 6, 1));
+  std::filesystem::copy(step3_rank1, checkpoint_rank_dir(ck, 6, 1), std::filesystem::copy_options::recursive);
   CommandResult r = run_command(train_command(2, plan, 8, fmt::format("--checkpoint {} --resume", ck)), 60);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_EQ(count(r.output, "checkpoints are from different steps (3 to 6)"), 2) << r.output;
+  EXPECT_EQ(count(r.output, "differs from the one committed"), 2) << r.output;
 
   // A checkpoint written under another plan is refused by every rank that reads one.
   const std::string other = dir_->path() + "/other.json";

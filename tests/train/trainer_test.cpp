@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "../common/test_util.hpp"
+#include "runtime/io/checkpoint_commit.hpp"
 #include "runtime/io/token_file.hpp"
 #include "runtime/io/tokenize.hpp"
 #include "runtime/trainer.hpp"
@@ -158,7 +159,7 @@ TEST(Trainer, WrongOrCorruptCheckpointIsRefused) {
   EXPECT_NE(other.format().find("tiny-gpt"), std::string::npos) << other.format();
 
   // Flip one byte of the weights: the checksum catches it.
-  std::string weights = o.checkpoint_dir + "/model.safetensors";
+  std::string weights = checkpoint_rank_dir(o.checkpoint_dir, 2, 0) + "/model.safetensors";
   std::fstream f(weights, std::ios::in | std::ios::out | std::ios::binary);
   f.seekp(-5, std::ios::end);
   f.put('\x7f');

@@ -35,13 +35,8 @@ fs::path dir_resolve(const std::string& dir) {
   throw Error("checkpoint directory not found", io_where(dir), "check the path given to --resume");
 }
 
-struct FileRecord {
-  std::uint64_t size_bytes = 0;
-  std::uint32_t checksum = 0;
-};
-
 // Writes one safetensors file into `dir`, charging its bytes to the fault budget.
-FileRecord file_save(const fs::path& path, std::span<const TensorRef> tensors, const SafetensorsMetadata& metadata,
+CheckpointFileRecord file_save(const fs::path& path, std::span<const TensorRef> tensors, const SafetensorsMetadata& metadata,
                      std::int64_t& fault_budget) {
   FileWriter writer(path.string(), fault_budget);
   safetensors_write(writer, tensors, metadata);
@@ -52,8 +47,8 @@ FileRecord file_save(const fs::path& path, std::span<const TensorRef> tensors, c
   return {writer.written_bytes(), writer.checksum_crc32()};
 }
 
-nlohmann::json manifest_build(const CheckpointState& state, const FileRecord& model, const FileRecord& optimizer) {
-  auto record = [](const FileRecord& file) {
+nlohmann::json manifest_build(const CheckpointState& state, const CheckpointFileRecord& model, const CheckpointFileRecord& optimizer) {
+  auto record = [](const CheckpointFileRecord& file) {
     return nlohmann::json{{"bytes", file.size_bytes}, {"crc32", checksum_hex(file.checksum)}};
   };
   return {{"format", kFormatName},
@@ -65,17 +60,21 @@ nlohmann::json manifest_build(const CheckpointState& state, const FileRecord& mo
           {"files", {{kCheckpointModelFile, record(model)}, {kCheckpointOptimizerFile, record(optimizer)}}}};
 }
 
-void dir_write_all(const fs::path& temp, std::span<const TensorRef> model, std::span<const TensorRef> optimizer,
-                   const CheckpointState& state, std::int64_t fault_budget) {
+CheckpointFileRecords dir_write_all(const fs::path& temp, std::span<const TensorRef> model,
+                                    std::span<const TensorRef> optimizer, const CheckpointState& state,
+                                    const CheckpointSaveOptions& options) {
+  std::int64_t fault_budget = options.fault_after_bytes;
   SafetensorsMetadata metadata = {
       {"format", "pt"}, {"alloy.fingerprint", state.fingerprint}, {"alloy.step", std::to_string(state.step)}};
-  FileRecord model_record = file_save(temp / kCheckpointModelFile, model, metadata, fault_budget);
-  FileRecord optimizer_record = file_save(temp / kCheckpointOptimizerFile, optimizer, metadata, fault_budget);
+  CheckpointFileRecord model_record = file_save(temp / kCheckpointModelFile, model, metadata, fault_budget);
+  if (options.on_model_written) options.on_model_written();
+  CheckpointFileRecord optimizer_record = file_save(temp / kCheckpointOptimizerFile, optimizer, metadata, fault_budget);
   std::string text = manifest_build(state, model_record, optimizer_record).dump(2) + "\n";
   FileWriter manifest((temp / kCheckpointManifest).string(), fault_budget);
   manifest.write(text.data(), text.size());
   manifest.close_synced();
   directory_sync(temp.string());
+  return {model_record, optimizer_record, {manifest.written_bytes(), manifest.checksum_crc32()}};
 }
 
 nlohmann::json manifest_read(const fs::path& dir) {
@@ -150,8 +149,9 @@ CheckpointState state_from_manifest(const nlohmann::json& manifest, const fs::pa
 
 }  // namespace
 
-void checkpoint_save(const std::string& dir, std::span<const TensorRef> model, std::span<const TensorRef> optimizer,
-                     const CheckpointState& state, const CheckpointSaveOptions& options) {
+CheckpointFileRecords checkpoint_save(const std::string& dir, std::span<const TensorRef> model,
+                                      std::span<const TensorRef> optimizer, const CheckpointState& state,
+                                      const CheckpointSaveOptions& options) {
   fs::path target = dir_normalize(dir);
   std::error_code ec;
   if (fs::exists(target, ec) &&
@@ -161,10 +161,11 @@ void checkpoint_save(const std::string& dir, std::span<const TensorRef> model, s
   }
   fs::path temp = sibling(target, ".tmp");
   fs::path prev = sibling(target, ".prev");
+  CheckpointFileRecords records;
   try {
     fs::remove_all(temp);
     fs::create_directories(temp);
-    dir_write_all(temp, model, optimizer, state, options.fault_after_bytes);
+    records = dir_write_all(temp, model, optimizer, state, options);
     // A stale `prev` goes only when `target` is complete; after a crash between the renames
     // `prev` is the one good copy and stays until the new checkpoint is in place.
     if (fs::exists(target)) {
@@ -182,6 +183,7 @@ void checkpoint_save(const std::string& dir, std::span<const TensorRef> model, s
   }
   directory_sync(target.parent_path().string());
   fs::remove_all(prev, ec);
+  return records;
 }
 
 CheckpointState checkpoint_read_state(const std::string& dir) {

@@ -54,6 +54,7 @@ struct RankStepStats {
   // weights this step (they stay as they were; the learning-rate schedule still advances).
   bool loss_finite = true;
   bool update_skipped = false;
+  int32_t stop_signal = 0;           // a stop signal this rank received (stop_signals.hpp); 0: none
 };
 
 // Makes the backend of a rank's stage (stage_backend_cpu, or the CUDA backend's).
@@ -106,8 +107,9 @@ class RankRuntime {
   // ZeRO 3 this member's packed pieces ("zero3.pieces"). Moments: per tensor
   // ("adamw.m.<name>") when this rank updates all of its parameters in one place, else packed
   // like the optimizer ranges ("adamw.m"), one pair per place ("adamw.m@<offset>") when
-  // offloaded blocks keep theirs in host memory.
-  void checkpoint_save_to(const std::string& dir, const CheckpointState& state);
+  // offloaded blocks keep theirs in host memory. Returns what checkpoint_save wrote.
+  CheckpointFileRecords checkpoint_save_to(const std::string& dir, const CheckpointState& state,
+                                           const CheckpointSaveOptions& options = {});
   // Loads what checkpoint_save_to wrote and sets the optimizer's step; returns the state.
   CheckpointState checkpoint_load_from(const std::string& dir, const std::string& fingerprint);
   int64_t optimizer_steps() const { return optimizer_steps_; }

@@ -197,12 +197,13 @@ void RankRuntime::state_check_finite(const std::string& action, const std::strin
 }
 
 
-void RankRuntime::checkpoint_save_to(const std::string& dir, const CheckpointState& state) {
+CheckpointFileRecords RankRuntime::checkpoint_save_to(const std::string& dir, const CheckpointState& state,
+                                                      const CheckpointSaveOptions& options) {
   state_check_finite("save a checkpoint", dir, true);
   std::vector<std::vector<float>> parameter_staging, optimizer_staging;
   const std::vector<TensorRef> parameters = host_refs(parameter_refs(), parameter_staging, true);
   const std::vector<TensorRef> moments = host_refs(optimizer_refs(), optimizer_staging, true);
-  checkpoint_save(dir, parameters, moments, state);
+  return checkpoint_save(dir, parameters, moments, state, options);
 }
 
 

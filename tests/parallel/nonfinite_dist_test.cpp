@@ -13,6 +13,7 @@
 #include "dist_plans.hpp"
 #include "hw/catalog.hpp"
 #include "runtime/io/checkpoint.hpp"
+#include "runtime/io/checkpoint_commit.hpp"
 #include "runtime/io/safetensors.hpp"
 #include "runtime/parallel/agree.hpp"
 
@@ -56,8 +57,11 @@ class NonFiniteRunTest : public ::testing::Test {
     for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
     return n;
   }
-  // The checkpoint in `dir` is from `step` and every weight and moment in it is finite.
-  static void expect_finite_checkpoint(const std::string& dir, int64_t step) {
+  // The checkpoint committed in `root` is from `step`, and every weight and moment of `rank`'s
+  // files in it is finite.
+  static void expect_finite_checkpoint(const std::string& root, int64_t step, int rank = 0) {
+    ASSERT_EQ(checkpoint_manifest_read(root).step, step) << root;
+    const std::string dir = checkpoint_rank_dir(root, step, rank);
     EXPECT_EQ(checkpoint_read_state(dir).step, step) << dir;
     for (const char* file : {kCheckpointModelFile, kCheckpointOptimizerFile}) {
       const SafetensorsFile tensors = safetensors_open(dir + "/" + file);
@@ -118,7 +122,7 @@ TEST_F(NonFiniteRunTest, PipelineOfFourStopsOnEveryRankAtTheStep) {
   EXPECT_EQ(r.exit_code, kExitNonFinite) << r.output;
   EXPECT_EQ(count(r.output, "step 3: layers.4.attn_norm.weight's gradient on rank 2 is not finite"), 1) << r.output;
   EXPECT_NE(r.output.find(fmt::format("the last good checkpoint is {} (step 2)", ckpt)), std::string::npos) << r.output;
-  for (int rank = 0; rank < 4; ++rank) expect_finite_checkpoint(fmt::format("{}/rank-{:05d}", ckpt, rank), 2);
+  for (int rank = 0; rank < 4; ++rank) expect_finite_checkpoint(ckpt, 2, rank);
 }
 
 TEST_F(NonFiniteRunTest, TensorParallelPipelineNamesTheSliceOnTheSecondTensorRank) {
@@ -128,7 +132,7 @@ TEST_F(NonFiniteRunTest, TensorParallelPipelineNamesTheSliceOnTheSecondTensorRan
   const CommandResult r = run_command("env ALLOY_FAULT=nan:3:3 " + command, 120);
   EXPECT_EQ(r.exit_code, kExitNonFinite) << r.output;
   EXPECT_EQ(count(r.output, "step 3: layers.3.attn.qkv.weight's gradient on rank 3 is not finite"), 1) << r.output;
-  for (int rank = 0; rank < 4; ++rank) expect_finite_checkpoint(fmt::format("{}/rank-{:05d}", ckpt, rank), 2);
+  for (int rank = 0; rank < 4; ++rank) expect_finite_checkpoint(ckpt, 2, rank);
 }
 
 TEST_F(NonFiniteRunTest, DataParallelOfFourUnderZeroOneStopsOnEveryRankAtTheStep) {
@@ -139,7 +143,7 @@ TEST_F(NonFiniteRunTest, DataParallelOfFourUnderZeroOneStopsOnEveryRankAtTheStep
   EXPECT_EQ(count(r.output, "on rank 1 is not finite"), 1) << r.output;
   EXPECT_NE(r.output.find("step 3: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(fmt::format("the last good checkpoint is {} (step 2)", ckpt)), std::string::npos) << r.output;
-  for (int rank = 0; rank < 4; ++rank) expect_finite_checkpoint(fmt::format("{}/rank-{:05d}", ckpt, rank), 2);
+  for (int rank = 0; rank < 4; ++rank) expect_finite_checkpoint(ckpt, 2, rank);
 }
 
 }  // namespace

@@ -484,11 +484,11 @@ void table_print(Communicator& comm, const CheckTable& table, const std::vector<
 }
 
 // The largest all-reduce timed: each rank holds a few buffers of this size.
-constexpr double kMostCheckBytes = 16.0 * (1LL << 30);
+constexpr double kCommCheckMostBytes = 16.0 * (1LL << 30);
 
 int comm_check_run(const CommCheckOptions& o) {
   std::optional<double> bytes_value = units_parse_bytes(o.bytes_text);
-  if (!bytes_value || *bytes_value < 4 || *bytes_value > kMostCheckBytes) {
+  if (!bytes_value || *bytes_value < 4 || *bytes_value > kCommCheckMostBytes) {
     throw Error(fmt::format("--bytes '{}' is not a size from 4 bytes to 16GiB", o.bytes_text), {"", "--bytes"},
                 "write e.g. 16MiB or 1048576");
   }

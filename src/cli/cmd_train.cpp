@@ -29,11 +29,9 @@ namespace alloy::cli {
 
 namespace {
 
-constexpr int64_t kMostSteps = 1'000'000'000;
-constexpr int64_t kMostSequences = 10'000'000;
-constexpr double kMostLearningRate = 10.0;
-constexpr int64_t kMostGpus = 1024;
-constexpr double kMostMemoryCapBytes = 1125899906842624.0;  // 1 PiB
+constexpr double kTrainMostLearningRate = 10.0;
+constexpr int64_t kTrainMostGpus = 1024;
+constexpr double kTrainMostMemoryCapBytes = 1125899906842624.0;  // 1 PiB
 
 struct TrainCommand {
   std::string model;
@@ -142,7 +140,7 @@ void parse_single_run_options(TrainCommand& c) {
   }
   if (!c.memory_cap.empty()) {
     std::optional<double> cap = units_parse_bytes(c.memory_cap);
-    if (!cap || *cap <= 0 || *cap > kMostMemoryCapBytes)
+    if (!cap || *cap <= 0 || *cap > kTrainMostMemoryCapBytes)
       throw Error("cannot read '" + c.memory_cap + "' as a memory size from 1 byte to 1PiB", {"", "--memory-cap"},
                   "write e.g. 2GiB");
     c.options.memory_cap_bytes = *cap;
@@ -274,21 +272,21 @@ void add_train(CLI::App& app, int* exit_code) {
   cmd->add_option("--data,-d", c->options.train_data, "Training token file (llm.c format; see `alloy tokenize`)")->required();
   cmd->add_option("--val-data", c->options.val_data, "Validation token file");
   cmd->add_option("--train,-t", c->train_file, "Training setup .yaml (steps, batch, learning rate, ...)");
-  cmd->add_option("--steps", c->steps, "Optimizer steps (overrides the setup)")->check(option_whole_in(1, kMostSteps));
+  cmd->add_option("--steps", c->steps, "Optimizer steps (overrides the setup)")->check(option_whole_in(1, kOptionMostSteps));
   cmd->add_option("--batch", c->options.batch_size, "Sequences per step (overrides the setup)")
-      ->check(option_whole_in(1, kMostSequences));
+      ->check(option_whole_in(1, kOptionMostSequences));
   cmd->add_option("--seq-len", c->seq_len, "Tokens per sequence (overrides the setup)")
-      ->check(option_whole_in(1, kMostSequences));
+      ->check(option_whole_in(1, kOptionMostSequences));
   cmd->add_option("--lr", c->learning_rate, "Peak learning rate (overrides the setup)")
-      ->check(option_number_in(0, kMostLearningRate, true));
+      ->check(option_number_in(0, kTrainMostLearningRate, true));
   cmd->add_option("--val-every", c->options.val_every, "With --val-data: validation loss every N steps (and always at the end)")
-      ->check(option_whole_in(1, kMostSteps));
+      ->check(option_whole_in(1, kOptionMostSteps));
   cmd->add_option("--val-batches", c->options.val_batches, "With --val-data: batches per validation pass")
       ->capture_default_str()
-      ->check(option_whole_in(1, kMostSteps));
+      ->check(option_whole_in(1, kOptionMostSteps));
   cmd->add_option("--checkpoint", c->options.checkpoint_dir, "Checkpoint folder (written atomically at the end)");
   cmd->add_option("--checkpoint-every", c->options.checkpoint_every, "With --checkpoint: also checkpoint every N steps")
-      ->check(option_whole_in(1, kMostSteps));
+      ->check(option_whole_in(1, kOptionMostSteps));
   cmd->add_flag("--resume", c->options.resume, "Continue from --checkpoint with identical batches");
   cmd->add_option("--log", c->options.log_path, "Append one JSON line per step to this file");
   cmd->add_option("--threads", c->options.threads, "Threads (default: cores / ranks on this node; with --plan on one host, cores / the cluster's CPU devices; or ALLOY_THREADS)")
@@ -301,7 +299,7 @@ void add_train(CLI::App& app, int* exit_code) {
                   "cpu, or cuda: train in bf16 on one GPU, or on one GPU per rank under mpirun (data parallel, --plan or not)")
       ->capture_default_str();
   cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index (default: the rank's index on its host)")
-      ->check(option_whole_in(0, kMostGpus - 1));
+      ->check(option_whole_in(0, kTrainMostGpus - 1));
   cmd->add_option("--gpu-comm", c->gpu_comm,
                   "With --device cuda under mpirun: how replicas sum gradients: auto, nccl, or host (through host memory)")
       ->capture_default_str()

@@ -9,6 +9,10 @@
 
 namespace alloy::cli {
 
+// Sanity bounds shared by several commands, as for the specs (docs/architecture.md).
+inline constexpr int64_t kOptionMostSteps = 1'000'000'000;
+inline constexpr int64_t kOptionMostSequences = 10'000'000;
+
 // Accepts a whole number in [low, high]; CLI11 prefixes the failing flag to the message, which
 // states the accepted range.
 CLI::Validator option_whole_in(int64_t low, int64_t high);

@@ -19,10 +19,10 @@ using OrderedJson = nlohmann::ordered_json;
 
 // Sanity bounds of a plan's counts, as for the specs (docs/architecture.md): every product of
 // them stays inside 64-bit integers.
-constexpr int64_t kMostLayers = 10'000;
-constexpr int64_t kMostDevices = 1 << 20;
-constexpr int64_t kMostSequences = 10'000'000;
-constexpr int64_t kMostChunks = 64;
+constexpr int64_t kPlanJsonMostLayers = 10'000;
+constexpr int64_t kPlanJsonMostDevices = 1 << 20;
+constexpr int64_t kPlanJsonMostSequences = 10'000'000;
+constexpr int64_t kPlanJsonMostChunks = 64;
 
 std::string field_name(const char* key, const std::string& prefix) { return prefix.empty() ? key : prefix + "." + key; }
 
@@ -137,8 +137,8 @@ std::vector<PlanReplica> replicas_from_json(const OrderedJson& list, const std::
     const std::string field = fmt::format("{}.replicas[{}]", prefix, i);
     PlanReplica r;
     r.device_type = get<std::string>(list[i], "device_type", source, field);
-    r.sequences = get_whole(list[i], "sequences", 0, kMostSequences, source, field);
-    if (list[i].contains("pieces")) r.pieces = static_cast<int>(get_whole(list[i], "pieces", 1, kMostSequences, source, field));
+    r.sequences = get_whole(list[i], "sequences", 0, kPlanJsonMostSequences, source, field);
+    if (list[i].contains("pieces")) r.pieces = static_cast<int>(get_whole(list[i], "pieces", 1, kPlanJsonMostSequences, source, field));
     if (list[i].contains("predicted")) {
       const OrderedJson& pr = list[i].at("predicted");
       const std::string pp = field + ".predicted";
@@ -159,8 +159,8 @@ std::vector<LayerRange> chunks_from_json(const OrderedJson& list, const std::str
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string item = fmt::format("{}[{}]", field, i);
     if (!list[i].is_array() || list[i].size() != 2) throw Error("each chunk is [begin, end)", {source, item}, "write e.g. [[0, 16]]");
-    chunks.push_back({static_cast<int>(whole_from(list[i][0], 0, kMostLayers, source, item + "[0]")),
-                      static_cast<int>(whole_from(list[i][1], 0, kMostLayers, source, item + "[1]"))});
+    chunks.push_back({static_cast<int>(whole_from(list[i][0], 0, kPlanJsonMostLayers, source, item + "[0]")),
+                      static_cast<int>(whole_from(list[i][1], 0, kPlanJsonMostLayers, source, item + "[1]"))});
   }
   return chunks;
 }
@@ -280,20 +280,20 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
   const OrderedJson model = get<OrderedJson>(j, "model", source, "");
   plan.model_name = get<std::string>(model, "name", source, "model");
   plan.model_fingerprint = get<std::string>(model, "fingerprint", source, "model");
-  plan.num_layers = static_cast<int>(get_whole(model, "num_layers", 1, kMostLayers, source, "model"));
+  plan.num_layers = static_cast<int>(get_whole(model, "num_layers", 1, kPlanJsonMostLayers, source, "model"));
   const OrderedJson cluster = get<OrderedJson>(j, "cluster", source, "");
   plan.cluster_name = get<std::string>(cluster, "name", source, "cluster");
   plan.cluster_fingerprint = get<std::string>(cluster, "fingerprint", source, "cluster");
-  plan.num_devices = static_cast<int>(get_whole(cluster, "num_devices", 1, kMostDevices, source, "cluster"));
+  plan.num_devices = static_cast<int>(get_whole(cluster, "num_devices", 1, kPlanJsonMostDevices, source, "cluster"));
   plan.objective = get<std::string>(j, "objective", source, "");
-  plan.seq_len = get_whole(j, "seq_len", 1, kMostSequences, source, "");
-  plan.global_batch_sequences = get_whole(j, "global_batch_sequences", 1, kMostSequences, source, "");
-  plan.micro_batch_sequences = get_whole(j, "micro_batch_sequences", 1, kMostSequences, source, "");
-  plan.num_micro_batches = static_cast<int>(get_whole(j, "num_micro_batches", 1, kMostSequences, source, ""));
+  plan.seq_len = get_whole(j, "seq_len", 1, kPlanJsonMostSequences, source, "");
+  plan.global_batch_sequences = get_whole(j, "global_batch_sequences", 1, kPlanJsonMostSequences, source, "");
+  plan.micro_batch_sequences = get_whole(j, "micro_batch_sequences", 1, kPlanJsonMostSequences, source, "");
+  plan.num_micro_batches = static_cast<int>(get_whole(j, "num_micro_batches", 1, kPlanJsonMostSequences, source, ""));
   const std::string schedule = get<std::string>(j, "schedule", source, "");
   if (!schedule_parse(schedule, &plan.schedule))
     throw Error("unknown schedule '" + schedule + "'", {source, "schedule"}, "use gpipe, 1f1b or interleaved");
-  plan.virtual_chunks = static_cast<int>(get_whole(j, "virtual_chunks", 1, kMostChunks, source, ""));
+  plan.virtual_chunks = static_cast<int>(get_whole(j, "virtual_chunks", 1, kPlanJsonMostChunks, source, ""));
   const std::string precision = get<std::string>(j, "precision", source, "");
   if (!precision_parse(precision, &plan.precision))
     throw Error("unknown precision '" + precision + "'", {source, "precision"}, "use fp32, tf32, bf16, fp16 or fp8");
@@ -305,9 +305,9 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
     const std::string prefix = fmt::format("stages[{}]", i);
     PlanStage s;
     s.device_type = get<std::string>(st, "device_type", source, prefix);
-    s.device_ids = get_wholes(st, "device_ids", 0, kMostDevices - 1, source, prefix);
-    s.tp = static_cast<int>(get_whole(st, "tp", 1, kMostDevices, source, prefix));
-    s.dp = static_cast<int>(get_whole(st, "dp", 1, kMostDevices, source, prefix));
+    s.device_ids = get_wholes(st, "device_ids", 0, kPlanJsonMostDevices - 1, source, prefix);
+    s.tp = static_cast<int>(get_whole(st, "tp", 1, kPlanJsonMostDevices, source, prefix));
+    s.dp = static_cast<int>(get_whole(st, "dp", 1, kPlanJsonMostDevices, source, prefix));
     s.zero = static_cast<int>(get_whole(st, "zero", 0, 3, source, prefix));
     s.sequence_parallel = get<bool>(st, "sequence_parallel", source, prefix);
     s.chunks = chunks_from_json(member(st, "chunks", source, prefix), source, prefix + ".chunks");

@@ -1,8 +1,9 @@
 // A seeded mutation fuzzer over every input Alloy reads: model, cluster, training, plan and token
 // files, each a small valid file mutated (lines deleted, duplicated or swapped; numbers made 0,
 // -1, huge, 1e308, nan, text or null; files truncated; bytes flipped) and run through check,
-// plan, explain, simulate or train. Every run must end with exit 0, or exit 2 and a message;
-// never an internal error, a signal or a hang.
+// plan, explain, simulate or train, some with a numeric option made odd too, or an output file
+// on a full disk (/dev/full). Every run must end with exit 0, or exit 2 and a message; never an
+// internal error, a signal or a hang, and never exit 0 when an output could not be written.
 //
 // ALLOY_FUZZ_CASES=N runs N inputs (default 300), ALLOY_FUZZ_SEED=S changes them (default 1),
 // ALLOY_FUZZ_CASE=I runs input I alone (to reproduce a failure the test printed).
@@ -43,6 +44,7 @@ struct FuzzCase {
   std::string text;                    // the mutated input
   std::vector<std::string> mutations;  // what was done to the seed, in order
   std::string command;                 // alloy arguments; INPUT stands for the mutated file
+  bool output_on_full_disk = false;    // an output goes to /dev/full: exit 0 would hide the loss
 };
 
 enum class Outcome { Outcome_ok, Outcome_refused, Outcome_internal_error, Outcome_signal, Outcome_hang, Outcome_silent_failure };
@@ -54,7 +56,7 @@ const char* outcome_name(Outcome o) {
     case Outcome::Outcome_internal_error: return "internal error";
     case Outcome::Outcome_signal: return "signal";
     case Outcome::Outcome_hang: return "hang";
-    case Outcome::Outcome_silent_failure: return "other exit or no message";
+    case Outcome::Outcome_silent_failure: return "other exit, no message, or exit 0 with an output lost";
   }
   return "?";
 }
@@ -170,6 +172,29 @@ std::string tokens_mutate(std::string* bytes, Rng& rng) {
   return "flip byte " + std::to_string(at);
 }
 
+// One numeric option of `command` given an odd value; false when it has none.
+bool option_mutate(std::string* command, Rng& rng, std::string* what) {
+  static const std::regex option(R"(--(steps|batch|seq-len|global-batch|threads|lr) (\S+))");
+  const char* const odd[] = {"0", "-1", "nan", "inf", "1e308", "18446744073709551616", "100000", "3x", "-0.5"};
+  std::vector<std::smatch> found(std::sregex_iterator(command->begin(), command->end(), option), std::sregex_iterator());
+  if (found.empty()) return false;
+  const std::smatch& m = found[pick(rng, found.size())];
+  const auto at = static_cast<size_t>(m.position(2)), length = static_cast<size_t>(m.length(2));
+  std::string value = odd[pick(rng, std::size(odd))];
+  if (value == "100000" && m.str(1) != "threads") value = "0";  // a valid long run is no finding
+  *what = "option value '" + command->substr(at, length) + "' -> " + value;
+  command->replace(at, length, value);
+  return true;
+}
+
+// The option that sends one of the command's outputs to /dev/full (writes fail with ENOSPC).
+std::string full_disk_option(const std::string& command) {
+  if (command.starts_with("plan ")) return " -o /dev/full";
+  if (command.starts_with("simulate ")) return " --trace /dev/full";
+  if (command.starts_with("train ")) return " --log /dev/full";
+  return {};
+}
+
 // --- commands per kind of input ---------------------------------------------------------------
 
 struct Fixture {
@@ -179,7 +204,7 @@ struct Fixture {
 };
 
 std::vector<std::string> commands_for(const Seed& seed, const Fixture& f) {
-  const std::string train = "train --no-progress --steps 1 --memory-cap 512MiB --threads 1 ";
+  const std::string train = "train --no-progress --steps 1 --lr 1e-3 --memory-cap 512MiB --threads 1 ";
   switch (seed.kind) {
     case InputKind::InputKind_model:
       return {"check --model INPUT", "plan --no-simulate --model INPUT --cluster local-cpu-1 --global-batch 4",
@@ -239,6 +264,14 @@ FuzzCase case_make(const Fixture& f, uint64_t seed, int64_t index) {
     c.mutations.push_back(c.seed->kind == InputKind::InputKind_tokens ? tokens_mutate(&c.text, rng) : text_mutate(&c.text, rng));
   const std::vector<std::string> commands = commands_for(*c.seed, f);
   c.command = commands[pick(rng, commands.size())];
+  const size_t extra = pick(rng, 8);
+  std::string what;
+  if (extra == 0 && option_mutate(&c.command, rng, &what)) c.mutations.push_back(what);
+  if (extra == 1 && !full_disk_option(c.command).empty()) {
+    c.command += full_disk_option(c.command);
+    c.output_on_full_disk = true;
+    c.mutations.push_back("output on a full disk");
+  }
   return c;
 }
 
@@ -267,7 +300,7 @@ CaseResult case_run(const FuzzCase& c) {
   } else if (run.output.find("internal error") != std::string::npos) {
     r.outcome = Outcome::Outcome_internal_error;
   } else if (code == 0) {
-    r.outcome = Outcome::Outcome_ok;
+    r.outcome = c.output_on_full_disk ? Outcome::Outcome_silent_failure : Outcome::Outcome_ok;
   } else if (code == 2 && run.output.find("error") != std::string::npos) {
     r.outcome = Outcome::Outcome_refused;
   } else {

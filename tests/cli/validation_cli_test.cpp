@@ -89,6 +89,8 @@ TEST(CliValidation, EnvironmentVariablesOutOfRange) {
   expect_refused({train.c_str(), "ALLOY_THREADS", "[1, "}, "env ALLOY_THREADS=100000 ");
   expect_refused({train.c_str(), "ALLOY_THREADS", "[1, "}, "env ALLOY_THREADS=99999999999999999999 ");
   expect_refused({train.c_str(), "ALLOY_THREADS", "[1, "}, "env ALLOY_THREADS=-3 ");
+  expect_refused({train.c_str(), "ALLOY_DEVICE_SPEED", "[0.001, 1]"}, "env ALLOY_DEVICE_SPEED=nan ");
+  expect_refused({train.c_str(), "ALLOY_TIME_DILATION", "[1, 1000]"}, "env ALLOY_TIME_DILATION=0 ");
 }
 
 // A full disk, as /dev/full gives it: every output file's write fails with ENOSPC.

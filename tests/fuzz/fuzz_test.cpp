@@ -5,18 +5,21 @@
 // on a full disk (/dev/full). Every run must end with exit 0, or exit 2 and a message; never an
 // internal error, a signal or a hang, and never exit 0 when an output could not be written.
 //
-// ALLOY_FUZZ_CASES=N runs N inputs (default 300), ALLOY_FUZZ_SEED=S changes them (default 1),
-// ALLOY_FUZZ_CASE=I runs input I alone (to reproduce a failure the test printed).
+// ALLOY_FUZZ_CASES=N runs N inputs (default 200), ALLOY_FUZZ_SEED=S changes them (default 1),
+// ALLOY_FUZZ_CASE=I runs input I alone (to reproduce a failure the test printed), and
+// ALLOY_FUZZ_JOBS=J runs J at a time (default: the hardware threads, at most 4).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <random>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/test_util.hpp"
@@ -329,21 +332,40 @@ std::string case_report(const FuzzCase& c, const CaseResult& r, uint64_t seed, i
          "\n";
 }
 
+// Runs cases [first, end) on `jobs` threads, each case in a process of its own.
+std::vector<std::pair<FuzzCase, CaseResult>> cases_run(const Fixture& f, uint64_t seed, int64_t first, int64_t end, int jobs) {
+  std::vector<std::pair<FuzzCase, CaseResult>> out(static_cast<size_t>(end - first));
+  std::atomic<int64_t> next{first};
+  auto work = [&] {
+    for (int64_t index = next++; index < end; index = next++) {
+      auto& [c, r] = out[static_cast<size_t>(index - first)];
+      c = case_make(f, seed, index);
+      r = case_run(c);
+    }
+  };
+  std::vector<std::thread> workers;
+  for (int j = 0; j < jobs; ++j) workers.emplace_back(work);
+  for (std::thread& w : workers) w.join();
+  return out;
+}
+
 TEST(Fuzz, MutatedInputsExitCleanly) {
   Fixture f;
   fixture_build(&f);
   if (::testing::Test::HasFatalFailure()) return;
   const auto seed = static_cast<uint64_t>(env_int("ALLOY_FUZZ_SEED", 1));
   const int64_t only = env_int("ALLOY_FUZZ_CASE", -1);
-  const int64_t cases = env_int("ALLOY_FUZZ_CASES", 300);
+  const int64_t cases = env_int("ALLOY_FUZZ_CASES", 200);
+  const int jobs = static_cast<int>(env_int("ALLOY_FUZZ_JOBS", std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4)));
+  const int64_t first = only >= 0 ? only : 0;
+  const auto results = cases_run(f, seed, first, only >= 0 ? only + 1 : cases, only >= 0 ? 1 : jobs);
   std::map<Outcome, int64_t> counts;
   std::vector<std::string> failures;
-  for (int64_t index = only >= 0 ? only : 0; index < (only >= 0 ? only + 1 : cases); ++index) {
-    const FuzzCase c = case_make(f, seed, index);
-    const CaseResult r = case_run(c);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& [c, r] = results[i];
     ++counts[r.outcome];
     const bool bad = r.outcome != Outcome::Outcome_ok && r.outcome != Outcome::Outcome_refused;
-    if (bad || only >= 0) failures.push_back(case_report(c, r, seed, index));
+    if (bad || only >= 0) failures.push_back(case_report(c, r, seed, first + static_cast<int64_t>(i)));
   }
   std::string summary = "fuzz: seed " + std::to_string(seed) + ":";
   for (const auto& [outcome, count] : counts) summary += " " + std::string(outcome_name(outcome)) + " " + std::to_string(count) + ";";

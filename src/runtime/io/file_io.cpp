@@ -194,7 +194,17 @@ void directory_sync(const std::string& path) {
   ::close(fd);
 }
 
+void file_replace_check(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::symlink_status(path, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw Error("exists and is not a regular file: writing it atomically would replace it", io_where(path),
+                "name a new file or a regular file to overwrite");
+  }
+}
+
 void file_write_atomic(const std::string& path, const std::function<void(FileWriter&)>& write_body) {
+  file_replace_check(path);
   std::filesystem::path target(path);
   std::string temp = path + ".tmp-" + std::to_string(getpid());
   try {

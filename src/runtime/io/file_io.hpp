@@ -103,9 +103,13 @@ class FileWriter {
   std::uint32_t checksum_ = 0;
 };
 
+// Throws when `path` exists but is not a regular file (a device such as /dev/full, a folder, a
+// link, a pipe), which a rename of a temporary file over it would replace.
+void file_replace_check(const std::string& path);
+
 // Writes `path` atomically: `write_body` fills a temporary file beside it, which is synced and
 // renamed over `path` only when the body returns. On any exception the temporary is removed and
-// an existing `path` is untouched.
+// an existing `path` is untouched; `path` must be new or a regular file (file_replace_check).
 void file_write_atomic(const std::string& path, const std::function<void(FileWriter&)>& write_body);
 
 // fsyncs a directory so that renames inside it survive a power cut.

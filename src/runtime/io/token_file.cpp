@@ -137,6 +137,7 @@ TokenFile token_file_open(const std::string& path, std::int64_t vocab_size) {
 
 TokenFileWriter::TokenFileWriter(const std::string& path, TokenFileVersion version)
     : path_(path), temp_path_(path + ".tmp-" + std::to_string(getpid())), version_(version) {
+  file_replace_check(path);
   writer_ = std::make_unique<FileWriter>(temp_path_);
   std::int32_t header[kTokenFileHeaderInts] = {};
   header[0] = kTokenFileMagic;

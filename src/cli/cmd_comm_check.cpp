@@ -13,6 +13,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
+#include "cli/option_checks.hpp"
 #include "runtime/parallel/communicator.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
@@ -482,10 +483,13 @@ void table_print(Communicator& comm, const CheckTable& table, const std::vector<
   }
 }
 
+// The largest all-reduce timed: each rank holds a few buffers of this size.
+constexpr double kCommCheckMostBytes = 16.0 * (1LL << 30);
+
 int comm_check_run(const CommCheckOptions& o) {
   std::optional<double> bytes_value = units_parse_bytes(o.bytes_text);
-  if (!bytes_value || *bytes_value < 4) {
-    throw Error(fmt::format("--bytes '{}' is not a size of at least 4 bytes", o.bytes_text), {"", "--bytes"},
+  if (!bytes_value || *bytes_value < 4 || *bytes_value > kCommCheckMostBytes) {
+    throw Error(fmt::format("--bytes '{}' is not a size from 4 bytes to 16GiB", o.bytes_text), {"", "--bytes"},
                 "write e.g. 16MiB or 1048576");
   }
   auto bytes = static_cast<int64_t>(*bytes_value) / 4 * 4;
@@ -539,8 +543,11 @@ void add_comm_check(CLI::App& app, int* exit_code) {
   cmd->add_option("--bytes", options->bytes_text, "All-reduce size for the bandwidth and overlap figures")
       ->capture_default_str();
   cmd->add_option("--timeout", options->timeout_seconds,
-                  "Seconds an operation may take before the job is aborted (0: ALLOY_COMM_TIMEOUT, else 300)");
-  cmd->add_option("--fault-rank", options->fault_rank, "Testing aid: this rank misbehaves (see --fault)")->group("");
+                  "Seconds an operation may take before the job is aborted (0: ALLOY_COMM_TIMEOUT, else 300)")
+      ->check(option_number_in(0, 7 * 24 * 3600, false));
+  cmd->add_option("--fault-rank", options->fault_rank, "Testing aid: this rank misbehaves (see --fault)")
+      ->check(option_whole_in(0, 1 << 20))
+      ->group("");
   cmd->add_option("--fault", options->fault, "Testing aid: stall (never joins) or corrupt (wrong input)")
       ->check(CLI::IsMember({"stall", "corrupt"}))
       ->group("");

@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
+#include "cli/option_checks.hpp"
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "plan/export.hpp"
@@ -19,6 +20,11 @@
 namespace alloy::cli {
 
 namespace {
+
+// Sanity bounds of the pins, as for the specs (docs/architecture.md).
+constexpr int64_t kPlanMostDevices = 1 << 20;
+constexpr int64_t kPlanMostLayers = 10'000;
+constexpr int64_t kPlanMostChunks = 64;
 
 struct PlanCommand {
   std::string model;
@@ -198,23 +204,28 @@ void add_plan(CLI::App& app, int* exit_code) {
   cmd->add_option("--model,-m", c->model, "Model preset or config path")->required();
   cmd->add_option("--cluster,-c", c->cluster, "Cluster preset or .yaml path")->required();
   cmd->add_option("--train,-t", c->train, "Training setup .yaml (sequence length, global batch, precision)");
-  cmd->add_option("--global-batch", c->global_batch, "Sequences per step (overrides the setup)");
+  cmd->add_option("--global-batch", c->global_batch, "Sequences per step (overrides the setup)")
+      ->check(option_whole_in(1, kOptionMostSequences));
   cmd->add_option("--profile", c->profile, "Measured profile JSON (docs/profile-format.md)");
   cmd->add_option("--objective", c->objective, "throughput (tokens/s) or cost (price per token)")->capture_default_str();
   cmd->add_option("--output,-o", c->output, "Write the plan as JSON to this file");
   cmd->add_option("--report", c->report, "Also simulate the plan and write an HTML report");
   cmd->add_option("--emit", c->emit, "Also print the plan for another runtime: megatron or deepspeed")
       ->check(CLI::IsMember({"megatron", "deepspeed"}));
-  cmd->add_option("--tp", c->search.tp, "Pin the tensor-parallel degree of every stage");
-  cmd->add_option("--pp", c->search.pp, "Pin the number of pipeline stages");
-  cmd->add_option("--dp", c->search.dp, "Pin the data-parallel degree of every stage");
-  cmd->add_option("--micro-batch", c->search.micro_batch_sequences, "Pin the micro-batch size (sequences)");
-  cmd->add_option("--num-micro-batches", c->search.num_micro_batches, "Pin the number of micro-batches");
+  cmd->add_option("--tp", c->search.tp, "Pin the tensor-parallel degree of every stage")->check(option_whole_in(1, kPlanMostDevices));
+  cmd->add_option("--pp", c->search.pp, "Pin the number of pipeline stages")->check(option_whole_in(1, kPlanMostDevices));
+  cmd->add_option("--dp", c->search.dp, "Pin the data-parallel degree of every stage")->check(option_whole_in(1, kPlanMostDevices));
+  cmd->add_option("--micro-batch", c->search.micro_batch_sequences, "Pin the micro-batch size (sequences)")
+      ->check(option_whole_in(1, kOptionMostSequences));
+  cmd->add_option("--num-micro-batches", c->search.num_micro_batches, "Pin the number of micro-batches")
+      ->check(option_whole_in(1, kOptionMostSequences));
   cmd->add_option("--schedule", c->schedule, "Pin the schedule: gpipe, 1f1b, interleaved");
-  cmd->add_option("--chunks", c->search.virtual_chunks, "Model chunks per stage for the interleaved schedule");
-  cmd->add_option("--zero", c->search.zero, "Pin the ZeRO stage (0-3)");
+  cmd->add_option("--chunks", c->search.virtual_chunks, "Model chunks per stage for the interleaved schedule")
+      ->check(option_whole_in(1, kPlanMostChunks));
+  cmd->add_option("--zero", c->search.zero, "Pin the ZeRO stage (0-3)")->check(option_whole_in(0, 3));
   cmd->add_option("--recompute", c->recompute, "Pin recomputation for every block: none, selective, full");
-  cmd->add_option("--sequence-parallel", c->sequence_parallel, "Pin sequence parallelism: 1 or 0");
+  cmd->add_option("--sequence-parallel", c->sequence_parallel, "Pin sequence parallelism: 1 or 0")
+      ->check(option_whole_in(0, 1));
   cmd->add_flag("--no-offload", c->no_offload, "Never offload layers to host memory");
   cmd->add_flag("--even-dp", c->even_dp,
                 "Never split micro-batches unevenly over data-parallel replicas of different device types");
@@ -222,15 +233,19 @@ void add_plan(CLI::App& app, int* exit_code) {
                   "Pin the offloaded layers fetched ahead of their use (1-8; default: 1, 2 or 4 per stage)");
   cmd->add_option("--offload-activations", c->search.offload_activations,
                   "Park the saved activations of this many layers per stage in host memory between forward and backward "
-                  "(the first layers not fully recomputed; default 0)");
+                  "(the first layers not fully recomputed; default 0)")
+      ->check(option_whole_in(0, kPlanMostLayers));
   cmd->add_flag("--no-simulate", c->no_rerank,
                 "Rank candidates by the analytic formula alone (default: the best few are re-ranked by simulation)");
   cmd->add_option("--layer-split", c->layer_split, "Pin blocks per stage in pipeline order, e.g. 10,10,12");
   cmd->add_option("--device-order", c->device_order, "Pin device types in pipeline order, e.g. a100-80gb-sxm,v100-32gb");
   cmd->add_flag("--all-devices", c->search.every_device,
                 "Only layouts that use every device (e.g. to calibrate every device type with one run)");
-  cmd->add_option("--threads", c->search.threads, "Search threads (1 or 2)")->capture_default_str();
-  cmd->callback([c, exit_code]() {
+  cmd->add_option("--threads", c->search.threads, "Search threads (1 or 2)")->capture_default_str()->check(option_whole_in(1, 2));
+  cmd->callback([c, exit_code, cmd]() {
+    option_refuse_unless(*cmd, "--chunks", c->schedule.empty() || c->schedule == "interleaved",
+                         "the interleaved schedule (--schedule interleaved, or no --schedule)");
+    option_refuse_unless(*cmd, "--prefetch-depth", !c->no_offload, "offloading (drop --no-offload)");
     run_plan(*c);
     *exit_code = 0;
   });

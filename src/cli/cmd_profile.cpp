@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
+#include "cli/option_checks.hpp"
 #include "cli/gpu_commands.hpp"
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
@@ -25,6 +25,7 @@
 #include "spec/model.hpp"
 #include "spec/train.hpp"
 #include "spec/error.hpp"
+#include "spec/text_file.hpp"
 #include "spec/units.hpp"
 #include "util/table.hpp"
 
@@ -183,9 +184,7 @@ void run_profile(const ProfileCommand& c) {
                                                                 : optimizer[0] / world *
                                                                       device_slowdown(type, ranks_on_host, runtime_threads());
   }
-  std::ofstream out(c.output);
-  if (!out) throw Error("cannot write the profile", {c.output, "--output"}, "check the folder exists and is writable");
-  out << profile_to_json(profile);
+  text_file_write(c.output, profile_to_json(profile), "profile", "--output");
 
   TextTable table({"layer", "forward>", "backward>"});
   for (size_t i = 0; i < shapes.size(); ++i)
@@ -237,14 +236,20 @@ void add_profile(CLI::App& app, int* exit_code) {
   cmd->add_option("--cluster,-c", c->cluster, "Cluster preset or path: its CPU device types get the measurements")->required();
   cmd->add_option("--train,-t", c->train_file, "Training setup .yaml (global batch and sequence length to cover)");
   cmd->add_option("--output,-o", c->output, "Profile to write")->capture_default_str();
-  cmd->add_option("--repeats", c->repeats, "Timed runs per shape (median; one warm-up run first)")->capture_default_str();
+  cmd->add_option("--repeats", c->repeats, "Timed runs per shape (median; one warm-up run first)")
+      ->capture_default_str()
+      ->check(option_whole_in(1, 1000));
   cmd->add_option("--rounds", c->rounds, "Sweeps over all shapes (median per shape, each scaled by a reference GEMM timed next to it)")
-      ->capture_default_str();
-  cmd->add_option("--threads", c->threads, "Threads per rank (default: cores / the cluster's CPU devices on this host, as training uses, or ALLOY_THREADS)");
+      ->capture_default_str()
+      ->check(option_whole_in(1, 100));
+  cmd->add_option("--threads", c->threads, "Threads per rank (default: cores / the cluster's CPU devices on this host, as training uses, or ALLOY_THREADS)")
+      ->check(option_whole_in(1, runtime_threads_limit()));
   cmd->add_option("--device", c->device, "cpu, or cuda: measure on a GPU as the cluster's first (GPU) device type")
-      ->capture_default_str();
-  cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index")->capture_default_str();
-  cmd->callback([c, exit_code]() {
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index")->capture_default_str()->check(option_whole_in(0, 1023));
+  cmd->callback([c, exit_code, cmd]() {
+    option_refuse_unless(*cmd, "--gpu", c->device == "cuda", "--device cuda");
     run_profile(*c);
     *exit_code = 0;
   });

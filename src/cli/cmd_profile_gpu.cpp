@@ -2,8 +2,6 @@
 // as the profile of the cluster's GPU type for alloy plan --profile.
 #include <fmt/core.h>
 
-#include <fstream>
-
 #include "cli/gpu_commands.hpp"
 #include "spec/error.hpp"
 
@@ -15,6 +13,7 @@
 #include "hw/catalog.hpp"
 #include "runtime/cuda/gpu_profile.hpp"
 #include "spec/cluster.hpp"
+#include "spec/text_file.hpp"
 #include "spec/units.hpp"
 #include "util/table.hpp"
 #endif
@@ -41,9 +40,7 @@ void profile_on_gpu(const ModelSpec& model, const std::string& cluster_name, con
   DeviceProfile& entry = profile.device_types[type.name];
   entry.layers = measured.layers;
   entry.optimizer_seconds_per_parameter = measured.optimizer_seconds_per_parameter;
-  std::ofstream out(output);
-  if (!out) throw Error("cannot write the profile", {output, "--output"}, "check the folder exists and is writable");
-  out << profile_to_json(profile);
+  text_file_write(output, profile_to_json(profile), "profile", "--output");
 
   TextTable table({"layer", "micro-batch>", "forward>", "backward>"});
   for (const ProfiledLayer& l : measured.layers) {

@@ -2,13 +2,13 @@
 // model on token files with progress, JSON-lines logs, validation and checkpoints; turn any
 // text into a byte-level token file.
 #include <algorithm>
-#include <fstream>
 #include <optional>
 
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
 #include "cli/gpu_commands.hpp"
+#include "cli/option_checks.hpp"
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"
@@ -18,14 +18,20 @@
 #include "runtime/parallel/dist_report.hpp"
 #include "runtime/io/tokenize.hpp"
 #include "runtime/stage_backend.hpp"
+#include "runtime/threads.hpp"
 #include "runtime/trainer.hpp"
 #include "search/transfer_calibration.hpp"
 #include "spec/error.hpp"
+#include "spec/text_file.hpp"
 #include "spec/units.hpp"
 
 namespace alloy::cli {
 
 namespace {
+
+constexpr double kTrainMostLearningRate = 10.0;
+constexpr int64_t kTrainMostGpus = 1024;
+constexpr double kTrainMostMemoryCapBytes = 1125899906842624.0;  // 1 PiB
 
 struct TrainCommand {
   std::string model;
@@ -65,6 +71,20 @@ TrainSpec train_spec_from(const TrainCommand& c, const ModelSpec& model) {
   t.precision = c.device == "cuda" ? Precision::Precision_bf16 : Precision::Precision_fp32;
   train_validate(t);
   return t;
+}
+
+// Options that need another option or a configuration to mean anything are refused without it.
+void train_check_applicable(const CLI::App& cmd, const TrainCommand& c) {
+  const bool with_plan = !c.plan.empty();
+  option_refuse_unless(cmd, "--cluster", with_plan, "--plan (a run without a plan is one stage on this machine)");
+  option_refuse_unless(cmd, "--profile", with_plan, "--plan");
+  option_refuse_unless(cmd, "--calibrated-profile", with_plan, "--plan");
+  option_refuse_unless(cmd, "--val-every", !c.options.val_data.empty(), "--val-data");
+  option_refuse_unless(cmd, "--val-batches", !c.options.val_data.empty(), "--val-data");
+  option_refuse_unless(cmd, "--checkpoint-every", !c.options.checkpoint_dir.empty(), "--checkpoint DIR");
+  option_refuse_unless(cmd, "--keep-checkpoints", !c.options.checkpoint_dir.empty(), "--checkpoint DIR");
+  option_refuse_unless(cmd, "--gpu", c.device == "cuda", "--device cuda");
+  option_refuse_unless(cmd, "--gpu-comm", c.device == "cuda", "--device cuda");
 }
 
 // Options that the plan decides (batch, sequence, recomputation) or that only one rank runs.
@@ -110,9 +130,7 @@ void write_calibrated_profile(const TrainCommand& c, const TrainerResult& result
     fmt::print("{}\n", transfer_calibration_describe(*transfers));
     transfer_calibration_apply(&calibrated, *transfers);
   }
-  std::ofstream out(c.calibrated_profile);
-  if (!out) throw Error("cannot write the calibrated profile", {c.calibrated_profile, "--calibrated-profile"}, "check the folder exists");
-  out << profile_to_json(calibrated);
+  text_file_write(c.calibrated_profile, profile_to_json(calibrated), "calibrated profile", "--calibrated-profile");
   fmt::print("calibrated profile: {} (use it with alloy plan --profile)\n", c.calibrated_profile);
   print_types_not_run(profile, ratios);
 }
@@ -123,7 +141,9 @@ void parse_single_run_options(TrainCommand& c) {
   }
   if (!c.memory_cap.empty()) {
     std::optional<double> cap = units_parse_bytes(c.memory_cap);
-    if (!cap || *cap <= 0) throw Error("cannot read '" + c.memory_cap + "' as a memory size", {"", "--memory-cap"}, "write e.g. 2GiB");
+    if (!cap || *cap <= 0 || *cap > kTrainMostMemoryCapBytes)
+      throw Error("cannot read '" + c.memory_cap + "' as a memory size from 1 byte to 1PiB", {"", "--memory-cap"},
+                  "write e.g. 2GiB");
     c.options.memory_cap_bytes = *cap;
   }
 }
@@ -257,25 +277,35 @@ void add_train(CLI::App& app, int* exit_code) {
   cmd->add_option("--data,-d", c->options.train_data, "Training token file (llm.c format; see `alloy tokenize`)")->required();
   cmd->add_option("--val-data", c->options.val_data, "Validation token file");
   cmd->add_option("--train,-t", c->train_file, "Training setup .yaml (steps, batch, learning rate, ...)");
-  cmd->add_option("--steps", c->steps, "Optimizer steps (overrides the setup)");
-  cmd->add_option("--batch", c->options.batch_size, "Sequences per step (overrides the setup)");
-  cmd->add_option("--seq-len", c->seq_len, "Tokens per sequence (overrides the setup)");
-  cmd->add_option("--lr", c->learning_rate, "Peak learning rate (overrides the setup)");
-  cmd->add_option("--val-every", c->options.val_every, "Validation loss every N steps (and always at the end)");
-  cmd->add_option("--val-batches", c->options.val_batches, "Batches per validation pass")->capture_default_str();
+  cmd->add_option("--steps", c->steps, "Optimizer steps (overrides the setup)")->check(option_whole_in(1, kOptionMostSteps));
+  cmd->add_option("--batch", c->options.batch_size, "Sequences per step (overrides the setup)")
+      ->check(option_whole_in(1, kOptionMostSequences));
+  cmd->add_option("--seq-len", c->seq_len, "Tokens per sequence (overrides the setup)")
+      ->check(option_whole_in(1, kOptionMostSequences));
+  cmd->add_option("--lr", c->learning_rate, "Peak learning rate (overrides the setup)")
+      ->check(option_number_in(0, kTrainMostLearningRate, true));
+  cmd->add_option("--val-every", c->options.val_every, "With --val-data: validation loss every N steps (and always at the end)")
+      ->check(option_whole_in(1, kOptionMostSteps));
+  cmd->add_option("--val-batches", c->options.val_batches, "With --val-data: batches per validation pass")
+      ->capture_default_str()
+      ->check(option_whole_in(1, kOptionMostSteps));
   cmd->add_option("--max-bad-steps", c->options.max_bad_steps,
                   "Stop (exit 3) after this many steps in a row with NaN or Inf in the loss or a gradient; fewer are "
                   "skipped, the weights kept")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(option_whole_in(1, kOptionMostSteps));
   cmd->add_option("--checkpoint", c->options.checkpoint_dir,
                   "Checkpoint folder: every rank's state, committed together at the end, on a stop signal and with "
                   "--checkpoint-every");
-  cmd->add_option("--checkpoint-every", c->options.checkpoint_every, "Also checkpoint every N steps");
-  cmd->add_option("--keep-checkpoints", c->options.keep_checkpoints, "Committed checkpoints kept in the folder (>= 1)")
-      ->capture_default_str();
+  cmd->add_option("--checkpoint-every", c->options.checkpoint_every, "With --checkpoint: also checkpoint every N steps")
+      ->check(option_whole_in(1, kOptionMostSteps));
+  cmd->add_option("--keep-checkpoints", c->options.keep_checkpoints, "With --checkpoint: committed checkpoints kept in the folder")
+      ->capture_default_str()
+      ->check(option_whole_in(1, kOptionMostSteps));
   cmd->add_flag("--resume", c->options.resume, "Continue from --checkpoint with identical batches");
   cmd->add_option("--log", c->options.log_path, "Append one JSON line per step to this file");
-  cmd->add_option("--threads", c->options.threads, "Threads (default: cores / ranks on this node; with --plan on one host, cores / the cluster's CPU devices; or ALLOY_THREADS)");
+  cmd->add_option("--threads", c->options.threads, "Threads (default: cores / ranks on this node; with --plan on one host, cores / the cluster's CPU devices; or ALLOY_THREADS)")
+      ->check(option_whole_in(1, runtime_threads_limit()));
   cmd->add_option("--recompute", c->recompute, "Activation recomputation for every block: none, selective, full")
       ->capture_default_str();
   cmd->add_option("--memory-cap", c->memory_cap, "Arena capacity, e.g. 2GiB (training fails clearly above it)");
@@ -283,18 +313,23 @@ void add_train(CLI::App& app, int* exit_code) {
   cmd->add_option("--device", c->device,
                   "cpu, or cuda: train in bf16 on one GPU, or on one GPU per rank under mpirun (data parallel, --plan or not)")
       ->capture_default_str();
-  cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index (default: the rank's index on its host)");
+  cmd->add_option("--gpu", c->gpu, "With --device cuda: the GPU's index (default: the rank's index on its host)")
+      ->check(option_whole_in(0, kTrainMostGpus - 1));
   cmd->add_option("--gpu-comm", c->gpu_comm,
                   "With --device cuda under mpirun: how replicas sum gradients: auto, nccl, or host (through host memory)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "nccl", "host"}));
   cmd->add_option("--plan,-p", c->plan, "Run this plan: mpirun -np <devices the plan uses> alloy train --plan plan.json ...");
   cmd->add_option("--cluster,-c", c->cluster, "The plan's cluster (preset or path; default: the plan's cluster name)");
-  cmd->add_option("--trace", c->trace, "With --plan: Chrome trace of the last step of every rank");
-  cmd->add_option("--export", c->export_weights, "With --plan: write the full trained weights (safetensors)");
+  cmd->add_option("--trace", c->trace, "Chrome trace of the last step of every rank");
+  cmd->add_option("--export", c->export_weights, "Write the full trained weights (safetensors)");
   cmd->add_option("--profile", c->profile, "With --plan: the profile the plan was made with (for --calibrated-profile)");
   cmd->add_option("--calibrated-profile", c->calibrated_profile,
                   "With --plan: write --profile corrected by this run's measured forward, backward and optimizer times");
-  cmd->callback([c, exit_code]() { run_train(*c, exit_code); });
+  cmd->callback([c, exit_code, cmd]() {
+    train_check_applicable(*cmd, *c);
+    run_train(*c, exit_code);
+  });
 }
 
 void add_tokenize(CLI::App& app, int* exit_code) {

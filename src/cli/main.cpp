@@ -40,8 +40,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : alloy::kExitBadInput;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // CLI11's message names the option and, for checked values, the accepted range.
+    const std::string command = app.get_subcommands().empty() ? "" : app.get_subcommands().front()->get_name() + " ";
+    fmt::print(stderr, "alloy: error: {}\n  fix: see `alloy {}--help` for the accepted values\n", e.what(), command);
+    return alloy::kExitBadInput;
   } catch (const alloy::Error& e) {
     fmt::print(stderr, "alloy: error: {}\n", e.format());
     return alloy::kExitBadInput;

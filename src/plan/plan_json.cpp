@@ -1,5 +1,6 @@
 // Plan <-> JSON (versioned, documented in docs/plan-format.md).
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -8,6 +9,7 @@
 
 #include "plan/plan.hpp"
 #include "spec/error.hpp"
+#include "spec/text_file.hpp"
 
 namespace alloy {
 
@@ -15,16 +17,85 @@ namespace {
 
 using OrderedJson = nlohmann::ordered_json;
 
-// Reads `key` from `object` as T, or throws naming the field.
+// Sanity bounds of a plan's counts, as for the specs (docs/architecture.md): every product of
+// them stays inside 64-bit integers.
+constexpr int64_t kPlanJsonMostLayers = 10'000;
+constexpr int64_t kPlanJsonMostDevices = 1 << 20;
+constexpr int64_t kPlanJsonMostSequences = 10'000'000;
+constexpr int64_t kPlanJsonMostChunks = 64;
+
+std::string field_name(const char* key, const std::string& prefix) { return prefix.empty() ? key : prefix + "." + key; }
+
+const OrderedJson& member(const OrderedJson& object, const char* key, const std::string& source, const std::string& prefix) {
+  if (!object.is_object() || !object.contains(key))
+    throw Error("missing required field", {source, field_name(key, prefix)}, "see docs/plan-format.md");
+  return object.at(key);
+}
+
+// Reads `key` from `object` as T (text, true/false, a list of them, or a JSON value), or throws
+// naming the field.
 template <typename T>
 T get(const OrderedJson& object, const char* key, const std::string& source, const std::string& prefix) {
-  const std::string field = prefix.empty() ? key : prefix + "." + key;
-  if (!object.contains(key)) throw Error("missing required field", {source, field}, "see docs/plan-format.md");
+  const OrderedJson& value = member(object, key, source, prefix);
   try {
-    return object.at(key).get<T>();
+    return value.get<T>();
   } catch (const OrderedJson::exception&) {
-    throw Error("has the wrong type: " + object.at(key).dump(), {source, field}, "see docs/plan-format.md");
+    throw Error("has the wrong type: " + value.dump(), {source, field_name(key, prefix)}, "see docs/plan-format.md");
   }
+}
+
+// A whole number in [low, high]: never truncated from a fraction, never wrapped from a larger one.
+int64_t whole_from(const OrderedJson& value, int64_t low, int64_t high, const std::string& source, const std::string& field) {
+  bool fits = false;
+  int64_t whole = 0;
+  if (value.is_number_unsigned()) {
+    fits = value.get<uint64_t>() <= static_cast<uint64_t>(high);
+    whole = fits ? static_cast<int64_t>(value.get<uint64_t>()) : 0;
+  } else if (value.is_number_integer()) {
+    whole = value.get<int64_t>();
+    fits = true;
+  } else {
+    throw Error("must be a whole number, got " + value.dump(), {source, field}, "see docs/plan-format.md");
+  }
+  if (!fits || whole < low || whole > high)
+    throw Error(fmt::format("is {}; it must lie in [{}, {}]", value.dump(), low, high), {source, field},
+                "see docs/plan-format.md, or re-run `alloy plan`");
+  return whole;
+}
+
+int64_t get_whole(const OrderedJson& object, const char* key, int64_t low, int64_t high, const std::string& source,
+                  const std::string& prefix) {
+  return whole_from(member(object, key, source, prefix), low, high, source, field_name(key, prefix));
+}
+
+std::vector<int> get_wholes(const OrderedJson& object, const char* key, int64_t low, int64_t high, const std::string& source,
+                            const std::string& prefix) {
+  const OrderedJson& list = member(object, key, source, prefix);
+  const std::string field = field_name(key, prefix);
+  if (!list.is_array()) throw Error("must be a list of whole numbers, got " + list.dump(), {source, field});
+  std::vector<int> out;
+  for (size_t i = 0; i < list.size(); ++i)
+    out.push_back(static_cast<int>(whole_from(list[i], low, high, source, fmt::format("{}[{}]", field, i))));
+  return out;
+}
+
+double number_from(const OrderedJson& value, const std::string& source, const std::string& field) {
+  if (!value.is_number()) throw Error("must be a number, got " + value.dump(), {source, field}, "see docs/plan-format.md");
+  return value.get<double>();
+}
+
+double get_number(const OrderedJson& object, const char* key, const std::string& source, const std::string& prefix) {
+  return number_from(member(object, key, source, prefix), source, field_name(key, prefix));
+}
+
+// An optional number: `fallback` when absent, an error when present but not a number.
+double get_number_or(const OrderedJson& object, const char* key, double fallback, const std::string& source,
+                     const std::string& prefix) {
+  return object.is_object() && object.contains(key) ? get_number(object, key, source, prefix) : fallback;
+}
+
+std::string get_text_or(const OrderedJson& object, const char* key, const std::string& source, const std::string& prefix) {
+  return object.is_object() && object.contains(key) ? get<std::string>(object, key, source, prefix) : std::string();
 }
 
 OrderedJson memory_to_json(const std::vector<MemoryTerm>& terms) {
@@ -52,8 +123,7 @@ std::vector<MemoryTerm> memory_from_json(const OrderedJson& memory, const std::s
   if (!memory.is_object()) throw Error("must be an object of named byte counts", {source, field});
   std::vector<MemoryTerm> terms;
   for (auto it = memory.begin(); it != memory.end(); ++it) {
-    if (!it.value().is_number()) throw Error("must be a number of bytes", {source, field + "." + it.key()});
-    terms.push_back({it.key(), it.value().get<double>()});
+    terms.push_back({it.key(), number_from(it.value(), source, field + "." + it.key())});
   }
   return terms;
 }
@@ -67,20 +137,58 @@ std::vector<PlanReplica> replicas_from_json(const OrderedJson& list, const std::
     const std::string field = fmt::format("{}.replicas[{}]", prefix, i);
     PlanReplica r;
     r.device_type = get<std::string>(list[i], "device_type", source, field);
-    r.sequences = get<int64_t>(list[i], "sequences", source, field);
-    if (list[i].contains("pieces")) r.pieces = get<int>(list[i], "pieces", source, field);
+    r.sequences = get_whole(list[i], "sequences", 0, kPlanJsonMostSequences, source, field);
+    if (list[i].contains("pieces")) r.pieces = static_cast<int>(get_whole(list[i], "pieces", 1, kPlanJsonMostSequences, source, field));
     if (list[i].contains("predicted")) {
       const OrderedJson& pr = list[i].at("predicted");
       const std::string pp = field + ".predicted";
-      r.forward_seconds = get<double>(pr, "forward_seconds", source, pp);
-      r.backward_seconds = get<double>(pr, "backward_seconds", source, pp);
-      r.optimizer_seconds = get<double>(pr, "optimizer_seconds", source, pp);
-      r.memory_capacity_bytes = get<double>(pr, "memory_capacity_bytes", source, pp);
+      r.forward_seconds = get_number(pr, "forward_seconds", source, pp);
+      r.backward_seconds = get_number(pr, "backward_seconds", source, pp);
+      r.optimizer_seconds = get_number(pr, "optimizer_seconds", source, pp);
+      r.memory_capacity_bytes = get_number(pr, "memory_capacity_bytes", source, pp);
       r.memory = memory_from_json(get<OrderedJson>(pr, "memory_bytes", source, pp), source, pp + ".memory_bytes");
     }
     replicas.push_back(std::move(r));
   }
   return replicas;
+}
+
+std::vector<LayerRange> chunks_from_json(const OrderedJson& list, const std::string& source, const std::string& field) {
+  if (!list.is_array()) throw Error("must be a list of [begin, end) pairs", {source, field}, "write e.g. [[0, 16]]");
+  std::vector<LayerRange> chunks;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string item = fmt::format("{}[{}]", field, i);
+    if (!list[i].is_array() || list[i].size() != 2) throw Error("each chunk is [begin, end)", {source, item}, "write e.g. [[0, 16]]");
+    chunks.push_back({static_cast<int>(whole_from(list[i][0], 0, kPlanJsonMostLayers, source, item + "[0]")),
+                      static_cast<int>(whole_from(list[i][1], 0, kPlanJsonMostLayers, source, item + "[1]"))});
+  }
+  return chunks;
+}
+
+// The plan-wide predictions: figures for people, re-priced by simulate and report.
+void predicted_from_json(const OrderedJson& pr, const std::string& source, Plan* plan) {
+  const std::string pp = "predicted";
+  plan->step_seconds = get_number(pr, "step_seconds", source, pp);
+  plan->tokens_per_second = get_number(pr, "tokens_per_second", source, pp);
+  plan->mfu = get_number(pr, "mfu", source, pp);
+  plan->hfu = get_number(pr, "hfu", source, pp);
+  plan->bubble_fraction = get_number(pr, "bubble_fraction", source, pp);
+  plan->price_per_million_tokens = get_number_or(pr, "price_per_million_tokens", 0.0, source, pp);
+  plan->offload_step_seconds = get_number_or(pr, "offload_step_seconds", 0.0, source, pp);
+  plan->host_offload_bytes_per_node = get_number_or(pr, "host_offload_bytes_per_node", 0.0, source, pp);
+  plan->host_memory_bytes_per_node = get_number_or(pr, "host_memory_bytes_per_node", 0.0, source, pp);
+  if (pr.contains("runner_ups")) {
+    const OrderedJson& list = pr.at("runner_ups");
+    if (!list.is_array()) throw Error("must be a list of runner-ups", {source, "predicted.runner_ups"});
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string field = fmt::format("predicted.runner_ups[{}]", i);
+      plan->runner_ups.push_back({get_text_or(list[i], "shape", source, field),
+                                  get_number_or(list[i], "step_seconds", 0.0, source, field),
+                                  get_number_or(list[i], "tokens_per_second", 0.0, source, field),
+                                  get_text_or(list[i], "reason", source, field)});
+    }
+  }
+  if (pr.contains("notes")) plan->notes = get<std::vector<std::string>>(pr, "notes", source, pp);
 }
 
 }  // namespace
@@ -160,32 +268,32 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
   OrderedJson j;
   try {
     j = OrderedJson::parse(text);
-  } catch (const OrderedJson::parse_error& e) {
+  } catch (const OrderedJson::exception& e) {  // syntax, or a number too large for a double
     throw Error(std::string("not valid JSON: ") + e.what(), {source, ""}, "a plan file is written by `alloy plan`");
   }
   if (!j.is_object()) throw Error("a plan must be a JSON object", {source, ""});
   Plan plan;
-  plan.version = get<int>(j, "version", source, "");
+  plan.version = static_cast<int>(get_whole(j, "version", 0, INT32_MAX, source, ""));
   if (plan.version != kPlanVersion)
     throw Error(fmt::format("unsupported plan version {}", plan.version), {source, "version"},
                 fmt::format("this Alloy reads version {}; re-run `alloy plan`", kPlanVersion));
   const OrderedJson model = get<OrderedJson>(j, "model", source, "");
   plan.model_name = get<std::string>(model, "name", source, "model");
   plan.model_fingerprint = get<std::string>(model, "fingerprint", source, "model");
-  plan.num_layers = get<int>(model, "num_layers", source, "model");
+  plan.num_layers = static_cast<int>(get_whole(model, "num_layers", 1, kPlanJsonMostLayers, source, "model"));
   const OrderedJson cluster = get<OrderedJson>(j, "cluster", source, "");
   plan.cluster_name = get<std::string>(cluster, "name", source, "cluster");
   plan.cluster_fingerprint = get<std::string>(cluster, "fingerprint", source, "cluster");
-  plan.num_devices = get<int>(cluster, "num_devices", source, "cluster");
+  plan.num_devices = static_cast<int>(get_whole(cluster, "num_devices", 1, kPlanJsonMostDevices, source, "cluster"));
   plan.objective = get<std::string>(j, "objective", source, "");
-  plan.seq_len = get<int64_t>(j, "seq_len", source, "");
-  plan.global_batch_sequences = get<int64_t>(j, "global_batch_sequences", source, "");
-  plan.micro_batch_sequences = get<int64_t>(j, "micro_batch_sequences", source, "");
-  plan.num_micro_batches = get<int>(j, "num_micro_batches", source, "");
+  plan.seq_len = get_whole(j, "seq_len", 1, kPlanJsonMostSequences, source, "");
+  plan.global_batch_sequences = get_whole(j, "global_batch_sequences", 1, kPlanJsonMostSequences, source, "");
+  plan.micro_batch_sequences = get_whole(j, "micro_batch_sequences", 1, kPlanJsonMostSequences, source, "");
+  plan.num_micro_batches = static_cast<int>(get_whole(j, "num_micro_batches", 1, kPlanJsonMostSequences, source, ""));
   const std::string schedule = get<std::string>(j, "schedule", source, "");
   if (!schedule_parse(schedule, &plan.schedule))
     throw Error("unknown schedule '" + schedule + "'", {source, "schedule"}, "use gpipe, 1f1b or interleaved");
-  plan.virtual_chunks = get<int>(j, "virtual_chunks", source, "");
+  plan.virtual_chunks = static_cast<int>(get_whole(j, "virtual_chunks", 1, kPlanJsonMostChunks, source, ""));
   const std::string precision = get<std::string>(j, "precision", source, "");
   if (!precision_parse(precision, &plan.precision))
     throw Error("unknown precision '" + precision + "'", {source, "precision"}, "use fp32, tf32, bf16, fp16 or fp8");
@@ -197,16 +305,12 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
     const std::string prefix = fmt::format("stages[{}]", i);
     PlanStage s;
     s.device_type = get<std::string>(st, "device_type", source, prefix);
-    s.device_ids = get<std::vector<int>>(st, "device_ids", source, prefix);
-    s.tp = get<int>(st, "tp", source, prefix);
-    s.dp = get<int>(st, "dp", source, prefix);
-    s.zero = get<int>(st, "zero", source, prefix);
+    s.device_ids = get_wholes(st, "device_ids", 0, kPlanJsonMostDevices - 1, source, prefix);
+    s.tp = static_cast<int>(get_whole(st, "tp", 1, kPlanJsonMostDevices, source, prefix));
+    s.dp = static_cast<int>(get_whole(st, "dp", 1, kPlanJsonMostDevices, source, prefix));
+    s.zero = static_cast<int>(get_whole(st, "zero", 0, 3, source, prefix));
     s.sequence_parallel = get<bool>(st, "sequence_parallel", source, prefix);
-    for (const auto& r : get<std::vector<std::vector<int>>>(st, "chunks", source, prefix)) {
-      if (r.size() != 2)
-        throw Error("each chunk is [begin, end)", {source, prefix + ".chunks"}, "write e.g. [[0, 16]]");
-      s.chunks.push_back({r[0], r[1]});
-    }
+    s.chunks = chunks_from_json(member(st, "chunks", source, prefix), source, prefix + ".chunks");
     s.has_embedding = get<bool>(st, "has_embedding", source, prefix);
     s.has_head = get<bool>(st, "has_head", source, prefix);
     for (const std::string& name : get<std::vector<std::string>>(st, "recompute", source, prefix)) {
@@ -219,39 +323,24 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
     for (bool b : get<std::vector<bool>>(st, "offload", source, prefix)) s.offload.push_back(b);
     if (st.contains("offload_activations"))
       for (bool b : get<std::vector<bool>>(st, "offload_activations", source, prefix)) s.offload_activations.push_back(b);
-    if (st.contains("offload_prefetch_depth")) s.offload_prefetch_depth = get<int>(st, "offload_prefetch_depth", source, prefix);
+    if (st.contains("offload_prefetch_depth"))
+      s.offload_prefetch_depth = static_cast<int>(get_whole(st, "offload_prefetch_depth", 1, 8, source, prefix));
     if (st.contains("predicted")) {
       const OrderedJson& pr = st.at("predicted");
       const std::string pp = prefix + ".predicted";
-      s.forward_seconds = get<double>(pr, "forward_seconds", source, pp);
-      s.backward_seconds = get<double>(pr, "backward_seconds", source, pp);
-      s.gradient_sync_seconds = get<double>(pr, "gradient_sync_seconds", source, pp);
-      s.optimizer_seconds = get<double>(pr, "optimizer_seconds", source, pp);
-      s.offload_exposed_seconds = pr.value("offload_exposed_seconds", 0.0);
-      s.micro_batches_in_flight = get<double>(pr, "micro_batches_in_flight", source, pp);
-      s.memory_capacity_bytes = get<double>(pr, "memory_capacity_bytes", source, pp);
+      s.forward_seconds = get_number(pr, "forward_seconds", source, pp);
+      s.backward_seconds = get_number(pr, "backward_seconds", source, pp);
+      s.gradient_sync_seconds = get_number(pr, "gradient_sync_seconds", source, pp);
+      s.optimizer_seconds = get_number(pr, "optimizer_seconds", source, pp);
+      s.offload_exposed_seconds = get_number_or(pr, "offload_exposed_seconds", 0.0, source, pp);
+      s.micro_batches_in_flight = get_number(pr, "micro_batches_in_flight", source, pp);
+      s.memory_capacity_bytes = get_number(pr, "memory_capacity_bytes", source, pp);
       s.memory = memory_from_json(get<OrderedJson>(pr, "memory_bytes", source, pp), source, pp + ".memory_bytes");
     }
     if (st.contains("replicas")) s.replicas = replicas_from_json(st.at("replicas"), source, prefix);
     plan.stages.push_back(std::move(s));
   }
-  if (j.contains("predicted")) {
-    const OrderedJson& pr = j.at("predicted");
-    plan.step_seconds = get<double>(pr, "step_seconds", source, "predicted");
-    plan.tokens_per_second = get<double>(pr, "tokens_per_second", source, "predicted");
-    plan.mfu = get<double>(pr, "mfu", source, "predicted");
-    plan.hfu = get<double>(pr, "hfu", source, "predicted");
-    plan.bubble_fraction = get<double>(pr, "bubble_fraction", source, "predicted");
-    plan.price_per_million_tokens = pr.value("price_per_million_tokens", 0.0);
-    plan.offload_step_seconds = pr.value("offload_step_seconds", 0.0);
-    plan.host_offload_bytes_per_node = pr.value("host_offload_bytes_per_node", 0.0);
-    plan.host_memory_bytes_per_node = pr.value("host_memory_bytes_per_node", 0.0);
-    if (pr.contains("runner_ups"))
-      for (const OrderedJson& r : pr.at("runner_ups"))
-        plan.runner_ups.push_back({r.value("shape", ""), r.value("step_seconds", 0.0),
-                                   r.value("tokens_per_second", 0.0), r.value("reason", "")});
-    if (pr.contains("notes")) plan.notes = pr.at("notes").get<std::vector<std::string>>();
-  }
+  if (j.contains("predicted")) predicted_from_json(j.at("predicted"), source, &plan);
   plan_validate(plan, source);
   return plan;
 }
@@ -264,10 +353,6 @@ Plan plan_load(const std::string& path) {
   return plan_from_json(text.str(), path);
 }
 
-void plan_save(const Plan& plan, const std::string& path) {
-  std::ofstream out(path);
-  if (!out) throw Error("cannot write plan file", {path, ""}, "check that the directory exists and is writable");
-  out << plan_to_json(plan);
-}
+void plan_save(const Plan& plan, const std::string& path) { text_file_write(path, plan_to_json(plan), "plan file"); }
 
 }  // namespace alloy

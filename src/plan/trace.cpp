@@ -1,12 +1,12 @@
 // Chrome trace events from simulation intervals; metadata events name devices and streams.
 #include "plan/trace.hpp"
 
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "spec/error.hpp"
+#include "spec/text_file.hpp"
 
 namespace alloy {
 
@@ -83,10 +83,7 @@ std::string trace_json(const SimResult& result, const Plan& plan, const TraceOpt
 }
 
 void trace_save(const SimResult& result, const Plan& plan, const std::string& path, const TraceOptions& options) {
-  std::ofstream out(path);
-  if (!out) throw Error("cannot write the trace file", {path, ""}, "check the directory exists and is writable");
-  out << trace_json(result, plan, options);
-  if (!out) throw Error("writing the trace failed", {path, ""}, "check free disk space");
+  text_file_write(path, trace_json(result, plan, options), "trace", "--trace");
 }
 
 }  // namespace alloy

@@ -1,12 +1,18 @@
 // The step log, the progress line and the one-device plan of the training loop.
 #include "runtime/trainer_common.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "spec/error.hpp"
+#include "spec/text_file.hpp"
 #include "spec/units.hpp"
 
 namespace alloy {
@@ -19,14 +25,20 @@ void trainer_check_seq_len(const ModelSpec& spec, const TrainSpec& train) {
   }
 }
 
-StepLog::StepLog(const std::string& path) {
+StepLog::StepLog(const std::string& path) : path_(path) {
   if (path.empty()) return;
-  out_.open(path, std::ios::app);
-  if (!out_) throw Error("cannot open the log file for writing", {path, "--log"}, "check the folder exists and is writable");
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw Error(fmt::format("cannot open the log file for writing: {}", std::strerror(errno)), {path, "--log"},
+                "check the folder exists and is writable");
+}
+
+StepLog::~StepLog() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void StepLog::write(const StepReport& r, const std::vector<RankStepStats>* ranks) {
-  if (!out_.is_open()) return;
+  if (fd_ < 0) return;
   nlohmann::json j = {{"step", r.step},       {"loss", r.loss},
                       {"lr", r.learning_rate}, {"grad_norm", r.grad_norm},
                       {"step_seconds", r.step_seconds}, {"tokens_per_second", r.tokens_per_second},
@@ -39,8 +51,7 @@ void StepLog::write(const StepReport& r, const std::vector<RankStepStats>* ranks
                             {"peak_arena_bytes", rank.peak_arena_bytes}});
     }
   }
-  out_ << j.dump() << "\n";
-  out_.flush();
+  text_fd_append(fd_, path_, j.dump() + "\n", "log file", "--log");
 }
 
 void trainer_print_progress(const StepReport& r, int64_t total_steps) {

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -18,14 +17,19 @@ namespace alloy {
 void trainer_check_seq_len(const ModelSpec& model, const TrainSpec& train);
 
 // Appends one JSON object per step to `path` (nothing when empty): the step's figures and each
-// rank's time and memory.
+// rank's time and memory. Each line goes to the file whole or the write is an alloy::Error
+// naming the file and the system's reason (a full disk, say).
 class StepLog {
  public:
   explicit StepLog(const std::string& path);
+  StepLog(const StepLog&) = delete;
+  StepLog& operator=(const StepLog&) = delete;
+  ~StepLog();
   void write(const StepReport& report, const std::vector<RankStepStats>* ranks = nullptr);
 
  private:
-  std::ofstream out_;
+  std::string path_;
+  int fd_ = -1;
 };
 
 // "step 12/100  loss 3.2101  lr ...  tok/s  mfu  peak" on stderr.

@@ -3,11 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 #include <fmt/format.h>
 
 #include "spec/error.hpp"
+#include "spec/text_file.hpp"
 #include "spec/units.hpp"
 
 namespace alloy {
@@ -274,10 +274,7 @@ std::string report_html(const Plan& plan, const SimResult& result, const ReportO
 }
 
 void report_save(const Plan& plan, const SimResult& result, const std::string& path, const ReportOptions& options) {
-  std::ofstream out(path);
-  if (!out) throw Error("cannot write the report", {path, ""}, "check the directory exists and is writable");
-  out << report_html(plan, result, options);
-  if (!out) throw Error("writing the report failed", {path, ""}, "check free disk space");
+  text_file_write(path, report_html(plan, result, options), "report");
 }
 
 }  // namespace alloy

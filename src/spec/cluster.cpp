@@ -66,7 +66,7 @@ const DeviceType& lookup_type(const FieldReader& r, const std::string& key, cons
     std::string list;
     for (const auto& n : near) list += (list.empty() ? "" : ", ") + n;
     r.fail(key, "unknown device type '" + name + "'",
-           "did you mean one of: " + list + "? or define it under `device_types:` (see docs/cluster-format.md)");
+           "did you mean one of: " + list + "? or define it under `device_types:` (see docs/spec-formats.md, section Clusters)");
   }
   return *type;
 }
@@ -145,6 +145,26 @@ NodeGroup read_node_group(const FieldReader& r, ClusterSpec* cluster, const Devi
   return g;
 }
 
+// Adds inline type `name` to `catalog` after the inline type it names as `base`, if any, so types
+// can build on each other; `state` marks types being read (1) and read (2) to catch cycles.
+void inline_type_add(const FieldReader& types, const std::string& name, std::map<std::string, int>* state,
+                     DeviceCatalog* catalog) {
+  int& mark = (*state)[name];
+  if (mark == 2) return;
+  const FieldReader r = types.child(name);
+  if (mark == 1)
+    r.fail("base", "the inline device types' bases form a cycle through '" + name + "'",
+           "base one of them on a catalog type (see docs/catalog.md)");
+  mark = 1;
+  if (r.has("base")) {
+    const std::string base = text_lower(r.get_string("base"));
+    for (const std::string& other : types.keys())
+      if (other != name && text_lower(other) == base) inline_type_add(types, other, state, catalog);
+  }
+  catalog->add(read_inline_type(r, name, *catalog));
+  (*state)[name] = 2;
+}
+
 ClusterSpec cluster_read(const FieldReader& r, const DeviceCatalog& base_catalog) {
   r.reject_unknown({"name", "description", "network", "device_types", "nodes"});
   ClusterSpec cluster;
@@ -152,7 +172,8 @@ ClusterSpec cluster_read(const FieldReader& r, const DeviceCatalog& base_catalog
   DeviceCatalog catalog = base_catalog;
   if (r.has("device_types")) {
     FieldReader types = r.child("device_types");
-    for (const auto& name : types.keys()) catalog.add(read_inline_type(types.child(name), name, base_catalog));
+    std::map<std::string, int> state;
+    for (const auto& name : types.keys()) inline_type_add(types, name, &state, &catalog);
   }
   for (const auto& item : r.list("nodes")) cluster.node_groups.push_back(read_node_group(item, &cluster, catalog));
   if (cluster.node_groups.empty()) r.fail("nodes", "the cluster has no nodes", "add at least one entry under `nodes:`");

@@ -1,5 +1,6 @@
 #include "spec/model.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "spec/error.hpp"
@@ -19,6 +20,10 @@ constexpr int64_t kMaxLayers = 10000;
 constexpr int64_t kMaxWidth = 1000000;
 constexpr int64_t kMaxVocab = 10000000;
 constexpr int64_t kMaxSeq = 100000000;
+
+// 4 x the width; a width out of range (refused by model_validate, which names it first) is
+// clamped so that the product cannot overflow.
+int64_t default_ffn_size(int64_t hidden_size) { return 4 * std::clamp<int64_t>(hidden_size, 0, kMaxWidth); }
 
 std::string stem_of(const std::string& path) {
   std::filesystem::path p(path);
@@ -42,7 +47,7 @@ ModelSpec read_hf_gpt2(const FieldReader& r) {
   m.num_kv_heads = m.num_heads;
   m.max_seq_len = r.has("n_positions") ? r.get_int("n_positions") : r.get_int("n_ctx");
   m.vocab_size = r.get_int("vocab_size");
-  m.ffn_hidden_size = r.get_int("n_inner", 4 * m.hidden_size);
+  m.ffn_hidden_size = r.get_int("n_inner", default_ffn_size(m.hidden_size));
   m.norm_eps = r.get_double("layer_norm_epsilon", 1e-5);
   m.tied_embeddings = r.get_bool("tie_word_embeddings", true);
   std::string act = r.get_string("activation_function", "gelu_new");
@@ -106,7 +111,7 @@ ModelSpec read_alloy_yaml(const FieldReader& r) {
   m.num_heads = r.get_int("heads");
   m.num_kv_heads = r.get_int("kv_heads", m.num_heads);
   m.head_dim = r.get_int("head_dim", 0);
-  m.ffn_hidden_size = r.get_int("ffn_hidden_size", 4 * m.hidden_size);
+  m.ffn_hidden_size = r.get_int("ffn_hidden_size", default_ffn_size(m.hidden_size));
   m.vocab_size = r.get_int("vocab_size");
   m.max_seq_len = r.get_int("max_seq_len");
   m.tied_embeddings = r.get_bool("tied_embeddings", gpt2);

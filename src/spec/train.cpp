@@ -1,9 +1,19 @@
 #include "spec/train.hpp"
 
+#include <fmt/format.h>
+
 #include "spec/error.hpp"
 #include "spec/field_reader.hpp"
 
 namespace alloy {
+
+namespace {
+// Sanity bounds, as for models (docs/architecture.md): products of them stay inside 64 bits.
+constexpr int64_t kTrainMostSeqLen = 100'000'000;
+constexpr int64_t kTrainMostSequences = 10'000'000;
+constexpr int64_t kTrainMostSteps = 1'000'000'000;
+constexpr double kTrainMostLearningRate = 10.0;
+}  // namespace
 
 int train_optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
 
@@ -58,9 +68,12 @@ void train_validate(const TrainSpec& t) {
   auto bad = [&](const char* field, const std::string& what, const std::string& hint) {
     throw Error(what, {t.source_path, field}, hint);
   };
-  if (t.seq_len <= 0) bad("seq_len", "sequence length must be positive", "write e.g. `seq_len: 2048`");
-  if (t.global_batch_sequences <= 0) bad("global_batch", "global batch must be positive", "write e.g. `global_batch: 512`");
-  if (t.min_global_batch < 0 || t.max_global_batch < 0 ||
+  if (t.seq_len <= 0 || t.seq_len > kTrainMostSeqLen)
+    bad("seq_len", fmt::format("sequence length {} is outside [1, {}]", t.seq_len, kTrainMostSeqLen), "write e.g. `seq_len: 2048`");
+  if (t.global_batch_sequences <= 0 || t.global_batch_sequences > kTrainMostSequences)
+    bad("global_batch", fmt::format("global batch {} is outside [1, {}] sequences", t.global_batch_sequences, kTrainMostSequences),
+        "write e.g. `global_batch: 512`");
+  if (t.min_global_batch < 0 || t.max_global_batch < 0 || t.max_global_batch > kTrainMostSequences ||
       (t.max_global_batch > 0 && t.min_global_batch > t.max_global_batch)) {
     bad("min_global_batch", "the batch range must satisfy 0 < min_global_batch <= max_global_batch",
         "set both, e.g. min_global_batch: 256 and max_global_batch: 1024");
@@ -68,12 +81,16 @@ void train_validate(const TrainSpec& t) {
   if (t.optimizer != "adamw" && t.optimizer != "sgd") {
     bad("optimizer", "unknown optimizer '" + t.optimizer + "'", "use adamw or sgd");
   }
-  if (t.steps <= 0) bad("steps", "steps must be positive", "write e.g. `steps: 1000`");
-  if (!(t.learning_rate > 0) || !(t.min_learning_rate >= 0) || t.min_learning_rate > t.learning_rate) {
-    bad("learning_rate", "need 0 <= min_learning_rate <= learning_rate and learning_rate > 0",
+  if (t.steps <= 0 || t.steps > kTrainMostSteps)
+    bad("steps", fmt::format("{} steps is outside [1, {}]", t.steps, kTrainMostSteps), "write e.g. `steps: 1000`");
+  if (!(t.learning_rate > 0) || !(t.min_learning_rate >= 0) || t.min_learning_rate > t.learning_rate ||
+      t.learning_rate > kTrainMostLearningRate) {
+    bad("learning_rate", fmt::format("need 0 <= min_learning_rate <= learning_rate and 0 < learning_rate <= {}", kTrainMostLearningRate),
         "write e.g. learning_rate: 3e-4 and min_learning_rate: 3e-5");
   }
-  if (t.warmup_steps < 0) bad("warmup_steps", "warm-up steps must not be negative", "write e.g. `warmup_steps: 100`");
+  if (t.warmup_steps < 0 || t.warmup_steps > kTrainMostSteps)
+    bad("warmup_steps", fmt::format("warm-up steps {} is outside [0, {}]", t.warmup_steps, kTrainMostSteps),
+        "write e.g. `warmup_steps: 100`");
   if (t.weight_decay < 0) bad("weight_decay", "weight decay must not be negative", "write e.g. `weight_decay: 0.1`");
   if (!(t.beta1 >= 0 && t.beta1 < 1)) bad("beta1", "beta1 must be in [0, 1)", "write e.g. `beta1: 0.9`");
   if (!(t.beta2 >= 0 && t.beta2 < 1)) bad("beta2", "beta2 must be in [0, 1)", "write e.g. `beta2: 0.95`");

@@ -2,9 +2,12 @@
 // writes that leave the old file on failure, and maps of missing or empty files.
 #include "runtime/io/file_io.hpp"
 
+#include <sys/stat.h>
+
 #include <random>
 
 #include "io_test_util.hpp"
+#include "runtime/io/token_file.hpp"
 
 namespace alloy {
 namespace {
@@ -78,6 +81,21 @@ TEST(FileIo, InjectedFaultFailsLikeAFullDisk) {
   EXPECT_EQ(e.where().file, dir.file("f.dat"));
   EXPECT_ERROR_SAYS(e, "write failed");
   EXPECT_EQ(writer.written_bytes(), 5u);
+}
+
+// A temporary file renamed over a device (alloy tokenize -o /dev/full as root) or a pipe would
+// replace it: such targets are refused and left as they are.
+TEST(FileIo, AtomicWriteRefusesToReplaceWhatIsNotARegularFile) {
+  test::ScratchDir dir;
+  const std::string pipe = dir.file("pipe");
+  ASSERT_EQ(mkfifo(pipe.c_str(), 0600), 0);
+  Error e = error_of([&] { file_write_atomic(pipe, [](FileWriter& w) { w.write("x", 1); }); });
+  EXPECT_EQ(e.where().file, pipe);
+  EXPECT_ERROR_SAYS(e, "not a regular file");
+  EXPECT_TRUE(std::filesystem::is_fifo(pipe));
+  Error tokens = error_of([&] { token_file_write(pipe, {}, TokenFileVersion::TokenFileVersion_uint16); });
+  EXPECT_ERROR_SAYS(tokens, "not a regular file");
+  EXPECT_TRUE(std::filesystem::is_fifo(pipe));
 }
 
 TEST(FileIo, MapsEmptyFilesAndRejectsMissingOnesAndDirectories) {

@@ -167,6 +167,34 @@ TEST(TokenFile, TokenAtOrAboveVocabularyNamesFirstPosition) {
   EXPECT_EQ(error_of([&] { token_file_open(dir.file("v.bin"), 300); }).where().field, "tokens[37]");
 }
 
+TEST(TokenFile, PartialTokenAtTheEndIsAnError) {
+  test::ScratchDir dir;
+  // 10 uint32 tokens promised, 41 bytes after the header: not a whole number of tokens.
+  test::bytes_write(dir.file("odd.bin"), raw_token_file(kTokenFileMagic, 2, 10, std::string(41, '\0')));
+  Error e = error_of([&] { token_file_open(dir.file("odd.bin"), 0); });
+  EXPECT_EQ(e.where().file, dir.file("odd.bin"));
+  EXPECT_ERROR_SAYS(e, "41 bytes follow the header");
+  EXPECT_ERROR_SAYS(e, "4-byte tokens");
+}
+
+// A file cut short while a run reads it: an error naming the file, where a memory map raised
+// SIGBUS and killed the process.
+TEST(TokenFile, FileShrinkingUnderneathIsAnError) {
+  test::ScratchDir dir;
+  const auto tokens = random_tokens(20000, 256, 3);
+  token_file_write(dir.file("s.bin"), tokens, TokenFileVersion::TokenFileVersion_uint16);
+  TokenFile file = token_file_open(dir.file("s.bin"), 256);
+  std::vector<std::int32_t> window(1000);
+  file.tokens_read(15000, window);
+  EXPECT_EQ(window[0], static_cast<std::int32_t>(tokens[15000]));
+  std::filesystem::resize_file(dir.file("s.bin"), kTokenFileHeaderBytes + 2 * 4096);
+  Error e = error_of([&] { file.tokens_read(15000, window); });
+  EXPECT_EQ(e.where().file, dir.file("s.bin"));
+  EXPECT_ERROR_SAYS(e, "shrank");
+  file.tokens_read(10, {window.data(), 100});  // what is still there still reads
+  EXPECT_EQ(window[5], static_cast<std::int32_t>(tokens[15]));
+}
+
 TEST(TokenFile, WindowOutsideFileIsAnError) {
   test::ScratchDir dir;
   auto tokens = random_tokens(10, 256, 1);

@@ -132,6 +132,50 @@ TEST(Plan, JsonErrorsNameTheField) {
   EXPECT_THROW(plan_load("/nonexistent/plan.json"), Error);
 }
 
+// Fields of the wrong type, null, out of range or past 64 bits: an error naming the field, never
+// a JSON library exception or a wrapped number.
+TEST(Plan, JsonNumbersAreCheckedNotConverted) {
+  Plan p = two_stage_plan();
+  p.stages[0].offload_exposed_seconds = 0.5;
+  p.runner_ups.push_back({"pp 1", 2.0, 100, "slower"});
+  const std::string good = plan_to_json(p);
+  struct Case {
+    const char* from;
+    const char* to;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"\"seq_len\": 128", "\"seq_len\": -1", "seq_len"},
+      {"\"seq_len\": 128", "\"seq_len\": 18446744073709551616", "seq_len"},
+      {"\"seq_len\": 128", "\"seq_len\": 18446744073709551615", "seq_len"},
+      {"\"seq_len\": 128", "\"seq_len\": 128.5", "seq_len"},
+      {"\"seq_len\": 128", "\"seq_len\": null", "seq_len"},
+      {"\"num_micro_batches\": 4", "\"num_micro_batches\": 4294967300", "num_micro_batches"},
+      {"\"device_ids\": [\n        0", "\"device_ids\": [\n        -7", "stages[0].device_ids[0]"},
+      {"\"offload_exposed_seconds\": 0.5", "\"offload_exposed_seconds\": \"soon\"", "stages[0].predicted.offload_exposed_seconds"},
+      {"\"offload_exposed_seconds\": 0.5", "\"offload_exposed_seconds\": null", "stages[0].predicted.offload_exposed_seconds"},
+      {"\"price_per_million_tokens\": 0.0", "\"price_per_million_tokens\": \"x\"", "predicted.price_per_million_tokens"},
+      {"\"reason\": \"slower\"", "\"reason\": 7", "predicted.runner_ups[0].reason"},
+  };
+  for (const Case& c : cases) {
+    std::string bad = good;
+    const size_t at = bad.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    bad.replace(at, std::string(c.from).size(), c.to);
+    try {
+      plan_from_json(bad, "p.json");
+      ADD_FAILURE() << "accepted " << c.to;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.where().field, c.field) << c.to << ": " << e.format();
+      EXPECT_EQ(e.where().file, "p.json");
+    }
+  }
+  std::string runner_ups_number = good;
+  runner_ups_number.replace(runner_ups_number.find("\"runner_ups\": ["), 15, "\"runner_ups\": 3, \"x\": [");
+  EXPECT_THROW(plan_from_json(runner_ups_number, "p.json"), Error);
+  EXPECT_THROW(plan_from_json("{\"version\": 1e999}", "p.json"), Error);
+}
+
 // Stage 1 of two_stage_plan split unevenly: replica 0 takes 3 of each 4 sequences in two passes.
 // (A single-stage plan: pieces need one stage.)
 Plan uneven_plan() {

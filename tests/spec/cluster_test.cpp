@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "../common/test_util.hpp"
 #include "hw/catalog.hpp"
 #include "spec/cluster.hpp"
 #include "spec/error.hpp"
@@ -53,6 +54,55 @@ TEST(ClusterSpec, InlineCpuTypesCarrySpeedAndMemory) {
   EXPECT_DOUBLE_EQ(slow.memory_bytes, 1.0 * (1ull << 30));
   EXPECT_DOUBLE_EQ(slow.peak_flops(Precision::Precision_fp32), 0.5 * fast.peak_flops(Precision::Precision_fp32));
   EXPECT_EQ(c.network.kind, "shm");
+}
+
+// An inline type may start from another inline type, whichever comes first in the file.
+TEST(ClusterSpec, InlineTypeBuildsOnAnotherInlineType) {
+  testing::TempDir dir;
+  const std::string path = dir.write("c.yaml",
+                                     "device_types:\n"
+                                     "  cpu-quarter: {base: cpu-half, speed: 0.25}\n"
+                                     "  cpu-half: {base: cpu, speed: 0.5, memory: 1GiB}\n"
+                                     "nodes:\n"
+                                     "  - {count: 1, device: cpu-quarter, devices_per_node: 1, host_memory: 4GiB}\n");
+  ClusterSpec c = cluster_load(path, catalog_builtin());
+  const DeviceType& quarter = c.device_type(c.devices.at(0));
+  EXPECT_EQ(quarter.name, "cpu-quarter");
+  EXPECT_TRUE(quarter.is_cpu);
+  EXPECT_DOUBLE_EQ(quarter.speed, 0.25);
+  EXPECT_DOUBLE_EQ(quarter.memory_bytes, 1.0 * (1ull << 30));  // from cpu-half
+}
+
+TEST(ClusterSpec, InlineTypeBaseCycleNamesTheField) {
+  testing::TempDir dir;
+  const std::string path = dir.write("c.yaml",
+                                     "device_types:\n"
+                                     "  a: {base: b, speed: 0.5}\n"
+                                     "  b: {base: a, speed: 0.5}\n"
+                                     "nodes:\n"
+                                     "  - {count: 1, device: a, devices_per_node: 1, host_memory: 4GiB}\n");
+  try {
+    cluster_load(path, catalog_builtin());
+    FAIL() << "a cycle of bases was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("cycle"), std::string::npos) << e.format();
+    EXPECT_NE(e.where().field.find(".base"), std::string::npos) << e.format();
+  }
+}
+
+// The hint of an unknown device type points to the page that documents inline types.
+TEST(ClusterSpec, UnknownTypeHintNamesAnExistingDoc) {
+  testing::TempDir dir;
+  const std::string path = dir.write("c.yaml", "nodes:\n  - {count: 1, device: cpuu, devices_per_node: 1}\n");
+  try {
+    cluster_load(path, catalog_builtin());
+    FAIL() << "an unknown device type was accepted";
+  } catch (const Error& e) {
+    const size_t at = e.hint().find("docs/");
+    ASSERT_NE(at, std::string::npos) << e.format();
+    const std::string doc = e.hint().substr(at, e.hint().find(".md", at) + 3 - at);
+    EXPECT_TRUE(std::filesystem::exists(std::string(ALLOY_SOURCE_DIR) + "/" + doc)) << doc;
+  }
 }
 
 TEST(TrainSpec, TokensBecomeSequences) {

@@ -45,7 +45,10 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) munmap(const_cast<std::byte*>(data_), size_bytes_);
 }
 
-MappedFile mapped_file_open(const std::string& path, const std::string& what) {
+namespace {
+
+// Opens `path` read-only and returns its descriptor and size; the error names what is wrong.
+int file_open_for_reading(const std::string& path, const std::string& what, std::uint64_t* size_bytes) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     throw Error(what + " not found", io_where(path), "check the path");
@@ -63,9 +66,18 @@ MappedFile mapped_file_open(const std::string& path, const std::string& what) {
     ::close(fd);
     throw Error("cannot stat " + what + ": " + errno_text(saved), io_where(path));
   }
+  *size_bytes = static_cast<std::uint64_t>(info.st_size);
+  return fd;
+}
+
+}  // namespace
+
+MappedFile mapped_file_open(const std::string& path, const std::string& what) {
+  std::uint64_t size_bytes = 0;
+  const int fd = file_open_for_reading(path, what, &size_bytes);
   MappedFile mapped;
   mapped.path_ = path;
-  mapped.size_bytes_ = static_cast<std::size_t>(info.st_size);
+  mapped.size_bytes_ = static_cast<std::size_t>(size_bytes);
   if (mapped.size_bytes_ > 0) {
     void* address = mmap(nullptr, mapped.size_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (address == MAP_FAILED) {
@@ -78,6 +90,53 @@ MappedFile mapped_file_open(const std::string& path, const std::string& what) {
   }
   ::close(fd);
   return mapped;
+}
+
+ReadFile::ReadFile(ReadFile&& other) noexcept
+    : path_(std::move(other.path_)), what_(std::move(other.what_)), fd_(other.fd_), size_bytes_(other.size_bytes_) {
+  other.fd_ = -1;
+  other.size_bytes_ = 0;
+}
+
+ReadFile& ReadFile::operator=(ReadFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    what_ = std::move(other.what_);
+    fd_ = other.fd_;
+    size_bytes_ = other.size_bytes_;
+    other.fd_ = -1;
+    other.size_bytes_ = 0;
+  }
+  return *this;
+}
+
+ReadFile::~ReadFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+ReadFile read_file_open(const std::string& path, const std::string& what) {
+  ReadFile file;
+  file.fd_ = file_open_for_reading(path, what, &file.size_bytes_);
+  file.path_ = path;
+  file.what_ = what;
+  return file;
+}
+
+void ReadFile::read_at(std::uint64_t offset_bytes, std::span<std::byte> out) const {
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset_bytes + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error("reading the " + what_ + " failed: " + errno_text(errno), io_where(path_), "check the file and the disk");
+    if (n == 0) {
+      throw Error("the " + what_ + " shrank while in use: bytes " + std::to_string(offset_bytes + done) + " to " +
+                      std::to_string(offset_bytes + out.size()) + " are gone (it had " + std::to_string(size_bytes_) +
+                      " bytes when opened)",
+                  io_where(path_), "do not rewrite or truncate a file while a run reads it; restore it and resume");
+    }
+    done += static_cast<std::size_t>(n);
+  }
 }
 
 FileWriter::FileWriter(const std::string& path, std::int64_t fault_after_bytes)
@@ -135,7 +194,17 @@ void directory_sync(const std::string& path) {
   ::close(fd);
 }
 
+void file_replace_check(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::symlink_status(path, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw Error("exists and is not a regular file: writing it atomically would replace it", io_where(path),
+                "name a new file or a regular file to overwrite");
+  }
+}
+
 void file_write_atomic(const std::string& path, const std::function<void(FileWriter&)>& write_body) {
+  file_replace_check(path);
   std::filesystem::path target(path);
   std::string temp = path + ".tmp-" + std::to_string(getpid());
   try {

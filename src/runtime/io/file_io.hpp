@@ -1,4 +1,4 @@
-// Low-level file plumbing for runtime I/O: read-only memory maps, atomic file and directory
+// Low-level file plumbing for runtime I/O: read-only memory maps, files read at offsets, atomic file and directory
 // writes (temporary file, fsync, rename) with optional fault injection, and CRC-32 checksums.
 #pragma once
 
@@ -45,6 +45,34 @@ class MappedFile {
 // Throws alloy::Error when the file is missing, is a directory or cannot be read.
 MappedFile mapped_file_open(const std::string& path, const std::string& what);
 
+// A file read at offsets with pread; move-only. Unlike a memory map, a file that shrinks while
+// it is open (truncated by another program) makes read_at throw an alloy::Error naming it,
+// where a map would kill the process with SIGBUS.
+class ReadFile {
+ public:
+  ReadFile() = default;
+  ReadFile(const ReadFile&) = delete;
+  ReadFile& operator=(const ReadFile&) = delete;
+  ReadFile(ReadFile&& other) noexcept;
+  ReadFile& operator=(ReadFile&& other) noexcept;
+  ~ReadFile();
+
+  const std::string& path() const { return path_; }
+  std::uint64_t size_bytes() const { return size_bytes_; }  // when opened
+  // Fills `out` with the bytes at [offset_bytes, offset_bytes + out.size()).
+  void read_at(std::uint64_t offset_bytes, std::span<std::byte> out) const;
+
+ private:
+  friend ReadFile read_file_open(const std::string& path, const std::string& what);
+  std::string path_;
+  std::string what_;
+  int fd_ = -1;
+  std::uint64_t size_bytes_ = 0;
+};
+
+// Opens `path` for read_at; the same errors as mapped_file_open.
+ReadFile read_file_open(const std::string& path, const std::string& what);
+
 // Sequential writer to one file that keeps a running CRC-32 and byte count.
 // `fault_after_bytes` >= 0 simulates a failed write (as from a full disk) once that many bytes
 // have gone out; tests use it to prove that a failed write leaves earlier files intact.
@@ -75,9 +103,13 @@ class FileWriter {
   std::uint32_t checksum_ = 0;
 };
 
+// Throws when `path` exists but is not a regular file (a device such as /dev/full, a folder, a
+// link, a pipe), which a rename of a temporary file over it would replace.
+void file_replace_check(const std::string& path);
+
 // Writes `path` atomically: `write_body` fills a temporary file beside it, which is synced and
 // renamed over `path` only when the body returns. On any exception the temporary is removed and
-// an existing `path` is untouched.
+// an existing `path` is untouched; `path` must be new or a regular file (file_replace_check).
 void file_write_atomic(const std::string& path, const std::function<void(FileWriter&)>& write_body);
 
 // fsyncs a directory so that renames inside it survive a power cut.

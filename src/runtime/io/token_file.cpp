@@ -3,10 +3,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "spec/error.hpp"
 
@@ -17,6 +19,7 @@ static_assert(std::endian::native == std::endian::little, "token files are littl
 namespace {
 
 constexpr std::size_t kWriteBufferBytes = 1 << 20;
+constexpr std::int64_t kScanTokens = 1 << 18;  // tokens per read of the vocabulary check
 
 std::int32_t header_int(const std::byte* header, std::size_t index) {
   std::int32_t value = 0;
@@ -25,9 +28,14 @@ std::int32_t header_int(const std::byte* header, std::size_t index) {
 }
 
 void tokens_check_vocab(const TokenFile& file, std::int64_t vocab_size) {
-  for (std::int64_t i = 0; i < file.token_count(); ++i) {
-    std::uint32_t id = file.token(i);
-    if (id >= static_cast<std::uint64_t>(vocab_size)) {
+  std::vector<std::int32_t> chunk(static_cast<std::size_t>(std::min(kScanTokens, file.token_count())));
+  for (std::int64_t begin = 0; begin < file.token_count(); begin += kScanTokens) {
+    const std::int64_t count = std::min(kScanTokens, file.token_count() - begin);
+    file.tokens_read(begin, {chunk.data(), static_cast<std::size_t>(count)});
+    for (std::int64_t k = 0; k < count; ++k) {
+      const std::int64_t i = begin + k;
+      const auto id = static_cast<std::uint32_t>(chunk[static_cast<std::size_t>(k)]);
+      if (id < static_cast<std::uint64_t>(vocab_size)) continue;
       throw Error("token id " + std::to_string(id) + " at position " + std::to_string(i) +
                       " is not below the model's vocabulary size " + std::to_string(vocab_size) +
                       ": the data was tokenized for another vocabulary",
@@ -39,6 +47,26 @@ void tokens_check_vocab(const TokenFile& file, std::int64_t vocab_size) {
   }
 }
 
+// The file's bytes after the header must be whole tokens, at least as many as the header says.
+void token_file_check_size(const std::string& path, std::uint64_t size_bytes, TokenFileVersion version,
+                           std::int32_t count, const std::string& fix_format) {
+  const std::uint64_t width = token_file_token_bytes(version);
+  const std::uint64_t token_bytes = size_bytes - kTokenFileHeaderBytes;
+  if (token_bytes % width != 0) {
+    throw Error(std::to_string(token_bytes) + " bytes follow the header, not a whole number of " + std::to_string(width) +
+                    "-byte tokens",
+                io_where(path, "tokens"), "the file was cut or written by another program: recreate it; " + fix_format);
+  }
+  const std::uint64_t expected_bytes = kTokenFileHeaderBytes + static_cast<std::uint64_t>(count) * width;
+  if (size_bytes < expected_bytes) {
+    throw Error("file truncated: the header promises " + std::to_string(count) + " tokens, which needs " +
+                    std::to_string(expected_bytes) + " bytes, but the file has " + std::to_string(size_bytes) +
+                    " bytes",
+                io_where(path, "header[2] (token count)"),
+                "the file was cut short (interrupted copy or download?): recreate it");
+  }
+}
+
 }  // namespace
 
 std::size_t token_file_token_bytes(TokenFileVersion version) {
@@ -46,14 +74,9 @@ std::size_t token_file_token_bytes(TokenFileVersion version) {
 }
 
 std::uint32_t TokenFile::token(std::int64_t index) const {
-  if (version_ == TokenFileVersion::TokenFileVersion_uint16) {
-    std::uint16_t value = 0;
-    std::memcpy(&value, tokens_ + index * 2, 2);
-    return value;
-  }
-  std::uint32_t value = 0;
-  std::memcpy(&value, tokens_ + index * 4, 4);
-  return value;
+  std::int32_t value = 0;
+  tokens_read(index, {&value, 1});
+  return static_cast<std::uint32_t>(value);
 }
 
 void TokenFile::tokens_read(std::int64_t begin, std::span<std::int32_t> out) const {
@@ -63,54 +86,58 @@ void TokenFile::tokens_read(std::int64_t begin, std::span<std::int32_t> out) con
                     ") lies outside the file's " + std::to_string(token_count_) + " tokens",
                 io_where(path()));
   }
-  for (std::int64_t i = 0; i < count; ++i) out[i] = static_cast<std::int32_t>(token(begin + i));
+  // One read into `out` itself; uint16 tokens are then widened in place from the back, where
+  // each 4-byte slot lies at or after the 2 bytes it takes its token from.
+  const std::size_t width = token_file_token_bytes(version_);
+  auto* bytes = reinterpret_cast<std::byte*>(out.data());
+  file_.read_at(kTokenFileHeaderBytes + static_cast<std::uint64_t>(begin) * width, {bytes, out.size() * width});
+  if (width == 4) return;
+  for (std::int64_t i = count - 1; i >= 0; --i) {
+    std::uint16_t value = 0;
+    std::memcpy(&value, bytes + i * 2, 2);
+    out[static_cast<std::size_t>(i)] = value;
+  }
 }
 
 TokenFile token_file_open(const std::string& path, std::int64_t vocab_size) {
   TokenFile file;
-  file.mapped_ = mapped_file_open(path, "token file");
-  auto bytes = file.mapped_.bytes();
+  file.file_ = read_file_open(path, "token file");
+  const std::uint64_t size_bytes = file.file_.size_bytes();
   const std::string fix_format =
       "token files use llm.c's format (256 int32 header, magic 20240520); create one with "
       "`alloy tokenize`";
-  if (bytes.size() < kTokenFileHeaderBytes) {
-    throw Error("header too short: the file has " + std::to_string(bytes.size()) + " bytes, the header alone needs " +
+  if (size_bytes < kTokenFileHeaderBytes) {
+    throw Error("header too short: the file has " + std::to_string(size_bytes) + " bytes, the header alone needs " +
                     std::to_string(kTokenFileHeaderBytes),
                 io_where(path, "header"), fix_format);
   }
-  std::int32_t magic = header_int(bytes.data(), 0);
+  std::byte header[kTokenFileHeaderBytes];
+  file.file_.read_at(0, header);
+  std::int32_t magic = header_int(header, 0);
   if (magic != kTokenFileMagic) {
     throw Error("bad magic number " + std::to_string(magic) + ", expected " + std::to_string(kTokenFileMagic) +
                     ": not a token file",
                 io_where(path, "header[0] (magic)"), fix_format);
   }
-  std::int32_t version = header_int(bytes.data(), 1);
+  std::int32_t version = header_int(header, 1);
   if (version != 1 && version != 2) {
     throw Error("unknown version " + std::to_string(version) + " (1 means uint16 tokens, 2 means uint32 tokens)",
                 io_where(path, "header[1] (version)"), fix_format);
   }
   file.version_ = static_cast<TokenFileVersion>(version);
-  std::int32_t count = header_int(bytes.data(), 2);
+  std::int32_t count = header_int(header, 2);
   if (count < 0) {
     throw Error("negative token count " + std::to_string(count), io_where(path, "header[2] (token count)"), fix_format);
   }
+  token_file_check_size(path, size_bytes, file.version_, count, fix_format);
   file.token_count_ = count;
-  std::uint64_t expected_bytes =
-      kTokenFileHeaderBytes + static_cast<std::uint64_t>(count) * token_file_token_bytes(file.version_);
-  if (bytes.size() < expected_bytes) {
-    throw Error("file truncated: the header promises " + std::to_string(count) + " tokens, which needs " +
-                    std::to_string(expected_bytes) + " bytes, but the file has " + std::to_string(bytes.size()) +
-                    " bytes",
-                io_where(path, "header[2] (token count)"),
-                "the file was cut short (interrupted copy or download?): recreate it");
-  }
-  file.tokens_ = bytes.data() + kTokenFileHeaderBytes;
   if (vocab_size > 0) tokens_check_vocab(file, vocab_size);
   return file;
 }
 
 TokenFileWriter::TokenFileWriter(const std::string& path, TokenFileVersion version)
     : path_(path), temp_path_(path + ".tmp-" + std::to_string(getpid())), version_(version) {
+  file_replace_check(path);
   writer_ = std::make_unique<FileWriter>(temp_path_);
   std::int32_t header[kTokenFileHeaderInts] = {};
   header[0] = kTokenFileMagic;

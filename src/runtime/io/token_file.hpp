@@ -1,6 +1,6 @@
 // Token files in llm.c's format: a header of 256 little-endian int32 (magic 20240520, version,
-// token count) followed by uint16 (version 1) or uint32 (version 2) tokens. Reading maps the
-// file, so a window costs only the pages it touches.
+// token count) followed by uint16 (version 1) or uint32 (version 2) tokens. Windows are read
+// with pread, so a file truncated during a run is an error naming it, not a SIGBUS.
 #pragma once
 
 #include <cstdint>
@@ -23,27 +23,27 @@ enum class TokenFileVersion : std::int32_t {
 
 std::size_t token_file_token_bytes(TokenFileVersion version);
 
-// An open, validated token file (move-only; the tokens stay on disk, mapped).
+// An open, validated token file (move-only; the tokens stay on disk).
 class TokenFile {
  public:
-  const std::string& path() const { return mapped_.path(); }
+  const std::string& path() const { return file_.path(); }
   TokenFileVersion version() const { return version_; }
   std::int64_t token_count() const { return token_count_; }
   // Token at `index` in [0, token_count()).
   std::uint32_t token(std::int64_t index) const;
-  // Copies tokens [begin, begin + out.size()) into `out`; the range must lie inside the file.
+  // Copies tokens [begin, begin + out.size()) into `out`; the range must lie inside the file,
+  // and a file that has shrunk since it was opened is an error.
   void tokens_read(std::int64_t begin, std::span<std::int32_t> out) const;
 
  private:
   friend TokenFile token_file_open(const std::string& path, std::int64_t vocab_size);
-  MappedFile mapped_;
+  ReadFile file_;
   TokenFileVersion version_ = TokenFileVersion::TokenFileVersion_uint16;
   std::int64_t token_count_ = 0;
-  const std::byte* tokens_ = nullptr;
 };
 
-// Opens and validates `path`: missing file, short header, bad magic, unknown version and a file
-// shorter than its token count are errors. When `vocab_size` > 0 every token is checked to be
+// Opens and validates `path`: missing file, short header, bad magic, unknown version, a file
+// shorter than its token count and token bytes that are not a whole number of tokens are errors. When `vocab_size` > 0 every token is checked to be
 // below it (one pass over the file); the first offending position and id are reported.
 TokenFile token_file_open(const std::string& path, std::int64_t vocab_size);
 

@@ -59,7 +59,6 @@ TEST(CliValidation, OptionsThatDoNotApplyAreRefused) {
       {"--gpu-comm host", "--gpu-comm", "--device cuda"},
   };
   for (const BadOption& bad : cases) expect_refused({(std::string(kTrain) + bad.args).c_str(), bad.names, bad.range});
-  expect_refused({"explain plan.json --model tiny-gpt", "--cluster", "--model and --cluster together"});
   expect_refused({"plan --model tiny-gpt --cluster local-cpu-1 --schedule 1f1b --chunks 2", "--chunks", "interleaved"});
   expect_refused({"plan --model tiny-gpt --cluster local-cpu-1 --no-offload --prefetch-depth 2", "--prefetch-depth",
                   "--no-offload"});

@@ -108,7 +108,7 @@ TEST_F(NonFiniteRunTest, NonFiniteSettingsAreRefusedBeforeTraining) {
   const std::string ckpt = dir_->path() + "/refused";
   CommandResult r = run_command(one_rank(ckpt, "--lr inf"), 60);
   EXPECT_EQ(r.exit_code, kExitBadInput) << r.output;
-  EXPECT_NE(r.output.find("--lr: the learning rate is inf"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--lr: 'inf' is not a finite number"), std::string::npos) << r.output;
   r = run_command(one_rank(ckpt, "--max-bad-steps 0"), 60);
   EXPECT_EQ(r.exit_code, kExitBadInput) << r.output;
   EXPECT_NE(r.output.find("--max-bad-steps"), std::string::npos) << r.output;

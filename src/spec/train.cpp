@@ -1,5 +1,7 @@
 #include "spec/train.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "spec/error.hpp"
@@ -59,7 +61,10 @@ TrainSpec train_load(const std::string& path) {
   t.beta2 = r.get_double("beta2", t.beta2);
   t.adam_eps = r.get_double("adam_eps", t.adam_eps);
   t.grad_clip = r.get_double("grad_clip", t.grad_clip);
-  t.seed = static_cast<uint64_t>(r.get_int("seed", static_cast<int64_t>(t.seed)));
+  const int64_t seed = r.get_int("seed", static_cast<int64_t>(t.seed));
+  if (seed < 0)
+    throw Error(fmt::format("seed {} is negative", seed), {t.source_path, "seed"}, "write a whole number >= 0, e.g. `seed: 1234`");
+  t.seed = static_cast<uint64_t>(seed);
   train_validate(t);
   return t;
 }
@@ -91,11 +96,13 @@ void train_validate(const TrainSpec& t) {
   if (t.warmup_steps < 0 || t.warmup_steps > kTrainMostSteps)
     bad("warmup_steps", fmt::format("warm-up steps {} is outside [0, {}]", t.warmup_steps, kTrainMostSteps),
         "write e.g. `warmup_steps: 100`");
-  if (t.weight_decay < 0) bad("weight_decay", "weight decay must not be negative", "write e.g. `weight_decay: 0.1`");
+  if (!(t.weight_decay >= 0) || !std::isfinite(t.weight_decay))
+    bad("weight_decay", "weight decay must be a finite number >= 0", "write e.g. `weight_decay: 0.1`");
   if (!(t.beta1 >= 0 && t.beta1 < 1)) bad("beta1", "beta1 must be in [0, 1)", "write e.g. `beta1: 0.9`");
   if (!(t.beta2 >= 0 && t.beta2 < 1)) bad("beta2", "beta2 must be in [0, 1)", "write e.g. `beta2: 0.95`");
-  if (!(t.adam_eps > 0)) bad("adam_eps", "adam_eps must be positive", "write e.g. `adam_eps: 1e-8`");
-  if (t.grad_clip < 0) bad("grad_clip", "grad_clip must not be negative (0 disables clipping)", "write e.g. `grad_clip: 1.0`");
+  if (!(t.adam_eps > 0) || !std::isfinite(t.adam_eps)) bad("adam_eps", "adam_eps must be a finite number > 0", "write e.g. `adam_eps: 1e-8`");
+  if (!(t.grad_clip >= 0) || !std::isfinite(t.grad_clip))
+    bad("grad_clip", "grad_clip must be a finite number >= 0 (0 disables clipping)", "write e.g. `grad_clip: 1.0`");
 }
 
 }  // namespace alloy

@@ -169,6 +169,18 @@ TEST(SpecErrors, TrainBatchTokensMustDivide) {
   EXPECT_EQ(e.where().field, "global_batch_tokens");
 }
 
+TEST(SpecErrors, TrainNumbersOutOfRangeNameTheirField) {
+  TempDir dir;
+  const std::pair<const char*, const char*> cases[] = {
+      {"seed: -1\n", "seed"},           {"weight_decay: .nan\n", "weight_decay"}, {"grad_clip: .inf\n", "grad_clip"},
+      {"adam_eps: .inf\n", "adam_eps"}, {"grad_clip: -1\n", "grad_clip"},
+  };
+  for (const auto& [text, field] : cases) {
+    Error e = expect_error([&] { train_load(dir.write("t.yaml", std::string("seq_len: 64\nglobal_batch: 8\n") + text)); });
+    EXPECT_EQ(e.where().field, field) << text << e.format();
+  }
+}
+
 TEST(SpecErrors, FormatIsOneOrTwoLines) {
   TempDir dir;
   std::string path = dir.write("c.yaml", replace(kGoodCluster, "a100-80gb-sxm", "tpu-v9"));

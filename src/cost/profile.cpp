@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "spec/error.hpp"
+#include "spec/json_unique.hpp"
 
 namespace alloy {
 
@@ -224,7 +225,7 @@ double Profile::boundary_transfer_seconds(const std::string& device_type) const 
 Profile profile_parse(const std::string& json_text, const std::string& path) {
   json root;
   try {
-    root = json::parse(json_text);
+    root = json_parse_unique_keys<json>(json_text, path);
   } catch (const json::parse_error& e) {
     throw Error(std::string("not valid JSON: ") + e.what(), {path, ""}, "see docs/profile-format.md");
   }

@@ -9,6 +9,7 @@
 
 #include "plan/plan.hpp"
 #include "spec/error.hpp"
+#include "spec/json_unique.hpp"
 #include "spec/text_file.hpp"
 
 namespace alloy {
@@ -267,7 +268,7 @@ std::string plan_to_json(const Plan& plan) {
 Plan plan_from_json(const std::string& text, const std::string& source) {
   OrderedJson j;
   try {
-    j = OrderedJson::parse(text);
+    j = json_parse_unique_keys<OrderedJson>(text, source);
   } catch (const OrderedJson::exception& e) {  // syntax, or a number too large for a double
     throw Error(std::string("not valid JSON: ") + e.what(), {source, ""}, "a plan file is written by `alloy plan`");
   }

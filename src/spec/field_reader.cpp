@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "spec/json_unique.hpp"
 #include "spec/text.hpp"
 #include "spec/units.hpp"
 
@@ -67,6 +70,27 @@ YAML::Node json_to_yaml(const nlohmann::json& j) {
   return out;
 }
 
+// YAML forbids a key twice in one mapping, but yaml-cpp keeps the first value without a word: a
+// hand-edited `steps: 7` below `steps: 200` would be ignored. Refused, naming both lines.
+void yaml_check_unique_keys(const YAML::Node& node, const std::string& path) {
+  if (node.IsSequence()) {
+    for (const YAML::Node& item : node) yaml_check_unique_keys(item, path);
+    return;
+  }
+  if (!node.IsMap()) return;
+  std::map<std::string, int> first_line;  // key -> the line (1-based) where it first appears
+  for (const auto& entry : node) {
+    const YAML::Node& key = entry.first;
+    if (key.IsScalar()) {
+      const auto [seen, fresh] = first_line.emplace(key.Scalar(), key.Mark().line + 1);
+      if (!fresh)
+        throw Error(fmt::format("'{}' is given twice in one mapping (first on line {})", key.Scalar(), seen->second),
+                    {path, key.Scalar(), key.Mark().line + 1, key.Mark().column + 1}, "keep one of the two");
+    }
+    yaml_check_unique_keys(entry.second, path);
+  }
+}
+
 std::string describe_scalar(const YAML::Node& n) {
   if (n.IsScalar()) return "'" + n.Scalar() + "'";
   if (n.IsMap()) return "a mapping";
@@ -80,7 +104,7 @@ YAML::Node spec_text_parse(const std::string& text, const std::string& path, boo
   if (is_json) {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(text);
+      j = json_parse_unique_keys<nlohmann::json>(text, path);
     } catch (const nlohmann::json::parse_error& e) {
       int line = 0, column = 0;
       offset_to_line_column(text, e.byte > 0 ? e.byte - 1 : 0, &line, &column);
@@ -104,6 +128,7 @@ YAML::Node spec_text_parse(const std::string& text, const std::string& path, boo
     throw Error("malformed YAML: " + e.msg, {path, "", e.mark.line + 1, e.mark.column + 1},
                 "fix the YAML syntax at that position (indentation, colons, quotes)");
   }
+  yaml_check_unique_keys(root, path);
   if (!root.IsMap()) {
     throw Error("the file must hold a YAML mapping of fields (key: value)", {path, "", 1, 1},
                 "see the examples under examples/ for the expected layout");

@@ -156,6 +156,7 @@ TEST(Plan, JsonNumbersAreCheckedNotConverted) {
       {"\"offload_exposed_seconds\": 0.5", "\"offload_exposed_seconds\": null", "stages[0].predicted.offload_exposed_seconds"},
       {"\"price_per_million_tokens\": 0.0", "\"price_per_million_tokens\": \"x\"", "predicted.price_per_million_tokens"},
       {"\"reason\": \"slower\"", "\"reason\": 7", "predicted.runner_ups[0].reason"},
+      {"\"seq_len\": 128", "\"seq_len\": 128, \"seq_len\": 256", "seq_len"},
   };
   for (const Case& c : cases) {
     std::string bad = good;

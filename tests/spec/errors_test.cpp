@@ -181,6 +181,21 @@ TEST(SpecErrors, TrainNumbersOutOfRangeNameTheirField) {
   }
 }
 
+TEST(SpecErrors, AKeyGivenTwiceIsRefusedNotOneValueDropped) {
+  TempDir dir;
+  Error yaml = expect_error([&] { train_load(dir.write("t.yaml", "seq_len: 64\nsteps: 200\nglobal_batch: 8\nsteps: 7\n")); });
+  EXPECT_EQ(yaml.where().field, "steps");
+  EXPECT_EQ(yaml.where().line, 4) << yaml.format();
+  EXPECT_NE(yaml.message().find("first on line 2"), std::string::npos) << yaml.format();
+  Error nested = expect_error([&] {
+    cluster_load(dir.write("c.yaml", replace(kGoodCluster, "bandwidth: 200Gb/s,", "bandwidth: 200Gb/s, bandwidth: 100Gb/s,")),
+                 catalog_builtin());
+  });
+  EXPECT_EQ(nested.where().field, "bandwidth") << nested.format();
+  Error json = expect_error([&] { model_load(dir.write("m.json", R"({"model_type": "gpt2", "n_layer": 2, "n_layer": 4})")); });
+  EXPECT_EQ(json.where().field, "n_layer") << json.format();
+}
+
 TEST(SpecErrors, FormatIsOneOrTwoLines) {
   TempDir dir;
   std::string path = dir.write("c.yaml", replace(kGoodCluster, "a100-80gb-sxm", "tpu-v9"));

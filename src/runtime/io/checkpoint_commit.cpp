@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kFormatName[] = "alloy-checkpoint-set";
-constexpr int kFormatVersion = 1;
+constexpr char kSetFormatName[] = "alloy-checkpoint-set";
+constexpr int kSetFormatVersion = 1;
 constexpr char kStepPrefix[] = "step-";
 
 std::string rank_name(int rank) { return fmt::format("rank-{:05d}", rank); }
@@ -48,7 +48,7 @@ nlohmann::json manifest_to_json(const CheckpointManifest& m) {
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [name, record] : m.files)
     files[name] = {{"bytes", record.size_bytes}, {"crc32", checksum_hex(record.checksum)}};
-  nlohmann::json body = {{"format", kFormatName}, {"version", kFormatVersion}, {"step", m.step},
+  nlohmann::json body = {{"format", kSetFormatName}, {"version", kSetFormatVersion}, {"step", m.step},
                          {"fingerprint", m.fingerprint}, {"ranks", m.ranks}, {"steps_kept", m.steps_kept},
                          {"files", files}};
   body["checksum"] = manifest_checksum(body);
@@ -167,9 +167,9 @@ CheckpointManifest checkpoint_manifest_read(const std::string& dir) {
   } catch (const nlohmann::json::parse_error& e) {
     manifest_damaged(path, "", std::string("not valid JSON: ") + e.what());
   }
-  if (!j.is_object() || j.value("format", "") != kFormatName)
+  if (!j.is_object() || j.value("format", "") != kSetFormatName)
     throw Error("not an Alloy checkpoint manifest", io_where(path, "format"), "pass a folder written by `alloy train`");
-  if (j.value("version", 0) != kFormatVersion)
+  if (j.value("version", 0) != kSetFormatVersion)
     throw Error("unsupported checkpoint version " + j["version"].dump(), io_where(path, "version"),
                 "resume it with the Alloy version that wrote it");
   const std::string recorded = j.value("checksum", "");

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -50,7 +50,11 @@ TEST_F(CheckpointCli, EditedManifestStepIsRefusedNotResumed) {
   const std::string latest = ck() + "/latest.json";
   const std::string original = testing::read_text(latest);
   for (const char* step : {"-5", "2"}) {
-    std::ofstream(latest) << std::regex_replace(original, std::regex("\"step\": 4"), std::string("\"step\": ") + step);
+    std::string edited = original;
+    const size_t at = edited.find("\"step\": 4");
+    ASSERT_NE(at, std::string::npos) << original;
+    edited.replace(at, 9, std::string("\"step\": ") + step);
+    std::ofstream(latest) << edited;
     CommandResult r = alloy(train(6, "--resume"));
     EXPECT_EQ(r.exit_code, 2) << step << "\n" << r.output;
     EXPECT_NE(r.output.find("damaged or was edited"), std::string::npos) << r.output;
@@ -102,19 +106,23 @@ TEST_F(CheckpointCli, SigintSavesTheStepAndExits130) {
   ASSERT_GT(pid, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   kill(pid, SIGINT);
-  std::smatch saved;
+  // "received SIGINT on rank 0 at step N; saved checkpoint step M ..."
+  const std::string said = "received SIGINT on rank 0 at step ";
+  long long step = -1, saved = -2;
   std::string text;
   for (int i = 0; i < 200; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(50))) {
     text = testing::read_text(out);
-    if (std::regex_search(text, saved, std::regex("received SIGINT on rank 0 at step (\\d+); saved checkpoint step (\\d+)")))
+    const size_t at = text.find(said);
+    if (at != std::string::npos &&
+        std::sscanf(text.c_str() + at + said.size(), "%lld; saved checkpoint step %lld", &step, &saved) == 2)
       break;
   }
-  ASSERT_FALSE(saved.empty()) << text;
-  EXPECT_EQ(saved[1], saved[2]);
+  ASSERT_GE(step, 1) << text;
+  EXPECT_EQ(step, saved) << text;
   EXPECT_EQ(text_awaited(dir_.path() + "/rc"), "130\n");
-  CommandResult resumed = alloy(train(std::stoi(saved[1]) + 1, "--resume"));
+  CommandResult resumed = alloy(train(static_cast<int>(step) + 1, "--resume"));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find(fmt::format("steps {}..", std::stoi(saved[1]) + 1)), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("steps {}..", step + 1)), std::string::npos) << resumed.output;
 }
 
 // A step of small-gpt takes seconds: both signals arrive within it, and the second ends the run

@@ -14,11 +14,12 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <map>
 #include <random>
-#include <regex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -102,6 +103,52 @@ using Rng = std::mt19937_64;
 
 size_t pick(Rng& rng, size_t count) { return std::uniform_int_distribution<size_t>(0, count - 1)(rng); }
 
+// (start, length) of every number in `text`: an optional minus, digits, an optional fraction
+// and an optional exponent, not part of a longer word.
+std::vector<std::pair<size_t, size_t>> number_spans(const std::string& text) {
+  auto digit = [&](size_t i) { return i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0; };
+  auto digits_end = [&](size_t i) {
+    while (digit(i)) ++i;
+    return i;
+  };
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const bool word_before = i > 0 && (std::isalnum(static_cast<unsigned char>(text[i - 1])) != 0 || text[i - 1] == '_');
+    if (!digit(i) || word_before) continue;
+    const size_t begin = i > 0 && text[i - 1] == '-' ? i - 1 : i;
+    size_t end = digits_end(i);
+    if (end < text.size() && text[end] == '.' && digit(end + 1)) end = digits_end(end + 1);
+    if (end < text.size() && (text[end] == 'e' || text[end] == 'E')) {
+      const size_t sign = end + 1 < text.size() && (text[end + 1] == '-' || text[end + 1] == '+') ? end + 2 : end + 1;
+      if (digit(sign)) end = digits_end(sign);
+    }
+    spans.emplace_back(begin, end - begin);
+    i = end;
+  }
+  return spans;
+}
+
+// (start, length) of every value written after ": ": a quoted string, or the run of characters
+// up to a space, comma or bracket.
+std::vector<std::pair<size_t, size_t>> value_spans(const std::string& text) {
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (size_t at = text.find(": "); at != std::string::npos; at = text.find(": ", at + 1)) {
+    const size_t begin = at + 2;
+    size_t end = begin;
+    if (begin < text.size() && text[begin] == '"') {
+      end = text.find('"', begin + 1);
+      if (end == std::string::npos) continue;
+      ++end;
+    } else {
+      while (end < text.size() && std::isspace(static_cast<unsigned char>(text[end])) == 0 &&
+             std::string_view(",{}[]").find(text[end]) == std::string_view::npos)
+        ++end;
+    }
+    if (end > begin) spans.emplace_back(begin, end - begin);
+  }
+  return spans;
+}
+
 // One mutation of a text input; returns what it did.
 std::string text_mutate(std::string* text, Rng& rng) {
   std::vector<std::string> lines = lines_of(*text);
@@ -123,13 +170,7 @@ std::string text_mutate(std::string* text, Rng& rng) {
     return what;
   }
   if (kind == 3 || kind == 4) {  // a number, or any value after a colon, becomes an odd value
-    static const std::regex number(R"(-?\b\d+(\.\d+)?([eE][-+]?\d+)?)");
-    static const std::regex value_after_colon(R"((?:: )("[^"]*"|[^\s,{}\[\]]+))");
-    std::vector<std::pair<size_t, size_t>> spans;
-    const int group = kind == 3 ? 0 : 1;
-    for (auto it = std::sregex_iterator(text->begin(), text->end(), kind == 3 ? number : value_after_colon);
-         it != std::sregex_iterator(); ++it)
-      spans.emplace_back(static_cast<size_t>(it->position(group)), static_cast<size_t>(it->length(group)));
+    const std::vector<std::pair<size_t, size_t>> spans = kind == 3 ? number_spans(*text) : value_spans(*text);
     if (!spans.empty()) {
       const auto [at, length] = spans[pick(rng, spans.size())];
       const std::string value = kOddValues[pick(rng, std::size(kOddValues))];
@@ -177,14 +218,25 @@ std::string tokens_mutate(std::string* bytes, Rng& rng) {
 
 // One numeric option of `command` given an odd value; false when it has none.
 bool option_mutate(std::string* command, Rng& rng, std::string* what) {
-  static const std::regex option(R"(--(steps|batch|seq-len|global-batch|threads|lr) (\S+))");
   const char* const odd[] = {"0", "-1", "nan", "inf", "1e308", "18446744073709551616", "100000", "3x", "-0.5"};
-  std::vector<std::smatch> found(std::sregex_iterator(command->begin(), command->end(), option), std::sregex_iterator());
+  struct Found {
+    std::string name;
+    size_t at, length;  // the value's place in the command
+  };
+  std::vector<Found> found;
+  for (const char* name : {"steps", "batch", "seq-len", "global-batch", "threads", "lr"}) {
+    const std::string flag = std::string("--") + name + " ";
+    for (size_t at = command->find(flag); at != std::string::npos; at = command->find(flag, at + 1)) {
+      const size_t begin = at + flag.size();
+      const size_t end = std::min(command->find(' ', begin), command->size());
+      if (end > begin) found.push_back({name, begin, end - begin});
+    }
+  }
   if (found.empty()) return false;
-  const std::smatch& m = found[pick(rng, found.size())];
-  const auto at = static_cast<size_t>(m.position(2)), length = static_cast<size_t>(m.length(2));
+  const Found& m = found[pick(rng, found.size())];
+  const size_t at = m.at, length = m.length;
   std::string value = odd[pick(rng, std::size(odd))];
-  if (value == "100000" && m.str(1) != "threads") value = "0";  // a valid long run is no finding
+  if (value == "100000" && m.name != "threads") value = "0";  // a valid long run is no finding
   *what = "option value '" + command->substr(at, length) + "' -> " + value;
   command->replace(at, length, value);
   return true;

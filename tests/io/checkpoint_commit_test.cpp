@@ -152,7 +152,7 @@ TEST(CheckpointCommit, EditedManifestIsRefusedByItsChecksum) {
   EXPECT_NE(truncated.message().find("not valid JSON"), std::string::npos) << truncated.format();
 }
 
-TEST(CheckpointCommit, MissingManifestOrOldFormatSaysWhatToDo) {
+TEST(CheckpointCommit, MissingManifestOrOldFormatSaysHowToGoOn) {
   test::ScratchDir scratch;
   const std::string dir = scratch.file("ck");
   Error absent = error_of([&] { checkpoint_manifest_read(dir); });

@@ -21,21 +21,17 @@
 namespace alloy::testing {
 namespace {
 
-class CheckpointStopTest : public ::testing::Test {
+class CheckpointStopTest : public DistGptSuite<CheckpointStopTest> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    gpt_path_ = dir_->write("gpt-6.yaml", kGpt6Yaml);
-    cluster_path_ = dir_->write("local-cpu-8.yaml", kCpu8Yaml);
-    data_ = dist_test_setup(*dir_);
-    ASSERT_FALSE(data_.empty()) << "alloy tokenize failed";
+    DistGptSuite::SetUpTestSuite();
+    if (::testing::Test::HasFatalFailure()) return;
     // Two pipeline stages of two replicas each: 4 ranks.
     plan_path_ = dir_->path() + "/pp2-dp2.json";
     plan_save(test_plan(model_load(gpt_path_), cluster_load(cluster_path_, catalog_builtin()),
                         {{1, 2, 0, {3}}, {1, 2, 0, {3}}}, Schedule::Schedule_1f1b, 2),
               plan_path_);
   }
-  static void TearDownTestSuite() { delete dir_; }
 
   static std::string train_command(int steps, const std::string& extra) {
     return fmt::format(
@@ -55,8 +51,7 @@ class CheckpointStopTest : public ::testing::Test {
     return out;
   }
 
-  static inline TempDir* dir_ = nullptr;
-  static inline std::string gpt_path_, cluster_path_, data_, plan_path_;
+  static inline std::string plan_path_;
 };
 
 TEST_F(CheckpointStopTest, RankKilledDuringSaveLeavesThePreviousCheckpointWhichResumesExactly) {

@@ -2,6 +2,8 @@
 // cluster, stage shapes given directly, devices taken in order.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
 
@@ -66,6 +68,24 @@ inline std::string dist_test_setup(const TempDir& dir) {
                                       "/examples/data/fsf_licenses.txt -o " + data);
   return r.exit_code == 0 ? data : "";
 }
+
+// A suite of 4-rank runs of gpt-6 on the eight-device CPU cluster: the files are written once per
+// suite (`Suite` gives each suite its own). Suites that need more call SetUpTestSuite first.
+template <class Suite>
+class DistGptSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    gpt_path_ = dir_->write("gpt-6.yaml", kGpt6Yaml);
+    cluster_path_ = dir_->write("local-cpu-8.yaml", kCpu8Yaml);
+    data_ = dist_test_setup(*dir_);
+    ASSERT_FALSE(data_.empty()) << "alloy tokenize failed";
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string gpt_path_, cluster_path_, data_;
+};
 
 inline constexpr int64_t kTestSeqLen = 32;
 inline constexpr int64_t kTestGlobalBatch = 8;

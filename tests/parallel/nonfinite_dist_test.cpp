@@ -22,16 +22,8 @@ namespace {
 
 constexpr int kGuardSteps = 6;
 
-class NonFiniteRunTest : public ::testing::Test {
+class NonFiniteRunTest : public DistGptSuite<NonFiniteRunTest> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    gpt_path_ = dir_->write("gpt-6.yaml", kGpt6Yaml);
-    cluster_path_ = dir_->write("local-cpu-8.yaml", kCpu8Yaml);
-    data_ = dist_test_setup(*dir_);
-    ASSERT_FALSE(data_.empty()) << "alloy tokenize failed";
-  }
-  static void TearDownTestSuite() { delete dir_; }
 
   static std::string train_args(const std::string& checkpoint) {
     return fmt::format(
@@ -72,13 +64,7 @@ class NonFiniteRunTest : public ::testing::Test {
       }
     }
   }
-
-  static TempDir* dir_;
-  static std::string gpt_path_, cluster_path_, data_;
 };
-
-TempDir* NonFiniteRunTest::dir_ = nullptr;
-std::string NonFiniteRunTest::gpt_path_, NonFiniteRunTest::cluster_path_, NonFiniteRunTest::data_;
 
 TEST_F(NonFiniteRunTest, OneRankStopsAtTheStepNamingTheTensorAndTheLastCheckpoint) {
   const std::string ckpt = dir_->path() + "/one-rank";

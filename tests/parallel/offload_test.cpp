@@ -21,16 +21,8 @@
 
 namespace alloy::testing {
 
-class OffloadTest : public ::testing::Test {
+class OffloadTest : public DistGptSuite<OffloadTest> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    gpt_path_ = dir_->write("gpt-6.yaml", kGpt6Yaml);
-    cluster_path_ = dir_->write("local-cpu-8.yaml", kCpu8Yaml);
-    data_ = dist_test_setup(*dir_);
-    ASSERT_FALSE(data_.empty()) << "alloy tokenize failed";
-  }
-  static void TearDownTestSuite() { delete dir_; }
 
   static ClusterSpec cluster() { return cluster_load(cluster_path_, catalog_builtin()); }
 
@@ -80,13 +72,7 @@ class OffloadTest : public ::testing::Test {
     file.entry_copy(*e, values.data());
     return values;
   }
-
-  static TempDir* dir_;
-  static std::string gpt_path_, cluster_path_, data_;
 };
-
-TempDir* OffloadTest::dir_ = nullptr;
-std::string OffloadTest::gpt_path_, OffloadTest::cluster_path_, OffloadTest::data_;
 
 TEST_F(OffloadTest, LossesAndWeightsAreBitIdenticalToTheSamePlanWithoutOffload) {
   const std::vector<bool> none(6, false), some = {true, true, false, false, true, true};

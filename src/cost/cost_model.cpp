@@ -17,9 +17,6 @@ constexpr double kGradientOverlapFraction = 0.9;
 constexpr double kHostOptimizerBytesPerSecond = 20e9;
 // Latency assumed for an intra-node link that a cluster file gives without one.
 constexpr double kDefaultIntraNodeLatencySeconds = 5e-6;
-// The step schedule's gradient buckets (ScheduleOptions::bucket_bytes): whole blocks from the
-// stage's last back to its first, each closed once it holds this many bytes.
-constexpr double kScheduleBucketBytes = 64.0 * kMiB;
 constexpr double kNoHostLinkSeconds = 1e9;
 
 int optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
@@ -323,12 +320,13 @@ namespace {
 
 // Bytes of the bucket the schedule reduces last: its buckets fill with whole blocks from the last
 // block back, so the one holding the first blocks (and the embedding) is posted only once the
-// whole backward is done. `first` and `last`: the extra bytes the first and last block carry.
-double last_bucket_bytes(double block_bytes, int blocks, double first, double last) {
+// whole backward is done. `first` and `last`: the extra bytes the first and last block carry;
+// `bucket_bytes`: the schedule's target (TrainSpec::gradient_bucket_mib).
+double last_bucket_bytes(double bucket_bytes, double block_bytes, int blocks, double first, double last) {
   if (blocks <= 0 || block_bytes <= 0) return blocks * block_bytes + first + last;
   // The first bucket closed (with the last block's extra) takes k1 blocks, every later one k.
-  const int k1 = std::max(1, static_cast<int>(std::ceil((kScheduleBucketBytes - last) / block_bytes)));
-  const int k = std::max(1, static_cast<int>(std::ceil(kScheduleBucketBytes / block_bytes)));
+  const int k1 = std::max(1, static_cast<int>(std::ceil((bucket_bytes - last) / block_bytes)));
+  const int k = std::max(1, static_cast<int>(std::ceil(bucket_bytes / block_bytes)));
   if (blocks <= k1) return blocks * block_bytes + first + last;
   const int left = (blocks - k1) % k;
   return (left == 0 ? k : left) * block_bytes + first;
@@ -349,7 +347,7 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
   const double reduce = group_seconds(shape.device_type, op, grad_bytes, shape.dp_group);
   const double embedding_bytes = c.has_embedding ? u.embedding_parameters * e : 0;
   const double head_bytes = std::max(0.0, grad_bytes - c.blocks * u.block_parameters * e - embedding_bytes);
-  const double last_bytes = last_bucket_bytes(u.block_parameters * e, c.blocks, embedding_bytes, head_bytes);
+  const double last_bytes = last_bucket_bytes(train_.gradient_bucket_mib * kMiB, u.block_parameters * e, c.blocks, embedding_bytes, head_bytes);
   const double last_bucket =
       last_bytes >= grad_bytes ? reduce : group_seconds(shape.device_type, op, last_bytes, shape.dp_group);
   // The window is the plain backward (recomputation and transfers excluded), so the exposed

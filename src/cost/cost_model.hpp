@@ -83,6 +83,9 @@ struct StageChoice {
   int parked_selective = 0;  // blocks under selective recompute whose saved activations wait in host memory
   int parked_none = 0;       // the same, blocks without recomputation (full recompute saves nothing to park)
   int zero = 0;        // ZeRO stage 0-3
+  // Under ZeRO 2-3 with dp > 1: reduce-scatter after every micro-batch and keep 1/dp of the
+  // gradients (PlanStage::shard_gradients); false: accumulate them in full, reduce once.
+  bool shard_gradients = false;
   bool has_embedding = false;
   bool has_head = false;
   bool head_holds_lm_matrix = true;

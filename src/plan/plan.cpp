@@ -136,6 +136,7 @@ TrainSpec plan_train_spec(TrainSpec train, const Plan& plan) {
   train.seq_len = plan.seq_len;
   train.global_batch_sequences = plan.global_batch_sequences;
   train.precision = plan.precision;
+  train.gradient_bucket_mib = plan.gradient_bucket_bytes / (1024.0 * 1024.0);
   return train;
 }
 
@@ -186,6 +187,12 @@ void plan_validate(const Plan& plan, const std::string& source) {
     if (st.tp < 1) fail(source, stage_field(s, "tp"), "must be at least 1");
     if (st.dp < 1) fail(source, stage_field(s, "dp"), "must be at least 1");
     if (st.zero < 0 || st.zero > 3) fail(source, stage_field(s, "zero"), "ZeRO stage must be 0, 1, 2 or 3");
+    if (st.shard_gradients && (st.zero < 2 || st.dp < 2))
+      fail(source, stage_field(s, "shard_gradients"),
+           fmt::format("gradients are sharded over data-parallel members under ZeRO 2 or 3; this stage has zero {} "
+                       "and dp {}",
+                       st.zero, st.dp),
+           "set shard_gradients to false, or use zero 2 or 3 with dp >= 2");
     if (st.sequence_parallel && st.tp < 2)
       fail(source, stage_field(s, "sequence_parallel"), "sequence parallelism needs tp >= 2");
     if (static_cast<int>(st.device_ids.size()) != st.tp * st.dp)

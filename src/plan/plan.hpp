@@ -57,6 +57,11 @@ struct PlanStage {
   int tp = 1;
   int dp = 1;
   int zero = 0;                   // ZeRO stage 0-3
+  // ZeRO 2-3 with dp > 1: every micro-batch's backward reduce-scatters its gradients bucket by
+  // bucket and the member keeps only its shard (1/dp of the gradients plus the buckets in use);
+  // false: gradients accumulate in full over the step's micro-batches and are reduce-scattered
+  // once, after the last (less communication, full gradient memory).
+  bool shard_gradients = false;
   bool sequence_parallel = false;
   std::vector<LayerRange> chunks;  // one per virtual chunk (1 unless interleaved)
   bool has_embedding = false;      // first stage
@@ -83,6 +88,8 @@ struct PlanStage {
   double memory_capacity_bytes = 0;
 
   int num_blocks() const;
+  // The member keeps only its shard of the gradients (shard_gradients under ZeRO 2-3 with dp > 1).
+  bool gradients_sharded() const { return shard_gradients && zero >= 2 && dp > 1; }
   double memory_total_bytes() const;
   // Replica `dp_rank`'s type, share, first sequence inside each micro-batch and predictions,
   // for even and uneven data parallelism alike.
@@ -125,6 +132,7 @@ struct Plan {
   int num_micro_batches = 0;
   Schedule schedule = Schedule::Schedule_1f1b;
   int virtual_chunks = 1;
+  double gradient_bucket_bytes = 64.0 * 1024 * 1024;  // TrainSpec::gradient_bucket_mib, in bytes
   Precision precision = Precision::Precision_bf16;
 
   std::vector<PlanStage> stages;

@@ -206,6 +206,7 @@ std::string plan_to_json(const Plan& plan) {
   j["num_micro_batches"] = plan.num_micro_batches;
   j["schedule"] = schedule_name(plan.schedule);
   j["virtual_chunks"] = plan.virtual_chunks;
+  j["gradient_bucket_bytes"] = plan.gradient_bucket_bytes;
   j["precision"] = precision_name(plan.precision);
   OrderedJson stages = OrderedJson::array();
   for (const PlanStage& s : plan.stages) {
@@ -215,6 +216,7 @@ std::string plan_to_json(const Plan& plan) {
     st["tp"] = s.tp;
     st["dp"] = s.dp;
     st["zero"] = s.zero;
+    st["shard_gradients"] = s.shard_gradients;
     st["sequence_parallel"] = s.sequence_parallel;
     OrderedJson chunks = OrderedJson::array();
     for (const LayerRange& r : s.chunks) chunks.push_back({r.begin, r.end});
@@ -295,6 +297,10 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
   if (!schedule_parse(schedule, &plan.schedule))
     throw Error("unknown schedule '" + schedule + "'", {source, "schedule"}, "use gpipe, 1f1b or interleaved");
   plan.virtual_chunks = static_cast<int>(get_whole(j, "virtual_chunks", 1, kPlanJsonMostChunks, source, ""));
+  plan.gradient_bucket_bytes = get_number_or(j, "gradient_bucket_bytes", plan.gradient_bucket_bytes, source, "");
+  if (!(plan.gradient_bucket_bytes >= 1024 && plan.gradient_bucket_bytes <= 65536.0 * 1024 * 1024))
+    throw Error(fmt::format("gradient bucket of {} bytes", plan.gradient_bucket_bytes), {source, "gradient_bucket_bytes"},
+                "write a size from 1024 bytes to 64 GiB (the train file's gradient_bucket_mib, in bytes)");
   const std::string precision = get<std::string>(j, "precision", source, "");
   if (!precision_parse(precision, &plan.precision))
     throw Error("unknown precision '" + precision + "'", {source, "precision"}, "use fp32, tf32, bf16, fp16 or fp8");
@@ -310,6 +316,7 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
     s.tp = static_cast<int>(get_whole(st, "tp", 1, kPlanJsonMostDevices, source, prefix));
     s.dp = static_cast<int>(get_whole(st, "dp", 1, kPlanJsonMostDevices, source, prefix));
     s.zero = static_cast<int>(get_whole(st, "zero", 0, 3, source, prefix));
+    if (st.contains("shard_gradients")) s.shard_gradients = get<bool>(st, "shard_gradients", source, prefix);
     s.sequence_parallel = get<bool>(st, "sequence_parallel", source, prefix);
     s.chunks = chunks_from_json(member(st, "chunks", source, prefix), source, prefix + ".chunks");
     s.has_embedding = get<bool>(st, "has_embedding", source, prefix);

@@ -124,7 +124,7 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
                        units_format_bytes(plan.host_memory_bytes_per_node), plan.offload_step_seconds * 1e3);
   out += "\n";
 
-  std::vector<std::vector<std::string>> rows = {{"stage", "type", "devices", "layers", "tp", "dp", "zero", "sp",
+  std::vector<std::vector<std::string>> rows = {{"stage", "type", "devices", "layers", "tp", "dp", "zero", "grads", "sp",
                                                  "recompute", "offload", "fwd ms", "bwd ms", "sync ms", "opt ms",
                                                  "memory GiB", "use"}};
   for (size_t s = 0; s < plan.stages.size(); ++s) {
@@ -134,6 +134,7 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
                                    [&](const PlanReplica& r) { return r.device_type != st.device_type; });
     rows.push_back({fmt::format("{}", s), mixed ? "mixed" : st.device_type, id_ranges(st.device_ids), layer_ranges(st),
                     fmt::format("{}", st.tp), fmt::format("{}", st.dp), fmt::format("{}", st.zero),
+                    st.gradients_sharded() ? "shard" : "full",
                     st.sequence_parallel ? "yes" : "no", recompute_summary(st),
                     offload_summary(st),
                     fmt::format("{:.2f}", st.forward_seconds * 1e3), fmt::format("{:.2f}", st.backward_seconds * 1e3),
@@ -143,7 +144,7 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
                     st.memory_capacity_bytes > 0 ? fmt::format("{:.0f}%", 100 * total / st.memory_capacity_bytes) : "-"});
   }
   if (!priced)  // the choices only: no predicted times or memory
-    for (std::vector<std::string>& row : rows) row.resize(10);
+    for (std::vector<std::string>& row : rows) row.resize(11);
   out += table(rows);
   if (priced) out += replicas_table(plan);
 

@@ -50,6 +50,11 @@ StageSupport stage_features_runnable(const StageLayout& layout, const BackendCap
   if (layout.offload && layout.dp > 1 && !caps.offload_with_data_parallelism)
     return refuse(fmt::format("weight offload with data parallelism {}", layout.dp), fmt::format("stages[{}].dp", s),
                   "offloaded blocks are updated by one rank; re-plan with --dp 1, or without offload (--no-offload)");
+  if (layout.shard_gradients && layout.most_pieces > 1)
+    return refuse(fmt::format("sharded gradients with a replica's share in {} passes", layout.most_pieces),
+                  fmt::format("stages[{}].shard_gradients", s),
+                  "every member reduce-scatters after each micro-batch, so replicas must run as many passes; set it "
+                  "to false, or give every replica one pass (pieces 1)");
   if (layout.sequence_parallel && layout.tp > 1) {
     for (size_t d = 0; d < layout.replica_tokens.size(); ++d) {
       const int64_t tokens = layout.replica_tokens[d];
@@ -79,6 +84,8 @@ StageLayout stage_layout_of(const Plan& plan, int stage) {
   layout.dp = st.dp;
   layout.sequence_parallel = st.sequence_parallel;
   layout.offload = std::find(st.offload.begin(), st.offload.end(), true) != st.offload.end();
+  layout.shard_gradients = st.gradients_sharded();
+  for (const PlanReplica& r : st.replicas) layout.most_pieces = std::max(layout.most_pieces, r.pieces);
   for (int d = 0; d < st.dp; ++d)
     layout.replica_tokens.push_back(st.replica_sequences(plan.micro_batch_sequences, d) * plan.seq_len);
   return layout;

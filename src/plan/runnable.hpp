@@ -26,6 +26,8 @@ struct StageLayout {
   int dp = 1;
   bool sequence_parallel = false;
   bool offload = false;                 // any block's weights in host memory
+  bool shard_gradients = false;         // PlanStage::gradients_sharded
+  int most_pieces = 1;                  // the most passes a replica splits its share into
   std::vector<int64_t> replica_tokens;  // tokens of one micro-batch per dp replica (empty: unknown)
 };
 

@@ -234,7 +234,9 @@ struct Builder {
     compute.micro_batch = item.micro_batch;
     compute.sample_begin = begin;
     compute.sample_end = end;
-    if (!item.forward && last_backward_of_chunk && st.dp > 1) {
+    // Sharded gradients leave each micro-batch's backward bucket by bucket; accumulated ones
+    // only the last.
+    if (!item.forward && (last_backward_of_chunk || st.gradients_sharded()) && st.dp > 1) {
       const OpKind reduce = st.zero == 0 || st.zero == 1 ? OpKind::OpKind_all_reduce : OpKind::OpKind_reduce_scatter;
       const std::vector<LayerRange> pieces = buckets(s, blocks);
       for (size_t k = 0; k < pieces.size(); ++k) {

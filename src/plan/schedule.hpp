@@ -14,7 +14,8 @@ namespace alloy {
 
 enum class OpKind {
   OpKind_forward,          // forward of blocks [block_begin, block_end) for one micro-batch
-  OpKind_backward,         // backward of those blocks (the last one of a chunk comes in buckets)
+  OpKind_backward,         // backward of those blocks (the last one of a chunk, or every one under
+                           // sharded gradients, comes in buckets)
   OpKind_send_activation,  // hidden state to the next virtual stage
   OpKind_recv_activation,
   OpKind_send_gradient,    // gradient of the hidden state to the previous virtual stage

@@ -47,6 +47,7 @@ StageChoice stage_choice(const Plan& plan, int s, bool tied_embeddings) {
   choice.prefetch_depth = st.offload_prefetch_depth;
   choice.micro_batches = plan.num_micro_batches;
   choice.zero = st.zero;
+  choice.shard_gradients = st.gradients_sharded();
   choice.has_embedding = st.has_embedding;
   choice.has_head = st.has_head;
   choice.head_holds_lm_matrix = !(tied_embeddings && p == 1);
@@ -136,6 +137,7 @@ void plan_set_identity(Plan* plan, const CostModel& cost, Objective objective) {
 }
 
 void plan_evaluate(Plan* plan, const CostModel& cost) {
+  plan->gradient_bucket_bytes = cost.train().gradient_bucket_mib * 1024.0 * 1024.0;  // what it is priced with
   const ClusterSpec& cluster = cost.cluster();
   const ModelSpec& model = cost.model();
   const int p = static_cast<int>(plan->stages.size());

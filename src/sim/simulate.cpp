@@ -427,6 +427,7 @@ SimResult Simulator::run() {
   rank_map_ = plan_rank_map(plan_);
   const int num_lanes = static_cast<int>(plan_.stages.size());
   ScheduleOptions schedule = options_.schedule;
+  schedule.bucket_bytes = plan_.gradient_bucket_bytes;
   if (schedule.parked_block_bytes.empty()) schedule.parked_block_bytes = parked_block_bytes(plan_, model_, cluster_);
   int first = 0;
   for (int s = 0; s < num_lanes; ++s) {

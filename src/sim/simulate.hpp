@@ -17,7 +17,7 @@
 namespace alloy {
 
 struct SimOptions {
-  ScheduleOptions schedule;
+  ScheduleOptions schedule;  // its bucket_bytes is the plan's gradient_bucket_bytes
   bool record_intervals = true;  // every operation's time span, for traces and reports
   // Measured collectives (not owned; may be null): where it has a stage's group, its times
   // replace the alpha-beta model, as they do in the cost model the plan was priced with.

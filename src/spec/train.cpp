@@ -15,6 +15,8 @@ constexpr int64_t kTrainMostSeqLen = 100'000'000;
 constexpr int64_t kTrainMostSequences = 10'000'000;
 constexpr int64_t kTrainMostSteps = 1'000'000'000;
 constexpr double kTrainMostLearningRate = 10.0;
+constexpr double kTrainLeastBucketMib = 1.0 / 1024;  // 1 KiB
+constexpr double kTrainMostBucketMib = 65536;       // 64 GiB
 }  // namespace
 
 int train_optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
@@ -24,7 +26,7 @@ TrainSpec train_load(const std::string& path) {
   r.reject_unknown({"seq_len", "global_batch", "global_batch_tokens", "min_global_batch", "max_global_batch",
                     "precision", "master_weights_fp32", "optimizer", "steps", "learning_rate",
                     "min_learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
-                    "grad_clip", "seed"});
+                    "grad_clip", "seed", "gradient_bucket_mib"});
   TrainSpec t;
   t.source_path = path;
   t.seq_len = r.get_int("seq_len", t.seq_len);
@@ -61,6 +63,7 @@ TrainSpec train_load(const std::string& path) {
   t.beta2 = r.get_double("beta2", t.beta2);
   t.adam_eps = r.get_double("adam_eps", t.adam_eps);
   t.grad_clip = r.get_double("grad_clip", t.grad_clip);
+  t.gradient_bucket_mib = r.get_double("gradient_bucket_mib", t.gradient_bucket_mib);
   const int64_t seed = r.get_int("seed", static_cast<int64_t>(t.seed));
   if (seed < 0)
     throw Error(fmt::format("seed {} is negative", seed), {t.source_path, "seed"}, "write a whole number >= 0, e.g. `seed: 1234`");
@@ -101,6 +104,10 @@ void train_validate(const TrainSpec& t) {
   if (!(t.beta1 >= 0 && t.beta1 < 1)) bad("beta1", "beta1 must be in [0, 1)", "write e.g. `beta1: 0.9`");
   if (!(t.beta2 >= 0 && t.beta2 < 1)) bad("beta2", "beta2 must be in [0, 1)", "write e.g. `beta2: 0.95`");
   if (!(t.adam_eps > 0) || !std::isfinite(t.adam_eps)) bad("adam_eps", "adam_eps must be a finite number > 0", "write e.g. `adam_eps: 1e-8`");
+  if (!(t.gradient_bucket_mib >= kTrainLeastBucketMib && t.gradient_bucket_mib <= kTrainMostBucketMib))
+    bad("gradient_bucket_mib",
+        fmt::format("gradient_bucket_mib must be a number from {} to {}", kTrainLeastBucketMib, kTrainMostBucketMib),
+        "write e.g. `gradient_bucket_mib: 64`");
   if (!(t.grad_clip >= 0) || !std::isfinite(t.grad_clip))
     bad("grad_clip", "grad_clip must be a finite number >= 0 (0 disables clipping)", "write e.g. `grad_clip: 1.0`");
 }

@@ -90,12 +90,12 @@ TEST(Simulate, GradientBucketsOverlapTheLastBackward) {
   spec.first_device = 0;
   Plan plan = hand_plan(model, 16, {spec}, 4, 2, Schedule::Schedule_1f1b);
   plan.stages[0].device_ids = {0, 8};
-  SimOptions one_bucket;
-  one_bucket.schedule.bucket_bytes = 1e18;
-  SimOptions per_block;
-  per_block.schedule.bucket_bytes = 1;
-  const double serial = simulate(plan, model, cluster, one_bucket).step_seconds;
-  const double overlapped = simulate(plan, model, cluster, per_block).step_seconds;
+  Plan one_bucket = plan;
+  one_bucket.gradient_bucket_bytes = 1e18;
+  Plan per_block = plan;
+  per_block.gradient_bucket_bytes = 1;
+  const double serial = simulate(one_bucket, model, cluster).step_seconds;
+  const double overlapped = simulate(per_block, model, cluster).step_seconds;
   const double compute = 4 * 0.030;
   EXPECT_GT(serial, compute * 1.01) << "the reduction must cost something on this network";
   EXPECT_LT(overlapped, serial * 0.97) << "buckets should hide part of the reduction behind backward";
@@ -108,9 +108,9 @@ TEST(Simulate, MeasuredCollectivesReplaceTheModel) {
   const ClusterSpec cluster = nodes_of_a100(1);
   const ModelSpec model = model_with_layers(8);
   StageSpec spec{1, 2, 0, 8, 0.010, 0.020};
-  const Plan plan = hand_plan(model, 8, {spec}, 4, 2, Schedule::Schedule_1f1b);
+  Plan plan = hand_plan(model, 8, {spec}, 4, 2, Schedule::Schedule_1f1b);
+  plan.gradient_bucket_bytes = 1e18;  // the whole reduction after the last backward
   SimOptions one_bucket;
-  one_bucket.schedule.bucket_bytes = 1e18;  // the whole reduction after the last backward
   const double modelled = simulate(plan, model, cluster, one_bucket).step_seconds;
 
   const double gradient_bytes = static_cast<double>(schedule_parameter_bytes(plan, model, 0, 0, 8));

@@ -130,7 +130,9 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
       comm_(comm),
       control_(control != nullptr ? *control : comm),
       slowdown_(std::max(1.0, resources.slowdown)) {
-  schedule_ = schedule_build_rank(plan, spec, comm.rank());
+  ScheduleOptions schedule_options;
+  schedule_options.bucket_bytes = plan.gradient_bucket_bytes;
+  schedule_ = schedule_build_rank(plan, spec, comm.rank(), schedule_options);
   groups_ = rank_groups_build(plan, spec, comm);
   for (const ScheduleOp& op : schedule_.ops)
     if (op.kind == OpKind::OpKind_send_gradient) gradient_sends_[{op.micro_batch, op.chunk}]++;

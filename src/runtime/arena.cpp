@@ -100,13 +100,17 @@ void* Arena::allocate(int64_t bytes, const char* what) {
   }
   live_.emplace(pointer, Live{rounded, what});
   bytes_in_use_ += rounded;
-  if (bytes_in_use_ > peak_bytes_) {
-    peak_bytes_ = bytes_in_use_;
-    peak_by_name_.clear();
-    for (const auto& [p, live] : live_) peak_by_name_[live.what] += live.bytes;
-  }
+  if (bytes_in_use_ > peak_bytes_) peak_record();
   return pointer;
 }
+
+void Arena::peak_record() {
+  peak_bytes_ = bytes_in_use_;
+  peak_by_name_.clear();
+  for (const auto& [p, live] : live_) peak_by_name_[live.what] += live.bytes;
+}
+
+void Arena::reset_peak() { peak_record(); }
 
 void Arena::release(void* pointer) {
   if (pointer == nullptr) return;

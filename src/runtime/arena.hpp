@@ -54,8 +54,10 @@ class Arena {
   int64_t capacity_bytes() const { return capacity_bytes_; }
   int64_t bytes_in_use() const { return bytes_in_use_; }
   int64_t peak_bytes() const { return peak_bytes_; }
-  void reset_peak() { peak_bytes_ = bytes_in_use_; }
-  // What was allocated at the peak: rounded bytes by buffer name, largest first.
+  // Starts a new high-water mark at what is in use now (and its breakdown with it).
+  void reset_peak();
+  // What was allocated at the peak: rounded bytes by buffer name, largest first; sums to
+  // peak_bytes().
   std::vector<std::pair<std::string, int64_t>> peak_breakdown() const;
   const std::string& device_name() const { return device_name_; }
 
@@ -69,6 +71,7 @@ class Arena {
     int64_t bytes;     // rounded
     std::string what;  // the buffer's name
   };
+  void peak_record();
   std::unordered_map<void*, Live> live_;
   std::map<std::string, int64_t> peak_by_name_;  // live_ summed by name at the last peak
   std::multimap<int64_t, void*> cached_;      // rounded bytes -> free block kept for reuse

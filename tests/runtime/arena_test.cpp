@@ -70,5 +70,20 @@ TEST(Arena, NamesWhatFilledItAtThePeak) {
   arena.release(weights);
 }
 
+// A new high-water mark starts from what is live, so a step that never passes it still reports
+// a breakdown that sums to its peak (not the previous step's).
+TEST(Arena, ResetPeakStartsTheBreakdownFromWhatIsLive) {
+  Arena arena(1 << 20);
+  void* weights = arena.allocate(1000, "weights");
+  void* a = arena.allocate(4000, "activations");
+  arena.release(a);
+  arena.reset_peak();
+  const auto breakdown = arena.peak_breakdown();
+  ASSERT_EQ(breakdown.size(), 1u);
+  EXPECT_EQ(breakdown[0].first, "weights");
+  EXPECT_EQ(breakdown[0].second, arena.peak_bytes());
+  arena.release(weights);
+}
+
 }  // namespace
 }  // namespace alloy

@@ -15,6 +15,7 @@
 #include "cost/profile.hpp"
 #include "plan/plan.hpp"
 #include "runtime/activation_memory.hpp"
+#include "runtime/memory_terms.hpp"
 #include "runtime/parallel/communicator.hpp"
 #include "runtime/parallel/executor.hpp"
 #include "spec/cluster.hpp"
@@ -72,7 +73,8 @@ struct RankSummary {
   // Thread CPU seconds of the step's passes in each LayerKind (where the pass time went).
   std::array<double, kLayerKinds> layer_cpu_seconds = {0, 0, 0};
   double optimizer_seconds = 0;
-  double peak_arena_bytes = 0;
+  double peak_arena_bytes = 0;            // the largest of the steps
+  MemoryTermBytes peak_term_bytes = {};   // that step's peak by term
 };
 
 // Which of a rank's groups a collective ran on.

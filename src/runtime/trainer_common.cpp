@@ -46,9 +46,12 @@ void StepLog::write(const StepReport& r, const std::vector<RankStepStats>* ranks
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   if (ranks != nullptr) {
     for (const RankStepStats& rank : *ranks) {
+      nlohmann::json by_term = nlohmann::json::object();
+      for (int k = 0; k < kMemoryTermKinds; ++k)
+        by_term[memory_term_key(static_cast<MemoryTermKind>(k))] = rank.peak_term_bytes[static_cast<size_t>(k)];
       j["ranks"].push_back({{"step_seconds", rank.step_seconds}, {"compute_seconds", rank.compute_seconds},
                             {"wait_seconds", rank.wait_seconds}, {"communication_seconds", rank.communication_seconds},
-                            {"peak_arena_bytes", rank.peak_arena_bytes}});
+                            {"peak_arena_bytes", rank.peak_arena_bytes}, {"peak_by_term", by_term}});
     }
   }
   text_fd_append(fd_, path_, j.dump() + "\n", "log file", "--log");

@@ -17,7 +17,7 @@ namespace alloy {
 void trainer_check_seq_len(const ModelSpec& model, const TrainSpec& train);
 
 // Appends one JSON object per step to `path` (nothing when empty): the step's figures and each
-// rank's time and memory. Each line goes to the file whole or the write is an alloy::Error
+// rank's time and memory (its arena peak, and that peak by term as "peak_by_term"). Each line goes to the file whole or the write is an alloy::Error
 // naming the file and the system's reason (a full disk, say).
 class StepLog {
  public:

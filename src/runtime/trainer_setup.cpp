@@ -92,7 +92,10 @@ RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const Ran
     pass.push_back(steps[i].pass_seconds);
     optimizer.push_back(steps[i].optimizer_seconds);
     for (size_t k = 0; k < layer_cpu.size(); ++k) layer_cpu[k].push_back(steps[i].layer_cpu_seconds[k]);
-    s.peak_arena_bytes = std::max(s.peak_arena_bytes, static_cast<double>(steps[i].peak_arena_bytes));
+    if (static_cast<double>(steps[i].peak_arena_bytes) > s.peak_arena_bytes) {
+      s.peak_arena_bytes = static_cast<double>(steps[i].peak_arena_bytes);
+      s.peak_term_bytes = steps[i].peak_term_bytes;
+    }
   }
   s.step_seconds = median(step);
   s.compute_seconds = median(compute);

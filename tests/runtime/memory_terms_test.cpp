@@ -44,7 +44,8 @@ void call_literals(const std::string& text, std::map<std::string, std::string>& 
 std::map<std::string, std::string> runtime_buffer_names() {
   std::map<std::string, std::string> found;
   namespace fs = std::filesystem;
-  for (const fs::directory_entry& e : fs::recursive_directory_iterator(std::string(ALLOY_SOURCE_DIR) + "/src/runtime")) {
+  const std::string root = std::string(ALLOY_SOURCE_DIR) + "/src/runtime";
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(root)) {
     const std::string ext = e.path().extension().string();
     const std::string stem = e.path().stem().string();
     if (!e.is_regular_file() || stem == "arena" || (ext != ".cpp" && ext != ".hpp" && ext != ".cu" && ext != ".cuh"))

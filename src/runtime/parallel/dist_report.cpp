@@ -2,6 +2,8 @@
 // trace of the real step (the simulator's format, so both open side by side) and the full
 // weights gathered from every rank's shard.
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -9,6 +11,7 @@
 
 #include "runtime/parallel/dist_report.hpp"
 #include "runtime/parallel/gather_records.hpp"
+#include "runtime/memory_terms.hpp"
 #include "runtime/io/safetensors.hpp"
 #include "plan/trace.hpp"
 #include "spec/error.hpp"
@@ -19,11 +22,7 @@ namespace alloy {
 
 double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory) {
   double bytes = 0;
-  for (const MemoryTerm& t : memory) {
-    const bool outside = t.name == "framework_context" || t.name == "allocator_margin" ||
-                         t.name == "communication_buffers" || t.name == "host_offload";
-    if (!outside) bytes += t.bytes;
-  }
+  for (double b : memory_terms_predicted(memory, false)) bytes += b;
   return bytes;
 }
 
@@ -32,6 +31,76 @@ double dist_measured_step_seconds(const TrainerResult& result) {
   for (const RankSummary& r : result.ranks) slowest = std::max(slowest, r.step_seconds);
   return slowest;
 }
+
+namespace {
+
+// One rank's arena peak by term beside its replica's predicted arena memory by term.
+struct RankMemory {
+  const RankSummary* rank = nullptr;
+  std::array<double, kMemoryTermKinds> predicted{};
+  double measured_total = 0;
+  double predicted_total = 0;
+  double error() const { return measured_total > 0 ? (predicted_total - measured_total) / measured_total : 0.0; }
+};
+
+RankMemory rank_memory(const RankSummary& r, const Plan& plan) {
+  const PlanStage& stage = plan.stages[static_cast<size_t>(r.stage)];
+  const bool offloads_weights = std::find(stage.offload.begin(), stage.offload.end(), true) != stage.offload.end();
+  RankMemory m;
+  m.rank = &r;
+  m.predicted = memory_terms_predicted(stage.replica(plan.micro_batch_sequences, r.dp_rank).memory, offloads_weights);
+  for (int64_t b : r.peak_term_bytes) m.measured_total += static_cast<double>(b);
+  for (double b : m.predicted) m.predicted_total += b;
+  return m;
+}
+
+// Every rank when there are at most kMemoryTableRanks; beyond, per stage the rank whose total is
+// predicted worst (a stage's ranks hold the same shapes, so one row pair per stage stays
+// readable on hundreds of ranks and still shows where the prediction is furthest off).
+constexpr size_t kMemoryTableRanks = 8;
+
+std::vector<RankMemory> memory_table_rows(const TrainerResult& result, const Plan& plan) {
+  std::vector<RankMemory> rows;
+  for (const RankSummary& r : result.ranks) rows.push_back(rank_memory(r, plan));
+  if (rows.size() <= kMemoryTableRanks) return rows;
+  std::map<int, RankMemory> worst;  // by stage
+  for (const RankMemory& m : rows) {
+    auto it = worst.find(m.rank->stage);
+    if (it == worst.end() || std::abs(m.error()) > std::abs(it->second.error())) worst[m.rank->stage] = m;
+  }
+  rows.clear();
+  for (const auto& [stage, m] : worst) rows.push_back(m);
+  return rows;
+}
+
+// Measured against predicted arena memory by term: a row pair per rank (or per stage).
+std::string memory_table_render(const TrainerResult& result, const Plan& plan) {
+  std::vector<std::string> headers = {"rank>", "stage>", ""};
+  for (int k = 0; k < kMemoryTermKinds; ++k)
+    headers.push_back(std::string(memory_term_name(static_cast<MemoryTermKind>(k))) + ">");
+  headers.insert(headers.end(), {"total>", "error>"});
+  TextTable table(headers);
+  const std::vector<RankMemory> rows = memory_table_rows(result, plan);
+  for (const RankMemory& m : rows) {
+    std::vector<std::string> measured = {std::to_string(m.rank->rank), std::to_string(m.rank->stage), "measured"};
+    std::vector<std::string> predicted = {"", "", "predicted"};
+    for (size_t k = 0; k < static_cast<size_t>(kMemoryTermKinds); ++k) {
+      measured.push_back(units_format_bytes(static_cast<double>(m.rank->peak_term_bytes[k])));
+      predicted.push_back(units_format_bytes(m.predicted[k]));
+    }
+    measured.insert(measured.end(), {units_format_bytes(m.measured_total), ""});
+    predicted.insert(predicted.end(),
+                     {units_format_bytes(m.predicted_total), fmt::format("{:+.1f}%", 100 * m.error())});
+    table.add_row(measured);
+    table.add_row(predicted);
+  }
+  std::string text = "arena memory at each rank's peak by term, measured against predicted";
+  text += rows.size() < result.ranks.size() ? " (per stage, its rank with the largest error):\n" : ":\n";
+  return text + table.render() +
+         "  error: (predicted - measured) / measured total; terms are described in docs/runtime-distributed.md\n";
+}
+
+}  // namespace
 
 std::string dist_render_summary(const TrainerResult& result, const Plan& plan) {
   TextTable table({"rank>", "stage>", "device", "tp rank>", "dp rank>", "step>", "compute>", "waiting>", "comm busy>",
@@ -54,7 +123,7 @@ std::string dist_render_summary(const TrainerResult& result, const Plan& plan) {
                       "per-device memory in {} without the framework context, communication buffers and allocator margin "
                       "(not in the arena)\n",
                       result.backend, computed, precision_name(plan.precision));
-  return text;
+  return text + memory_table_render(result, plan);
 }
 
 void dist_save_trace(RankRuntime& runtime, const Plan& plan, Communicator& comm, const std::string& path) {

@@ -13,10 +13,12 @@
 namespace alloy {
 
 // The plan's per-device memory that a rank's arena holds: all terms but the accelerator
-// framework's context, the communication library's buffers, the allocator's margin and host memory.
+// framework's context, the communication library's buffers, the allocator's margin and host memory
+// (the sum of memory_terms_predicted).
 double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory);
 
-// Rank 0's table: predicted against measured step time and memory, per rank.
+// Rank 0's tables: predicted against measured step time and memory per rank, then the arena's
+// peak by term against the prediction by term (a row pair per rank; per stage beyond 8 ranks).
 std::string dist_render_summary(const TrainerResult& result, const Plan& plan);
 // The run's step time: the slowest rank's median step after the first.
 double dist_measured_step_seconds(const TrainerResult& result);

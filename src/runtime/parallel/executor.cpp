@@ -528,6 +528,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   stats.step_seconds = now();
   stats.communication_seconds = comm_.take_busy_seconds();
   stats.peak_arena_bytes = backend_->arena().peak_bytes();
+  stats.peak_term_bytes = memory_terms_measured(backend_->arena().peak_breakdown());
   stats.layer_cpu_seconds = layer_cpu_seconds_;
   return stats;
 }

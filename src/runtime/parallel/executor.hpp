@@ -14,6 +14,7 @@
 #include "plan/plan.hpp"
 #include "plan/schedule.hpp"
 #include "runtime/arena.hpp"
+#include "runtime/memory_terms.hpp"
 #include "runtime/parallel/communicator.hpp"
 #include "runtime/parallel/param_layout.hpp"
 #include "runtime/parallel/zero3.hpp"
@@ -50,6 +51,7 @@ struct RankStepStats {
   double grad_norm = 0;
   double learning_rate = 0;
   int64_t peak_arena_bytes = 0;
+  MemoryTermBytes peak_term_bytes = {};  // what the arena held at that peak, by term (sums to it)
   // Agreed by every rank: some rank's loss, or gradient, held NaN or Inf, so no rank updated its
   // weights this step (they stay as they were; the learning-rate schedule still advances).
   bool loss_finite = true;

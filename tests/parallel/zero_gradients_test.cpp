@@ -37,6 +37,10 @@ class ZeroGradientsTest : public DistGptSuite<ShardSuite> {
   static void SetUpTestSuite() {
     DistGptSuite<ShardSuite>::SetUpTestSuite();
     llama_path_ = dir_->write("llama-4.yaml", kLlama4Yaml);
+    std::string odd = kGpt6Yaml;
+    odd.replace(odd.find("vocab_size: 256"), 15, "vocab_size: 257");
+    odd.replace(odd.find("ffn_hidden_size: 128"), 20, "ffn_hidden_size: 256");
+    gpt_odd_path_ = dir_->write("gpt-6-v257.yaml", odd);
   }
   static ModelSpec gpt() { return model_load(gpt_path_); }
   static ModelSpec llama() { return model_load(llama_path_); }
@@ -175,7 +179,7 @@ class ZeroGradientsTest : public DistGptSuite<ShardSuite> {
   }
 
   static constexpr double kBucketBytes = 1024;  // the smallest: a bucket per block
-  static inline std::string llama_path_;
+  static inline std::string llama_path_, gpt_odd_path_;
 };
 
 using R = Recompute;
@@ -216,6 +220,14 @@ TEST_F(ZeroGradientsTest, TensorAndSequenceParallelWithRecomputation) {
   const Plan plan =
       sharded(test_plan(gpt(), cluster(), {{2, 2, 3, {6}, {R::Recompute_full, R::Recompute_selective}, true}}, kShardedOneFOneB, 2));
   expect_gradient_memory(plan, gpt(), expect_matches_zero0(plan, gpt_path_, "tp2-sp-dp2-zero3"), "tp2-sp-dp2-zero3");
+}
+
+// 257 rows over tp 2 make the tp ranks' first buckets 32 floats apart, so the dp 2 pieces split
+// block 0's MLP norm at different elements (its weight on tp rank 0, its bias on tp rank 1; an
+// FFN width of 256 puts the split there): the norms' sums over tp must not pair pieces.
+TEST_F(ZeroGradientsTest, SequenceParallelWithAnUnevenVocabularySplit) {
+  const Plan plan = sharded(test_plan(model_load(gpt_odd_path_), cluster(), {{2, 2, 2, {6}, {}, true}}, kShardedOneFOneB, 2));
+  expect_matches_zero0(plan, gpt_odd_path_, "tp2-sp-dp2-v257");
 }
 
 TEST_F(ZeroGradientsTest, TiedAcrossThePipelineWithRecomputation) {

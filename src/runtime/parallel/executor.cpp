@@ -166,16 +166,7 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   // ZeRO 3 and offload move weights with host copies: backends whose memory is not the host's
   // refuse such plans (stage_backend_supports) before they get here.
   if (layout_.sharded && stage.zero == 3) zero3_ = std::make_unique<Zero3Parameters>(model, layout_, comm, groups_.dp);
-  if (stage.gradients_sharded()) {
-    // Sequence-parallel norm sums pair the tp ranks' pieces element by element: their buckets
-    // must split alike, which an uneven vocabulary split in a bucket would break.
-    if (stage.sequence_parallel && stage.tp > 1 && spec.vocab_size % stage.tp != 0 && (stage.has_embedding || stage.has_head))
-      throw Error(fmt::format("stage {} shards gradients with sequence parallelism, but its vocabulary of {} does not "
-                              "split evenly over tp {}", schedule_.stage, spec.vocab_size, stage.tp),
-                  {"", fmt::format("stages[{}].shard_gradients", schedule_.stage)},
-                  "set shard_gradients to false for this stage, or choose a tp that divides the vocabulary");
-    sharded_ = std::make_unique<ShardedGradients>(*backend_, layout_, comm, groups_.dp);
-  }
+  if (stage.gradients_sharded()) sharded_ = std::make_unique<ShardedGradients>(*backend_, layout_, comm, groups_.dp);
   build_moments();
   if (offloads) {
     offload_ = std::make_unique<LayerOffload>(model, offload_uses_from_schedule(schedule_, host.blocks),

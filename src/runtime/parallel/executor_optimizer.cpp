@@ -103,32 +103,42 @@ void RankRuntime::sum_tied_embedding(RankStepStats& stats) {
 
 // Under sequence parallelism each rank's block norms saw only its rows: their gradients are
 // summed over the tensor-parallel group (packed, as they are spread through the buffer). With
-// sharded gradients each rank sums its pieces of them, which are the same elements on every
-// rank of the group (their layouts agree: the constructor refuses uneven vocabulary splits).
+// sharded gradients a rank holds only its pieces of them, and the tp ranks' pieces need not be
+// the same elements (an uneven vocabulary split shifts the buckets' pieces): each places its
+// pieces in the packed norms, zeros elsewhere, so a sum over dp completes every rank's norms
+// before the sum over tp.
 void RankRuntime::sum_sequence_parallel_norms(RankStepStats& stats) {
   const Model& model = backend_->model();
-  std::vector<FlatRange> norms;
+  std::vector<const TensorView*> norms;
   int64_t total = 0;
   for (const TensorView& view : model.views) {
-    if (view.name.rfind("layers.", 0) != 0 || view.name.find("norm.") == std::string::npos) continue;
-    for (const FlatRange& piece : gradient_pieces({view.offset, view.numel})) {
-      norms.push_back(piece);
-      total += piece.count;
+    if (view.name.rfind("layers.", 0) == 0 && view.name.find("norm.") != std::string::npos) {
+      norms.push_back(&view);
+      total += view.numel;
     }
   }
-  if (total == 0) return;  // so it is on every rank of the group: their pieces agree
   float* packed = backend_->arena().allocate_floats(total, "sequence-parallel norm gradients");
-  int64_t at = 0;
-  for (const FlatRange& r : norms) {
-    backend_->copy(packed + at, gradients_at(r.offset, r.count), r.count * static_cast<int64_t>(sizeof(float)));
-    at += r.count;
-  }
+  if (sharded_) backend_->fill_zero(packed, total);
+  const auto pieces_copy = [&](bool to_packed) {
+    int64_t at = 0;
+    for (const TensorView* view : norms) {
+      for (const FlatRange& piece : gradient_pieces({view->offset, view->numel})) {
+        float* there = packed + at + (piece.offset - view->offset);
+        float* here = gradients_at(piece.offset, piece.count);
+        const int64_t bytes = piece.count * static_cast<int64_t>(sizeof(float));
+        if (to_packed) {
+          backend_->copy(there, here, bytes);
+        } else {
+          backend_->copy(here, there, bytes);
+        }
+      }
+      at += view->numel;
+    }
+  };
+  pieces_copy(true);
+  if (sharded_) wait(comm_.all_reduce(packed, total, groups_.dp), stats);
   wait(comm_.all_reduce(packed, total, groups_.tp), stats);
-  at = 0;
-  for (const FlatRange& r : norms) {
-    backend_->copy(gradients_at(r.offset, r.count), packed + at, r.count * static_cast<int64_t>(sizeof(float)));
-    at += r.count;
-  }
+  pieces_copy(false);
   backend_->arena().release(packed);
 }
 

@@ -51,7 +51,7 @@ Medians bench_round(RankRuntime& runtime, const std::vector<int32_t>& tokens, in
     optimizer.push_back(stats.optimizer_seconds);
     double squares = 0;
     norm_pass.push_back(
-        seconds_of([&] { squares = runtime.backend().gradient_square_sum(runtime.layout().norm_ranges); }));
+        seconds_of([&] { squares = runtime.gradient_square_sum(); }));
     std::string found;
     scan.push_back(seconds_of([&] { found = runtime.gradient_nonfinite_name(); }));
     if (!found.empty() || squares < 0) throw Error("a benchmark gradient was not finite");

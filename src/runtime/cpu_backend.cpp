@@ -61,13 +61,13 @@ class CpuBackend final : public StageBackend {
   double take_loss_sum() override { return std::exchange(loss_sum_, 0.0); }
 
   void zero_gradients() override { model_zero_grad(model_); }
-  double gradient_square_sum(const std::vector<FlatRange>& ranges) override {
+  double square_sum(const std::vector<FloatSpan>& spans) override {
     double squares = 0;
-    for (const FlatRange& r : ranges) {
-      const float* g = model_gradients_at(model_, r.offset, r.count);
+    for (const FloatSpan& span : spans) {
+      const float* g = span.data;
       double sum = 0;
 #pragma omp parallel for reduction(+ : sum)
-      for (int64_t i = 0; i < r.count; ++i) sum += static_cast<double>(g[i]) * g[i];
+      for (int64_t i = 0; i < span.count; ++i) sum += static_cast<double>(g[i]) * g[i];
       squares += sum;
     }
     return squares;

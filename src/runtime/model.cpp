@@ -91,7 +91,11 @@ float* segment_pointer(const Model& model, int64_t offset, int64_t count, bool g
   for (const ParameterSegment& segment : model.segments) {
     if (offset < segment.offset || offset >= segment.offset + segment.count) continue;
     if (offset + count > segment.offset + segment.count) break;
-    return (gradients ? segment.grads : segment.params) + (offset - segment.offset);
+    float* base = gradients ? segment.grads : segment.params;
+    if (base == nullptr)  // released: ZeRO 3 keeps the weights, sharded gradients the gradients
+      throw Error(fmt::format("the {} [{}, {}) of model '{}' are not held in the model's buffer",
+                              gradients ? "gradients" : "parameters", offset, offset + count, model.spec.name));
+    return base + (offset - segment.offset);
   }
   throw Error(fmt::format("parameters [{}, {}) of model '{}' do not lie in one place (device or host)", offset,
                           offset + count, model.spec.name));
@@ -217,9 +221,10 @@ float* model_gradients_at(const Model& model, int64_t offset, int64_t count) {
 
 void model_zero_grad(Model& model) {
   // An offloaded block's first backward of a step starts from a zeroed device slot and its
-  // write-back replaces the host copy whole: nothing to clear there.
+  // write-back replaces the host copy whole: nothing to clear there. Sharded gradients have
+  // released the device's buffer (nullptr): they live in the runtime's shard instead.
   for (const ParameterSegment& segment : model.segments)
-    if (segment.host_block < 0) std::memset(segment.grads, 0, static_cast<size_t>(segment.count) * sizeof(float));
+    if (segment.host_block < 0 && segment.grads != nullptr) std::memset(segment.grads, 0, static_cast<size_t>(segment.count) * sizeof(float));
 }
 
 }  // namespace alloy

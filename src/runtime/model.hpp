@@ -235,7 +235,8 @@ float model_forward(Model& model, const int32_t* inputs, const int32_t* targets,
 // its activations. loss_scale = 1 / k averages k accumulated micro-batches.
 void model_backward(Model& model, float loss_scale = 1.0f);
 
-// Zeroes the gradients in the device arena (an offloaded block's are replaced by its first backward).
+// Zeroes the gradients in the device arena (an offloaded block's are replaced by its first backward;
+// a released buffer, nullptr, is skipped).
 void model_zero_grad(Model& model);
 
 // Frees the activations of a forward that will not be followed by a backward (evaluation).

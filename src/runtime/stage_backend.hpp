@@ -28,6 +28,12 @@ struct StageRequest {
   uint64_t seed = 0;                // initial weights: every shard gets its slice of one model
 };
 
+// `count` floats at `data`, in the backend's memory.
+struct FloatSpan {
+  const float* data = nullptr;
+  int64_t count = 0;
+};
+
 // One micro-batch through one chunk of blocks on a backend: what the forward keeps until the
 // backward lives in the backend's subclass.
 class StagePass {
@@ -88,7 +94,8 @@ class StageBackend {
 
   // Arithmetic on the flat buffers (all pointers in the backend's memory).
   virtual void zero_gradients() = 0;
-  virtual double gradient_square_sum(const std::vector<FlatRange>& ranges) = 0;
+  // Sum of the squares of every float of `spans` (the gradient norm's share of this rank).
+  virtual double square_sum(const std::vector<FloatSpan>& spans) = 0;
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t count,
                             const AdamWHyper& hyper, int64_t step) = 0;
   // After the parameters changed (optimizer, gathers, a loaded checkpoint): compute copies follow.

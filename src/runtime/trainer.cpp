@@ -272,7 +272,7 @@ void RankTrainer::finish(TrainerResult& result, const std::vector<RankStepStats>
   if (std::getenv("ALLOY_ARENA_REPORT") != nullptr) {  // what filled each rank's arena at its peak
     Arena& arena = runtime_.arena();
     std::string line = fmt::format("rank {} arena peak {:.2f} MiB:", comm_.rank(), arena.peak_bytes() / 1048576.0);
-    for (const auto& [name, bytes] : arena.peak_breakdown()) line += fmt::format(" {} {:.2f};", name, bytes / 1048576.0);
+    for (const auto& [name, bytes] : arena.peak_breakdown()) line += fmt::format(" {} {:.4f};", name, bytes / 1048576.0);
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 }

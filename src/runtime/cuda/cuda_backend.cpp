@@ -141,9 +141,9 @@ class CudaBackend final : public StageBackend {
   }
 
   void zero_gradients() override { gpu_model_zero_grad(gpu_); }
-  double gradient_square_sum(const std::vector<FlatRange>& ranges) override {
+  double square_sum(const std::vector<FloatSpan>& spans) override {
     cuda_check(cudaMemsetAsync(squares_, 0, sizeof(float), stream_), "gradient norm");
-    for (const FlatRange& r : ranges) cuda_sum_squares(squares_, gradients_at(r.offset, r.count), r.count, stream_);
+    for (const FloatSpan& span : spans) cuda_sum_squares(squares_, span.data, span.count, stream_);
     float squares = 0;
     cuda_check(cudaMemcpyAsync(&squares, squares_, sizeof(float), cudaMemcpyDeviceToHost, stream_), "gradient norm");
     fence();
@@ -206,7 +206,7 @@ class CudaBackend final : public StageBackend {
   GpuModel gpu_;
   TokenStaging tokens_;
   double* loss_sum_ = nullptr;  // (1) the heading passes' token losses since take_loss_sum
-  float* squares_ = nullptr;    // (1) gradient_square_sum's
+  float* squares_ = nullptr;    // (1) square_sum's
 };
 
 }  // namespace

@@ -5,9 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstring>
-#include <limits>
 
 #include <fmt/format.h>
 
@@ -168,6 +166,7 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   // ZeRO 3 and offload move weights with host copies: backends whose memory is not the host's
   // refuse such plans (stage_backend_supports) before they get here.
   if (layout_.sharded && stage.zero == 3) zero3_ = std::make_unique<Zero3Parameters>(model, layout_, comm, groups_.dp);
+  if (stage.gradients_sharded()) sharded_ = std::make_unique<ShardedGradients>(*backend_, layout_, comm, groups_.dp);
   build_moments();
   if (offloads) {
     offload_ = std::make_unique<LayerOffload>(model, offload_uses_from_schedule(schedule_, host.blocks),
@@ -343,13 +342,15 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         // The pass's loss is its mean over its B sequences; scaled by B / global batch, every
         // sequence of the step weighs alike, however unevenly the replicas share micro-batches.
         const float loss_scale = static_cast<float>(slot.pass->B) / static_cast<float>(plan_.global_batch_sequences);
+        if (sharded_ && op.bucket >= 0) sharded_->bind(op.chunk, op.bucket);
         slot.input_gradient = backend_->pass_backward(*slot.pass, op.block_begin, op.block_end, loss_scale);
         slot.finished = backend_->pass_finished(*slot.pass);
       }
       const double tp_wait = (tp_ops_ ? tp_ops_->take_wait_seconds() : 0.0) +
                              (zero3_ ? zero3_->take_wait_seconds() : 0.0) +
                              (offload_ ? offload_->take_wait_seconds() : 0.0) +
-                             (activation_offload_ ? activation_offload_->take_wait_seconds() : 0.0);
+                             (activation_offload_ ? activation_offload_->take_wait_seconds() : 0.0) +
+                             (sharded_ ? sharded_->take_wait_seconds() : 0.0);
       stretch.finish();
       const double end = now();
       stats.compute_seconds += end - compute_start - tp_wait;
@@ -361,6 +362,10 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
     }
     case OpKind::OpKind_all_reduce:
     case OpKind::OpKind_reduce_scatter: {
+      if (sharded_) {  // completes into the shard (ShardedGradients::reap)
+        track(sharded_->reduce_scatter(op.chunk, op.bucket), SimStream::SimStream_collective, op, index);
+        return;
+      }
       const GradientBucket& b = param_layout_bucket(layout_, op.chunk, op.bucket);
       float* data = backend_->gradients_at(b.range.offset, b.range.count);
       pending_reductions_.push_back(track(op.kind == OpKind::OpKind_all_reduce
@@ -386,6 +391,10 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
     case OpKind::OpKind_optimizer: {
       for (const CommHandle& h : pending_reductions_) wait(h, stats);
       pending_reductions_.clear();
+      if (sharded_) {
+        sharded_->reap(true);
+        stats.wait_seconds += sharded_->take_wait_seconds();
+      }
       if (zero3_) zero3_->drop_prefetched();  // gathered before the update: stale after it
       if (offload_) {  // the offloaded blocks' gradients must be back in host memory
         const double start = now();
@@ -410,99 +419,6 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
   }
 }
 
-void RankRuntime::optimizer(RankStepStats& stats) {
-  if (layout_.tied_embedding.count > 0) sum_tied_embedding(stats);
-  const Model& model = backend_->model();
-  if (model.shard.sequence_parallel && model.shard.tp > 1) sum_sequence_parallel_norms(stats);
-  if (poison_gradient_) gradient_poison();
-  // The squares and the losses summed over every rank: NaN or Inf in any rank's loss or counted
-  // gradient makes a sum non-finite on every rank, so all skip the update alike, for one more
-  // double in the norm's all-reduce. The losses are taken here (all of the rank's forwards have
-  // run); taking them fences the backend's queued work.
-  const double losses = backend_->take_loss_sum();
-  if (schedule_.tp_rank == 0) stats.loss_sum = losses;
-  double sums[2] = {backend_->gradient_square_sum(layout_.norm_ranges), losses};  // squares, losses
-  wait(control_.all_reduce(sums, 2, control_.world()), stats);
-  const double norm = std::sqrt(sums[0]);
-  const float lr = lr_schedule(optimizer_steps_, train_.learning_rate, train_.min_learning_rate, train_.warmup_steps,
-                               train_.steps);
-  optimizer_steps_++;
-  stats.grad_norm = norm;
-  stats.learning_rate = lr;
-  stats.loss_finite = std::isfinite(sums[1]);
-  stats.update_skipped = !stats.loss_finite || !std::isfinite(sums[0]);
-  if (stats.update_skipped) return;
-  AdamWHyper hyper{lr, static_cast<float>(train_.beta1), static_cast<float>(train_.beta2),
-                   static_cast<float>(train_.adam_eps), 0.0f, grad_clip_scale(norm, train_.grad_clip)};
-  if (spans_.empty()) spans_ = update_spans();
-  for (const UpdateSpan& span : spans_) {
-    hyper.weight_decay = span.decay ? static_cast<float>(train_.weight_decay) : 0.0f;
-    float* params = zero3_ ? zero3_->pieces() + span.packed : backend_->parameters_at(span.offset, span.count);
-    const MomentSegment& ms = moments_at(span.packed);
-    backend_->adamw_update(params, ms.m + (span.packed - ms.packed_offset), ms.v + (span.packed - ms.packed_offset),
-                           backend_->gradients_at(span.offset, span.count), span.count, hyper, optimizer_steps_);
-  }
-  backend_->parameters_changed();
-}
-
-void RankRuntime::gradient_poison() {
-  poison_gradient_ = false;
-  if (layout_.norm_ranges.empty())
-    throw Error(fmt::format("rank {} counts no gradient in the norm, so it has none to poison", comm_.rank()),
-                {"", "ALLOY_FAULT"}, "poison a rank that updates parameters of its own");
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  backend_->copy_from_host(backend_->gradients_at(layout_.norm_ranges.front().offset, 1), &nan, sizeof(float));
-}
-
-// The tied table's gradient summed over every replica of the first and last stage. With the
-// same tp on both, tp rank t of each holds the same rows; otherwise whole tables are summed,
-// each rank placing its rows.
-void RankRuntime::sum_tied_embedding(RankStepStats& stats) {
-  float* grads = backend_->gradients_at(layout_.tied_embedding.offset, layout_.tied_embedding.count);
-  if (plan_.stages.front().tp == plan_.stages.back().tp) {
-    wait(comm_.all_reduce(grads, layout_.tied_embedding.count, groups_.embedding), stats);
-    return;
-  }
-  const Model& model = backend_->model();
-  const int64_t C = model.spec.hidden_size;
-  const int64_t table_floats = model.spec.vocab_size * C;
-  const auto [begin, end] = shard_vocab_range(model.spec, model.shard.tp, model.shard.tp_rank);
-  const int64_t rows_bytes = (end - begin) * C * static_cast<int64_t>(sizeof(float));
-  float* table = backend_->arena().allocate_floats(table_floats, "tied embedding gradient sum");
-  backend_->fill_zero(table, table_floats);
-  backend_->copy(table + begin * C, grads, rows_bytes);
-  wait(comm_.all_reduce(table, table_floats, groups_.embedding), stats);
-  backend_->copy(grads, table + begin * C, rows_bytes);
-  backend_->arena().release(table);
-}
-
-// Under sequence parallelism each rank's block norms saw only its rows: their gradients are
-// summed over the tensor-parallel group (packed, as they are spread through the buffer).
-void RankRuntime::sum_sequence_parallel_norms(RankStepStats& stats) {
-  const Model& model = backend_->model();
-  std::vector<const TensorView*> norms;
-  int64_t total = 0;
-  for (const TensorView& view : model.views) {
-    if (view.name.rfind("layers.", 0) == 0 && view.name.find("norm.") != std::string::npos) {
-      norms.push_back(&view);
-      total += view.numel;
-    }
-  }
-  float* packed = backend_->arena().allocate_floats(total, "sequence-parallel norm gradients");
-  int64_t at = 0;
-  for (const TensorView* view : norms) {
-    backend_->copy(packed + at, backend_->gradients_at(view->offset, view->numel), view->numel * static_cast<int64_t>(sizeof(float)));
-    at += view->numel;
-  }
-  wait(comm_.all_reduce(packed, total, groups_.tp), stats);
-  at = 0;
-  for (const TensorView* view : norms) {
-    backend_->copy(backend_->gradients_at(view->offset, view->numel), packed + at, view->numel * static_cast<int64_t>(sizeof(float)));
-    at += view->numel;
-  }
-  backend_->arena().release(packed);
-}
-
 RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   RankStepStats stats;
   intervals_.clear();
@@ -510,12 +426,17 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   step_start_ = clock_seconds();
   backend_->arena().reset_peak();
   comm_.take_busy_seconds();
-  backend_->zero_gradients();
+  if (sharded_) {
+    sharded_->step_begin();
+  } else {
+    backend_->zero_gradients();
+  }
   layer_cpu_seconds_ = {0, 0, 0};
   if (offload_) offload_->step_begin();
   for (size_t i = 0; i < schedule_.ops.size(); ++i) {
     run_op(i, schedule_.ops[i], inputs, targets, stats);
     reap_finished_passes(false, stats);
+    if (sharded_) sharded_->reap(false);
     record_completed(false);
   }
   for (const CommHandle& h : pending_gathers_) wait(h, stats);

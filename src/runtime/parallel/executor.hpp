@@ -18,6 +18,7 @@
 #include "runtime/parallel/communicator.hpp"
 #include "runtime/parallel/param_layout.hpp"
 #include "runtime/parallel/zero3.hpp"
+#include "runtime/parallel/zero_gradients.hpp"
 #include "runtime/io/checkpoint.hpp"
 #include "runtime/io/safetensors.hpp"
 #include "runtime/model.hpp"
@@ -115,13 +116,15 @@ class RankRuntime {
   // Loads what checkpoint_save_to wrote and sets the optimizer's step; returns the state.
   CheckpointState checkpoint_load_from(const std::string& dir, const std::string& fingerprint);
   int64_t optimizer_steps() const { return optimizer_steps_; }
-  // The first tensor of this rank, in model order, whose gradient holds NaN or Inf, as
-  // "<name>'s gradient"; "" when all are finite. Read after a step whose update was skipped.
+  // The first tensor of this rank, in model order, whose gradient (its pieces, when sharded)
+  // holds NaN or Inf, as "<name>'s gradient"; "" when all are finite. Read after a step whose update was skipped.
   std::string gradient_nonfinite_name();
   // Collective over the world: throws NonFiniteError on every rank when any rank's parameters
   // (and, with `with_moments`, AdamW moments) hold NaN or Inf, naming the first such tensor and
   // its rank, before `action` (e.g. "save a checkpoint") writes `file`.
   void state_check_finite(const std::string& action, const std::string& file, bool with_moments);
+  // Sum of the squares of the gradients this rank counts in the global norm (layout().norm_ranges).
+  double gradient_square_sum();
   // Test hook (ALLOY_FAULT=nan:R:S): the next step writes a NaN into the first gradient this rank
   // counts in the norm, after the gradients' sums and before the finiteness check.
   void gradient_poison_next_step() { poison_gradient_ = true; }
@@ -146,6 +149,11 @@ class RankRuntime {
   PassSlot& pass_for(const ScheduleOp& op, const int32_t* inputs, const int32_t* targets);
   void run_op(size_t index, const ScheduleOp& op, const int32_t* inputs, const int32_t* targets, RankStepStats& stats);
   void optimizer(RankStepStats& stats);
+  // Flat gradients [offset, offset + count) where this rank keeps them: the backend's buffer, or
+  // (sharded gradients) the shard, where the range must be inside one of its pieces.
+  float* gradients_at(int64_t offset, int64_t count);
+  // The parts of `range` this rank keeps gradients of: all of it, or its pieces when sharded.
+  std::vector<FlatRange> gradient_pieces(const FlatRange& range) const;
   void gradient_poison();
   void sum_sequence_parallel_norms(RankStepStats& stats);
   void sum_tied_embedding(RankStepStats& stats);
@@ -180,11 +188,12 @@ class RankRuntime {
   std::array<double, kLayerKinds> layer_cpu_seconds_ = {0, 0, 0};  // this step's passes, by LayerKind
   ParamLayout layout_;
   std::unique_ptr<Zero3Parameters> zero3_;  // ZeRO 3 with dp > 1
+  std::unique_ptr<ShardedGradients> sharded_;  // PlanStage::gradients_sharded()
   std::unique_ptr<HostLink> host_link_;     // when the stage offloads weights or activations
   std::unique_ptr<LayerOffload> offload_;   // when the stage offloads blocks' weights
   std::unique_ptr<ActivationOffload> activation_offload_;  // when it offloads saved activations
   std::vector<MomentSegment> moments_;
-  std::vector<UpdateSpan> spans_;           // the optimizer's updates, built at its first step      // ascending packed offsets, covering the optimizer ranges
+  std::vector<UpdateSpan> spans_;           // the optimizer's updates (ascending packed offsets), built at its first step
   int64_t optimizer_steps_ = 0;
   bool poison_gradient_ = false;
   double slowdown_ = 1.0;

@@ -172,13 +172,15 @@ std::string RankRuntime::gradient_nonfinite_name() {
   const Model& model = backend_->model();
   std::vector<float> host;
   for (const TensorView& view : model.views) {
-    const float* grads = backend_->gradients_at(view.offset, view.numel);
-    if (!backend_->memory_is_host()) {
-      host.resize(static_cast<size_t>(view.numel));
-      backend_->copy_to_host(host.data(), grads, view.numel * static_cast<int64_t>(sizeof(float)));
-      grads = host.data();
+    for (const FlatRange& piece : gradient_pieces({view.offset, view.numel})) {
+      const float* grads = gradients_at(piece.offset, piece.count);
+      if (!backend_->memory_is_host()) {
+        host.resize(static_cast<size_t>(piece.count));
+        backend_->copy_to_host(host.data(), grads, piece.count * static_cast<int64_t>(sizeof(float)));
+        grads = host.data();
+      }
+      if (!floats_finite(grads, piece.count)) return view.name + "'s gradient";
     }
-    if (!floats_finite(grads, view.numel)) return view.name + "'s gradient";
   }
   return "";
 }

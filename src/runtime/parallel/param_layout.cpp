@@ -69,6 +69,11 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
   layout.sharded = stage.zero >= 1 && stage.dp > 1;
   for (const ScheduleOp& op : schedule.ops) {
     if (op.kind != OpKind::OpKind_all_reduce && op.kind != OpKind::OpKind_reduce_scatter) continue;
+    // Sharded gradients reduce every bucket once per micro-batch: one entry per bucket.
+    const bool seen = std::any_of(layout.buckets.begin(), layout.buckets.end(), [&](const GradientBucket& b) {
+      return b.chunk == op.chunk && b.bucket == op.bucket;
+    });
+    if (seen) continue;
     GradientBucket b;
     b.chunk = op.chunk;
     b.bucket = op.bucket;

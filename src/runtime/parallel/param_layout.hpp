@@ -25,7 +25,7 @@ struct GradientBucket {
 };
 
 struct ParamLayout {
-  std::vector<GradientBucket> buckets;     // in schedule order
+  std::vector<GradientBucket> buckets;     // one per (chunk, bucket), in schedule order
   bool sharded = false;                    // ZeRO 1-3 with dp > 1: each member updates its pieces
   FlatRange tied_embedding;                // summed over the embedding group at the optimizer (count 0: none)
   std::vector<FlatRange> optimizer_ranges; // updated by this rank, ascending

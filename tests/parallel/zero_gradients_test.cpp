@@ -1,0 +1,264 @@
+// Sharded gradients (ZeRO 2-3, shard_gradients): every micro-batch's buckets are reduce-scattered
+// into each member's shard. Under mpirun, plans covering pipelines, interleaving, tensor and
+// sequence parallelism, recomputation, tied embeddings, LLaMA and uneven replicas must give the
+// same losses and weights as the same layout without ZeRO, while each rank's gradient memory at
+// its arena peak stays at its shard plus the buckets in use.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../common/test_util.hpp"
+#include "dist_plans.hpp"
+#include "hw/catalog.hpp"
+#include "runtime/io/safetensors.hpp"
+#include "runtime/parallel/agree.hpp"
+#include "runtime/parallel/executor.hpp"
+#include "runtime/parallel/param_layout.hpp"
+
+namespace alloy::testing {
+namespace {
+
+constexpr int kShardedSteps = 10;
+// Largest weight difference from ZeRO 0 measured over these plans: 2.4e-7 (10 steps, fp32).
+constexpr double kWeightTolerance = 1e-6;
+
+struct ShardSuite {};
+
+class ZeroGradientsTest : public DistGptSuite<ShardSuite> {
+ protected:
+  static void SetUpTestSuite() {
+    DistGptSuite<ShardSuite>::SetUpTestSuite();
+    llama_path_ = dir_->write("llama-4.yaml", kLlama4Yaml);
+    std::string odd = kGpt6Yaml;
+    odd.replace(odd.find("vocab_size: 256"), 15, "vocab_size: 257");
+    odd.replace(odd.find("ffn_hidden_size: 128"), 20, "ffn_hidden_size: 256");
+    gpt_odd_path_ = dir_->write("gpt-6-v257.yaml", odd);
+  }
+  static ModelSpec gpt() { return model_load(gpt_path_); }
+  static ModelSpec llama() { return model_load(llama_path_); }
+  static ClusterSpec cluster() { return cluster_load(cluster_path_, catalog_builtin()); }
+
+  struct Run {
+    std::vector<double> losses;
+    std::string weights;                  // exported safetensors
+    std::map<int, std::map<std::string, double>> peak_by_name;  // rank -> arena name -> bytes
+  };
+
+  static Run run(const Plan& plan, const std::string& model_path, const std::string& name) {
+    const std::string plan_path = dir_->path() + "/" + name + ".json";
+    plan_save(plan, plan_path);
+    const std::string out = dir_->path() + "/" + name;
+    const CommandResult r = run_command(
+        fmt::format("mpirun -np {} --oversubscribe --bind-to none -x ALLOY_ARENA_REPORT=1 {} train --model {} --data {} "
+                    "--train {}/examples/train/tiny-cpu.yaml --steps {} --no-progress --plan {} --cluster {} --log "
+                    "{}.jsonl --export {}.safetensors",
+                    plan.num_used_devices(), ALLOY_BINARY, model_path, data_, ALLOY_SOURCE_DIR, kShardedSteps, plan_path,
+                    cluster_path_, out, out),
+        300);
+    EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
+    Run result;
+    if (r.exit_code != 0) return result;
+    std::istringstream log(read_text(out + ".jsonl"));
+    for (std::string line; std::getline(log, line);)
+      result.losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+    result.weights = out + ".safetensors";
+    result.peak_by_name = arena_reports(r.output);
+    return result;
+  }
+
+  // "rank R arena peak X MiB: name M; name M; ..." lines (ALLOY_ARENA_REPORT), in bytes.
+  static std::map<int, std::map<std::string, double>> arena_reports(const std::string& output) {
+    std::map<int, std::map<std::string, double>> out;
+    std::istringstream in(output);
+    for (std::string line; std::getline(in, line);) {
+      int rank = -1;
+      if (std::sscanf(line.c_str(), "rank %d arena peak", &rank) != 1) continue;
+      std::istringstream items(line.substr(line.find(':') + 1));
+      for (std::string item; std::getline(items, item, ';');) {
+        const size_t space = item.find_last_of(' ');
+        if (space == std::string::npos || space == 0) continue;
+        const std::string label = item.substr(item.find_first_not_of(' '), space - item.find_first_not_of(' '));
+        out[rank][label] = std::stod(item.substr(space + 1)) * 1048576.0;
+      }
+    }
+    return out;
+  }
+
+  static double largest_weight_difference(const std::string& a_path, const std::string& b_path) {
+    SafetensorsFile a = safetensors_open(a_path);
+    SafetensorsFile b = safetensors_open(b_path);
+    EXPECT_EQ(a.entries().size(), b.entries().size());
+    double worst = 0;
+    for (const SafetensorsEntry& ea : a.entries()) {
+      const SafetensorsEntry* eb = b.entry_find(ea.name);
+      EXPECT_NE(eb, nullptr) << ea.name;
+      if (eb == nullptr || ea.shape != eb->shape) return 1e30;
+      std::vector<float> x((ea.end_bytes - ea.begin_bytes) / 4), y(x.size());
+      a.entry_copy(ea, x.data());
+      b.entry_copy(*eb, y.data());
+      for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(x[i] - y[i])));
+    }
+    return worst;
+  }
+
+  // `plan` with small buckets and sharded gradients on every stage under ZeRO 2-3 with dp > 1.
+  static Plan sharded(Plan plan) {
+    plan.gradient_bucket_bytes = kBucketBytes;
+    for (PlanStage& st : plan.stages) st.shard_gradients = st.zero >= 2 && st.dp > 1;
+    return plan;
+  }
+
+  // Runs `plan` and the same layout at ZeRO 0; returns the run of `plan` (checked against the other).
+  static Run expect_matches_zero0(const Plan& plan, const std::string& model_path, const std::string& name) {
+    Plan reference = plan;
+    for (PlanStage& st : reference.stages) {
+      st.zero = 0;
+      st.shard_gradients = false;
+    }
+    const Run want = run(reference, model_path, name + "-zero0");
+    const Run got = run(plan, model_path, name);
+    EXPECT_EQ(got.losses.size(), static_cast<size_t>(kShardedSteps)) << name;
+    EXPECT_EQ(got.losses.size(), want.losses.size()) << name;
+    for (size_t i = 0; i < std::min(got.losses.size(), want.losses.size()); ++i)
+      EXPECT_NEAR(got.losses[i], want.losses[i], 1e-6 * std::abs(want.losses[i])) << name << " step " << i + 1;
+    if (!got.weights.empty() && !want.weights.empty()) {
+      const double worst = largest_weight_difference(want.weights, got.weights);
+      std::printf("%s: largest weight difference from ZeRO 0 %.3g\n", name.c_str(), worst);
+      EXPECT_LT(worst, kWeightTolerance) << name;
+    }
+    return got;
+  }
+
+  // Per rank of a sharded stage: the gradient bytes at its arena peak (shard and buckets) against
+  // its shard plus the buckets in use x its largest bucket, and below the stage's full gradients
+  // on the stages of `saving` (all when empty).
+  static void expect_gradient_memory(const Plan& plan, const ModelSpec& spec, const Run& got, const std::string& name,
+                                     const std::set<int>& saving = {}) {
+    ASSERT_EQ(got.peak_by_name.size(), static_cast<size_t>(plan.num_used_devices())) << name;
+    const std::vector<RankInfo> ranks = plan_rank_map(plan);
+    for (size_t q = 0; q < ranks.size(); ++q) {
+      const PlanStage& stage = plan.stages[static_cast<size_t>(ranks[q].stage)];
+      if (!stage.gradients_sharded()) continue;
+      Arena arena(int64_t{1} << 30, "cpu");
+      Model model(spec, arena, rank_shard(plan, ranks[q].stage, ranks[q].tp_rank));
+      ScheduleOptions options;
+      options.bucket_bytes = plan.gradient_bucket_bytes;
+      const RankSchedule schedule = schedule_build_rank(plan, spec, static_cast<int>(q), options);
+      const bool tied_sync = spec.tied_embeddings && plan.stages.size() > 1 && (stage.has_embedding || stage.has_head);
+      const ParamLayout layout = param_layout_build(plan, model, schedule, tied_sync);
+      int64_t largest = 0;
+      for (const GradientBucket& b : layout.buckets) largest = std::max(largest, b.range.count);
+      // The bucket being filled and the previous one still reducing; a head tied to the
+      // embedding on the same stage also holds the embedding's bucket from its backward on.
+      const bool tied_here = spec.tied_embeddings && stage.has_embedding && stage.has_head;
+      const int64_t in_use = layout.buckets.size() < 2 ? 1 : (tied_here ? 3 : 2);
+      const double full = 4.0 * static_cast<double>(model.num_parameters);
+      const double allowed = 4.0 * static_cast<double>(layout.optimizer_floats() + in_use * largest);
+      const std::map<std::string, double>& names = got.peak_by_name.at(static_cast<int>(q));
+      const double shard = names.count("sharded gradients") ? names.at("sharded gradients") : 0;
+      const double buckets = names.count("gradient bucket") ? names.at("gradient bucket") : 0;
+      std::printf("%s rank %zu: gradients at the arena peak %.0f bytes (shard %.0f, buckets %.0f); allowed %.0f, "
+                  "the stage's full gradients %.0f (%zu buckets)\n",
+                  name.c_str(), q, shard + buckets, shard, buckets, allowed, full, layout.buckets.size());
+      EXPECT_GT(shard, 0.0) << name << " rank " << q;
+      EXPECT_EQ(names.count("gradients"), 0u) << name << " rank " << q << ": the full gradient buffer is gone";
+      // The report prints MiB with 4 decimals: up to 52 bytes off per name.
+      EXPECT_LE(shard + buckets, allowed + 2 * 53) << name << " rank " << q;
+      if (saving.empty() || saving.count(ranks[q].stage) > 0) {
+        EXPECT_LT(shard + buckets, full) << name << " rank " << q;
+      }
+    }
+  }
+
+  static constexpr double kBucketBytes = 1024;  // the smallest: a bucket per block
+  static inline std::string llama_path_, gpt_odd_path_;
+};
+
+using R = Recompute;
+constexpr Schedule kShardedOneFOneB = Schedule::Schedule_1f1b;
+
+TEST_F(ZeroGradientsTest, TiedGptOnOneStageZero2AndZero3) {
+  for (int zero : {2, 3}) {
+    const Plan plan = sharded(test_plan(gpt(), cluster(), {{1, 2, zero, {6}}}, kShardedOneFOneB, 2));
+    const std::string name = fmt::format("dp2-zero{}-tied", zero);
+    expect_gradient_memory(plan, gpt(), expect_matches_zero0(plan, gpt_path_, name), name);
+  }
+}
+
+TEST_F(ZeroGradientsTest, FourReplicasZero3) {
+  const Plan plan = sharded(test_plan(gpt(), cluster(), {{1, 4, 3, {6}}}, kShardedOneFOneB, 2));
+  expect_gradient_memory(plan, gpt(), expect_matches_zero0(plan, gpt_path_, "dp4-zero3"), "dp4-zero3");
+}
+
+TEST_F(ZeroGradientsTest, LlamaFourReplicasZero2) {
+  const Plan plan = sharded(test_plan(llama(), cluster(), {{1, 4, 2, {4}}}, kShardedOneFOneB, 2));
+  expect_gradient_memory(plan, llama(), expect_matches_zero0(plan, llama_path_, "llama-dp4-zero2"), "llama-dp4-zero2");
+}
+
+// Two blocks a stage: the shard and two one-block buckets hold more than the stage's gradients at
+// dp 2, so only the bound is checked.
+TEST_F(ZeroGradientsTest, LlamaPipeline) {
+  const Plan plan = sharded(test_plan(llama(), cluster(), {{1, 2, 2, {2}}, {1, 2, 3, {2}}}, kShardedOneFOneB, 4));
+  expect_gradient_memory(plan, llama(), expect_matches_zero0(plan, llama_path_, "llama-pp2-dp2"), "llama-pp2-dp2", {-1});
+}
+
+TEST_F(ZeroGradientsTest, LlamaInterleaved) {
+  expect_matches_zero0(sharded(test_plan(llama(), cluster(), {{1, 2, 2, {1, 1}}, {1, 2, 3, {1, 1}}},
+                                         Schedule::Schedule_interleaved, 2)),
+                       llama_path_, "llama-interleaved-dp2");
+}
+
+TEST_F(ZeroGradientsTest, TensorAndSequenceParallelWithRecomputation) {
+  const Plan plan =
+      sharded(test_plan(gpt(), cluster(), {{2, 2, 3, {6}, {R::Recompute_full, R::Recompute_selective}, true}}, kShardedOneFOneB, 2));
+  expect_gradient_memory(plan, gpt(), expect_matches_zero0(plan, gpt_path_, "tp2-sp-dp2-zero3"), "tp2-sp-dp2-zero3");
+}
+
+// 257 rows over tp 2 make the tp ranks' first buckets 32 floats apart, so the dp 2 pieces split
+// block 0's MLP norm at different elements (its weight on tp rank 0, its bias on tp rank 1; an
+// FFN width of 256 puts the split there): the norms' sums over tp must not pair pieces.
+TEST_F(ZeroGradientsTest, SequenceParallelWithAnUnevenVocabularySplit) {
+  const Plan plan = sharded(test_plan(model_load(gpt_odd_path_), cluster(), {{2, 2, 2, {6}, {}, true}}, kShardedOneFOneB, 2));
+  expect_matches_zero0(plan, gpt_odd_path_, "tp2-sp-dp2-v257");
+}
+
+TEST_F(ZeroGradientsTest, TiedAcrossThePipelineWithRecomputation) {
+  const Plan plan = sharded(test_plan(gpt(), cluster(),
+                                      {{1, 2, 2, {3}, {R::Recompute_full, R::Recompute_selective, R::Recompute_none}},
+                                       {1, 2, 3, {3}, {R::Recompute_selective, R::Recompute_full, R::Recompute_none}}},
+                                      kShardedOneFOneB, 2));
+  // The last stage keeps the whole tied table in its shard besides its 3 blocks' pieces.
+  expect_gradient_memory(plan, gpt(), expect_matches_zero0(plan, gpt_path_, "tied-pp2-dp2"), "tied-pp2-dp2", {0});
+}
+
+TEST_F(ZeroGradientsTest, UnevenReplicas) {
+  const Plan plan = sharded(with_uneven_replicas(test_plan(gpt(), cluster(), {{1, 3, 2, {6}}}, kShardedOneFOneB, 2), 0, {2, 1, 1}));
+  expect_gradient_memory(plan, gpt(), expect_matches_zero0(plan, gpt_path_, "uneven-dp3-zero2"), "uneven-dp3-zero2");
+}
+
+// A NaN injected into rank 1's shard (ALLOY_FAULT=nan:R:S) is found by the norm on every rank and
+// named from the shard's pieces.
+TEST_F(ZeroGradientsTest, NonFiniteGradientInTheShardStopsEveryRank) {
+  const Plan plan = sharded(test_plan(gpt(), cluster(), {{1, 2, 2, {6}}}, kShardedOneFOneB, 2));
+  const std::string plan_path = dir_->path() + "/nan-dp2.json";
+  plan_save(plan, plan_path);
+  const CommandResult r = run_command(
+      fmt::format("env ALLOY_FAULT=nan:1:3 mpirun -np 2 --oversubscribe --bind-to none {} train --model {} --data {} "
+                  "--train {}/examples/train/tiny-cpu.yaml --steps 5 --no-progress --plan {} --cluster {}",
+                  ALLOY_BINARY, gpt_path_, data_, ALLOY_SOURCE_DIR, plan_path, cluster_path_),
+      120);
+  EXPECT_EQ(r.exit_code, kExitNonFinite) << r.output;
+  EXPECT_NE(r.output.find("step 3: layers."), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("'s gradient on rank 1 is not finite"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace alloy::testing

@@ -117,6 +117,15 @@ struct OffloadExposure {
   double backward_seconds = 0;
 };
 
+// The gradient buckets of a stage's backward as the schedule cuts them (schedule.cpp): whole
+// blocks from the last block back, a bucket closing once it holds TrainSpec::gradient_bucket_mib
+// in the plan's precision. Bytes in that precision.
+struct StageBuckets {
+  int count = 0;
+  double last_bytes = 0;     // the one holding the first blocks, posted after the whole backward
+  double largest_bytes = 0;
+};
+
 // Memory of one device of a stage, every term named.
 struct MemoryBreakdown {
   double parameters_bytes = 0;
@@ -160,7 +169,12 @@ class CostModel {
   // on recomputation, offload or prefetch depth), so a search can price it once for all of them.
   StageTiming stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
                                         double boundary_send_seconds, int chunks_sent) const;
+  // Accumulated gradients (choice.shard_gradients false) are reduced once per step; sharded
+  // ones after every micro-batch, the earlier reductions hidden behind the next passes where the
+  // device can overlap them.
   double stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
+  // The buckets of the stage's backward, per device.
+  StageBuckets stage_gradient_buckets(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   // Host copies of offloaded weights and parked activations not hidden behind compute, per
   // micro-batch: the part of stage_timing that depends on the offloaded count and the depth.
   OffloadExposure stage_offload_exposure(const StageUnitCosts& unit, const StageChoice& choice) const;

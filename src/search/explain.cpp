@@ -1,9 +1,13 @@
 #include "search/explain.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "search/planner.hpp"
+#include "spec/units.hpp"
 
 namespace alloy {
 
@@ -61,7 +65,69 @@ int recomputed_blocks(const PlanStage& st) {
   return n;
 }
 
+// Gradient bytes per device of a stage: the largest over its replicas.
+double stage_gradient_bytes(const PlanStage& st) {
+  const auto term = [](const std::vector<MemoryTerm>& memory) {
+    for (const MemoryTerm& t : memory)
+      if (t.name == "gradients") return t.bytes;
+    return 0.0;
+  };
+  double bytes = term(st.memory);
+  for (const PlanReplica& r : st.replicas) bytes = std::max(bytes, term(r.memory));
+  return bytes;
+}
+
+// Why stage `s` of `plan` uses its strategy, from `other`: the same plan with the stage switched.
+std::string gradient_strategy_note(const Plan& plan, const Plan& other, int s) {
+  const PlanStage& st = plan.stages[s];
+  const PlanStage& alt = other.stages[s];
+  const double saved = std::abs(stage_gradient_bytes(alt) - stage_gradient_bytes(st)) / kGiB;
+  const double extra = std::abs(other.step_seconds - plan.step_seconds);
+  const bool fits = alt.memory_total_bytes() <= alt.memory_capacity_bytes;
+  if (st.gradients_sharded()) {
+    const double added = plan.step_seconds - other.step_seconds;
+    std::string note = std::abs(added) < 1e-6
+                           ? fmt::format("stage {} shards gradients: {:.1f} GiB less per device at no extra step time",
+                                         s, saved)
+                           : fmt::format("stage {} shards gradients: {:.1f} GiB less per device for {:+.1f} ms of "
+                                         "reduce-scatter per step",
+                                         s, saved, added * 1e3);
+    if (!fits)
+      note += fmt::format(" (in full it would need {:.1f} of {:.1f} GiB)", alt.memory_total_bytes() / kGiB,
+                          alt.memory_capacity_bytes / kGiB);
+    return note;
+  }
+  if (extra < 1e-6)
+    return fmt::format("stage {} accumulates gradients in full: sharding would save {:.1f} GiB per device at no extra "
+                       "time",
+                       s, saved);
+  return fmt::format("stage {} accumulates gradients in full: sharding would save {:.1f} GiB per device but add "
+                     "{:.1f} ms of reduce-scatter per step, and memory fits",
+                     s, saved, extra * 1e3);
+}
+
 }  // namespace
+
+std::vector<std::string> gradient_strategy_notes(const Plan& plan, const CostModel& cost) {
+  std::vector<std::string> notes;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    if (st.zero < 2 || st.dp < 2) continue;
+    const bool in_pieces = std::any_of(st.replicas.begin(), st.replicas.end(), [](const PlanReplica& r) { return r.pieces > 1; });
+    if (in_pieces) {
+      notes.push_back(fmt::format("stage {} accumulates gradients in full: its replicas run their shares in several "
+                                  "passes, which sharding does not support",
+                                  s));
+      continue;
+    }
+    Plan other = plan;
+    other.runner_ups.clear();
+    other.stages[s].shard_gradients = !st.gradients_sharded();
+    plan_evaluate(&other, cost);
+    notes.push_back(gradient_strategy_note(plan, other, static_cast<int>(s)));
+  }
+  return notes;
+}
 
 Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std::vector<int>>& device_ids,
                 const std::vector<int>& blocks, const std::vector<StageOption>& options, Objective objective) {
@@ -83,6 +149,7 @@ Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std
       st.dp = g.dp;
       const StageOption& o = options[stage];
       st.zero = o.zero;
+      st.shard_gradients = o.shard_gradients;
       st.sequence_parallel = o.sequence_parallel;
       st.offload_prefetch_depth = o.prefetch_depth;
       st.has_embedding = stage == 0;

@@ -29,15 +29,15 @@ void zero_pins_validate(const CostModel& cost, const SearchOptions& o) {
                                         : fmt::format("{} devices over tp {} and pp {} leave every stage one replica",
                                                       devices, std::max(1, o.tp), std::max(1, o.pp));
   if (o.zero >= 1 && one_replica)
-    throw Error(fmt::format("--zero {} shards over data-parallel replicas, but {}: there is nothing to shard", o.zero, why),
+    throw Error(fmt::format("ZeRO {} shards over data-parallel replicas, but {}: there is nothing to shard", o.zero, why),
                 {"", "--zero"}, "drop --zero (one replica runs as ZeRO 0), or allow dp 2 or more (more devices, or a smaller --tp/--pp/--dp pin)");
   if (!o.shard_gradients) return;
-  const char* flag = *o.shard_gradients ? "--gradients shard" : "--gradients full";
+  const char* strategy = *o.shard_gradients ? "shard" : "full";
   if (o.zero == 0 || o.zero == 1)
-    throw Error(fmt::format("{} chooses how ZeRO 2-3 keeps gradients, but --zero {} keeps them whole", flag, o.zero),
+    throw Error(fmt::format("gradient strategy '{}' applies to ZeRO 2-3, but --zero {} keeps gradients whole", strategy, o.zero),
                 {"", "--gradients"}, "pin --zero 2 or 3, or drop --gradients");
   if (one_replica)
-    throw Error(fmt::format("{} chooses how ZeRO 2-3 keeps gradients over data-parallel replicas, but {}", flag, why),
+    throw Error(fmt::format("gradient strategy '{}' applies to ZeRO 2-3 over data-parallel replicas, but {}", strategy, why),
                 {"", "--gradients"}, "drop --gradients, or allow dp 2 or more");
 }
 

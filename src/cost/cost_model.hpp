@@ -214,6 +214,10 @@ class CostModel {
   mutable std::set<std::string> notes_;
 };
 
+// Whether a stage keeps only its shard of the gradients (strategy (a), PlanStage::gradients_sharded):
+// choice.shard_gradients under ZeRO 2-3 with someone to shard over.
+bool stage_gradients_sharded(const StageShape& shape, const StageChoice& choice);
+
 // Exposed seconds of one pass over `offloaded` blocks streamed from host memory, each taking
 // `transfer_seconds` on the link and `compute_seconds` on the device, `depth` fetched ahead, with
 // `window_compute_seconds` of other work before the run to hide the first fetches behind:

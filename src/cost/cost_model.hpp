@@ -201,6 +201,11 @@ class CostModel {
   // A collective on a group of a device type: measured when the profile has it, else analytic.
   double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const;
   LayerTimes layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const;
+  // Exposed seconds of one reduce-scatter of sharded gradients after a micro-batch other than the
+  // step's last, which the next passes can hide; `reduce`: the whole stage's, `last_bucket`: the
+  // bucket posted after the backward.
+  double earlier_reduce_scatter_seconds(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
+                                        double reduce, double last_bucket) const;
   // Parameters per device of a stage's layers (all of them, offloaded or not).
   double stage_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
 

@@ -55,6 +55,28 @@ StageBuckets CostModel::stage_gradient_buckets(const StageShape& shape, const St
   return stage_buckets(train_.gradient_bucket_mib * kMiB, u.block_parameters * e, c.blocks, embedding_bytes, head_bytes);
 }
 
+double CostModel::earlier_reduce_scatter_seconds(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
+                                                 double reduce, double last_bucket) const {
+  // Collectives that reduce on the cores that compute hide nothing.
+  if (runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores) return reduce;
+  const double n = c.blocks;
+  const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
+                                (c.has_head ? u.head.backward_seconds : 0);
+  const double plain_forward = n * u.block.forward_seconds + (c.has_embedding ? u.embedding.forward_seconds : 0) +
+                               (c.has_head ? u.head.forward_seconds : 0);
+  if (c.zero >= 3) {
+    // The reductions share the collective stream with the backward's weight gathers, and the
+    // next forward's first gather queues behind the last bucket: that one shows whole.
+    const double gathers = n * group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather,
+                                             u.block_parameters * precision_bytes(train_.precision), shape.dp_group);
+    return std::max({0.0, reduce - kGradientOverlapFraction * std::max(0.0, plain_backward - gathers), last_bucket});
+  }
+  // Buckets reduce behind the rest of the backward and the next forward; the last one, posted
+  // after the backward, behind the forward alone.
+  return std::max({0.0, reduce - kGradientOverlapFraction * (plain_backward + plain_forward),
+                   last_bucket - kGradientOverlapFraction * plain_forward});
+}
+
 double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& u,
                                               const StageChoice& c) const {
   if (shape.dp <= 1) return 0;
@@ -80,16 +102,8 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
   // The last bucket starts after the backward: nothing hides it (one bucket for a model under
   // 64 MiB of gradients, e.g. small-gpt's 17 MB, whose reduce-scatter over 4 CPU ranks took 34 ms).
   double sync = std::max({0.0, reduce - window, last_bucket});
-  if (stage_gradients_sharded(shape, c) && c.micro_batches > 1) {
-    // The earlier micro-batches' reduce-scatters also have the stage's next pass to hide behind
-    // (the next forward under 1F1B), unless they reduce on the cores that compute.
-    const double plain_forward = n * u.block.forward_seconds + (c.has_embedding ? u.embedding.forward_seconds : 0) +
-                                 (c.has_head ? u.head.forward_seconds : 0);
-    const bool shares_cores = runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores;
-    const double earlier =
-        shares_cores ? reduce : std::max(0.0, reduce - kGradientOverlapFraction * (plain_backward + plain_forward));
-    sync += (c.micro_batches - 1) * earlier;
-  }
+  if (stage_gradients_sharded(shape, c) && c.micro_batches > 1)
+    sync += (c.micro_batches - 1) * earlier_reduce_scatter_seconds(shape, u, c, reduce, last_bucket);
   if (c.zero == 1 || c.zero == 2)
     sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
   return sync;

@@ -77,33 +77,38 @@ double stage_gradient_bytes(const PlanStage& st) {
   return bytes;
 }
 
+// "8.2 GiB less" or "0.1 GiB more": what sharding holds against accumulating in full.
+std::string sharding_saves(double full_bytes, double sharded_bytes) {
+  const double saved = (full_bytes - sharded_bytes) / kGiB;
+  return fmt::format("{:.1f} GiB {}", std::abs(saved), saved >= 0 ? "less" : "more");
+}
+
 // Why stage `s` of `plan` uses its strategy, from `other`: the same plan with the stage switched.
+// Times are the stage's exposed gradient sync per step (what the strategy changes).
 std::string gradient_strategy_note(const Plan& plan, const Plan& other, int s) {
   const PlanStage& st = plan.stages[s];
   const PlanStage& alt = other.stages[s];
-  const double saved = std::abs(stage_gradient_bytes(alt) - stage_gradient_bytes(st)) / kGiB;
-  const double extra = std::abs(other.step_seconds - plan.step_seconds);
-  const bool fits = alt.memory_total_bytes() <= alt.memory_capacity_bytes;
   if (st.gradients_sharded()) {
-    const double added = plan.step_seconds - other.step_seconds;
-    std::string note = std::abs(added) < 1e-6
-                           ? fmt::format("stage {} shards gradients: {:.1f} GiB less per device at no extra step time",
-                                         s, saved)
-                           : fmt::format("stage {} shards gradients: {:.1f} GiB less per device for {:+.1f} ms of "
-                                         "reduce-scatter per step",
-                                         s, saved, added * 1e3);
-    if (!fits)
+    const double added = st.gradient_sync_seconds - alt.gradient_sync_seconds;
+    const std::string saves = sharding_saves(stage_gradient_bytes(alt), stage_gradient_bytes(st));
+    std::string note = added < 5e-5
+                           ? fmt::format("stage {} shards gradients: {} per device at no extra time", s, saves)
+                           : fmt::format("stage {} shards gradients: {} per device for +{:.1f} ms of reduce-scatter per "
+                                         "step",
+                                         s, saves, added * 1e3);
+    if (alt.memory_total_bytes() > alt.memory_capacity_bytes)
       note += fmt::format(" (in full it would need {:.1f} of {:.1f} GiB)", alt.memory_total_bytes() / kGiB,
                           alt.memory_capacity_bytes / kGiB);
     return note;
   }
-  if (extra < 1e-6)
-    return fmt::format("stage {} accumulates gradients in full: sharding would save {:.1f} GiB per device at no extra "
-                       "time",
-                       s, saved);
-  return fmt::format("stage {} accumulates gradients in full: sharding would save {:.1f} GiB per device but add "
-                     "{:.1f} ms of reduce-scatter per step, and memory fits",
-                     s, saved, extra * 1e3);
+  const double added = alt.gradient_sync_seconds - st.gradient_sync_seconds;
+  const std::string saves = sharding_saves(stage_gradient_bytes(st), stage_gradient_bytes(alt));
+  if (added < 5e-5)
+    return fmt::format("stage {} accumulates gradients in full: sharding would hold {} per device at no extra time",
+                       s, saves);
+  return fmt::format("stage {} accumulates gradients in full: sharding would hold {} per device but add {:.1f} ms of "
+                     "reduce-scatter per step, and memory fits",
+                     s, saves, added * 1e3);
 }
 
 }  // namespace

@@ -184,10 +184,8 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
   return {0, 2, 3};
 }
 
-// The ZeRO stages with their gradient strategies. Under ZeRO 2-3 with dp > 1 sharding comes
-// first, so that it wins ties (the front keeps the first of equal options): it holds less for
-// the same time. With one micro-batch both reduce once and sharding only saves memory: it alone
-// is tried.
+// The ZeRO stages with their gradient strategies: under ZeRO 2-3 with dp > 1, sharded and
+// accumulated in full.
 std::vector<ZeroSetting> zero_settings(const StageSlot& slot, const OptionPins& pins) {
   std::vector<ZeroSetting> out;
   for (int zero : zero_levels(slot, pins)) {
@@ -196,8 +194,36 @@ std::vector<ZeroSetting> zero_settings(const StageSlot& slot, const OptionPins& 
       continue;
     }
     if (pins.shard_gradients != 0) out.push_back({zero, true});
-    if (pins.shard_gradients != 1 && (slot.micro_batches > 1 || pins.shard_gradients == 0)) out.push_back({zero, false});
+    if (pins.shard_gradients != 1) out.push_back({zero, false});
   }
+  return out;
+}
+
+struct PricedSetting {
+  ZeroSetting zero;
+  double sync_seconds = 0;
+  double memory_bytes = 0;  // without recomputation or offload
+};
+
+// The settings with their exposed sync, the two strategies of a ZeRO stage ordered by sync and
+// then memory. The front keeps the first of equal options, so a tie goes to the smaller memory;
+// and when the cheaper sync fits without recomputation, the other is dominated at once.
+std::vector<PricedSetting> priced_zero_settings(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit,
+                                                int blocks, const OptionPins& pins) {
+  std::vector<PricedSetting> out;
+  for (const ZeroSetting& zero : zero_settings(slot, pins)) {
+    StageOption o;
+    o.zero = zero.zero;
+    o.shard_gradients = zero.shard;
+    const double memory =
+        cost.stage_memory(slot.shape, unit, stage_choice_of(slot, o, blocks), slot.in_flight, slot.has_next).total_bytes();
+    out.push_back({zero, gradient_sync_seconds(cost, slot, unit, blocks, zero), memory});
+  }
+  // zero_settings lists the ZeRO stages in ascending order: keep it.
+  std::stable_sort(out.begin(), out.end(), [](const PricedSetting& a, const PricedSetting& b) {
+    if (a.zero.zero != b.zero.zero) return a.zero.zero < b.zero.zero;
+    return a.sync_seconds != b.sync_seconds ? a.sync_seconds < b.sync_seconds : a.memory_bytes < b.memory_bytes;
+  });
   return out;
 }
 
@@ -379,8 +405,9 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || !sequence_parallel_pin_allows(pins, slot, sp)) continue;
-    for (const ZeroSetting& zero : zero_settings(slot, pins)) {
-      const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
+    for (const PricedSetting& priced : priced_zero_settings(cost, slot, *slot.unit[sp], blocks, pins)) {
+      const ZeroSetting& zero = priced.zero;
+      const double sync = priced.sync_seconds;
       const Context first{cost, slot, *slot.unit[sp], blocks, zero.zero, zero.shard, depths.front(), sync, parked};
       // Overhead does not depend on the depth; offload only adds time per block.
       const PlainTimes plain_times(first, counts.back(), false);
@@ -522,15 +549,15 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
 bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                           std::vector<StageOption>* out) {
   out->clear();
-  const std::vector<ZeroSetting> zeros = zero_settings(slot, pins);
   const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || !sequence_parallel_pin_allows(pins, slot, sp)) continue;
     AffineStage activations;  // recomputation coefficients of this sp, from its first ZeRO stage
     bool have_activations = false;
-    for (const ZeroSetting& zero : zeros) {
-      const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
+    for (const PricedSetting& priced : priced_zero_settings(cost, slot, *slot.unit[sp], blocks, pins)) {
+      const ZeroSetting& zero = priced.zero;
+      const double sync = priced.sync_seconds;
       const Context first{cost, slot, *slot.unit[sp], blocks, zero.zero, zero.shard, depths.front(), sync};
       // Overhead does not depend on the depth; offload only adds time per block.
       const PlainTimes plain_times(first, counts.back(), true);

@@ -70,9 +70,11 @@ struct ZeroSetting {
   bool shard = false;
 };
 
-// The ZeRO stages to try, each with the gradient strategies that can differ: under ZeRO 2-3
-// sharding, and accumulating in full as well when there are several micro-batches to accumulate.
-std::vector<ZeroSetting> zero_settings(const SearchOptions& o, int micro_batches) {
+// The ZeRO stages to try, under ZeRO 2-3 with both gradient strategies: accumulated in full
+// first, so that sharding is kept only where it scores better (where its memory saves
+// recomputation), not on a tie (one micro-batch), where it may hold more (a bucket beside the
+// shard).
+std::vector<ZeroSetting> zero_settings(const SearchOptions& o) {
   std::vector<ZeroSetting> out;
   for (int zero : {0, 1, 2, 3}) {
     if (o.zero >= 0 && zero != o.zero) continue;
@@ -80,8 +82,8 @@ std::vector<ZeroSetting> zero_settings(const SearchOptions& o, int micro_batches
       out.push_back({zero, false});
       continue;
     }
+    if (!o.shard_gradients.value_or(false)) out.push_back({zero, false});
     if (o.shard_gradients.value_or(true)) out.push_back({zero, true});
-    if (!o.shard_gradients.value_or(micro_batches == 1)) out.push_back({zero, false});
   }
   return out;
 }
@@ -228,7 +230,7 @@ std::optional<Plan> uneven_dp_best(const CostModel& cost, const SearchOptions& o
   const int64_t batch = cost.train().global_batch_sequences;
   for (int64_t micro_batch : micro_batch_sizes(batch, static_cast<int>(ids.size()), o)) {
     const std::vector<int64_t> shares = uneven_shares(micro_batch, whole_share_seconds(replica_seconds, cluster, ids));
-    for (const ZeroSetting& zero : zero_settings(o, static_cast<int>(batch / micro_batch)))
+    for (const ZeroSetting& zero : zero_settings(o))
       for (Recompute rest : rests) {
         const auto fits = [&](int full) {
           return plan_memory_ratio(uneven_plan(cost, o, ids, shares, micro_batch, zero, full, rest)) <= 1;

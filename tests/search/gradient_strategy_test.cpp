@@ -73,12 +73,28 @@ TEST(GradientStrategy, AccumulatesInFullWhenMemoryIsAmpleAndShardingCostsTime) {
   ASSERT_EQ(plan.stages.size(), 1u);
   EXPECT_EQ(plan.stages[0].zero, 2);
   EXPECT_FALSE(plan.stages[0].gradients_sharded());
-  EXPECT_TRUE(has_note(plan, "stage 0 accumulates gradients in full: sharding would save")) << plan_render_text(plan);
-  // With one micro-batch sharding costs nothing: it is chosen.
+  EXPECT_TRUE(has_note(plan, "stage 0 accumulates gradients in full: sharding would hold")) << plan_render_text(plan);
+  EXPECT_TRUE(has_note(plan, "ms of reduce-scatter per step, and memory fits")) << plan_render_text(plan);
+  // With one micro-batch both cost the same, and small-gpt's gradients are one bucket: sharding
+  // would hold that bucket beside the shard, more than the full buffer, so the tie stays full.
   o.num_micro_batches = 1;
   const Plan one = plan_search(cost, o).plan;
-  EXPECT_TRUE(one.stages[0].gradients_sharded());
-  EXPECT_TRUE(has_note(one, "at no extra step time")) << plan_render_text(one);
+  EXPECT_FALSE(one.stages[0].gradients_sharded());
+  EXPECT_TRUE(has_note(one, "GiB more per device at no extra time")) << plan_render_text(one);
+}
+
+TEST(GradientStrategy, OneMicroBatchShardsWhereThatHoldsLess) {
+  // LLaMA-2-7B over 8 A100s: 32 buckets, the shard and two of them hold far less than the
+  // full buffer, for the same single reduce-scatter.
+  CostModel cost(testing::llama2_7b(), example_cluster("a100-8"), testing::train(2048, 16));
+  SearchOptions o;
+  o.dp = 8;
+  o.pp = 1;
+  o.zero = 2;
+  o.num_micro_batches = 1;
+  const Plan plan = plan_search(cost, o).plan;
+  EXPECT_TRUE(plan.stages[0].gradients_sharded());
+  EXPECT_TRUE(has_note(plan, "GiB less per device at no extra time")) << plan_render_text(plan);
 }
 
 TEST(GradientStrategy, NotesPriceTheOtherStrategy) {
@@ -95,7 +111,7 @@ TEST(GradientStrategy, NotesPriceTheOtherStrategy) {
   o.shard_gradients = false;
   const Plan full = plan_search(cost, o).plan;
   ASSERT_FALSE(full.stages[0].gradients_sharded());
-  const double ms = (sharded.step_seconds - full.step_seconds) * 1e3;
+  const double ms = (sharded.stages[0].gradient_sync_seconds - full.stages[0].gradient_sync_seconds) * 1e3;
   ASSERT_GT(ms, 0.05);
   const std::vector<std::string> notes = gradient_strategy_notes(sharded, cost);
   ASSERT_EQ(notes.size(), 1u);

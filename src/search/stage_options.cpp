@@ -219,6 +219,18 @@ std::vector<PricedSetting> priced_zero_settings(const CostModel& cost, const Sta
         cost.stage_memory(slot.shape, unit, stage_choice_of(slot, o, blocks), slot.in_flight, slot.has_next).total_bytes();
     out.push_back({zero, gradient_sync_seconds(cost, slot, unit, blocks, zero), memory});
   }
+  // A strategy with no less sync and no less memory than the other of its ZeRO stage is
+  // dominated at every recomputation and offload count (offloading widens sharding's excess:
+  // the live buckets stay while the full buffer shrinks): drop it.
+  const auto dominated_by = [](const PricedSetting& a, const PricedSetting& b) {
+    return a.zero.zero == b.zero.zero && a.sync_seconds >= b.sync_seconds && a.memory_bytes >= b.memory_bytes &&
+           (a.sync_seconds > b.sync_seconds || a.memory_bytes > b.memory_bytes);
+  };
+  std::vector<PricedSetting> kept;
+  for (const PricedSetting& a : out)
+    if (std::none_of(out.begin(), out.end(), [&](const PricedSetting& b) { return dominated_by(a, b); }))
+      kept.push_back(a);
+  out = std::move(kept);
   // zero_settings lists the ZeRO stages in ascending order: keep it.
   std::stable_sort(out.begin(), out.end(), [](const PricedSetting& a, const PricedSetting& b) {
     if (a.zero.zero != b.zero.zero) return a.zero.zero < b.zero.zero;

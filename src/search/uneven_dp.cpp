@@ -1,4 +1,5 @@
 #include "search/uneven_dp.hpp"
+#include "search/zero_settings.hpp"
 
 #include <algorithm>
 #include <functional>
@@ -64,17 +65,11 @@ class ReplicaSeconds {
   std::vector<std::vector<double>> cache_;  // [type][sequences]; -1: not computed
 };
 
-// ZeRO stage and gradient strategy of the one stage.
-struct ZeroSetting {
-  int zero = 0;
-  bool shard = false;
-};
-
 // The ZeRO stages to try, under ZeRO 2-3 with both gradient strategies: accumulated in full
 // first, so that sharding is kept only where it scores better (where its memory saves
 // recomputation), not on a tie (one micro-batch), where it may hold more (a bucket beside the
 // shard).
-std::vector<ZeroSetting> zero_settings(const SearchOptions& o) {
+std::vector<ZeroSetting> uneven_zero_settings(const SearchOptions& o) {
   std::vector<ZeroSetting> out;
   for (int zero : {0, 1, 2, 3}) {
     if (o.zero >= 0 && zero != o.zero) continue;
@@ -230,7 +225,7 @@ std::optional<Plan> uneven_dp_best(const CostModel& cost, const SearchOptions& o
   const int64_t batch = cost.train().global_batch_sequences;
   for (int64_t micro_batch : micro_batch_sizes(batch, static_cast<int>(ids.size()), o)) {
     const std::vector<int64_t> shares = uneven_shares(micro_batch, whole_share_seconds(replica_seconds, cluster, ids));
-    for (const ZeroSetting& zero : zero_settings(o))
+    for (const ZeroSetting& zero : uneven_zero_settings(o))
       for (Recompute rest : rests) {
         const auto fits = [&](int full) {
           return plan_memory_ratio(uneven_plan(cost, o, ids, shares, micro_batch, zero, full, rest)) <= 1;

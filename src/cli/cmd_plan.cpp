@@ -10,6 +10,7 @@
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "plan/export.hpp"
+#include "search/explain.hpp"
 #include "search/planner.hpp"
 #include "sim/report.hpp"
 #include "sim/rerank.hpp"
@@ -34,6 +35,7 @@ struct PlanCommand {
   std::string objective = "throughput";
   std::string schedule;
   std::string recompute;
+  std::string gradients;
   std::string layer_split;
   std::string device_order;
   std::string output;
@@ -93,6 +95,7 @@ SearchOptions search_options_from(PlanCommand& c) {
     o.recompute = r;
   }
   if (c.sequence_parallel >= 0) o.sequence_parallel = c.sequence_parallel == 1;
+  if (!c.gradients.empty()) o.shard_gradients = c.gradients == "shard";
   o.allow_offload = !c.no_offload;
   o.allow_uneven_dp = !c.even_dp;
   o.layer_split = parse_layer_split(c.layer_split);
@@ -190,6 +193,7 @@ void run_explain(const ExplainCommand& c) {
   CostModel cost(*model, *cluster, plan_train_spec(TrainSpec{}, plan));
   plan_evaluate(&plan, cost);
   plan.notes.push_back("priced by the cost model from the plan's choices: the plan file carries no predictions");
+  for (const std::string& note : gradient_strategy_notes(plan, cost)) plan.notes.push_back(note);
   for (const std::string& note : cost.fallback_notes()) plan.notes.push_back(note);
   RenderOptions render;
   render.show_runner_ups = false;  // nothing was searched
@@ -223,6 +227,10 @@ void add_plan(CLI::App& app, int* exit_code) {
   cmd->add_option("--chunks", c->search.virtual_chunks, "Model chunks per stage for the interleaved schedule")
       ->check(option_whole_in(1, kPlanMostChunks));
   cmd->add_option("--zero", c->search.zero, "Pin the ZeRO stage (0-3)")->check(option_whole_in(0, 3));
+  cmd->add_option("--gradients", c->gradients,
+                  "Pin how ZeRO 2-3 stages keep gradients: shard (reduce-scatter every micro-batch, keep 1/dp) or "
+                  "full (accumulate in full, reduce-scatter once per step)")
+      ->check(CLI::IsMember({"shard", "full"}));
   cmd->add_option("--recompute", c->recompute, "Pin recomputation for every block: none, selective, full");
   cmd->add_option("--sequence-parallel", c->sequence_parallel, "Pin sequence parallelism: 1 or 0")
       ->check(option_whole_in(0, 1));

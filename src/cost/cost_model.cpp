@@ -11,8 +11,6 @@ namespace alloy {
 
 namespace {
 
-// Share of the last micro-batch's backward that can hide bucketed gradient reduction.
-constexpr double kGradientOverlapFraction = 0.9;
 // Host memory bandwidth one device's share of a CPU optimizer step gets (offloaded layers).
 constexpr double kHostOptimizerBytesPerSecond = 20e9;
 // Latency assumed for an intra-node link that a cluster file gives without one.
@@ -267,8 +265,8 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.offload_gradients_seconds = host_link > 0 ? u.block_parameters * g / host_link : kNoHostLinkSeconds;
   if (shape.dp > 1) {
     const double gather = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, u.block_parameters * e, shape.dp_group);
-    // The gradients' reduce-scatter is the step's, in buckets after the last backward
-    // (stage_gradient_sync_seconds), not one per block and micro-batch.
+    // The gradients' reduce-scatters go in buckets, priced per step by
+    // stage_gradient_sync_seconds, not one per block.
     // A prefetched gather runs under the previous block's compute, unless it copies on the same
     // cores (runtime_traits.cpp) and adds its whole time.
     const bool shares_cores = runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores;
@@ -314,54 +312,6 @@ double CostModel::stage_parameters(const StageShape& shape, const StageUnitCosts
          (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
                                                : static_cast<double>(head_parameters(model_, false)) / shape.tp)
                      : 0);
-}
-
-namespace {
-
-// Bytes of the bucket the schedule reduces last: its buckets fill with whole blocks from the last
-// block back, so the one holding the first blocks (and the embedding) is posted only once the
-// whole backward is done. `first` and `last`: the extra bytes the first and last block carry;
-// `bucket_bytes`: the schedule's target (TrainSpec::gradient_bucket_mib).
-double last_bucket_bytes(double bucket_bytes, double block_bytes, int blocks, double first, double last) {
-  if (blocks <= 0 || block_bytes <= 0) return blocks * block_bytes + first + last;
-  // The first bucket closed (with the last block's extra) takes k1 blocks, every later one k.
-  const int k1 = std::max(1, static_cast<int>(std::ceil((bucket_bytes - last) / block_bytes)));
-  const int k = std::max(1, static_cast<int>(std::ceil(bucket_bytes / block_bytes)));
-  if (blocks <= k1) return blocks * block_bytes + first + last;
-  const int left = (blocks - k1) % k;
-  return (left == 0 ? k : left) * block_bytes + first;
-}
-
-}  // namespace
-
-double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& u,
-                                              const StageChoice& c) const {
-  if (shape.dp <= 1) return 0;
-  // Gradient reduction overlaps the last backward, bucket by bucket; ZeRO-1/2 also re-gather the
-  // updated weights (ZeRO-3 gathers them on use). Alloy's runtime all-reduces under ZeRO 0-1 and
-  // reduce-scatters under ZeRO 2-3, once per step after the last micro-batch's backward
-  // (docs/runtime-distributed.md), so ZeRO 1 moves more than ZeRO 2 for the same memory.
-  const double e = precision_bytes(train_.precision);
-  const double grad_bytes = stage_parameters(shape, u, c) * e;
-  const CollectiveOp op = c.zero <= 1 ? CollectiveOp::CollectiveOp_all_reduce : CollectiveOp::CollectiveOp_reduce_scatter;
-  const double reduce = group_seconds(shape.device_type, op, grad_bytes, shape.dp_group);
-  const double embedding_bytes = c.has_embedding ? u.embedding_parameters * e : 0;
-  const double head_bytes = std::max(0.0, grad_bytes - c.blocks * u.block_parameters * e - embedding_bytes);
-  const double last_bytes = last_bucket_bytes(train_.gradient_bucket_mib * kMiB, u.block_parameters * e, c.blocks, embedding_bytes, head_bytes);
-  const double last_bucket =
-      last_bytes >= grad_bytes ? reduce : group_seconds(shape.device_type, op, last_bytes, shape.dp_group);
-  // The window is the plain backward (recomputation and transfers excluded), so the exposed
-  // sync depends on the stage's layers and shape only.
-  const double n = c.blocks;
-  const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
-                                (c.has_head ? u.head.backward_seconds : 0);
-  const double window = kGradientOverlapFraction * plain_backward;
-  // The last bucket starts after the backward: nothing hides it (one bucket for a model under
-  // 64 MiB of gradients, e.g. small-gpt's 17 MB, whose reduce-scatter over 4 CPU ranks took 34 ms).
-  double sync = std::max({0.0, reduce - window, last_bucket});
-  if (c.zero == 1 || c.zero == 2)
-    sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
-  return sync;
 }
 
 StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
@@ -475,11 +425,20 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const double whole = tied_across_stages ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
   const auto sharded = [&](bool by_zero) { return (params - whole) * (by_zero ? shape.zero_share : 1.0) + whole; };
   mem.parameters_bytes = sharded(c.zero >= 3) * e;
-  // The step schedule reduces gradients once, after the last micro-batch's backward, so every
-  // member accumulates all of its stage's gradients whatever the ZeRO stage (ZeRO 2-3 shard what
-  // the reduction leaves, not the accumulation buffer; docs/runtime-distributed.md). With fp32
-  // master weights they accumulate in fp32, as Alloy's GPU runtime and Megatron-LM's do.
-  mem.gradients_bytes = params * (master ? 4.0 : e);
+  // With fp32 master weights gradients accumulate in fp32, as Alloy's GPU runtime and
+  // Megatron-LM's do.
+  const double g = master ? 4.0 : e;
+  if (stage_gradients_sharded(shape, c)) {
+    // Every micro-batch's backward fills one bucket at a time, reduce-scattered into the member's
+    // shard once full (a tied table sits whole in it, as its parameters do): the shard, the
+    // bucket being filled and the previous one still on the network.
+    const StageBuckets buckets = stage_gradient_buckets(shape, u, c);
+    const double live_params = (buckets.count > 1 ? 2.0 : 1.0) * buckets.largest_bytes / e;
+    mem.gradients_bytes = (sharded(true) + live_params) * g;
+  } else {
+    // Accumulated in full over the micro-batches and reduced once, after the last backward.
+    mem.gradients_bytes = params * g;
+  }
   mem.master_weights_bytes = master ? sharded(c.zero >= 1) * 4.0 : 0;
   mem.optimizer_states_bytes = sharded(c.zero >= 1) * 4.0 * states;
   // ZeRO 3 gathers the unit in use and prefetches the next one (Alloy's runtime, like
@@ -492,7 +451,6 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   }
   // The block in use and `depth` fetched ahead are resident, each with its weights and its
   // gradient buffer (fp32 under master weights).
-  const double g = master ? 4.0 : e;
   if (c.offloaded > 0)
     mem.offload_window_bytes = std::min(c.offloaded, c.prefetch_depth + 1) * u.block_parameters * (e + g);
   // On the host: weights, gradients, the fp32 master copy and the optimizer states.
@@ -545,7 +503,9 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   }
   mem.workspace_bytes = runtime.library_workspace_bytes + block_backward_peak;
   const double hidden_per_replica = u.boundary_bytes / dp;
-  if (shape.dp > 1 && c.zero < 3) mem.communication_buffers_bytes += runtime.gradient_bucket_bytes;
+  // Sharded gradients reduce in their buckets, already counted with the gradients.
+  if (shape.dp > 1 && c.zero < 3 && !stage_gradients_sharded(shape, c))
+    mem.communication_buffers_bytes += runtime.gradient_bucket_bytes;
   if (shape.tp > 1) mem.communication_buffers_bytes += hidden_per_replica;
   if (has_next_stage) mem.communication_buffers_bytes += 2.0 * hidden_per_replica / shape.tp;
   mem.framework_context_bytes = runtime.framework_context_bytes;

@@ -117,6 +117,15 @@ struct OffloadExposure {
   double backward_seconds = 0;
 };
 
+// The gradient buckets of a stage's backward as the schedule cuts them (schedule.cpp): whole
+// blocks from the last block back, a bucket closing once it holds TrainSpec::gradient_bucket_mib
+// in the plan's precision. Bytes in that precision.
+struct StageBuckets {
+  int count = 0;
+  double last_bytes = 0;     // the one holding the first blocks, posted after the whole backward
+  double largest_bytes = 0;
+};
+
 // Memory of one device of a stage, every term named.
 struct MemoryBreakdown {
   double parameters_bytes = 0;
@@ -160,7 +169,12 @@ class CostModel {
   // on recomputation, offload or prefetch depth), so a search can price it once for all of them.
   StageTiming stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
                                         double boundary_send_seconds, int chunks_sent) const;
+  // Accumulated gradients (choice.shard_gradients false) are reduced once per step; sharded
+  // ones after every micro-batch, the earlier reductions hidden behind the next passes where the
+  // device can overlap them.
   double stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
+  // The buckets of the stage's backward, per device.
+  StageBuckets stage_gradient_buckets(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   // Host copies of offloaded weights and parked activations not hidden behind compute, per
   // micro-batch: the part of stage_timing that depends on the offloaded count and the depth.
   OffloadExposure stage_offload_exposure(const StageUnitCosts& unit, const StageChoice& choice) const;
@@ -187,6 +201,11 @@ class CostModel {
   // A collective on a group of a device type: measured when the profile has it, else analytic.
   double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const;
   LayerTimes layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const;
+  // Exposed seconds of one reduce-scatter of sharded gradients after a micro-batch other than the
+  // step's last, which the next passes can hide; `reduce`: the whole stage's, `last_bucket`: the
+  // bucket posted after the backward.
+  double earlier_reduce_scatter_seconds(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
+                                        double reduce, double last_bucket) const;
   // Parameters per device of a stage's layers (all of them, offloaded or not).
   double stage_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
 
@@ -199,6 +218,10 @@ class CostModel {
   mutable std::mutex notes_mutex_;
   mutable std::set<std::string> notes_;
 };
+
+// Whether a stage keeps only its shard of the gradients (strategy (a), PlanStage::gradients_sharded):
+// choice.shard_gradients under ZeRO 2-3 with someone to shard over.
+bool stage_gradients_sharded(const StageShape& shape, const StageChoice& choice);
 
 // Exposed seconds of one pass over `offloaded` blocks streamed from host memory, each taking
 // `transfer_seconds` on the link and `compute_seconds` on the device, `depth` fetched ahead, with

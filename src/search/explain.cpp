@@ -1,9 +1,13 @@
 #include "search/explain.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "search/planner.hpp"
+#include "spec/units.hpp"
 
 namespace alloy {
 
@@ -61,7 +65,74 @@ int recomputed_blocks(const PlanStage& st) {
   return n;
 }
 
+// Gradient bytes per device of a stage: the largest over its replicas.
+double stage_gradient_bytes(const PlanStage& st) {
+  const auto term = [](const std::vector<MemoryTerm>& memory) {
+    for (const MemoryTerm& t : memory)
+      if (t.name == "gradients") return t.bytes;
+    return 0.0;
+  };
+  double bytes = term(st.memory);
+  for (const PlanReplica& r : st.replicas) bytes = std::max(bytes, term(r.memory));
+  return bytes;
+}
+
+// "8.2 GiB less" or "0.1 GiB more": what sharding holds against accumulating in full.
+std::string sharding_saves(double full_bytes, double sharded_bytes) {
+  const double saved = (full_bytes - sharded_bytes) / kGiB;
+  return fmt::format("{:.1f} GiB {}", std::abs(saved), saved >= 0 ? "less" : "more");
+}
+
+// Why stage `s` of `plan` uses its strategy, from `other`: the same plan with the stage switched.
+// Times are the stage's exposed gradient sync per step (what the strategy changes).
+std::string gradient_strategy_note(const Plan& plan, const Plan& other, int s) {
+  const PlanStage& st = plan.stages[s];
+  const PlanStage& alt = other.stages[s];
+  if (st.gradients_sharded()) {
+    const double added = st.gradient_sync_seconds - alt.gradient_sync_seconds;
+    const std::string saves = sharding_saves(stage_gradient_bytes(alt), stage_gradient_bytes(st));
+    std::string note = added < 5e-5
+                           ? fmt::format("stage {} shards gradients: {} per device at no extra time", s, saves)
+                           : fmt::format("stage {} shards gradients: {} per device for +{:.1f} ms of reduce-scatter per "
+                                         "step",
+                                         s, saves, added * 1e3);
+    if (alt.memory_total_bytes() > alt.memory_capacity_bytes)
+      note += fmt::format(" (in full it would need {:.1f} of {:.1f} GiB)", alt.memory_total_bytes() / kGiB,
+                          alt.memory_capacity_bytes / kGiB);
+    return note;
+  }
+  const double added = alt.gradient_sync_seconds - st.gradient_sync_seconds;
+  const std::string saves = sharding_saves(stage_gradient_bytes(st), stage_gradient_bytes(alt));
+  if (added < 5e-5)
+    return fmt::format("stage {} accumulates gradients in full: sharding would hold {} per device at no extra time",
+                       s, saves);
+  return fmt::format("stage {} accumulates gradients in full: sharding would hold {} per device but add {:.1f} ms of "
+                     "reduce-scatter per step, and memory fits",
+                     s, saves, added * 1e3);
+}
+
 }  // namespace
+
+std::vector<std::string> gradient_strategy_notes(const Plan& plan, const CostModel& cost) {
+  std::vector<std::string> notes;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    if (st.zero < 2 || st.dp < 2) continue;
+    const bool in_pieces = std::any_of(st.replicas.begin(), st.replicas.end(), [](const PlanReplica& r) { return r.pieces > 1; });
+    if (in_pieces) {
+      notes.push_back(fmt::format("stage {} accumulates gradients in full: its replicas run their shares in several "
+                                  "passes, which sharding does not support",
+                                  s));
+      continue;
+    }
+    Plan other = plan;
+    other.runner_ups.clear();
+    other.stages[s].shard_gradients = !st.gradients_sharded();
+    plan_evaluate(&other, cost);
+    notes.push_back(gradient_strategy_note(plan, other, static_cast<int>(s)));
+  }
+  return notes;
+}
 
 Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std::vector<int>>& device_ids,
                 const std::vector<int>& blocks, const std::vector<StageOption>& options, Objective objective) {
@@ -83,6 +154,7 @@ Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std
       st.dp = g.dp;
       const StageOption& o = options[stage];
       st.zero = o.zero;
+      st.shard_gradients = o.shard_gradients;
       st.sequence_parallel = o.sequence_parallel;
       st.offload_prefetch_depth = o.prefetch_depth;
       st.has_embedding = stage == 0;

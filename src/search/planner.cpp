@@ -55,6 +55,7 @@ class Searcher {
  public:
   Searcher(const CostModel& cost, const SearchOptions& options) : cost_(cost), options_(options) {
     pins_.zero = options.zero;
+    pins_.shard_gradients = options.shard_gradients ? (*options.shard_gradients ? 1 : 0) : -1;
     pins_.sequence_parallel = options.sequence_parallel ? (*options.sequence_parallel ? 1 : 0) : -1;
     pins_.recompute = options.recompute ? static_cast<int>(*options.recompute) : -1;
     pins_.allow_offload = options.allow_offload;
@@ -608,12 +609,17 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     if (plans.size() > keep) plans.pop_back();
     ++stats.evaluated;
   }
+  // Every candidate carries its own notes: simulation may re-rank them.
+  for (Plan& plan : plans) {
+    for (const std::string& note : zero_pin_notes(plan, options)) plan.notes.push_back(note);
+    for (const std::string& note : gradient_strategy_notes(plan, cost)) plan.notes.push_back(note);
+    for (const std::string& note : cost.fallback_notes()) plan.notes.push_back(note);
+  }
   SearchResult result;
   result.candidates = plans;
   result.plan = std::move(plans.front());
   for (size_t i = 1; i < plans.size(); ++i)
     result.plan.runner_ups.push_back(runner_up_explain(result.plan, plans[i], by_cost));
-  for (const std::string& note : cost.fallback_notes()) result.plan.notes.push_back(note);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   result.stats = stats;
   return result;

@@ -29,6 +29,7 @@ struct SearchOptions {
   std::optional<Schedule> schedule;
   int virtual_chunks = 0;              // interleaved only; 0: try 2 and 4
   int zero = -1;                       // -1: free
+  std::optional<bool> shard_gradients;  // ZeRO 2-3 with dp > 1: shard (true) or accumulate in full
   std::optional<Recompute> recompute;  // one level for every block
   std::optional<bool> sequence_parallel;
   bool allow_offload = true;

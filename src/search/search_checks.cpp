@@ -1,6 +1,8 @@
 // Checks around the search: pinned options against the specs, and the host-memory failure.
 #include "search/search_checks.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "plan/runnable.hpp"
@@ -8,6 +10,49 @@
 #include "spec/units.hpp"
 
 namespace alloy {
+
+namespace {
+
+// Data-parallel replicas a stage can have at most under the pinned tp and pp: the other stages
+// one replica each, this one the rest.
+int most_replicas(const ClusterSpec& cluster, const SearchOptions& o) {
+  const int tp = std::max(1, o.tp);
+  return (static_cast<int>(cluster.devices.size()) - (std::max(1, o.pp) - 1) * tp) / tp;
+}
+
+// ZeRO and the gradient strategy shard over data-parallel replicas: refuse pins that leave none.
+void zero_pins_validate(const CostModel& cost, const SearchOptions& o) {
+  const int devices = static_cast<int>(cost.cluster().devices.size());
+  const bool one_replica = o.dp == 1 || most_replicas(cost.cluster(), o) < 2;
+  const std::string why = o.dp == 1      ? "--dp 1 gives every stage one replica"
+                          : devices < 2 ? "the cluster has one device, so every stage has one replica"
+                                        : fmt::format("{} devices over tp {} and pp {} leave every stage one replica",
+                                                      devices, std::max(1, o.tp), std::max(1, o.pp));
+  if (o.zero >= 1 && one_replica)
+    throw Error(fmt::format("ZeRO {} shards over data-parallel replicas, but {}: there is nothing to shard", o.zero, why),
+                {"", "--zero"}, "drop --zero (one replica runs as ZeRO 0), or allow dp 2 or more (more devices, or a smaller --tp/--pp/--dp pin)");
+  if (!o.shard_gradients) return;
+  const char* strategy = *o.shard_gradients ? "shard" : "full";
+  if (o.zero == 0 || o.zero == 1)
+    throw Error(fmt::format("gradient strategy '{}' applies to ZeRO 2-3, but --zero {} keeps gradients whole", strategy, o.zero),
+                {"", "--gradients"}, "pin --zero 2 or 3, or drop --gradients");
+  if (one_replica)
+    throw Error(fmt::format("gradient strategy '{}' applies to ZeRO 2-3 over data-parallel replicas, but {}", strategy, why),
+                {"", "--gradients"}, "drop --gradients, or allow dp 2 or more");
+}
+
+}  // namespace
+
+std::vector<std::string> zero_pin_notes(const Plan& plan, const SearchOptions& o) {
+  std::vector<std::string> notes;
+  if (o.zero < 1) return notes;
+  for (size_t s = 0; s < plan.stages.size(); ++s)
+    if (plan.stages[s].dp == 1)
+      notes.push_back(fmt::format("--zero {} not applied to stage {}: it has one replica (dp 1), nothing to shard over, "
+                                  "so it runs as ZeRO 0",
+                                  o.zero, s));
+  return notes;
+}
 
 void search_options_validate(const CostModel& cost, const SearchOptions& o) {
   const ClusterSpec& cluster = cost.cluster();
@@ -58,6 +103,7 @@ void search_options_validate(const CostModel& cost, const SearchOptions& o) {
     throw Error(fmt::format("--offload-activations {} is negative", o.offload_activations), {"", "--offload-activations"},
                 "give the number of layers per stage whose activations wait in host memory (0 for none)");
   if (o.zero > 3) throw Error(fmt::format("ZeRO stage {} does not exist", o.zero), {"", "zero"}, "use 0, 1, 2 or 3");
+  zero_pins_validate(cost, o);
   if (!o.layer_split.empty()) {
     int total = 0;
     for (int n : o.layer_split) {

@@ -1,8 +1,11 @@
-// Checks around the search: pinned options against the specs before it starts, and the
-// error raised when nothing fits because host memory cannot hold the offload it needs.
+// Checks around the search: pinned options against the specs before it starts, notes on pins
+// the chosen plan could not apply everywhere, and the error raised when nothing fits because
+// host memory cannot hold the offload it needs.
 #pragma once
 
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "search/planner.hpp"
 
@@ -17,6 +20,10 @@ struct HostShortfall {
 
 // Throws alloy::Error for pins that contradict each other or the specs.
 void search_options_validate(const CostModel& cost, const SearchOptions& options);
+
+// A pinned ZeRO stage (1-3) on a stage of the plan with one replica, which has nothing to shard
+// over and runs as ZeRO 0: one line per such stage saying so.
+std::vector<std::string> zero_pin_notes(const Plan& plan, const SearchOptions& options);
 
 // Nothing fits device memory unless more is offloaded than host memory holds: throws
 // alloy::Error with the host memory per node needed, what the node has and the fixes.

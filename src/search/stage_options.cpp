@@ -1,4 +1,5 @@
 #include "search/stage_options.hpp"
+#include "search/zero_settings.hpp"
 #include "cost/runtime_traits.hpp"
 #include "plan/runnable.hpp"
 
@@ -16,23 +17,18 @@ struct Context {
   const StageUnitCosts& unit;
   int blocks;
   int zero;
+  bool shard;           // ZeRO 2-3 gradients reduce-scattered every micro-batch (StageOption)
   int depth;            // offload prefetch depth
   double sync_seconds;  // exposed gradient sync per step: the same for every count and depth
   int parked = 0;       // blocks whose saved activations wait in host memory (pinned)
 };
 
-// The exposed gradient sync of a stage's layers at a ZeRO stage, priced once per (sp, zero).
-double gradient_sync_seconds(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit, int blocks,
-                             int zero) {
-  StageOption o;
-  o.zero = zero;
-  return cost.stage_gradient_sync_seconds(slot.shape, unit, stage_choice_of(slot, o, blocks));
-}
 
 double memory_bytes(const Context& c, int selective, int full, int offloaded) {
   StageOption o;
   o.parked = c.parked;
   o.zero = c.zero;
+  o.shard_gradients = c.shard;
   o.prefetch_depth = c.depth;
   o.selective = selective;
   o.full = full;
@@ -146,6 +142,7 @@ StageOption option_timing(const Context& c, int selective, int full, int offload
   StageOption o;
   o.parked = c.parked;
   o.zero = c.zero;
+  o.shard_gradients = c.shard;
   o.prefetch_depth = c.depth;
   o.sequence_parallel = c.unit.sequence_parallel;
   o.selective = selective;
@@ -164,14 +161,6 @@ bool sequence_parallel_pin_allows(const OptionPins& pins, const StageSlot& slot,
   return pins.sequence_parallel < 0 || pins.sequence_parallel == sp || slot.shape.tp == 1;
 }
 
-std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
-  if (pins.zero >= 0) return {pins.zero};
-  // With one replica every ZeRO stage is the same layout: keep 0.
-  if (slot.shape.dp == 1) return {0};
-  // Gradients accumulate whole over the micro-batches, so ZeRO 1 keeps what ZeRO 2 keeps and
-  // all-reduces where ZeRO 2 reduce-scatters: it never wins (the exhaustive test tries it).
-  return {0, 2, 3};
-}
 
 // Options without recomputation of one (sp, zero) pair, by offloaded count and depth. Exact, each
 // priced by the cost model; or arithmetic: the stage without offload plus the exposed copies,
@@ -257,6 +246,7 @@ bool copies_hidden_at_most_offload(const Context& c, int most, int shallowest) {
   StageOption o;
   o.parked = c.parked;
   o.zero = c.zero;
+  o.shard_gradients = c.shard;
   o.prefetch_depth = shallowest;
   o.offloaded = most;
   const OffloadExposure e = c.cost.stage_offload_exposure(c.unit, stage_choice_of(c.slot, o, c.blocks));
@@ -319,6 +309,7 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
   c.parked_none = parked - c.parked_selective;
   c.micro_batches = slot.micro_batches;
   c.zero = option.zero;
+  c.shard_gradients = option.shard_gradients;
   c.has_embedding = slot.has_embedding;
   c.has_head = slot.has_head;
   c.head_holds_lm_matrix = slot.head_holds_lm_matrix;
@@ -349,9 +340,10 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || !sequence_parallel_pin_allows(pins, slot, sp)) continue;
-    for (int zero : zero_levels(slot, pins)) {
-      const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
-      const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync, parked};
+    for (const PricedSetting& priced : priced_zero_settings(cost, slot, *slot.unit[sp], blocks, pins)) {
+      const ZeroSetting& zero = priced.zero;
+      const double sync = priced.sync_seconds;
+      const Context first{cost, slot, *slot.unit[sp], blocks, zero.zero, zero.shard, depths.front(), sync, parked};
       // Overhead does not depend on the depth; offload only adds time per block.
       const PlainTimes plain_times(first, counts.back(), false);
       const double last_u = plain_times.most_offloaded_u();
@@ -367,7 +359,7 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
       for (int depth : depths) {
         if (shallow_suffices && depth != depths.front()) break;
         if (offload_cannot_win) break;
-        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync, parked};
+        const Context c{cost, slot, *slot.unit[sp], blocks, zero.zero, zero.shard, depth, sync, parked};
         for (size_t i = 0; i < counts.size(); ++i) {
           const int off = counts[i];
           if (off == 0 && parked == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
@@ -492,16 +484,16 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
 bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                           std::vector<StageOption>* out) {
   out->clear();
-  const std::vector<int> zeros = zero_levels(slot, pins);
   const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || !sequence_parallel_pin_allows(pins, slot, sp)) continue;
     AffineStage activations;  // recomputation coefficients of this sp, from its first ZeRO stage
     bool have_activations = false;
-    for (int zero : zeros) {
-      const double sync = gradient_sync_seconds(cost, slot, *slot.unit[sp], blocks, zero);
-      const Context first{cost, slot, *slot.unit[sp], blocks, zero, depths.front(), sync};
+    for (const PricedSetting& priced : priced_zero_settings(cost, slot, *slot.unit[sp], blocks, pins)) {
+      const ZeroSetting& zero = priced.zero;
+      const double sync = priced.sync_seconds;
+      const Context first{cost, slot, *slot.unit[sp], blocks, zero.zero, zero.shard, depths.front(), sync};
       // Overhead does not depend on the depth; offload only adds time per block.
       const PlainTimes plain_times(first, counts.back(), true);
       const double last_u = plain_times.most_offloaded_u();
@@ -520,7 +512,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
       for (int depth : depths) {
         if (shallow_suffices && depth != depths.front()) break;
         if (offload_cannot_win) break;
-        const Context c{cost, slot, *slot.unit[sp], blocks, zero, depth, sync};
+        const Context c{cost, slot, *slot.unit[sp], blocks, zero.zero, zero.shard, depth, sync};
         for (size_t i = 0; i < counts.size(); ++i) {
           const int off = counts[i];
           if (off == 0 && depth != depths.front()) continue;  // without offload the depth changes nothing
@@ -551,7 +543,9 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
   const auto close = [](double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); };
   for (const StageOption& o : *out) {
     const StageUnitCosts& unit = *slot.unit[o.sequence_parallel ? 1 : 0];
-    const Context c{cost, slot, unit, blocks, o.zero, o.prefetch_depth, gradient_sync_seconds(cost, slot, unit, blocks, o.zero)};
+    const ZeroSetting zero{o.zero, o.shard_gradients};
+    const Context c{cost, slot, unit, blocks, o.zero, o.shard_gradients, o.prefetch_depth,
+                    gradient_sync_seconds(cost, slot, unit, blocks, zero)};
     const StageOption exact = option_timing(c, o.selective, o.full, o.offloaded);
     if (!close(exact.t, o.t) || !close(exact.u, o.u)) return false;
     if (!fits(c, o.selective, o.full, o.offloaded)) return false;
@@ -582,9 +576,10 @@ double frugal_memory_bytes(const CostModel& cost, const StageSlot& slot, int blo
   double best = std::numeric_limits<double>::infinity();
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp]) continue;
-    for (int zero : zero_levels(slot, pins)) {
+    for (const ZeroSetting& zero : zero_settings(slot, pins)) {
       StageOption o;
-      o.zero = zero;
+      o.zero = zero.zero;
+      o.shard_gradients = zero.shard;
       o.full = pins.recompute >= 0 && pins.recompute != static_cast<int>(Recompute::Recompute_full) ? 0 : blocks;
       o.selective = pins.recompute == static_cast<int>(Recompute::Recompute_selective) ? blocks : 0;
       o.offloaded = offloaded;

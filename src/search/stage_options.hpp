@@ -1,7 +1,7 @@
 // Per-stage choices inside the planner: for a stage position and a number of blocks, the
-// Pareto set of (time per micro-batch, per-step overhead) over ZeRO stage, sequence
-// parallelism, recomputation, offload counts and prefetch depth that fit the device's memory
-// and the device's share of host memory.
+// Pareto set of (time per micro-batch, per-step overhead) over ZeRO stage, gradient strategy,
+// sequence parallelism, recomputation, offload counts and prefetch depth that fit the device's
+// memory and the device's share of host memory.
 #pragma once
 
 #include <vector>
@@ -31,6 +31,7 @@ struct StageOption {
   double t = 0;  // forward + backward per micro-batch
   double u = 0;  // per-step overhead (exposed gradient sync, optimizer)
   int zero = 0;
+  bool shard_gradients = false;  // ZeRO 2-3, dp > 1: reduce-scatter every micro-batch, keep 1/dp
   bool sequence_parallel = false;
   int selective = 0;
   int full = 0;
@@ -42,6 +43,7 @@ struct StageOption {
 
 struct OptionPins {
   int zero = -1;             // -1: free
+  int shard_gradients = -1;  // -1: free, 0/1 pinned (where ZeRO 2-3 and dp > 1 allow it)
   int sequence_parallel = -1;  // -1: free, 0/1 pinned
   int recompute = -1;        // -1: free, else a Recompute value for every block
   bool allow_offload = true;

@@ -1,4 +1,5 @@
 #include "search/uneven_dp.hpp"
+#include "search/zero_settings.hpp"
 
 #include <algorithm>
 #include <functional>
@@ -64,12 +65,30 @@ class ReplicaSeconds {
   std::vector<std::vector<double>> cache_;  // [type][sequences]; -1: not computed
 };
 
+// The ZeRO stages to try, under ZeRO 2-3 with both gradient strategies: accumulated in full
+// first, so that sharding is kept only where it scores better (where its memory saves
+// recomputation), not on a tie (one micro-batch), where it may hold more (a bucket beside the
+// shard).
+std::vector<ZeroSetting> uneven_zero_settings(const SearchOptions& o) {
+  std::vector<ZeroSetting> out;
+  for (int zero : {0, 1, 2, 3}) {
+    if (o.zero >= 0 && zero != o.zero) continue;
+    if (zero < 2) {
+      out.push_back({zero, false});
+      continue;
+    }
+    if (!o.shard_gradients.value_or(false)) out.push_back({zero, false});
+    if (o.shard_gradients.value_or(true)) out.push_back({zero, true});
+  }
+  return out;
+}
+
 // One stage over every device with the given shares, evaluated; `full` blocks fully recomputed,
 // the rest at `rest`; `piece`: per replica, the most sequences of one pass (empty: the whole
 // share in one).
 Plan uneven_plan(const CostModel& cost, const SearchOptions& o, const std::vector<int>& ids,
-                 const std::vector<int64_t>& shares, int64_t micro_batch, int zero, int full, Recompute rest,
-                 const std::vector<int64_t>& piece = {}) {
+                 const std::vector<int64_t>& shares, int64_t micro_batch, const ZeroSetting& zero, int full,
+                 Recompute rest, const std::vector<int64_t>& piece = {}) {
   const ClusterSpec& cluster = cost.cluster();
   const int layers = static_cast<int>(cost.model().num_layers);
   Plan plan;
@@ -81,7 +100,8 @@ Plan uneven_plan(const CostModel& cost, const SearchOptions& o, const std::vecto
   PlanStage st;
   st.device_ids = ids;
   st.dp = static_cast<int>(ids.size());
-  st.zero = zero;
+  st.zero = zero.zero;
+  st.shard_gradients = zero.shard;
   st.chunks = {{0, layers}};
   st.has_embedding = st.has_head = true;
   for (int b = 0; b < layers; ++b) {
@@ -133,6 +153,7 @@ int64_t fastest_piece(ReplicaSeconds& seconds, int type, int64_t batch) {
 // One micro-batch of the whole batch, each replica running its share in passes of its device's
 // fastest size; a replica over its memory halves its pass size until it fits. Shares balanced
 // by those passes' times. None when a replica does not fit even one sequence at a time.
+// Gradients accumulate in full over the pieces (sharding them needs one pass per micro-batch).
 std::optional<Plan> plan_in_pieces(const CostModel& cost, const SearchOptions& o, const std::vector<int>& ids,
                                    ReplicaSeconds& seconds, int zero, Recompute rest) {
   const ClusterSpec& cluster = cost.cluster();
@@ -147,7 +168,7 @@ std::optional<Plan> plan_in_pieces(const CostModel& cost, const SearchOptions& o
       in_pieces.push_back([&seconds, type, size](int64_t b) { return seconds_in_pieces(seconds, type, size, b); });
     }
     const std::vector<int64_t> shares = uneven_shares(batch, in_pieces);
-    Plan plan = uneven_plan(cost, o, ids, shares, batch, zero, 0, rest, piece);
+    Plan plan = uneven_plan(cost, o, ids, shares, batch, {zero, false}, 0, rest, piece);
     bool over = false;
     for (size_t r = 0; r < ids.size(); ++r) {
       const PlanReplica& replica = plan.stages[0].replicas[r];
@@ -186,8 +207,6 @@ std::optional<Plan> uneven_dp_best(const CostModel& cost, const SearchOptions& o
   for (const Device& d : cluster.devices) ids.push_back(d.id);
   const int layers = static_cast<int>(cost.model().num_layers);
   ReplicaSeconds replica_seconds(cost, ids);
-  std::vector<int> zeros = {0, 1, 2, 3};
-  if (o.zero >= 0) zeros = {o.zero};
   // Fully recomputed blocks come first, the others at `rest`; pinned recomputation fixes both.
   std::vector<Recompute> rests = {Recompute::Recompute_none, Recompute::Recompute_selective};
   int min_full = 0, max_full = layers;
@@ -206,7 +225,7 @@ std::optional<Plan> uneven_dp_best(const CostModel& cost, const SearchOptions& o
   const int64_t batch = cost.train().global_batch_sequences;
   for (int64_t micro_batch : micro_batch_sizes(batch, static_cast<int>(ids.size()), o)) {
     const std::vector<int64_t> shares = uneven_shares(micro_batch, whole_share_seconds(replica_seconds, cluster, ids));
-    for (int zero : zeros)
+    for (const ZeroSetting& zero : uneven_zero_settings(o))
       for (Recompute rest : rests) {
         const auto fits = [&](int full) {
           return plan_memory_ratio(uneven_plan(cost, o, ids, shares, micro_batch, zero, full, rest)) <= 1;
@@ -227,10 +246,10 @@ std::optional<Plan> uneven_dp_best(const CostModel& cost, const SearchOptions& o
                                o.num_micro_batches <= 1 &&
                                o.schedule.value_or(Schedule::Schedule_1f1b) == Schedule::Schedule_1f1b;
   // Every replica takes at least one sequence of the one micro-batch.
-  if (one_micro_batch && min_full == 0 && batch >= static_cast<int64_t>(ids.size()))
-    for (int zero : zeros)
+  if (one_micro_batch && min_full == 0 && batch >= static_cast<int64_t>(ids.size()) && !o.shard_gradients.value_or(false))
+    for (int zero : {0, 1, 2})
       for (Recompute rest : rests)
-        if (zero < 3)
+        if (o.zero < 0 || zero == o.zero)
           if (std::optional<Plan> plan = plan_in_pieces(cost, o, ids, replica_seconds, zero, rest)) keep(std::move(*plan));
   return best;
 }

@@ -51,7 +51,6 @@ RerankReport plan_rerank_by_simulation(SearchResult* result, const CostModel& co
       r.reason += "; simulated " + simulated;
     chosen.runner_ups.push_back(r);
   }
-  chosen.notes = result->plan.notes;
   if (report.changed) {
     chosen.notes.push_back(fmt::format(
         "re-ranked by simulation: the formula's first choice simulates at {}, this plan at {} ({:+.1f}%)",

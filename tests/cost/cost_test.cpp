@@ -149,8 +149,9 @@ TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
   EXPECT_DOUBLE_EQ(z0.optimizer_states_bytes, 4 * z0.parameters_bytes);
   EXPECT_DOUBLE_EQ(z0.master_weights_bytes, 2 * z0.parameters_bytes);
   EXPECT_DOUBLE_EQ(z1.optimizer_states_bytes, z0.optimizer_states_bytes / 8);
-  // Gradients accumulate in full over the step's micro-batches at every ZeRO stage (the schedule
-  // reduces once per step), as the runtime measures (tests/parallel DataParallelAtEveryZeroStage).
+  // Without shard_gradients, gradients accumulate in full over the step's micro-batches at every
+  // ZeRO stage (the schedule reduces once per step), as the runtime measures (tests/parallel
+  // DataParallelAtEveryZeroStage); gradient_shard_cost_test.cpp covers the sharded strategy.
   EXPECT_DOUBLE_EQ(z1.gradients_bytes, z0.gradients_bytes);
   EXPECT_DOUBLE_EQ(z2.gradients_bytes, z0.gradients_bytes);
   EXPECT_DOUBLE_EQ(z3.gradients_bytes, z0.gradients_bytes);

@@ -175,6 +175,7 @@ class Exhaustive {
       }
       const double in_flight = schedule_micro_batches_in_flight(sched, p, s, m, v);
       for (int zero = 0; zero <= 3; ++zero)
+        for (int shard = 0; shard <= (zero >= 2 && g.dp > 1 ? 1 : 0); ++shard)
         for (int full = 0; full <= blocks; ++full)
           for (int sel = 0; sel + full <= blocks; ++sel)
             for (int off : stage_offload_counts(blocks))
@@ -188,6 +189,7 @@ class Exhaustive {
                 c.prefetch_depth = depth;
                 c.micro_batches = m;
                 c.zero = zero;
+                c.shard_gradients = shard == 1;
                 c.has_embedding = s == 0;
                 c.has_head = s == p - 1;
                 c.head_holds_lm_matrix = !(cost_.model().tied_embeddings && p == 1);

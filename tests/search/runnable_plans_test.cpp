@@ -66,6 +66,7 @@ SearchOptions random_pins(std::mt19937& rng) {
   if (maybe()) o.allow_offload = false;
   if (maybe()) o.micro_batch_sequences = pick({1, 2, 4});
   if (maybe()) o.sequence_parallel = pick({0, 1}) == 1;
+  if (maybe()) o.shard_gradients = pick({0, 1}) == 1;
   o.runner_ups = 3;
   o.threads = 1;
   return o;
@@ -75,17 +76,26 @@ std::string pins_describe(const SearchOptions& o) {
   return "tp " + std::to_string(o.tp) + " dp " + std::to_string(o.dp) + " pp " + std::to_string(o.pp) + " zero " +
          std::to_string(o.zero) + " recompute " + (o.recompute ? recompute_name(*o.recompute) : "free") + " offload " +
          (o.allow_offload ? "yes" : "no") + " micro " + std::to_string(o.micro_batch_sequences) + " sp " +
-         (o.sequence_parallel ? (*o.sequence_parallel ? "1" : "0") : "free");
+         (o.sequence_parallel ? (*o.sequence_parallel ? "1" : "0") : "free") + " gradients " +
+         (o.shard_gradients ? (*o.shard_gradients ? "shard" : "full") : "free");
 }
 
-// The emitted plan has what was pinned.
+// The emitted plan has what was pinned; a pinned ZeRO stage on a stage of one replica, which
+// has nothing to shard over, runs as ZeRO 0 and the plan says so.
 void expect_pins_kept(const Plan& plan, const SearchOptions& o) {
   EXPECT_TRUE(o.pp == 0 || static_cast<int>(plan.stages.size()) == o.pp);
   EXPECT_TRUE(o.micro_batch_sequences == 0 || plan.micro_batch_sequences == o.micro_batch_sequences);
   for (const PlanStage& st : plan.stages) {
     EXPECT_TRUE(o.tp == 0 || st.tp == o.tp);
     EXPECT_TRUE(o.dp == 0 || st.dp == o.dp);
-    EXPECT_TRUE(o.zero < 0 || st.zero == o.zero);
+    EXPECT_TRUE(o.zero < 0 || st.zero == o.zero || (st.dp == 1 && st.zero == 0));
+    if (o.zero >= 1 && st.dp == 1) {
+      EXPECT_TRUE(std::any_of(plan.notes.begin(), plan.notes.end(),
+                              [](const std::string& n) { return n.find("nothing to shard over") != std::string::npos; }));
+    }
+    if (o.shard_gradients && st.zero >= 2 && st.dp > 1) {
+      EXPECT_EQ(st.gradients_sharded(), *o.shard_gradients);
+    }
     EXPECT_TRUE(!o.sequence_parallel || st.tp == 1 || st.sequence_parallel == *o.sequence_parallel);
     EXPECT_TRUE(o.allow_offload || std::count(st.offload.begin(), st.offload.end(), true) == 0);
     for (Recompute r : st.recompute) EXPECT_TRUE(!o.recompute || r == *o.recompute);
@@ -105,7 +115,9 @@ void expect_refusal_explained(const Error& e, const ModelSpec& model, const Sear
   const bool explained = what.find("no layout matches") != std::string::npos ||
                          what.find("nothing fits") != std::string::npos || what.find("divisible") != std::string::npos ||
                          what.find("does not split") != std::string::npos || what.find("layer") != std::string::npos ||
-                         what.find("host memory") != std::string::npos;
+                         what.find("host memory") != std::string::npos ||
+                         what.find("nothing to shard") != std::string::npos ||
+                         what.find("--gradients") != std::string::npos;
   EXPECT_TRUE(explained) << what;
 }
 

@@ -1,0 +1,74 @@
+#include "search/zero_settings.hpp"
+
+#include <algorithm>
+
+namespace alloy {
+
+double gradient_sync_seconds(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit, int blocks,
+                             const ZeroSetting& zero) {
+  StageOption o;
+  o.zero = zero.zero;
+  o.shard_gradients = zero.shard;
+  return cost.stage_gradient_sync_seconds(slot.shape, unit, stage_choice_of(slot, o, blocks));
+}
+
+std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
+  // With one replica every ZeRO stage is the same layout: keep 0 (plan_search notes a pinned
+  // stage it could not apply).
+  if (slot.shape.dp == 1) return {0};
+  if (pins.zero >= 0) return {pins.zero};
+  // ZeRO 1 keeps what ZeRO 2 keeps with accumulated gradients and all-reduces where ZeRO 2
+  // reduce-scatters: it never wins (the exhaustive test tries it).
+  return {0, 2, 3};
+}
+
+// The ZeRO stages with their gradient strategies: under ZeRO 2-3 with dp > 1, sharded and
+// accumulated in full.
+std::vector<ZeroSetting> zero_settings(const StageSlot& slot, const OptionPins& pins) {
+  std::vector<ZeroSetting> out;
+  for (int zero : zero_levels(slot, pins)) {
+    if (zero < 2 || slot.shape.dp == 1) {
+      out.push_back({zero, false});
+      continue;
+    }
+    if (pins.shard_gradients != 0) out.push_back({zero, true});
+    if (pins.shard_gradients != 1) out.push_back({zero, false});
+  }
+  return out;
+}
+
+// The settings with their exposed sync, the two strategies of a ZeRO stage ordered by sync and
+// then memory. The front keeps the first of equal options, so a tie goes to the smaller memory;
+// and when the cheaper sync fits without recomputation, the other is dominated at once.
+std::vector<PricedSetting> priced_zero_settings(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit,
+                                                int blocks, const OptionPins& pins) {
+  std::vector<PricedSetting> out;
+  for (const ZeroSetting& zero : zero_settings(slot, pins)) {
+    StageOption o;
+    o.zero = zero.zero;
+    o.shard_gradients = zero.shard;
+    const double memory =
+        cost.stage_memory(slot.shape, unit, stage_choice_of(slot, o, blocks), slot.in_flight, slot.has_next).total_bytes();
+    out.push_back({zero, gradient_sync_seconds(cost, slot, unit, blocks, zero), memory});
+  }
+  // A strategy with no less sync and no less memory than the other of its ZeRO stage is
+  // dominated at every recomputation and offload count (offloading widens sharding's excess:
+  // the live buckets stay while the full buffer shrinks): drop it.
+  const auto dominated_by = [](const PricedSetting& a, const PricedSetting& b) {
+    return a.zero.zero == b.zero.zero && a.sync_seconds >= b.sync_seconds && a.memory_bytes >= b.memory_bytes &&
+           (a.sync_seconds > b.sync_seconds || a.memory_bytes > b.memory_bytes);
+  };
+  std::vector<PricedSetting> kept;
+  for (const PricedSetting& a : out)
+    if (std::none_of(out.begin(), out.end(), [&](const PricedSetting& b) { return dominated_by(a, b); }))
+      kept.push_back(a);
+  out = std::move(kept);
+  // zero_settings lists the ZeRO stages in ascending order: keep it.
+  std::stable_sort(out.begin(), out.end(), [](const PricedSetting& a, const PricedSetting& b) {
+    if (a.zero.zero != b.zero.zero) return a.zero.zero < b.zero.zero;
+    return a.sync_seconds != b.sync_seconds ? a.sync_seconds < b.sync_seconds : a.memory_bytes < b.memory_bytes;
+  });
+  return out;
+}
+
+}  // namespace alloy

@@ -431,9 +431,16 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   if (stage_gradients_sharded(shape, c)) {
     // Every micro-batch's backward fills one bucket at a time, reduce-scattered into the member's
     // shard once full (a tied table sits whole in it, as its parameters do): the shard, the
-    // bucket being filled and the previous one still on the network.
+    // bucket being filled and, where the collectives have cores of their own, the previous one
+    // still on the network (Alloy's CPU runtime finishes it first: it would hide nothing). A
+    // head tied to the embedding on this stage writes the table's gradient, so the embedding's
+    // bucket (the last) is live from the head's backward on.
     const StageBuckets buckets = stage_gradient_buckets(shape, u, c);
-    const double live_params = (buckets.count > 1 ? 2.0 : 1.0) * buckets.largest_bytes / e;
+    const bool tied_here = model_.tied_embeddings && c.has_embedding && c.has_head && buckets.count > 1;
+    const double filling = tied_here ? buckets.largest_other_bytes : buckets.largest_bytes;
+    const bool overlapped =
+        !runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores && buckets.count > 1;
+    const double live_params = ((overlapped ? 2.0 : 1.0) * filling + (tied_here ? buckets.last_bytes : 0)) / e;
     mem.gradients_bytes = (sharded(true) + live_params) * g;
   } else {
     // Accumulated in full over the micro-batches and reduced once, after the last backward.

@@ -69,6 +69,9 @@ class StageBackend {
   virtual Arena& arena() = 0;
   // True when host code may read and write the backend's tensors directly (a CPU backend).
   virtual bool memory_is_host() const = 0;
+  // True when collectives reduce on the cores that compute (a CPU rank's communicator), so a
+  // reduction left in flight behind the next computation hides nothing and only holds memory.
+  virtual bool collectives_share_compute() const = 0;
   // Bytes of one element of the hidden states that passes hand over (fp32 4, bf16 2).
   virtual int64_t hidden_element_bytes() const = 0;
 

@@ -98,6 +98,7 @@ class CudaBackend final : public StageBackend {
   Model& model() override { return host_; }
   Arena& arena() override { return arena_; }
   bool memory_is_host() const override { return false; }
+  bool collectives_share_compute() const override { return false; }  // NCCL on its own stream
   int64_t hidden_element_bytes() const override { return sizeof(bf16); }
 
   float* parameters_at(int64_t offset, int64_t count) override { return gpu_.params + checked(offset, count); }

@@ -21,7 +21,7 @@ bool range_holds(const FlatRange& range, int64_t offset) {
 ShardedGradients::ShardedGradients(StageBackend& backend, const ParamLayout& layout, Communicator& comm,
                                    const CommGroup& dp)
     : backend_(backend), model_(backend.model()), layout_(layout), comm_(comm), dp_(dp),
-      slots_(model_gradient_slots(backend.model())) {
+      slots_(model_gradient_slots(backend.model())), most_in_flight_(backend.collectives_share_compute() ? 0 : 1) {
   if (model_.segments.size() != 1 || model_.segments.front().host_block >= 0)
     throw Error("sharded gradients need every parameter in the device arena", {"", "shard_gradients"},
                 "do not combine shard_gradients with weight offload");
@@ -133,10 +133,11 @@ void ShardedGradients::reap(bool wait_all) {
 }
 
 // A member ahead of the others would otherwise pile up buckets waiting for them: at most the
-// latest reduce-scatter stays in flight while the next bucket fills.
+// latest reduce-scatter stays in flight while the next bucket fills, and none on a backend whose
+// collectives reduce on its compute cores.
 void ShardedGradients::buckets_finish_older() {
   for (Bucket& other : buckets_)
-    if (other.in_flight && other.posted < posts_) bucket_finish(other);
+    if (other.in_flight && other.posted <= posts_ - most_in_flight_) bucket_finish(other);
 }
 
 void ShardedGradients::bucket_finish(Bucket& b) {

@@ -31,7 +31,8 @@ class ShardedGradients {
   // Zeroes the shard; no bucket may be in use.
   void step_begin();
   // Before a backward piece of bucket (chunk, bucket): finishes its previous reduce-scatter and
-  // any but the latest one still in flight, then allocates its buffer (zero but for this
+  // the others still in flight but the latest (none left in flight when the backend's collectives
+  // share its compute cores: there it would hide nothing and hold a second bucket), then allocates its buffer (zero but for this
   // member's piece, seeded from the shard) and points the views' gradient slots into it. A head tied to the embedding on this stage also binds
   // the embedding's bucket (the head writes the table's gradient).
   void bind(int chunk, int bucket);
@@ -67,6 +68,7 @@ class ShardedGradients {
   int head_bucket_ = -1;         // index into buckets_ of the head's, when it writes the table of
   int embedding_bucket_ = -1;    // the embedding's bucket on the same stage (tied); else -1
   int64_t posts_ = 0;            // reduce-scatters posted so far
+  int64_t most_in_flight_ = 1;   // reduce-scatters left in flight while the next bucket fills
   float* shard_ = nullptr;
   double wait_seconds_ = 0;
 };

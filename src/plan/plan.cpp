@@ -132,6 +132,8 @@ double PlanStage::zero_share(int64_t micro_batch_sequences, int dp_rank) const {
   return static_cast<double>(replica_sequences(micro_batch_sequences, dp_rank)) / static_cast<double>(micro_batch_sequences);
 }
 
+bool flags_any(const std::vector<bool>& flags) { return std::find(flags.begin(), flags.end(), true) != flags.end(); }
+
 TrainSpec plan_train_spec(TrainSpec train, const Plan& plan) {
   train.seq_len = plan.seq_len;
   train.global_batch_sequences = plan.global_batch_sequences;

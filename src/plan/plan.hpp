@@ -108,6 +108,9 @@ struct PlanStage {
   std::vector<bool> layer_flags(const std::vector<bool>& per_block, int64_t num_layers) const;
 };
 
+// Whether any of per-block flags (offload, offload_activations) is set.
+bool flags_any(const std::vector<bool>& flags);
+
 // A layout that lost, kept to explain the choice.
 struct RunnerUp {
   std::string shape;        // e.g. "pp 2 (a100 tp2 dp2 | v100 tp1 dp4), 1f1b, m 16"

@@ -12,8 +12,6 @@ namespace alloy {
 
 namespace {
 
-bool any_set(const std::vector<bool>& flags) { return std::find(flags.begin(), flags.end(), true) != flags.end(); }
-
 StageSupport refuse(std::string feature, std::string field, std::string reason) {
   return {false, std::move(feature), std::move(field), std::move(reason)};
 }
@@ -37,9 +35,9 @@ StageSupport cuda_supports(const Plan& plan, int s) {
     return refuse("sequence parallelism", fmt::format("stages[{}].sequence_parallel", s), why + " with --tp 1");
   if (st.zero > 0 && st.dp > 1)
     return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + " with --zero 0");
-  if (any_set(st.offload))
+  if (flags_any(st.offload))
     return refuse("weight offload to host memory", fmt::format("stages[{}].offload", s), why + " with --no-offload");
-  if (any_set(st.offload_activations))
+  if (flags_any(st.offload_activations))
     return refuse("activation offload to host memory", fmt::format("stages[{}].offload_activations", s),
                   why + " without --offload-activations");
   if (!st.replicas.empty())

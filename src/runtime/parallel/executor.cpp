@@ -68,8 +68,6 @@ double clock_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-bool any_set(const std::vector<bool>& flags) { return std::find(flags.begin(), flags.end(), true) != flags.end(); }
-
 }  // namespace
 
 ModelShard rank_shard(const Plan& plan, int stage_index, int tp_rank) {
@@ -138,8 +136,8 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   HostPlacement host;
   host.blocks = stage.layer_flags(stage.offload, spec.num_layers);
   const std::vector<bool> activations = stage.layer_flags(stage.offload_activations, spec.num_layers);
-  const bool offloads = any_set(host.blocks);
-  if (offloads || any_set(activations)) {
+  const bool offloads = flags_any(host.blocks);
+  if (offloads || flags_any(activations)) {
     host_arena_ = std::make_unique<Arena>(static_cast<int64_t>(resources.host_memory_bytes), "the host of " + stage.device_type);
     host.arena = host_arena_.get();
     host_link_ = std::make_unique<HostLink>(resources.host_link_bytes_per_second);
@@ -172,7 +170,7 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
     offload_ = std::make_unique<LayerOffload>(model, offload_uses_from_schedule(schedule_, host.blocks),
                                               stage.offload_prefetch_depth, *host_link_);
   }
-  if (any_set(activations)) {
+  if (flags_any(activations)) {
     activation_offload_ = std::make_unique<ActivationOffload>(model, activations, stage.offload_prefetch_depth,
                                                               *host_link_, *host_arena_);
   }

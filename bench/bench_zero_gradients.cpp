@@ -1,9 +1,10 @@
 // Sharded against accumulated gradients under ZeRO 2 and 3: 4 CPU ranks train an 8-block
 // GPT-2-family model as 4 data-parallel replicas with 4 micro-batches per step. Strategy (a),
-// shard_gradients, reduce-scatters every micro-batch's buckets into a 1/dp shard; strategy (b)
+// shard_gradients, reduce-scatters every micro-batch's gradients part by part (at most 1 MiB
+// each) into a 1/dp shard; strategy (b)
 // accumulates the full gradients and reduce-scatters once per step. Runs of (a) and (b)
 // alternate within one run (the machine's speed drifts); prints per ZeRO stage the median step
-// time, the largest arena peak and the gradient memory at the peak (shard and buckets, or the
+// time, the largest arena peak and the gradient memory at the peak (shard and parts, or the
 // full buffer) per rank, side by side, and the ratios (a)/(b).
 #include <unistd.h>
 
@@ -31,8 +32,8 @@ using nlohmann::json;
 constexpr int kRanks = 4;
 
 // About 0.8 M parameters (3 MiB) per block: gradients (25 MiB for the stage) outweigh
-// activations. Untied, so no bucket is held across the backward (a head tied to the embedding on
-// the same stage keeps the embedding's bucket from the head's backward on).
+// activations. Untied, so no part is held across the backward (a head tied to the embedding on
+// the same stage keeps the table's parts from the head's backward on).
 constexpr const char* kModelYaml = R"(name: zero-gpt
 family: gpt2
 layers: 8
@@ -93,7 +94,7 @@ std::string plan_for(const std::string& alloy, const std::string& dir, int zero,
 }
 
 // Bytes of the gradient buffers in a rank's "rank R arena peak X MiB: name M; ..." line: the full
-// buffer, or the shard and the buckets.
+// buffer, or the shard and the parts ("gradient bucket" buffers).
 double gradient_bytes_in(const std::string& line) {
   double bytes = 0;
   std::istringstream items(line.substr(line.find(':') + 1));
@@ -149,7 +150,7 @@ int main(int argc, char** argv) {
   if (run(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}/data.bin > /dev/null", alloy, ALLOY_SOURCE_DIR, dir)) != 0)
     return 1;
 
-  std::printf("zero-gpt (8 blocks of width 256) on %d CPU ranks, dp %d, 4 micro-batches, a bucket per block; "
+  std::printf("zero-gpt (8 blocks of width 256) on %d CPU ranks, dp %d, 4 micro-batches, a 1 MiB bucket; "
               "%d rounds of %d steps, (a) and (b) alternating\n\n",
               kRanks, kRanks, rounds, steps);
   std::printf("%-6s %-22s %12s %12s %16s\n", "ZeRO", "strategy", "step s", "peak MiB", "gradients MiB");

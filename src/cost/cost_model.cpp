@@ -429,18 +429,24 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   // Megatron-LM's do.
   const double g = master ? 4.0 : e;
   if (stage_gradients_sharded(shape, c)) {
-    // Every micro-batch's backward fills one bucket at a time, reduce-scattered into the member's
-    // shard once full (a tied table sits whole in it, as its parameters do): the shard, the
-    // bucket being filled and, where the collectives have cores of their own, the previous one
-    // still on the network (Alloy's CPU runtime finishes it first: it would hide nothing). A
-    // head tied to the embedding on this stage writes the table's gradient, so the embedding's
-    // bucket (the last) is live from the head's backward on.
+    // Every micro-batch's backward writes its gradients a part at a time, each part
+    // reduce-scattered into the member's shard once complete (a tied table sits whole in it, as
+    // its parameters do): the shard, the part being written and, where the collectives have cores
+    // of their own, the previous one still on the network (Alloy's CPU runtime finishes it first:
+    // it would hide nothing). A part holds whole tensors or rows of a matrix up to the bucket size
+    // (fp32), never less than a row, never more than a bucket. A head tied to the embedding on
+    // this stage writes the table's gradient, so the table's parts are live from the head's
+    // backward on.
     const StageBuckets buckets = stage_gradient_buckets(shape, u, c);
-    const bool tied_here = model_.tied_embeddings && c.has_embedding && c.has_head && buckets.count > 1;
-    const double filling = tied_here ? buckets.largest_other_bytes : buckets.largest_bytes;
+    const double widest_row = std::max<double>(model_.hidden_size, static_cast<double>(model_.ffn_hidden_size) / shape.tp);
+    const double part_params =
+        std::min(buckets.largest_bytes / e, std::max(train_.gradient_bucket_mib * kMiB / 4.0, widest_row));
+    const bool several_parts = params > part_params;
+    const bool tied_here = model_.tied_embeddings && c.has_embedding && c.has_head && several_parts;
+    const double table_params = tied_here ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
     const bool overlapped =
-        !runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores && buckets.count > 1;
-    const double live_params = ((overlapped ? 2.0 : 1.0) * filling + (tied_here ? buckets.last_bytes : 0)) / e;
+        !runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores && several_parts;
+    const double live_params = (overlapped ? 2.0 : 1.0) * part_params + table_params;
     mem.gradients_bytes = (sharded(true) + live_params) * g;
   } else {
     // Accumulated in full over the micro-batches and reduced once, after the last backward.

@@ -31,6 +31,7 @@ class CpuBackend final : public StageBackend {
   Arena& arena() override { return arena_; }
   bool memory_is_host() const override { return true; }
   bool collectives_share_compute() const override { return true; }
+  bool reports_gradient_writes() const override { return true; }
   int64_t hidden_element_bytes() const override { return sizeof(float); }
 
   float* parameters_at(int64_t offset, int64_t count) override { return model_parameters_at(model_, offset, count); }

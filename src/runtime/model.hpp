@@ -102,6 +102,24 @@ class ParameterSource {
   virtual void release(int unit, bool backward) = 0;
 };
 
+// Told of every write of parameter gradients during a backward, for a runtime that keeps only
+// parts of the gradients at a time (sharded gradients: a part's buffer exists from its first write
+// until its reduction). `slot` is the ModelTensors field of Model::gradients being written (a
+// tied head's writes come through &gradients.lm_head); rows count along the tensor's first
+// dimension. Slots the sink does not manage are left as they are.
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  // Row boundaries 0 = c0 < c1 < ... = rows at which a (rows, ...) gradient may be written piece
+  // by piece; a writer that can, writes [c_k, c_k+1) one after another, last rows first.
+  virtual std::vector<int64_t> row_cuts(float* const* slot, int64_t rows) = 0;
+  // Before rows [begin, end) are written (end past the last row: to the last row): returns where
+  // row `begin` is written, and points *slot at the tensor where the part holds it whole.
+  virtual float* writing(float* const* slot, int64_t begin, int64_t end) = 0;
+  // After rows [begin, end) are written for this micro-batch.
+  virtual void written(float* const* slot, int64_t begin, int64_t end) = 0;
+};
+
 struct ChunkPass;
 // Where the passes hand the activations a block saved for its backward, when they may wait
 // elsewhere (host memory) in between. Every block of every pass is announced; the store picks.
@@ -182,6 +200,7 @@ struct Model {
   TensorParallelOps* tp_ops = nullptr;  // set when shard.tp > 1
   ParameterSource* parameter_source = nullptr;  // set when the weights are gathered for each use
   ActivationStore* activation_store = nullptr;  // set when saved activations may leave the device
+  GradientSink* gradient_sink = nullptr;        // set when gradients are held a part at a time
   // When set, the passes add the thread CPU seconds of each layer they run here, by LayerKind
   // (embedding, block, head): where a step's compute went, for calibration.
   std::array<double, kLayerKinds>* layer_cpu_seconds = nullptr;

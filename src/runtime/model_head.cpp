@@ -33,22 +33,6 @@ void embedding_forward_vocab_parallel(const Model& model, const Dims& d, float* 
   }
 }
 
-void embedding_backward_vocab_parallel(Model& model, const Dims& d, const float* dout, const int32_t* tokens) {
-  float* dwte = model.gradients.token;
-  float* dwpe = model.gradients.position;
-  for (int n = 0; n < d.N; n++) {
-    const float* row = dout + int64_t{n} * d.C;
-    const int64_t local = tokens[n] - d.vocab_begin;
-    if (local >= 0 && local < d.V) {
-      for (int c = 0; c < d.C; c++) dwte[local * d.C + c] += row[c];
-    }
-    if (dwpe != nullptr) {
-      float* position = dwpe + int64_t{n % d.T} * d.C;
-      for (int c = 0; c < d.C; c++) position[c] += row[c];
-    }
-  }
-}
-
 // logits: (N, V local) -> losses, lse: (N) over the whole vocabulary; returns the mean loss.
 float crossentropy_forward_vocab_parallel(Model& model, const Dims& d, HeadActivations& h, const int32_t* targets) {
   std::vector<float> maxima(static_cast<size_t>(d.N));
@@ -124,11 +108,7 @@ void embedding_pass_forward(Model& model, ChunkPass& pass, const Dims& d) {
 }
 
 void embedding_pass_backward(Model& model, ChunkPass& pass, const Dims& d) {
-  if (d.tp == 1) {
-    embedding_backward(model.gradients.token, model.gradients.position, pass.gradient, pass.inputs.data(), d.B, d.T, d.C);
-    return;
-  }
-  embedding_backward_vocab_parallel(model, d, pass.gradient, pass.inputs.data());
+  embedding_gradients(model, d, pass.gradient, pass.inputs.data());
 }
 
 float head_pass_forward(Model& model, ChunkPass& pass, const Dims& d, const float* x) {
@@ -156,13 +136,13 @@ void head_pass_backward(Model& model, ChunkPass& pass, const Dims& d, const floa
     crossentropy_backward_vocab_parallel(d, h, pass.targets.data(), dloss);
   }
   float* dlnf = take_zeroed(model, NC, "d final_norm.out");
-  matmul_backward(dlnf, model.gradients.lm_head, nullptr, h.logits, h.lnf, model.weights.lm_head, d.N, d.C, d.V);
+  linear_backward(model, dlnf, &model.gradients.lm_head, nullptr, h.logits, h.lnf, model.weights.lm_head, d.N, d.C, d.V);
   tp_sum(model, dlnf, NC);
   give(model, h.logits);
   give(model, h.losses);
   give(model, h.lse);
   float* dres = chunk_output_gradient(model, pass);
-  norm_backward(d, dres, model.gradients.final_norm_w, model.gradients.final_norm_b, dlnf, x,
+  norm_backward(model, d, dres, &model.gradients.final_norm_w, &model.gradients.final_norm_b, dlnf, x,
                 model.weights.final_norm_w, h.lnf_mean, h.lnf_rstd);
   give(model, dlnf);
   head_pass_release(model, pass);

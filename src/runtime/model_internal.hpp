@@ -91,14 +91,6 @@ inline void norm_forward(const Model& model, const Dims& d, float* out, float* m
   }
 }
 
-inline void norm_backward(const Dims& d, float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd) {
-  if (d.gpt2) {
-    layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, d.Nn, d.C);
-  } else {
-    rmsnorm_backward(dinp, dw, dout, inp, w, rstd, d.Nn, d.C);
-  }
-}
 
 // The weights of `unit` resident for a scope: gathered by the model's parameter source (ZeRO 3)
 // or fetched from host memory (offload) and let go at the end; nothing to do when the weights
@@ -124,6 +116,20 @@ class UnitWeights {
 // inputs, targets: (B, T) or nullptr when the chunk does not read them. Throws alloy::Error for
 // ids outside the vocabulary or T above the model's maximum.
 void model_check_tokens(const Model& model, const int32_t* inputs, const int32_t* targets, int B, int T);
+
+// Backward writers of parameter gradients (model_gradients.cpp). Each takes the slots of
+// Model::gradients it writes and tells the model's gradient sink, when there is one, before and
+// after; matrices are then written in the row pieces the sink asks for, last rows first.
+// dout: (Nn, C) -> dinp: (Nn, C) +=, and the norm's weight (and bias, slot nullptr for none).
+void norm_backward(Model& model, const Dims& d, float* dinp, float* const* dw, float* const* db, const float* dout,
+                   const float* inp, const float* w, const float* mean, const float* rstd);
+// dout: (N, OC) -> dinp: (N, C) += dout W (skipped when nullptr), dW (OC, C) += dout^T inp and
+// db (OC) += column sums (slot nullptr for none).
+void linear_backward(Model& model, float* dinp, float* const* dw, float* const* db, const float* dout, const float* inp,
+                     const float* w, int N, int C, int OC);
+// dout: (B, T, C) -> the token table's rows of this rank (vocabulary-parallel from
+// d.vocab_begin) and the learned positions, where the model has them.
+void embedding_gradients(Model& model, const Dims& d, const float* dout, const int32_t* tokens);
 
 // pass.inputs -> pass.input (B, T, C): token (and position) embedding, vocabulary-parallel.
 void embedding_pass_forward(Model& model, ChunkPass& pass, const Dims& d);

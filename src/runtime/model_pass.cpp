@@ -180,8 +180,8 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
   float* gathered = d.sp ? take(model, NC, "d residual, all rows") : nullptr;
 
   float* dact = take_zeroed(model, int64_t{d.N} * d.F, "d mlp.act");
-  matmul_backward(dact, g.down_w, g.down_b, gradient_all_rows(model, d, dres, gathered), a.mlp_act, w.down_w, d.N,
-                  d.F, d.C);
+  linear_backward(model, dact, &g.down_w, &g.down_b, gradient_all_rows(model, d, dres, gathered), a.mlp_act, w.down_w,
+                  d.N, d.F, d.C);
   float* dup = take_zeroed(model, int64_t{d.N} * up_width, "d mlp.up");
   if (d.gpt2) {
     gelu_backward(dup, a.mlp_up, dact, int64_t{d.N} * d.F);
@@ -190,14 +190,14 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
   }
   give(model, dact);
   float* dln = take_zeroed(model, NC, "d norm.out");
-  matmul_backward(dln, g.up_w, g.up_b, dup, a.ln2, w.up_w, d.N, d.C, up_width);
+  linear_backward(model, dln, &g.up_w, &g.up_b, dup, a.ln2, w.up_w, d.N, d.C, up_width);
   give(model, dup);
-  norm_backward(d, dres, g.mlp_norm_w, g.mlp_norm_b, column_parallel_input_gradient(model, d, dln), a.residual1,
+  norm_backward(model, d, dres, &g.mlp_norm_w, &g.mlp_norm_b, column_parallel_input_gradient(model, d, dln), a.residual1,
                 w.mlp_norm_w, a.ln2_mean, a.ln2_rstd);
 
   float* dcontext = take_zeroed(model, int64_t{d.N} * d.Hq * d.D, "d attn.context");
-  matmul_backward(dcontext, g.out_w, g.out_b, gradient_all_rows(model, d, dres, gathered), a.context, w.out_w, d.N,
-                  d.Hq * d.D, d.C);
+  linear_backward(model, dcontext, &g.out_w, &g.out_b, gradient_all_rows(model, d, dres, gathered), a.context, w.out_w,
+                  d.N, d.Hq * d.D, d.C);
   give(model, gathered);
   float* dqkv = take_zeroed(model, int64_t{d.N} * d.R, "d attn.qkv");
   float* scratch = take(model, attention_backward_scratch_floats(d.T), "attention scratch");
@@ -208,9 +208,9 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
     rope_backward(dqkv, d.B, d.T, d.Hq, d.Hkv, d.D, static_cast<float>(model.spec.rope_theta));
   }
   std::memset(dln, 0, static_cast<size_t>(NC) * sizeof(float));
-  matmul_backward(dln, g.qkv_w, g.qkv_b, dqkv, a.ln1, w.qkv_w, d.N, d.C, d.R);
+  linear_backward(model, dln, &g.qkv_w, &g.qkv_b, dqkv, a.ln1, w.qkv_w, d.N, d.C, d.R);
   give(model, dqkv);
-  norm_backward(d, dres, g.attn_norm_w, g.attn_norm_b, column_parallel_input_gradient(model, d, dln), x,
+  norm_backward(model, d, dres, &g.attn_norm_w, &g.attn_norm_b, column_parallel_input_gradient(model, d, dln), x,
                 w.attn_norm_w, a.ln1_mean, a.ln1_rstd);
   give(model, dln);
 }

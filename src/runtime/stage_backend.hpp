@@ -72,6 +72,9 @@ class StageBackend {
   // True when collectives reduce on the cores that compute (a CPU rank's communicator), so a
   // reduction left in flight behind the next computation hides nothing and only holds memory.
   virtual bool collectives_share_compute() const = 0;
+  // True when its passes tell Model::gradient_sink of every gradient write (the CPU passes), so
+  // sharded gradients can hold a part of a block at a time instead of whole buckets.
+  virtual bool reports_gradient_writes() const = 0;
   // Bytes of one element of the hidden states that passes hand over (fp32 4, bf16 2).
   virtual int64_t hidden_element_bytes() const = 0;
 

@@ -141,9 +141,9 @@ class ZeroGradientsTest : public DistGptSuite<ShardSuite> {
     return got;
   }
 
-  // Per rank of a sharded stage: the gradient bytes at its arena peak (shard and buckets) against
-  // its shard plus the buckets in use x its largest bucket, and below the stage's full gradients
-  // on the stages of `saving` (all when empty).
+  // Per rank of a sharded stage: the gradient bytes at its arena peak (shard and parts) against
+  // its shard plus one part, and below the stage's full gradients on the stages of `saving` (all
+  // when empty).
   static void expect_gradient_memory(const Plan& plan, const ModelSpec& spec, const Run& got, const std::string& name,
                                      const std::set<int>& saving = {}) {
     ASSERT_EQ(got.peak_by_name.size(), static_cast<size_t>(plan.num_used_devices())) << name;
@@ -160,19 +160,22 @@ class ZeroGradientsTest : public DistGptSuite<ShardSuite> {
       const ParamLayout layout = param_layout_build(plan, model, schedule, tied_sync);
       int64_t largest = 0;
       for (const GradientBucket& b : layout.buckets) largest = std::max(largest, b.range.count);
-      // The bucket being filled (a CPU rank finishes the previous one's reduce-scatter first); a
-      // head tied to the embedding on the same stage also holds the embedding's bucket from its
-      // backward on.
+      // The part being written (a CPU rank finishes the previous one's reduce-scatter first): at
+      // most a bucket's size in fp32, or one row (or vector) of a wider tensor; a head tied to the
+      // embedding on the same stage also holds the table's parts from its backward on.
+      const int64_t widest = std::max({spec.hidden_size, spec.ffn_hidden_size * 2 / stage.tp,
+                                       (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim / stage.tp});
+      const int64_t part = std::min(largest, std::max(static_cast<int64_t>(plan.gradient_bucket_bytes / 4), widest));
       const bool tied_here = spec.tied_embeddings && stage.has_embedding && stage.has_head;
-      const int64_t in_use = layout.buckets.size() < 2 ? 1 : (tied_here ? 2 : 1);
+      const int64_t table = tied_here ? spec.vocab_size * spec.hidden_size / stage.tp + 1 : 0;
+      const double allowed = 4.0 * static_cast<double>(layout.optimizer_floats() + part + table);
       const double full = 4.0 * static_cast<double>(model.num_parameters);
-      const double allowed = 4.0 * static_cast<double>(layout.optimizer_floats() + in_use * largest);
       const std::map<std::string, double>& names = got.peak_by_name.at(static_cast<int>(q));
       const double shard = names.count("sharded gradients") ? names.at("sharded gradients") : 0;
       const double buckets = names.count("gradient bucket") ? names.at("gradient bucket") : 0;
-      std::printf("%s rank %zu: gradients at the arena peak %.0f bytes (shard %.0f, buckets %.0f); allowed %.0f, "
-                  "the stage's full gradients %.0f (%zu buckets)\n",
-                  name.c_str(), q, shard + buckets, shard, buckets, allowed, full, layout.buckets.size());
+      std::printf("%s rank %zu: gradients at the arena peak %.0f bytes (shard %.0f, parts %.0f); allowed %.0f, "
+                  "the stage's full gradients %.0f\n",
+                  name.c_str(), q, shard + buckets, shard, buckets, allowed, full);
       EXPECT_GT(shard, 0.0) << name << " rank " << q;
       EXPECT_EQ(names.count("gradients"), 0u) << name << " rank " << q << ": the full gradient buffer is gone";
       // The report prints MiB with 4 decimals: up to 52 bytes off per name.
@@ -183,7 +186,7 @@ class ZeroGradientsTest : public DistGptSuite<ShardSuite> {
     }
   }
 
-  static constexpr double kBucketBytes = 1024;  // the smallest: a bucket per block
+  static constexpr double kBucketBytes = 1024;  // the smallest: a bucket per block, parts of rows
   static inline std::string llama_path_, gpt_odd_path_;
 };
 

@@ -23,7 +23,9 @@ TEST(Rerank, SimulatorOverrulesTheFormulaWhenItFindsAFasterPlan) {
   // memory terms decide which layouts compete, so the case that shows it may move).
   const std::pair<const char*, const char*> cases[] = {{"llama-2-7b", "a100-8"},       {"llama-2-13b", "a100-8"},
                                                        {"llama-2-7b", "a100-v100"},    {"llama-3-8b", "a100-8"},
-                                                       {"llama-2-7b", "h100-a100-l4"}, {"llama-2-13b", "a100-v100"}};
+                                                       {"llama-2-7b", "h100-a100-l4"}, {"llama-2-13b", "a100-v100"},
+                                                       {"llama-3-8b", "a100-v100"},    {"llama-2-13b", "h100-a100-l4"},
+                                                       {"llama-2-70b", "a100-8"}};
   for (const auto& [model, cluster] : cases) {
     const CostModel cost = cost_for(model, cluster);
     SearchResult result = plan_search(cost, SearchOptions{});

@@ -38,4 +38,29 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   }
 }
 
+void embedding_backward_token_rows(float* dwte_rows, const float* dout, const int32_t* tokens,
+                                   int64_t N, int C, int64_t first_id, int64_t row_begin,
+                                   int64_t row_end) {
+  ProfileScope profile(KernelKind::KernelKind_embedding);
+  for (int64_t n = 0; n < N; n++) {
+    const int64_t row = tokens[n] - first_id;
+    if (row < row_begin || row >= row_end) continue;
+    const float* g = dout + n * C;
+    float* token_row = dwte_rows + (row - row_begin) * C;
+    for (int c = 0; c < C; c++) token_row[c] += g[c];
+  }
+}
+
+void embedding_backward_position_rows(float* dwpe_rows, const float* dout, int B, int T, int C,
+                                      int64_t row_begin, int64_t row_end) {
+  ProfileScope profile(KernelKind::KernelKind_embedding);
+  for (int64_t bt = 0; bt < int64_t{B} * T; bt++) {
+    const int64_t t = bt % T;
+    if (t < row_begin || t >= row_end) continue;
+    const float* g = dout + bt * C;
+    float* position_row = dwpe_rows + (t - row_begin) * C;
+    for (int c = 0; c < C; c++) position_row[c] += g[c];
+  }
+}
+
 }  // namespace alloy

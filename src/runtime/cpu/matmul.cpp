@@ -52,32 +52,51 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, int N, int C, int OC) {
   ProfileScope profile(KernelKind::KernelKind_matmul);
+  if (dinp != nullptr) {
 #pragma omp parallel if (int64_t{N} * C * OC >= kParallelMinMacs)
-  {
-    const int index = omp_get_thread_num();
-    const int count = omp_get_num_threads();
-    int begin = 0;
-    int end = 0;
-    if (dinp != nullptr) {
-      thread_slice(N, index, count, begin, end);
+    {
+      int begin = 0;
+      int end = 0;
+      thread_slice(N, omp_get_thread_num(), omp_get_num_threads(), begin, end);
       if (end > begin) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, end - begin, C, OC, 1.0f,
                     dout + static_cast<int64_t>(begin) * OC, OC, w, C, 1.0f,
                     dinp + static_cast<int64_t>(begin) * C, C);
       }
     }
-    thread_slice(OC, index, count, begin, end);
+  }
+  if (dw != nullptr) matmul_backward_weight_rows(dw, db, dout, inp, N, C, OC, 0, OC);
+}
+
+void matmul_backward_weight_rows(float* dw_rows, float* db_rows, const float* dout, const float* inp,
+                                 int N, int C, int OC, int row_begin, int row_end) {
+  ProfileScope profile(KernelKind::KernelKind_matmul);
+  const int rows = row_end - row_begin;
+#pragma omp parallel if (int64_t{N} * C * rows >= kParallelMinMacs)
+  {
+    int begin = 0;
+    int end = 0;
+    thread_slice(rows, omp_get_thread_num(), omp_get_num_threads(), begin, end);
     if (end > begin) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, end - begin, C, N, 1.0f, dout + begin,
-                  OC, inp, C, 1.0f, dw + static_cast<int64_t>(begin) * C, C);
-      if (db != nullptr) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, end - begin, C, N, 1.0f,
+                  dout + row_begin + begin, OC, inp, C, 1.0f,
+                  dw_rows + static_cast<int64_t>(begin) * C, C);
+      if (db_rows != nullptr) {
         for (int n = 0; n < N; n++) {
-          const float* row = dout + static_cast<int64_t>(n) * OC;
+          const float* row = dout + static_cast<int64_t>(n) * OC + row_begin;
 #pragma omp simd
-          for (int o = begin; o < end; o++) db[o] += row[o];
+          for (int o = begin; o < end; o++) db_rows[o] += row[o];
         }
       }
     }
+  }
+}
+
+void matmul_backward_bias(float* db, const float* dout, int N, int OC) {
+  for (int n = 0; n < N; n++) {
+    const float* row = dout + static_cast<int64_t>(n) * OC;
+#pragma omp simd
+    for (int o = 0; o < OC; o++) db[o] += row[o];
   }
 }
 

@@ -164,7 +164,7 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   // ZeRO 3 and offload move weights with host copies: backends whose memory is not the host's
   // refuse such plans (stage_backend_supports) before they get here.
   if (layout_.sharded && stage.zero == 3) zero3_ = std::make_unique<Zero3Parameters>(model, layout_, comm, groups_.dp);
-  if (stage.gradients_sharded()) sharded_ = std::make_unique<ShardedGradients>(*backend_, layout_, comm, groups_.dp);
+  if (stage.gradients_sharded()) sharded_ = std::make_unique<ShardedGradients>(*backend_, layout_, comm, groups_.dp, plan.gradient_bucket_bytes);
   build_moments();
   if (offloads) {
     offload_ = std::make_unique<LayerOffload>(model, offload_uses_from_schedule(schedule_, host.blocks),

@@ -1,11 +1,19 @@
 // Sharded gradients (ZeRO 2-3 with PlanStage::gradients_sharded()): a data-parallel member keeps
-// only its pieces of the stage's gradients. Each bucket's backward piece writes into a temporary
-// buffer of the bucket's range, which is reduce-scattered right after it; the member's reduced
-// piece is copied back into the shard and the buffer freed. The stage's full gradient buffer
-// does not exist.
+// only its pieces of the stage's gradients. The backward writes each part of a bucket into a
+// temporary buffer of the part's range, reduce-scattered as soon as the part is complete; the
+// member's reduced share is copied back into the shard and the buffer freed. The stage's full
+// gradient buffer does not exist.
+//
+// Parts: where the backend reports its gradient writes (StageBackend::reports_gradient_writes),
+// a bucket is cut into parts of at most the plan's bucket size: consecutive whole tensors, or rows
+// of a larger matrix, so that what is live is the shard and one or two parts, however large a
+// block. Elsewhere a part is a whole bucket, bound before its backward piece. A part's reduction
+// gives every member the part's intersection with its ZeRO piece of the bucket, so the shard is
+// laid out as without parts.
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/parallel/communicator.hpp"
@@ -14,13 +22,15 @@
 
 namespace alloy {
 
-class ShardedGradients {
+class ShardedGradients final : public GradientSink {
  public:
   // Releases the model's gradient buffer and unbinds its gradient slots; the shard (packed like
   // layout.optimizer_ranges) takes their place. A tied table summed between the first and last
   // stage (layout.tied_embedding) sits whole in the shard, its slot bound there for good.
-  ShardedGradients(StageBackend& backend, const ParamLayout& layout, Communicator& comm, const CommGroup& dp);
-  ~ShardedGradients();
+  // part_bytes: the largest part (fp32 gradients), when the backend reports its writes.
+  ShardedGradients(StageBackend& backend, const ParamLayout& layout, Communicator& comm, const CommGroup& dp,
+                   double part_bytes);
+  ~ShardedGradients() override;
   ShardedGradients(const ShardedGradients&) = delete;
   ShardedGradients& operator=(const ShardedGradients&) = delete;
 
@@ -28,35 +38,58 @@ class ShardedGradients {
   float* shard() { return shard_; }
   // Flat gradients [offset, offset + count) of this member's pieces, inside one optimizer range.
   float* shard_at(int64_t offset, int64_t count);
-  // Zeroes the shard; no bucket may be in use.
+  // Zeroes the shard; no part may be in use.
   void step_begin();
-  // Before a backward piece of bucket (chunk, bucket): finishes its previous reduce-scatter and
-  // the others still in flight but the latest (none left in flight when the backend's collectives
-  // share its compute cores: there it would hide nothing and hold a second bucket), then allocates its buffer (zero but for this
-  // member's piece, seeded from the shard) and points the views' gradient slots into it. A head tied to the embedding on this stage also binds
-  // the embedding's bucket (the head writes the table's gradient).
+  // Before a backward piece of bucket (chunk, bucket): without reported writes, binds the whole
+  // bucket (and with a head tied to the embedding on this stage, the embedding's bucket too: the
+  // head writes the table's gradient). With them, parts are bound as the backward reaches them.
   void bind(int chunk, int bucket);
-  // Posts the reduce-scatter of the bound bucket (chunk, bucket) over the data-parallel group.
+  // After the backward piece: posts the reduce-scatter of every part of the bucket not yet posted
+  // (binding any the backward never wrote); returns the latest one's handle.
   CommHandle reduce_scatter(int chunk, int bucket);
-  // Copies back and frees the buckets whose reduce-scatter completed (all of them, waiting, when
+  // Copies back and frees the parts whose reduce-scatter completed (all of them, waiting, when
   // `wait_all`: before the optimizer reads the shard).
   void reap(bool wait_all);
   double take_wait_seconds();
 
+  // GradientSink: the backward's writes bind parts, and a part complete is reduce-scattered.
+  std::vector<int64_t> row_cuts(float* const* slot, int64_t rows) override;
+  float* writing(float* const* slot, int64_t begin, int64_t end) override;
+  void written(float* const* slot, int64_t begin, int64_t end) override;
+
  private:
-  struct Bucket {
-    const GradientBucket* layout = nullptr;
-    std::vector<size_t> views;  // indices into model.views whose gradients lie in the range
-    float* buffer = nullptr;    // (layout->range.count) while bound or reducing
+  struct Part {
+    FlatRange range;              // inside its bucket's range
+    std::vector<int64_t> counts;  // each member's share: the range's overlap with its ZeRO piece
+    FlatRange owned;              // this member's share
+    float* buffer = nullptr;      // (range.count) while bound or reducing
     CommHandle reducing;
     bool in_flight = false;
-    int64_t posted = 0;         // order of its latest reduce-scatter among this member's
+    int64_t posted = 0;           // order of its latest reduce-scatter among this member's
+    int64_t written = 0;          // floats written since bound
+    bool posted_this_round = false;  // since its bucket's reduce-scatter op last ran
   };
+  struct Bucket {
+    const GradientBucket* layout = nullptr;
+    std::vector<size_t> parts;  // indices into parts_, in flat order
+  };
+  // A gradient slot of a tensor inside the buckets: its view and the parts it lies in.
+  struct Managed {
+    size_t view = 0;
+    int64_t row_floats = 1;
+    std::vector<size_t> parts;   // in flat order
+    bool counts = true;          // false for a tied head's writes into the table (the embedding's count)
+  };
+  void parts_build(double part_bytes);
+  void managed_build(bool tied_here);
   Bucket& bucket_at(int chunk, int bucket);
-  void bucket_bind(Bucket& b);
-  void bucket_finish(Bucket& b);
-  void buckets_finish_older();
-  void slots_point(const Bucket& b, float* base);
+  size_t part_of_row(const Managed& m, int64_t row) const;
+  void part_bind(size_t index);
+  void part_post(Part& p);
+  void part_finish(Part& p);
+  void parts_finish_older();
+  // Points the slots of the views lying wholly in the part into its buffer (nullptr: unbinds).
+  void slots_point(const Part& p, float* base);
 
   StageBackend& backend_;
   Model& model_;
@@ -64,11 +97,14 @@ class ShardedGradients {
   Communicator& comm_;
   CommGroup dp_;
   std::vector<float**> slots_;
+  std::vector<Part> parts_;
   std::vector<Bucket> buckets_;  // as layout.buckets
-  int head_bucket_ = -1;         // index into buckets_ of the head's, when it writes the table of
+  std::unordered_map<float* const*, Managed> managed_;  // by slot, when the backend reports writes
+  bool reported_ = false;        // the backend reports its writes: parts bound on them
+  int head_bucket_ = -1;         // without reported writes: the head's bucket, when it writes the table of
   int embedding_bucket_ = -1;    // the embedding's bucket on the same stage (tied); else -1
   int64_t posts_ = 0;            // reduce-scatters posted so far
-  int64_t most_in_flight_ = 1;   // reduce-scatters left in flight while the next bucket fills
+  int64_t most_in_flight_ = 1;   // reduce-scatters left in flight while the next part fills
   float* shard_ = nullptr;
   double wait_seconds_ = 0;
 };

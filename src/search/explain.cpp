@@ -94,8 +94,9 @@ std::string gradient_strategy_note(const Plan& plan, const Plan& other, int s) {
     std::string note = added < 5e-5
                            ? fmt::format("stage {} shards gradients: {} per device at no extra time", s, saves)
                            : fmt::format("stage {} shards gradients: {} per device for +{:.1f} ms of reduce-scatter per "
-                                         "step",
-                                         s, saves, added * 1e3);
+                                         "step ({:.1f}% of it; accumulating in full must save over 1% of the stage's "
+                                         "compute to be chosen)",
+                                         s, saves, added * 1e3, 100 * added / plan.step_seconds);
     if (alt.memory_total_bytes() > alt.memory_capacity_bytes)
       note += fmt::format(" (in full it would need {:.1f} of {:.1f} GiB)", alt.memory_total_bytes() / kGiB,
                           alt.memory_capacity_bytes / kGiB);

@@ -4,6 +4,16 @@
 
 namespace alloy {
 
+namespace {
+
+// Accumulating gradients in full is kept beside sharding only when it saves more than this share
+// of the stage's compute per step: below it the difference lies inside the cost model's error,
+// while the memory sharding frees (all the stage's gradients but a shard and a part) is certain
+// and leaves headroom against fragmentation and for larger micro-batches.
+constexpr double kShardingTimeTolerance = 0.01;
+
+}  // namespace
+
 double gradient_sync_seconds(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit, int blocks,
                              const ZeroSetting& zero) {
   StageOption o;
@@ -43,19 +53,26 @@ std::vector<ZeroSetting> zero_settings(const StageSlot& slot, const OptionPins& 
 std::vector<PricedSetting> priced_zero_settings(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit,
                                                 int blocks, const OptionPins& pins) {
   std::vector<PricedSetting> out;
+  double compute_seconds = 0;  // the stage's plain forward and backward per step
   for (const ZeroSetting& zero : zero_settings(slot, pins)) {
     StageOption o;
     o.zero = zero.zero;
     o.shard_gradients = zero.shard;
-    const double memory =
-        cost.stage_memory(slot.shape, unit, stage_choice_of(slot, o, blocks), slot.in_flight, slot.has_next).total_bytes();
+    const StageChoice choice = stage_choice_of(slot, o, blocks);
+    compute_seconds = choice.micro_batches * blocks * (unit.block.forward_seconds + unit.block.backward_seconds);
+    const double memory = cost.stage_memory(slot.shape, unit, choice, slot.in_flight, slot.has_next).total_bytes();
     out.push_back({zero, gradient_sync_seconds(cost, slot, unit, blocks, zero), memory});
   }
   // A strategy with no less sync and no less memory than the other of its ZeRO stage is
   // dominated at every recomputation and offload count (offloading widens sharding's excess:
-  // the live buckets stay while the full buffer shrinks): drop it.
-  const auto dominated_by = [](const PricedSetting& a, const PricedSetting& b) {
-    return a.zero.zero == b.zero.zero && a.sync_seconds >= b.sync_seconds && a.memory_bytes >= b.memory_bytes &&
+  // the live parts stay while the full buffer shrinks): drop it. So is accumulating in full
+  // when it saves no more than kShardingTimeTolerance of the compute and sharding holds less.
+  const double tolerance = kShardingTimeTolerance * compute_seconds;
+  const auto dominated_by = [&](const PricedSetting& a, const PricedSetting& b) {
+    if (a.zero.zero != b.zero.zero) return false;
+    if (!a.zero.shard && b.zero.shard && b.sync_seconds - a.sync_seconds <= tolerance && b.memory_bytes < a.memory_bytes)
+      return true;
+    return a.sync_seconds >= b.sync_seconds && a.memory_bytes >= b.memory_bytes &&
            (a.sync_seconds > b.sync_seconds || a.memory_bytes > b.memory_bytes);
   };
   std::vector<PricedSetting> kept;

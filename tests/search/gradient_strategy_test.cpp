@@ -12,6 +12,7 @@
 #include "search/explain.hpp"
 #include "search/planner.hpp"
 #include "spec/error.hpp"
+#include "spec/units.hpp"
 
 namespace alloy {
 namespace {
@@ -81,6 +82,32 @@ TEST(GradientStrategy, AccumulatesInFullWhenMemoryIsAmpleAndShardingCostsTime) {
   const Plan one = plan_search(cost, o).plan;
   EXPECT_FALSE(one.stages[0].gradients_sharded());
   EXPECT_TRUE(has_note(one, "GiB more per device at no extra time")) << plan_render_text(one);
+}
+
+// LLaMA-2-7B pre-training on the shipped A100 + V100 cluster, 32 micro-batches a step: sharding
+// adds a few hundred ms of reduce-scatter to a 40 s step, under 1% of the stages' compute, so the
+// planner shards and each device holds its shard and a part or two instead of all its stage's
+// gradients (7.3 GiB a V100, 17.8 an A100, in full).
+TEST(GradientStrategy, ShardsWhenAccumulatingSavesUnderOnePercent) {
+  const TrainSpec train = train_load(std::string(ALLOY_SOURCE_DIR) + "/examples/train/llama-pretrain.yaml");
+  CostModel cost(testing::llama2_7b(), example_cluster("a100-v100"), train);
+  const Plan plan = plan_search(cost, {}).plan;
+  for (const PlanStage& st : plan.stages) {
+    ASSERT_GE(st.zero, 2) << plan_render_text(plan);
+    ASSERT_GE(st.dp, 8);
+    EXPECT_TRUE(st.gradients_sharded()) << plan_render_text(plan);
+    for (const MemoryTerm& t : st.memory) {
+      if (t.name == "gradients") {
+        EXPECT_LE(t.bytes, 2.0 * kGiB) << st.device_type;
+      }
+    }
+  }
+  // Accumulating in full is faster by less than 1%.
+  SearchOptions full_pin;
+  full_pin.shard_gradients = false;
+  const Plan full = plan_search(cost, full_pin).plan;
+  EXPECT_LE(full.step_seconds, plan.step_seconds);
+  EXPECT_LT(plan.step_seconds, 1.01 * full.step_seconds);
 }
 
 TEST(GradientStrategy, OneMicroBatchShardsWhereThatHoldsLess) {

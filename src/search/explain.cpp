@@ -83,6 +83,22 @@ std::string sharding_saves(double full_bytes, double sharded_bytes) {
   return fmt::format("{:.1f} GiB {}", std::abs(saved), saved >= 0 ? "less" : "more");
 }
 
+// "16 x a100-80gb-sxm 6, 8 x v100-32gb 2": each run of equal replicas (device type, sequences
+// per micro-batch) once, with its length.
+std::string replica_shares_summary(const PlanStage& st) {
+  std::vector<std::string> runs;
+  for (size_t r = 0; r < st.replicas.size();) {
+    size_t e = r;
+    while (e < st.replicas.size() && st.replicas[e].device_type == st.replicas[r].device_type &&
+           st.replicas[e].sequences == st.replicas[r].sequences)
+      ++e;
+    const std::string share = fmt::format("{} {}", st.replicas[r].device_type, st.replicas[r].sequences);
+    runs.push_back(e - r > 1 ? fmt::format("{} x {}", e - r, share) : share);
+    r = e;
+  }
+  return fmt::format("{}", fmt::join(runs, ", "));
+}
+
 // Why stage `s` of `plan` uses its strategy, from `other`: the same plan with the stage switched.
 // Times are the stage's exposed gradient sync per step (what the strategy changes).
 std::string gradient_strategy_note(const Plan& plan, const Plan& other, int s) {
@@ -196,11 +212,7 @@ std::string plan_shape_summary(const Plan& plan) {
     if (e == s) layers += plan.stages[e++].num_blocks();
     if (s > 0) out += " | ";
     out += fmt::format("{} tp{} dp{}", st.device_type, st.tp, st.dp);
-    if (!st.replicas.empty()) {
-      std::vector<std::string> shares;
-      for (const PlanReplica& r : st.replicas) shares.push_back(fmt::format("{} {}", r.device_type, r.sequences));
-      out += fmt::format(" uneven ({})", fmt::join(shares, ", "));
-    }
+    if (!st.replicas.empty()) out += fmt::format(" uneven ({})", replica_shares_summary(st));
     if (e - s > 1) out += fmt::format(" x{}", e - s);
     out += fmt::format(" {}L", layers);
     s = e;

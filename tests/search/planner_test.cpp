@@ -374,5 +374,26 @@ TEST(Planner, ChoosesTheGlobalBatchInARange) {
   EXPECT_LE(r.plan.global_batch_sequences, 64);
 }
 
+// A runner-up's layout names each run of equal replicas once, with its length, so that 32
+// unequal replicas fit on a line.
+TEST(Planner, ShapeSummaryWritesEqualReplicasOnce) {
+  Plan plan;
+  PlanStage stage;
+  stage.device_type = "a100";
+  stage.dp = 5;
+  for (const auto& [type, sequences] : std::vector<std::pair<std::string, int64_t>>{
+           {"a100", 6}, {"a100", 6}, {"a100", 6}, {"v100", 2}, {"a100", 6}}) {
+    PlanReplica r;
+    r.device_type = type;
+    r.sequences = sequences;
+    stage.replicas.push_back(r);
+  }
+  stage.chunks = {{0, 4}};
+  plan.stages = {stage};
+  plan.num_micro_batches = 2;
+  plan.micro_batch_sequences = 26;
+  EXPECT_EQ(plan_shape_summary(plan), "pp 1: a100 tp1 dp5 uneven (3 x a100 6, v100 2, a100 6) 4L; 1f1b, 2 x 26 seq");
+}
+
 }  // namespace
 }  // namespace alloy

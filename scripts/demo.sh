@@ -41,8 +41,8 @@ $alloy plan --model small-gpt --cluster local-cpu-4 --train examples/train/tiny-
 sed -n '1,8p' "$out/plan-cpu.txt"
 # "Plan for small-gpt on local-cpu-4 (4 of 4 devices), ...": one rank per device the plan uses.
 ranks=$(sed -n '1s/.*(\([0-9]*\) of [0-9]* devices).*/\1/p' "$out/plan-cpu.txt")
-mpirun -np "$ranks" --bind-to none $alloy train --plan "$out/plan-cpu.json" --model small-gpt \
-  --data "$out/fsf_train.bin" --train examples/train/tiny-cpu.yaml --steps 8 \
+mpirun -np "$ranks" --bind-to none $alloy train --plan "$out/plan-cpu.json" \
+  --data "$out/fsf_train.bin" --steps 8 \
   --log "$out/train-cpu.jsonl" --trace "$out/trace-cpu.json" \
   --profile "$out/profile-cpu.json" --calibrated-profile "$out/profile-cpu-calibrated.json"
 

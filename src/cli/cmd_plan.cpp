@@ -10,6 +10,7 @@
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "plan/export.hpp"
+#include "plan/plan_inputs.hpp"
 #include "search/explain.hpp"
 #include "search/planner.hpp"
 #include "sim/report.hpp"
@@ -123,6 +124,7 @@ void run_plan(PlanCommand& c) {
              units_format_seconds(s.seconds));
   for (const auto& note : cost.fallback_notes()) fmt::print("note: {}\n", note);
   if (!c.output.empty()) {
+    plan_set_inputs(&result.plan, model, cluster, train);
     plan_save(result.plan, c.output);
     fmt::print("plan written to {}\n", c.output);
   }
@@ -147,13 +149,14 @@ struct ExplainCommand {
 };
 
 // A plan file's model or cluster: the one named on the command line (errors are the user's),
-// else the preset the plan names; empty with `why` set when that is no preset.
+// else the plan's own, else the preset the plan names (`named`); empty with `why` set when that
+// is no preset.
 template <typename Spec, typename Load>
-std::optional<Spec> explain_spec(const std::string& given, const std::string& named, const char* flag, Load load,
-                                 std::string* why) {
-  if (!given.empty()) return load(given);
+std::optional<Spec> explain_spec(const std::string& given, const Plan& plan, const std::string& named, const char* flag,
+                                 Load load, std::string* why) {
+  if (!given.empty() || !plan.inputs.empty()) return load(given);
   try {
-    return load(named);
+    return load(given);
   } catch (const Error&) {
     *why += fmt::format("{}the plan names '{}', which is no preset; pass {} to price it", why->empty() ? "" : "; ",
                         named, flag);
@@ -171,11 +174,11 @@ void run_explain(const ExplainCommand& c) {
     return;
   }
   std::string why;
-  const std::optional<ModelSpec> model =
-      explain_spec<ModelSpec>(c.model, plan.model_name, "--model", [](const std::string& m) { return model_load(m); }, &why);
-  const std::optional<ClusterSpec> cluster = explain_spec<ClusterSpec>(
-      c.cluster, plan.cluster_name, "--cluster",
-      [](const std::string& n) { return cluster_load(n, catalog_builtin()); }, &why);
+  const std::optional<ModelSpec> model = explain_spec<ModelSpec>(
+      c.model, plan, plan.model_name, "--model", [&](const std::string& m) { return plan_model(plan, m, c.plan); }, &why);
+  const std::optional<ClusterSpec> cluster =
+      explain_spec<ClusterSpec>(c.cluster, plan, plan.cluster_name, "--cluster",
+                                [&](const std::string& n) { return plan_cluster(plan, n, catalog_builtin(), c.plan); }, &why);
   if (!model || !cluster) {
     RenderOptions render;
     render.unpriced_reason = "the plan file carries no predictions and " + why;
@@ -190,7 +193,7 @@ void run_explain(const ExplainCommand& c) {
     fmt::print("{}", plan_render_text(plan));
     return;
   }
-  CostModel cost(*model, *cluster, plan_train_spec(TrainSpec{}, plan));
+  CostModel cost(*model, *cluster, plan_train(plan, "", c.plan));
   plan_evaluate(&plan, cost);
   plan.notes.push_back("priced by the cost model from the plan's choices: the plan file carries no predictions");
   for (const std::string& note : gradient_strategy_notes(plan, cost)) plan.notes.push_back(note);
@@ -263,8 +266,8 @@ void add_explain(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<ExplainCommand>();
   CLI::App* cmd = app.add_subcommand("explain", "Print the full breakdown of a saved plan");
   cmd->add_option("plan", o->plan, "plan.json written by `alloy plan -o`, or written by hand")->required();
-  cmd->add_option("--model,-m", o->model, "Check (and price) the plan against this model (default: the plan's model name)");
-  cmd->add_option("--cluster,-c", o->cluster, "Check (and price) the plan against this cluster (default: the plan's cluster name)");
+  cmd->add_option("--model,-m", o->model, "Check (and price) the plan against this model (default: the one the plan carries)");
+  cmd->add_option("--cluster,-c", o->cluster, "Check (and price) the plan against this cluster (default: the one the plan carries)");
   cmd->callback([o, exit_code]() {
     run_explain(*o);
     *exit_code = 0;

@@ -11,6 +11,7 @@
 #include "search/planner.hpp"
 #include "sim/report.hpp"
 #include "sim/simulate.hpp"
+#include "plan/plan_inputs.hpp"
 #include "plan/trace.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
@@ -21,8 +22,8 @@ namespace {
 
 struct SimulateCommand {
   std::string plan;
-  std::string model;    // default: the plan's model name as a preset
-  std::string cluster;  // default: the plan's cluster name as a preset
+  std::string model;    // default: the plan's own (or, in a plan without inputs, its model name as a preset)
+  std::string cluster;  // default: the plan's own (or its cluster name as a preset)
   std::string trace;
   std::string report;
   std::string profile;  // the measured profile the plan was made with, if any
@@ -30,11 +31,11 @@ struct SimulateCommand {
 
 void run_simulate(const SimulateCommand& c, bool print_table) {
   Plan plan = plan_load(c.plan);
-  ModelSpec model = model_load(c.model.empty() ? plan.model_name : c.model);
-  ClusterSpec cluster = cluster_load(c.cluster.empty() ? plan.cluster_name : c.cluster, catalog_builtin());
+  ModelSpec model = plan_model(plan, c.model, c.plan);
+  ClusterSpec cluster = plan_cluster(plan, c.cluster, catalog_builtin(), c.plan);
   // Predictions in the file are not trusted: a hand-edited plan is re-priced from its choices.
   plan_validate_for(plan, model, cluster, c.plan);
-  const TrainSpec train = plan_train_spec(TrainSpec{}, plan);
+  const TrainSpec train = plan_train(plan, "", c.plan);
   std::optional<Profile> profile;
   if (!c.profile.empty()) profile = profile_load(c.profile);
   CostModel cost(model, cluster, train, profile ? &*profile : nullptr);
@@ -64,8 +65,8 @@ void run_simulate(const SimulateCommand& c, bool print_table) {
 }
 
 void add_plan_sources(CLI::App* cmd, SimulateCommand& c) {
-  cmd->add_option("--model,-m", c.model, "Model preset or path (default: the plan's model name)");
-  cmd->add_option("--cluster,-c", c.cluster, "Cluster preset or path (default: the plan's cluster name)");
+  cmd->add_option("--model,-m", c.model, "Model preset or path (default: the one the plan carries)");
+  cmd->add_option("--cluster,-c", c.cluster, "Cluster preset or path (default: the one the plan carries)");
   cmd->add_option("--profile", c.profile, "The measured profile the plan was made with (alloy plan --profile)");
 }
 

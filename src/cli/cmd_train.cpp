@@ -12,6 +12,7 @@
 #include "cost/profile.hpp"
 #include "hw/catalog.hpp"
 #include "plan/plan.hpp"
+#include "plan/plan_inputs.hpp"
 #include "runtime/cpu/blas_core.hpp"
 #include "runtime/parallel/calibration.hpp"
 #include "runtime/parallel/agree.hpp"
@@ -43,7 +44,7 @@ struct TrainCommand {
   std::string memory_cap;
   TrainerOptions options;
   std::string plan;      // distributed: the plan every rank runs
-  std::string cluster;   // its cluster (default: the plan's cluster by name)
+  std::string cluster;   // its cluster (default: the one the plan carries)
   std::string trace;
   std::string export_weights;
   std::string profile;             // the profile the plan was made with
@@ -53,9 +54,13 @@ struct TrainCommand {
   std::string gpu_comm = "auto";
 };
 
-TrainSpec train_spec_from(const TrainCommand& c, const ModelSpec& model) {
+// The run's training setup: with a plan, the plan's own (or the --train file, which must agree
+// with it); without, the --train file or the defaults. Options given override either.
+TrainSpec train_spec_from(const TrainCommand& c, const ModelSpec& model, const Plan* plan) {
   TrainSpec t;
-  if (!c.train_file.empty()) {
+  if (plan != nullptr) {
+    t = plan_train(*plan, c.train_file, c.plan);
+  } else if (!c.train_file.empty()) {
     t = train_load(c.train_file);
   } else {
     t.seq_len = std::min(t.seq_len, model.max_seq_len);  // the default fits the model
@@ -196,13 +201,13 @@ struct RunSetup {
   std::unique_ptr<GpuTraining> gpu;
 };
 
-RunSetup run_setup(const TrainCommand& c, const ModelSpec& model, Communicator& comm) {
+RunSetup run_setup(const TrainCommand& c, const ModelSpec& model, const Plan* plan, Communicator& comm) {
   RunSetup r;
   dist_agree_on(comm, [&] {
-    r.train = train_spec_from(c, model);
-    if (c.plan.empty()) return;
-    r.plan = plan_load(c.plan);
-    r.cluster = cluster_load(c.cluster.empty() ? r.plan.cluster_name : c.cluster, catalog_builtin());
+    r.train = train_spec_from(c, model, plan);
+    if (plan == nullptr) return;
+    r.plan = *plan;
+    r.cluster = plan_cluster(r.plan, c.cluster, catalog_builtin(), c.plan);
     stage_backend_check_plan(c.device, r.plan, c.plan);
   });
   if (c.device == "cuda") dist_agree_on(comm, [&] { r.gpu = gpu_training_open(comm, c.gpu, c.gpu_comm); });
@@ -220,13 +225,13 @@ RunSetup run_setup(const TrainCommand& c, const ModelSpec& model, Communicator& 
 // an error on one rank alone ends the whole job through the communicator. A run of one rank
 // throws, and the error is printed with its file and field. A run stopped on NaN or Inf (by
 // every rank at the same step) is reported once, by rank 0, and ends with exit 3.
-void run_training(TrainCommand& c, const ModelSpec& model, int* exit_code) {
+void run_training(TrainCommand& c, const ModelSpec& model, const Plan* plan, int* exit_code) {
   if (!c.plan.empty()) check_plan_options(c);
   parse_single_run_options(c);
   std::unique_ptr<Communicator> comm = communicator_launched_by_mpi() ? communicator_mpi() : communicator_local();
   const bool alone = comm->world_size() == 1;
   try {
-    const RunSetup r = run_setup(c, model, *comm);
+    const RunSetup r = run_setup(c, model, plan, *comm);
     const TrainerResult result =
         train_run(model, r.train, r.plan, r.cluster, *comm, run_options(c), r.gpu ? r.gpu->backend : TrainBackend{});
     if (comm->rank() == 0) {
@@ -253,8 +258,12 @@ void run_training(TrainCommand& c, const ModelSpec& model, int* exit_code) {
 }
 
 void run_train(TrainCommand& c, int* exit_code) {
-  if (c.model.empty()) throw Error("no model given", {"", "--model"}, "pass --model tiny-gpt (or a config path)");
-  ModelSpec model = model_load(c.model);
+  // A plan carries its model: --model is then only checked against it.
+  std::optional<Plan> plan;
+  if (!c.plan.empty()) plan = plan_load(c.plan);
+  if (c.model.empty() && !plan)
+    throw Error("no model given", {"", "--model"}, "pass --model tiny-gpt (or a config path), or --plan with a plan file");
+  const ModelSpec model = plan ? plan_model(*plan, c.model, c.plan) : model_load(c.model);
   if (c.device != "cpu" && c.device != "cuda") {
     throw Error("unknown device '" + c.device + "'", {"", "--device"}, "use cpu, or cuda for one GPU per rank");
   }
@@ -263,7 +272,7 @@ void run_train(TrainCommand& c, int* exit_code) {
                             model.max_seq_len),
                 {"", "--seq-len"}, fmt::format("use --seq-len {} or less", model.max_seq_len));
   }
-  run_training(c, model, exit_code);
+  run_training(c, model, plan ? &*plan : nullptr, exit_code);
 }
 
 }  // namespace
@@ -273,10 +282,10 @@ void add_train(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("train",
                                      "Train a model from llm.c token files: on one CPU rank (fp32), on every rank "
                                      "of a plan under mpirun (--plan), or on one GPU (--device cuda, bf16)");
-  cmd->add_option("--model,-m", c->model, "Model preset or config path (e.g. tiny-gpt)")->required();
+  cmd->add_option("--model,-m", c->model, "Model preset or config path (e.g. tiny-gpt); with --plan, the plan's own");
   cmd->add_option("--data,-d", c->options.train_data, "Training token file (llm.c format; see `alloy tokenize`)")->required();
   cmd->add_option("--val-data", c->options.val_data, "Validation token file");
-  cmd->add_option("--train,-t", c->train_file, "Training setup .yaml (steps, batch, learning rate, ...)");
+  cmd->add_option("--train,-t", c->train_file, "Training setup .yaml (steps, batch, learning rate, ...); with --plan, the plan's own");
   cmd->add_option("--steps", c->steps, "Optimizer steps (overrides the setup)")->check(option_whole_in(1, kOptionMostSteps));
   cmd->add_option("--batch", c->options.batch_size, "Sequences per step (overrides the setup)")
       ->check(option_whole_in(1, kOptionMostSequences));
@@ -320,7 +329,7 @@ void add_train(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "nccl", "host"}));
   cmd->add_option("--plan,-p", c->plan, "Run this plan: mpirun -np <devices the plan uses> alloy train --plan plan.json ...");
-  cmd->add_option("--cluster,-c", c->cluster, "The plan's cluster (preset or path; default: the plan's cluster name)");
+  cmd->add_option("--cluster,-c", c->cluster, "The plan's cluster (preset or path; default: the one the plan carries)");
   cmd->add_option("--trace", c->trace, "Chrome trace of the last step of every rank");
   cmd->add_option("--export", c->export_weights, "Write the full trained weights (safetensors)");
   cmd->add_option("--profile", c->profile, "With --plan: the profile the plan was made with (for --calibrated-profile)");

@@ -119,6 +119,16 @@ struct RunnerUp {
   std::string reason;       // why it lost, e.g. "v100 stage is the bottleneck: +14%"
 };
 
+// What a plan was made for, so that a run needs nothing else: the model in Alloy's YAML format
+// (model_to_yaml), the cluster file's text as read, the training setup (train_to_yaml). Empty in
+// plans written before they were kept, or by hand.
+struct PlanInputs {
+  std::string model;
+  std::string cluster;
+  std::string train;
+  bool empty() const { return model.empty() && cluster.empty() && train.empty(); }
+};
+
 struct Plan {
   int version = kPlanVersion;
   std::string model_name;
@@ -128,6 +138,7 @@ struct Plan {
   std::string cluster_fingerprint;
   int num_devices = 0;          // devices in the cluster (the plan may use fewer)
   std::string objective = "throughput";
+  PlanInputs inputs;
 
   int64_t seq_len = 0;
   int64_t global_batch_sequences = 0;

@@ -264,6 +264,8 @@ std::string plan_to_json(const Plan& plan) {
                     {"host_memory_bytes_per_node", plan.host_memory_bytes_per_node},
                     {"runner_ups", runner_ups},
                     {"notes", plan.notes}};
+  if (!plan.inputs.empty())
+    j["inputs"] = {{"model", plan.inputs.model}, {"cluster", plan.inputs.cluster}, {"train", plan.inputs.train}};
   return j.dump(2) + "\n";
 }
 
@@ -349,6 +351,12 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
     plan.stages.push_back(std::move(s));
   }
   if (j.contains("predicted")) predicted_from_json(j.at("predicted"), source, &plan);
+  if (j.contains("inputs")) {
+    const OrderedJson& inputs = j.at("inputs");
+    plan.inputs.model = get<std::string>(inputs, "model", source, "inputs");
+    plan.inputs.cluster = get<std::string>(inputs, "cluster", source, "inputs");
+    plan.inputs.train = get<std::string>(inputs, "train", source, "inputs");
+  }
   plan_validate(plan, source);
   return plan;
 }

@@ -235,10 +235,19 @@ ClusterSpec cluster_load(const std::string& name_or_path, const DeviceCatalog& c
                       "; or pass a path to a cluster .yaml file");
     }
   }
-  FieldReader r(spec_file_parse(path), path);
+  ClusterSpec cluster = cluster_load_text(spec_file_text(path), path, presets_is_path(name_or_path) ? path : name_or_path,
+                                          catalog);
+  cluster.source_path = path;
+  return cluster;
+}
+
+ClusterSpec cluster_load_text(const std::string& text, const std::string& path, const std::string& name,
+                              const DeviceCatalog& catalog) {
+  FieldReader r(spec_text_parse(text, path, false), path);
   ClusterSpec cluster = cluster_read(r, catalog);
   cluster.source_path = path;
-  if (cluster.name.empty()) cluster.name = presets_is_path(name_or_path) ? path : name_or_path;
+  cluster.source_text = text;
+  if (cluster.name.empty()) cluster.name = name;
   cluster_finalize(&cluster);
   return cluster;
 }

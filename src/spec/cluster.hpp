@@ -38,6 +38,7 @@ struct Device {
 struct ClusterSpec {
   std::string name;
   std::string source_path;
+  std::string source_text;               // the YAML it was read from ("" for one built in code)
   std::vector<DeviceType> device_types;  // only the types this cluster uses, resolved
   std::vector<NodeGroup> node_groups;
   Link network;                          // between nodes; bandwidth is per node
@@ -51,6 +52,10 @@ struct ClusterSpec {
 // Reads a cluster from a preset name (examples/clusters/) or a YAML path; device types come
 // from `catalog` or are defined inline. Throws alloy::Error naming file, line and field.
 ClusterSpec cluster_load(const std::string& name_or_path, const DeviceCatalog& catalog);
+// The same for YAML in memory; `path` names it in errors, `name` is the cluster's when the text
+// gives none.
+ClusterSpec cluster_load_text(const std::string& text, const std::string& path, const std::string& name,
+                              const DeviceCatalog& catalog);
 
 // Checks counts, capacities and links; fills `devices` and `num_nodes`.
 void cluster_finalize(ClusterSpec* cluster);

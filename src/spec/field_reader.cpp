@@ -15,9 +15,7 @@
 
 namespace alloy {
 
-namespace {
-
-std::string read_file_text(const std::string& path) {
+std::string spec_file_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw Error("cannot open file: it does not exist or is not readable", {path, "", 0, 0},
@@ -27,6 +25,18 @@ std::string read_file_text(const std::string& path) {
   buffer << in.rdbuf();
   return buffer.str();
 }
+
+std::string yaml_quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+namespace {
+
 
 // Line and column (1-based) of a byte offset.
 void offset_to_line_column(const std::string& text, size_t offset, int* line, int* column) {
@@ -137,7 +147,7 @@ YAML::Node spec_text_parse(const std::string& text, const std::string& path, boo
 }
 
 YAML::Node spec_file_parse(const std::string& path) {
-  return spec_text_parse(read_file_text(path), path, path.ends_with(".json"));
+  return spec_text_parse(spec_file_text(path), path, path.ends_with(".json"));
 }
 
 FieldReader::FieldReader(YAML::Node node, std::string file, std::string path)

@@ -18,7 +18,13 @@ namespace alloy {
 // unreadable files and syntax errors (with line and column) become alloy::Error.
 YAML::Node spec_file_parse(const std::string& path);
 
-// Same for text already in memory; `path` is only used in messages.
+// A file's whole text; a missing or unreadable file becomes alloy::Error.
+std::string spec_file_text(const std::string& path);
+
+// `text` as a double-quoted YAML scalar.
+std::string yaml_quoted(const std::string& text);
+
+// Same as spec_file_parse for text already in memory; `path` is only used in messages.
 YAML::Node spec_text_parse(const std::string& text, const std::string& path, bool is_json);
 
 class FieldReader {

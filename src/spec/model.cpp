@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "spec/error.hpp"
 #include "spec/field_reader.hpp"
 #include "spec/presets.hpp"
@@ -90,7 +92,7 @@ ModelSpec read_hf_llama(const FieldReader& r, const std::string& type) {
 }
 
 ModelSpec read_alloy_yaml(const FieldReader& r) {
-  r.reject_unknown({"name", "family", "layers", "hidden_size", "heads", "kv_heads", "head_dim",
+  r.reject_unknown({"name", "family", "model_type", "layers", "hidden_size", "heads", "kv_heads", "head_dim",
                     "ffn_hidden_size", "vocab_size", "max_seq_len", "tied_embeddings", "qkv_bias",
                     "linear_bias", "norm_bias", "norm_eps", "rope_theta"});
   ModelSpec m;
@@ -104,7 +106,7 @@ ModelSpec read_alloy_yaml(const FieldReader& r) {
            "use gpt2 or llama (did you mean " + text_nearest(family, {"gpt2", "llama"}) + "?)");
   }
   const bool gpt2 = m.family == ModelFamily::ModelFamily_gpt2;
-  m.model_type = family;
+  m.model_type = r.get_string("model_type", family);
   m.name = r.get_string("name", "");
   m.num_layers = r.get_int("layers");
   m.hidden_size = r.get_int("hidden_size");
@@ -187,11 +189,12 @@ void model_validate(const ModelSpec& m) {
   }
 }
 
-ModelSpec model_load_file(const std::string& path) {
-  YAML::Node root = spec_file_parse(path);
-  FieldReader r(root, path);
-  ModelSpec m;
+ModelSpec model_load_file(const std::string& path) { return model_load_text(spec_file_text(path), path); }
+
+ModelSpec model_load_text(const std::string& text, const std::string& path) {
   const bool is_json = path.ends_with(".json");
+  FieldReader r(spec_text_parse(text, path, is_json), path);
+  ModelSpec m;
   if (is_json) {
     std::string type = r.get_string("model_type");
     if (type == "gpt2") {
@@ -230,6 +233,17 @@ ModelSpec model_load(const std::string& name_or_path) {
 }
 
 std::vector<std::string> model_preset_names() { return presets_list("models"); }
+
+std::string model_to_yaml(const ModelSpec& m) {
+  // {} writes the shortest text that reads back as the same double.
+  return fmt::format(
+      "name: {}\nfamily: {}\nmodel_type: {}\nlayers: {}\nhidden_size: {}\nheads: {}\nkv_heads: {}\nhead_dim: {}\n"
+      "ffn_hidden_size: {}\nvocab_size: {}\nmax_seq_len: {}\ntied_embeddings: {}\nqkv_bias: {}\nlinear_bias: {}\n"
+      "norm_bias: {}\nnorm_eps: {}\nrope_theta: {}\n",
+      yaml_quoted(m.name), model_family_name(m.family), yaml_quoted(m.model_type), m.num_layers, m.hidden_size,
+      m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size, m.vocab_size, m.max_seq_len, m.tied_embeddings,
+      m.qkv_bias, m.linear_bias, m.norm_bias, m.norm_eps, m.rope_theta);
+}
 
 ModelParameterCounts model_parameter_counts(const ModelSpec& m) {
   ModelParameterCounts c;

@@ -61,6 +61,11 @@ ModelSpec model_load(const std::string& name_or_path);
 
 // Parses one file; the format follows the extension (.json: Hugging Face, .yaml/.yml: Alloy).
 ModelSpec model_load_file(const std::string& path);
+// The same for text in memory; `path` names it in errors and gives its format.
+ModelSpec model_load_text(const std::string& text, const std::string& path);
+// Every field in Alloy's YAML format: model_load_text(model_to_yaml(m), "x.yaml") equals m (but
+// for source_path).
+std::string model_to_yaml(const ModelSpec& model);
 
 // Checks sizes for consistency (heads divide hidden size, kv heads divide heads, positive
 // counts). Throws alloy::Error naming `model.source_path` and the field.

@@ -21,8 +21,10 @@ constexpr double kTrainMostBucketMib = 65536;       // 64 GiB
 
 int train_optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
 
-TrainSpec train_load(const std::string& path) {
-  FieldReader r(spec_file_parse(path), path);
+TrainSpec train_load(const std::string& path) { return train_load_text(spec_file_text(path), path); }
+
+TrainSpec train_load_text(const std::string& text, const std::string& path) {
+  FieldReader r(spec_text_parse(text, path, false), path);
   r.reject_unknown({"seq_len", "global_batch", "global_batch_tokens", "min_global_batch", "max_global_batch",
                     "precision", "master_weights_fp32", "optimizer", "steps", "learning_rate",
                     "min_learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
@@ -70,6 +72,20 @@ TrainSpec train_load(const std::string& path) {
   t.seed = static_cast<uint64_t>(seed);
   train_validate(t);
   return t;
+}
+
+std::string train_to_yaml(const TrainSpec& t) {
+  // {} writes the shortest text that reads back as the same double.
+  std::string out = fmt::format("seq_len: {}\nglobal_batch: {}\n", t.seq_len, t.global_batch_sequences);
+  if (t.min_global_batch > 0 || t.max_global_batch > 0)
+    out += fmt::format("min_global_batch: {}\nmax_global_batch: {}\n", t.min_global_batch, t.max_global_batch);
+  out += fmt::format(
+      "precision: {}\nmaster_weights_fp32: {}\noptimizer: {}\nsteps: {}\nlearning_rate: {}\nmin_learning_rate: {}\n"
+      "warmup_steps: {}\nweight_decay: {}\nbeta1: {}\nbeta2: {}\nadam_eps: {}\ngrad_clip: {}\n"
+      "gradient_bucket_mib: {}\nseed: {}\n",
+      precision_name(t.precision), t.master_weights_fp32, t.optimizer, t.steps, t.learning_rate, t.min_learning_rate,
+      t.warmup_steps, t.weight_decay, t.beta1, t.beta2, t.adam_eps, t.grad_clip, t.gradient_bucket_mib, t.seed);
+  return out;
 }
 
 void train_validate(const TrainSpec& t) {

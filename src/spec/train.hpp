@@ -40,6 +40,10 @@ int train_optimizer_states(const TrainSpec& train);
 
 // Reads a YAML file; `global_batch_tokens` may replace `global_batch` (must divide by seq_len).
 TrainSpec train_load(const std::string& path);
+// The same for YAML in memory; `path` names it in errors.
+TrainSpec train_load_text(const std::string& text, const std::string& path);
+// Every field: train_load_text(train_to_yaml(t), ...) equals t (but for source_path).
+std::string train_to_yaml(const TrainSpec& train);
 void train_validate(const TrainSpec& train);
 
 }  // namespace alloy

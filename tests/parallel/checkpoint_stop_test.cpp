@@ -35,9 +35,9 @@ class CheckpointStopTest : public DistGptSuite<CheckpointStopTest> {
 
   static std::string train_command(int steps, const std::string& extra) {
     return fmt::format(
-        "mpirun -np 4 --oversubscribe --bind-to none {} train --model {} --data {} --train {}/examples/train/tiny-cpu.yaml "
+        "mpirun -np 4 --oversubscribe --bind-to none {} train --model {} --data {} --train {}/dist-train.yaml "
         "--steps {} --no-progress --plan {} --cluster {} {}",
-        ALLOY_BINARY, gpt_path_, data_, ALLOY_SOURCE_DIR, steps, plan_path_, cluster_path_, extra);
+        ALLOY_BINARY, gpt_path_, data_, dir_->path(), steps, plan_path_, cluster_path_, extra);
   }
 
   // Losses by step from a JSON-lines log.
@@ -122,9 +122,9 @@ TEST_F(CheckpointStopTest, SignalWithoutCheckpointFolderSaysNothingWasSaved) {
 
 TEST_F(CheckpointStopTest, SecondWriterIsRefusedWhileTheFirstHoldsTheFolder) {
   const std::string ck = dir_->path() + "/ck-locked", pid_file = dir_->path() + "/first.pid";
-  const std::string first = fmt::format("{} train --model {} --data {} --train {}/examples/train/tiny-cpu.yaml --steps 100000 "
+  const std::string first = fmt::format("{} train --model {} --data {} --train {}/dist-train.yaml --steps 100000 "
                                         "--batch {} --seq-len {} --no-progress --checkpoint {}",
-                                        ALLOY_BINARY, gpt_path_, data_, ALLOY_SOURCE_DIR, kTestGlobalBatch, kTestSeqLen, ck);
+                                        ALLOY_BINARY, gpt_path_, data_, dir_->path(), kTestGlobalBatch, kTestSeqLen, ck);
   ASSERT_EQ(std::system(fmt::format("{} > {}/first.txt 2>&1 & echo $! > {}", first, dir_->path(), pid_file).c_str()), 0);
   for (int i = 0; i < 200 && read_text(ck + "/.lock").find("pid") == std::string::npos; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

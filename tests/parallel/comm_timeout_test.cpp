@@ -110,7 +110,7 @@ TEST(CommTimeout, TrainingRankThatStallsIsNamedByThoseWaitingForIt) {
   const CommandResult r = run_command(
       "env ALLOY_FAULT=stall:2:2 ALLOY_COMM_TIMEOUT=3 mpirun -np 3 --oversubscribe --bind-to none " +
           std::string(ALLOY_BINARY) + " train --model " + model_path + " --data " + data + " --train " +
-          ALLOY_SOURCE_DIR + "/examples/train/tiny-cpu.yaml --steps 6 --no-progress --plan " + plan_path +
+          dir.path() + "/dist-train.yaml --steps 6 --no-progress --plan " + plan_path +
           " --cluster " + cluster_path,
       90);
   EXPECT_EQ(r.exit_code, kExitCommTimeout) << r.output;

@@ -63,6 +63,11 @@ struct TestStage {
 inline std::string dist_test_setup(const TempDir& dir) {
   mpi_test_environment_set();
   setenv("ALLOY_THREADS", "1", 0);
+  // examples/train/tiny-cpu.yaml at the test plans' sequence length and batch (kTestSeqLen,
+  // kTestGlobalBatch): a training file given beside a plan must agree with it.
+  dir.write("dist-train.yaml", "seq_len: 32\nglobal_batch: 8\nprecision: fp32\noptimizer: adamw\nsteps: 200\n"
+                               "learning_rate: 1.0e-3\nmin_learning_rate: 1.0e-4\nwarmup_steps: 10\n"
+                               "weight_decay: 0.1\ngrad_clip: 1.0\nseed: 1234\n");
   const std::string data = dir.path() + "/data.bin";
   const CommandResult r = run_command(std::string(ALLOY_BINARY) + " tokenize " + ALLOY_SOURCE_DIR +
                                       "/examples/data/fsf_licenses.txt -o " + data);

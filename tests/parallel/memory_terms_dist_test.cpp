@@ -60,9 +60,9 @@ class MemoryTermsDistTest : public DistGptSuite<MemoryTermsDistTest> {
     plan_save(plan, plan_path);
     Run run;
     run.result = run_command(fmt::format("mpirun -np {} --oversubscribe --bind-to none {} train --model {} --data {} "
-                                         "--train {}/examples/train/tiny-cpu.yaml --steps 3 --no-progress --plan {} "
+                                         "--train {}/dist-train.yaml --steps 3 --no-progress --plan {} "
                                          "--cluster {} --log {}",
-                                         plan.num_used_devices(), ALLOY_BINARY, gpt_path_, data_, ALLOY_SOURCE_DIR,
+                                         plan.num_used_devices(), ALLOY_BINARY, gpt_path_, data_, dir_->path(),
                                          plan_path, cluster_path_, log),
                              180);
     std::istringstream in(read_text(log));

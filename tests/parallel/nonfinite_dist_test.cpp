@@ -27,9 +27,9 @@ class NonFiniteRunTest : public DistGptSuite<NonFiniteRunTest> {
 
   static std::string train_args(const std::string& checkpoint) {
     return fmt::format(
-        "train --model {} --data {} --train {}/examples/train/tiny-cpu.yaml --steps {} --no-progress "
+        "train --model {} --data {} --train {}/dist-train.yaml --steps {} --no-progress "
         "--checkpoint {} --checkpoint-every 2",
-        gpt_path_, data_, ALLOY_SOURCE_DIR, kGuardSteps, checkpoint);
+        gpt_path_, data_, dir_->path(), kGuardSteps, checkpoint);
   }
   static std::string one_rank(const std::string& checkpoint, const std::string& extra = "") {
     return fmt::format("{} {} --batch {} --seq-len {} {}", ALLOY_BINARY, train_args(checkpoint), kTestGlobalBatch,

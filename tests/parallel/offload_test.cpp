@@ -50,9 +50,9 @@ class OffloadTest : public DistGptSuite<OffloadTest> {
     const std::string plan_path = dir_->path() + "/" + name + ".json";
     plan_save(plan, plan_path);
     return run_command(fmt::format("mpirun -np {} --oversubscribe --bind-to none {} train --model {} --data {} --train "
-                                   "{}/examples/train/tiny-cpu.yaml --steps {} --no-progress --plan {} --cluster {} "
+                                   "{}/dist-train.yaml --steps {} --no-progress --plan {} --cluster {} "
                                    "--log {}/{}.jsonl {}",
-                                   plan.num_used_devices(), ALLOY_BINARY, gpt_path_, data_, ALLOY_SOURCE_DIR, steps,
+                                   plan.num_used_devices(), ALLOY_BINARY, gpt_path_, data_, dir_->path(), steps,
                                    plan_path, cluster_path_, dir_->path(), name, extra),
                        300);
   }

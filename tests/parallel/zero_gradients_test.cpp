@@ -62,9 +62,9 @@ class ZeroGradientsTest : public DistGptSuite<ShardSuite> {
     const std::string out = dir_->path() + "/" + name;
     const CommandResult r = run_command(
         fmt::format("mpirun -np {} --oversubscribe --bind-to none -x ALLOY_ARENA_REPORT=1 {} train --model {} --data {} "
-                    "--train {}/examples/train/tiny-cpu.yaml --steps {} --no-progress --plan {} --cluster {} --log "
+                    "--train {}/dist-train.yaml --steps {} --no-progress --plan {} --cluster {} --log "
                     "{}.jsonl --export {}.safetensors",
-                    plan.num_used_devices(), ALLOY_BINARY, model_path, data_, ALLOY_SOURCE_DIR, kShardedSteps, plan_path,
+                    plan.num_used_devices(), ALLOY_BINARY, model_path, data_, dir_->path(), kShardedSteps, plan_path,
                     cluster_path_, out, out),
         300);
     EXPECT_EQ(r.exit_code, 0) << name << "\n" << r.output;
@@ -304,8 +304,8 @@ TEST_F(ZeroGradientsTest, NonFiniteGradientInTheShardStopsEveryRank) {
   plan_save(plan, plan_path);
   const CommandResult r = run_command(
       fmt::format("env ALLOY_FAULT=nan:1:3 mpirun -np 2 --oversubscribe --bind-to none {} train --model {} --data {} "
-                  "--train {}/examples/train/tiny-cpu.yaml --steps 5 --no-progress --plan {} --cluster {}",
-                  ALLOY_BINARY, gpt_path_, data_, ALLOY_SOURCE_DIR, plan_path, cluster_path_),
+                  "--train {}/dist-train.yaml --steps 5 --no-progress --plan {} --cluster {}",
+                  ALLOY_BINARY, gpt_path_, data_, dir_->path(), plan_path, cluster_path_),
       120);
   EXPECT_EQ(r.exit_code, kExitNonFinite) << r.output;
   EXPECT_NE(r.output.find("step 3: layers."), std::string::npos) << r.output;

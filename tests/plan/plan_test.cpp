@@ -109,6 +109,24 @@ TEST(Plan, JsonRoundTripKeepsEverything) {
   std::remove(path.c_str());
 }
 
+TEST(Plan, JsonKeepsTheInputsItWasMadeFor) {
+  Plan p = two_stage_plan();
+  EXPECT_EQ(plan_to_json(p).find("\"inputs\""), std::string::npos) << "a plan without inputs writes none";
+  p.inputs = {"name: m\nfamily: gpt2\n", "name: c\nnodes: []\n", "seq_len: 8\n"};
+  const Plan q = plan_from_json(plan_to_json(p), "in.json");
+  EXPECT_EQ(q.inputs.model, p.inputs.model);
+  EXPECT_EQ(q.inputs.cluster, p.inputs.cluster);
+  EXPECT_EQ(q.inputs.train, p.inputs.train);
+  std::string partial = plan_to_json(p);
+  partial.replace(partial.find("\"train\": \"seq_len"), 7, "\"trains\"");
+  try {
+    plan_from_json(partial, "in.json");
+    FAIL() << "inputs without the training setup";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field, "inputs.train");
+  }
+}
+
 TEST(Plan, JsonErrorsNameTheField) {
   const std::string good = plan_to_json(two_stage_plan());
   std::string bad = good;

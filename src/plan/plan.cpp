@@ -149,10 +149,17 @@ int Plan::num_used_devices() const {
 }
 
 std::string model_fingerprint(const ModelSpec& m) {
-  return fnv1a_hex(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(m.family), m.num_layers,
-                               m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size,
-                               m.vocab_size, m.max_seq_len, m.tied_embeddings, m.qkv_bias, m.linear_bias,
-                               m.norm_bias));
+  std::string text = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", static_cast<int>(m.family), m.num_layers,
+                                 m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size,
+                                 m.vocab_size, m.max_seq_len, m.tied_embeddings, m.qkv_bias, m.linear_bias,
+                                 m.norm_bias);
+  // Added only where set, so the fingerprints of models without them stay what they were.
+  if (m.rope_scaling.type != RopeScalingType::RopeScalingType_none)
+    text += fmt::format("|rope {} {} {} {} {}", rope_scaling_type_name(m.rope_scaling.type), m.rope_scaling.factor,
+                        m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor,
+                        m.rope_scaling.original_max_positions);
+  if (m.sliding_window > 0) text += fmt::format("|window {}", m.sliding_window);
+  return fnv1a_hex(text);
 }
 
 std::string cluster_fingerprint(const ClusterSpec& c) {

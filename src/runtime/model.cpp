@@ -126,6 +126,7 @@ class NormalRng {
 Model::Model(const ModelSpec& model_spec, Arena& device_arena, const ModelShard& model_shard, const HostPlacement& host)
     : spec(model_spec), shard(model_shard), arena(&device_arena), host_arena(host.arena) {
   model_check_spec(spec);
+  if (spec.family == ModelFamily::ModelFamily_llama) rope_frequencies = model_rope_inverse_frequencies(spec);
   runtime_threads();  // applies the thread policy (OpenBLAS single-threaded) if nobody has yet
   for (const ShardedTensor& t : shard_tensors(spec, shard)) {
     int64_t numel = 1;

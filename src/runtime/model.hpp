@@ -201,6 +201,7 @@ struct Model {
   ParameterSource* parameter_source = nullptr;  // set when the weights are gathered for each use
   ActivationStore* activation_store = nullptr;  // set when saved activations may leave the device
   GradientSink* gradient_sink = nullptr;        // set when gradients are held a part at a time
+  std::vector<double> rope_frequencies;         // (head_dim / 2) RoPE inverse frequencies, LLaMA family
   // When set, the passes add the thread CPU seconds of each layer they run here, by LayerKind
   // (embedding, block, head): where a step's compute went, for calibration.
   std::array<double, kLayerKinds>* layer_cpu_seconds = nullptr;

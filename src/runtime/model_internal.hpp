@@ -2,6 +2,7 @@
 // dispatch, tensor-parallel sums, and the embedding and head passes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -19,6 +20,7 @@ struct Dims {
   int tp, tp_rank;
   bool sp;              // sequence parallelism: norms and residuals on this rank's Nn rows
   bool gpt2;
+  int window;           // the sliding window (0: none)
   int64_t row_offset() const { return int64_t{tp_rank} * Nn * C; }  // floats to this rank's rows
 };
 
@@ -43,6 +45,7 @@ inline Dims model_dims(const Model& model, const ChunkPass& pass) {
   d.sp = model.shard.sequence_parallel && tp > 1;
   d.Nn = d.sp ? d.N / tp : d.N;
   d.gpt2 = s.family == ModelFamily::ModelFamily_gpt2;
+  d.window = static_cast<int>(std::min<int64_t>(s.sliding_window, pass.T));
   return d;
 }
 

@@ -78,9 +78,9 @@ void attention_half_forward(const Model& model, const Dims& d, const BlockTensor
   norm_gathered(model, d, a.ln1, a.ln1_mean, a.ln1_rstd, x, w.attn_norm_w, w.attn_norm_b);
   matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, d.N, d.C, d.R);
   if (!d.gpt2) {
-    rope_forward(a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D, static_cast<float>(model.spec.rope_theta));
+    rope_forward(a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D, model.rope_frequencies.data());
   }
-  attention_forward(a.context, a.probs, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D);
+  attention_forward(a.context, a.probs, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D, d.window);
   row_parallel_forward(model, d, a.residual1, a.context, w.out_w, w.out_b, d.Hq * d.D, x);
 }
 
@@ -137,7 +137,7 @@ void block_recompute(Model& model, ChunkPass& pass, const Dims& d, int layer, co
       return;
     case Recompute::Recompute_selective:
       allocate_attention_internals(model, d, a);
-      attention_forward(a.context, a.probs, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D);
+      attention_forward(a.context, a.probs, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D, d.window);
       return;
     case Recompute::Recompute_full:
       allocate_attention_inputs(model, d, a);
@@ -201,11 +201,11 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
   give(model, gathered);
   float* dqkv = take_zeroed(model, int64_t{d.N} * d.R, "d attn.qkv");
   float* scratch = take(model, attention_backward_scratch_floats(d.T), "attention scratch");
-  attention_backward(dqkv, scratch, dcontext, a.probs, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D);
+  attention_backward(dqkv, scratch, dcontext, a.probs, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D, d.window);
   give(model, scratch);
   give(model, dcontext);
   if (!d.gpt2) {
-    rope_backward(dqkv, d.B, d.T, d.Hq, d.Hkv, d.D, static_cast<float>(model.spec.rope_theta));
+    rope_backward(dqkv, d.B, d.T, d.Hq, d.Hkv, d.D, model.rope_frequencies.data());
   }
   std::memset(dln, 0, static_cast<size_t>(NC) * sizeof(float));
   linear_backward(model, dln, &g.qkv_w, &g.qkv_b, dqkv, a.ln1, w.qkv_w, d.N, d.C, d.R);

@@ -27,9 +27,17 @@ std::string model_describe(const ModelSpec& m, int64_t seq_len, int optimizer_st
   out += fmt::format("  {} layers, hidden {}, {} heads ({} key/value, head dim {}), ffn {}, vocab {}, max seq {}\n",
                      m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size,
                      m.vocab_size, m.max_seq_len);
+  std::string positions;
+  if (m.family == ModelFamily::ModelFamily_llama) positions = fmt::format(", rope theta {:g}", m.rope_theta);
+  if (m.rope_scaling.type == RopeScalingType::RopeScalingType_linear)
+    positions += fmt::format(" scaled linearly by {:g}", m.rope_scaling.factor);
+  if (m.rope_scaling.type == RopeScalingType::RopeScalingType_llama3)
+    positions += fmt::format(" with llama3 scaling (factor {:g}, low/high frequency factors {:g}/{:g}, original context {})",
+                             m.rope_scaling.factor, m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor,
+                             m.rope_scaling.original_max_positions);
+  if (m.sliding_window > 0) positions += fmt::format(", sliding window of {} tokens", m.sliding_window);
   out += fmt::format("  embeddings {}, biases {}, norm eps {:g}{}\n\n", m.tied_embeddings ? "tied" : "untied",
-                     m.linear_bias ? "everywhere" : (m.qkv_bias ? "on q/k/v only" : "none"), m.norm_eps,
-                     m.family == ModelFamily::ModelFamily_llama ? fmt::format(", rope theta {:g}", m.rope_theta) : "");
+                     m.linear_bias ? "everywhere" : (m.qkv_bias ? "on q/k/v only" : "none"), m.norm_eps, positions);
 
   TextTable params({"parameters", "count>", ""});
   params.add_row({"embedding", text_thousands(counts.embedding), ""});

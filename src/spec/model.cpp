@@ -8,6 +8,7 @@
 #include "spec/error.hpp"
 #include "spec/field_reader.hpp"
 #include "spec/presets.hpp"
+#include "spec/rope.hpp"
 #include "spec/text.hpp"
 
 namespace alloy {
@@ -88,13 +89,15 @@ ModelSpec read_hf_llama(const FieldReader& r, const std::string& type) {
   if (r.get_bool("mlp_bias", false)) {
     r.fail("mlp_bias", "MLP biases are not supported for the LLaMA family", "set mlp_bias to false");
   }
+  m.rope_scaling = rope_scaling_read(r, true);
+  m.sliding_window = sliding_window_read(r, type);
   return m;
 }
 
 ModelSpec read_alloy_yaml(const FieldReader& r) {
   r.reject_unknown({"name", "family", "model_type", "layers", "hidden_size", "heads", "kv_heads", "head_dim",
                     "ffn_hidden_size", "vocab_size", "max_seq_len", "tied_embeddings", "qkv_bias",
-                    "linear_bias", "norm_bias", "norm_eps", "rope_theta"});
+                    "linear_bias", "norm_bias", "norm_eps", "rope_theta", "rope_scaling", "sliding_window"});
   ModelSpec m;
   std::string family = r.get_string("family");
   if (family == "gpt2") {
@@ -122,6 +125,10 @@ ModelSpec read_alloy_yaml(const FieldReader& r) {
   m.norm_bias = r.get_bool("norm_bias", gpt2);
   m.norm_eps = r.get_double("norm_eps", 1e-5);
   m.rope_theta = r.get_double("rope_theta", 10000.0);
+  m.rope_scaling = rope_scaling_read(r, false);
+  if (gpt2 && m.rope_scaling.type != RopeScalingType::RopeScalingType_none)
+    r.fail("rope_scaling", "gpt2 models have learned positions, not RoPE", "remove rope_scaling");
+  m.sliding_window = sliding_window_read(r, m.model_type);
   if (!gpt2 && (m.linear_bias || m.norm_bias)) {
     r.fail(m.linear_bias ? "linear_bias" : "norm_bias", "the llama family has no such biases",
            "remove the field or set it to false");
@@ -242,7 +249,8 @@ std::string model_to_yaml(const ModelSpec& m) {
       "norm_bias: {}\nnorm_eps: {}\nrope_theta: {}\n",
       yaml_quoted(m.name), model_family_name(m.family), yaml_quoted(m.model_type), m.num_layers, m.hidden_size,
       m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size, m.vocab_size, m.max_seq_len, m.tied_embeddings,
-      m.qkv_bias, m.linear_bias, m.norm_bias, m.norm_eps, m.rope_theta);
+      m.qkv_bias, m.linear_bias, m.norm_bias, m.norm_eps, m.rope_theta) +
+         rope_scaling_yaml(m.rope_scaling) + (m.sliding_window > 0 ? fmt::format("sliding_window: {}\n", m.sliding_window) : "");
 }
 
 ModelParameterCounts model_parameter_counts(const ModelSpec& m) {

@@ -13,6 +13,21 @@ enum class ModelFamily {
   ModelFamily_llama,  // RMSNorm, RoPE, grouped-query attention, SwiGLU MLP (llama, mistral, qwen2)
 };
 
+enum class RopeScalingType {
+  RopeScalingType_none,
+  RopeScalingType_linear,  // every position divided by `factor`
+  RopeScalingType_llama3,  // Llama 3.1: low frequencies stretched by `factor`, high ones kept, a blend between
+};
+
+// Hugging Face's rope_scaling, for the types Alloy implements (others are refused by name).
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::RopeScalingType_none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;        // llama3
+  double high_freq_factor = 4.0;       // llama3
+  int64_t original_max_positions = 0;  // llama3: the context the frequencies were trained for
+};
+
 struct ModelSpec {
   std::string name;         // preset name or file stem, e.g. "llama-2-7b"
   std::string source_path;  // file it was read from ("" for one built in code)
@@ -34,6 +49,8 @@ struct ModelSpec {
   bool norm_bias = false;        // LayerNorm has a bias (gpt2); RMSNorm does not
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;   // LLaMA family only
+  RopeScaling rope_scaling;      // LLaMA family only
+  int64_t sliding_window = 0;    // > 0: each query sees itself and the sliding_window - 1 keys before it
 };
 
 // Parameter counts, exact, from the config alone.
@@ -75,5 +92,10 @@ void model_validate(const ModelSpec& model);
 std::vector<std::string> model_preset_names();
 
 const char* model_family_name(ModelFamily family);
+const char* rope_scaling_type_name(RopeScalingType type);
+
+// RoPE's inverse frequency of each of the head_dim / 2 rotated pairs: rope_theta^(-2i/D),
+// stretched as model.rope_scaling says (Hugging Face's definitions).
+std::vector<double> model_rope_inverse_frequencies(const ModelSpec& model);
 
 }  // namespace alloy

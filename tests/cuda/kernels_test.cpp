@@ -270,10 +270,10 @@ TEST(CudaKernels, RopeForwardAndBackwardMatchCpuAndLeaveValuesAlone) {
       std::vector<float> expected = qkv;
       DeviceBuffer<bf16> d_qkv(to_bf16(qkv));
       if (forward) {
-        rope_forward(expected.data(), c.B, c.T, c.Hq, c.Hkv, c.D, 10000.0f);
+        rope_forward(expected.data(), c.B, c.T, c.Hq, c.Hkv, c.D, rope_inverse_frequencies(c.D, 10000.0).data());
         cuda_rope_forward(d_qkv.get(), c.B, c.T, c.Hq, c.Hkv, c.D, 10000.0f, nullptr);
       } else {
-        rope_backward(expected.data(), c.B, c.T, c.Hq, c.Hkv, c.D, 10000.0f);
+        rope_backward(expected.data(), c.B, c.T, c.Hq, c.Hkv, c.D, rope_inverse_frequencies(c.D, 10000.0).data());
         cuda_rope_backward(d_qkv.get(), c.B, c.T, c.Hq, c.Hkv, c.D, 10000.0f, nullptr);
       }
       const std::vector<float> got = to_float(d_qkv.download());

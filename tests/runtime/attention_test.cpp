@@ -19,10 +19,12 @@ using testing::weighted_sum;
 
 struct AttentionShape {
   int B, T, Hq, Hkv, D;
+  int window = 0;  // sliding window (0: none)
+  int first(int t) const { return window > 0 && t >= window ? t - window + 1 : 0; }
   int64_t row() const { return static_cast<int64_t>(Hq + 2 * Hkv) * D; }
 };
 
-// Naive causal attention in double: out (B, T, Hq D).
+// Naive causal (and sliding-window) attention in double: out (B, T, Hq D).
 std::vector<double> attention_reference(const std::vector<float>& qkv, const AttentionShape& s) {
   const int64_t R = s.row();
   const int group = s.Hq / s.Hkv;
@@ -31,9 +33,9 @@ std::vector<double> attention_reference(const std::vector<float>& qkv, const Att
     for (int h = 0; h < s.Hq; h++) {
       for (int t = 0; t < s.T; t++) {
         const float* q = qkv.data() + (b * s.T + t) * R + h * s.D;
-        std::vector<double> scores(t + 1);
+        std::vector<double> scores(t + 1, 0.0);
         double max_score = -1e300;
-        for (int u = 0; u <= t; u++) {
+        for (int u = s.first(t); u <= t; u++) {
           const float* k = qkv.data() + (b * s.T + u) * R + (s.Hq + h / group) * s.D;
           double dot = 0.0;
           for (int d = 0; d < s.D; d++) dot += static_cast<double>(q[d]) * k[d];
@@ -41,8 +43,8 @@ std::vector<double> attention_reference(const std::vector<float>& qkv, const Att
           max_score = std::max(max_score, scores[u]);
         }
         double sum = 0.0;
-        for (double& score : scores) sum += (score = std::exp(score - max_score));
-        for (int u = 0; u <= t; u++) {
+        for (int u = s.first(t); u <= t; u++) sum += (scores[u] = std::exp(scores[u] - max_score));
+        for (int u = s.first(t); u <= t; u++) {
           const float* v = qkv.data() + (b * s.T + u) * R + (s.Hq + s.Hkv + h / group) * s.D;
           for (int d = 0; d < s.D; d++) {
             out[(b * s.T + t) * s.Hq * s.D + h * s.D + d] += scores[u] / sum * v[d];
@@ -58,21 +60,22 @@ void check_attention(const AttentionShape& s, uint32_t seed) {
   auto qkv = random_vector(static_cast<size_t>(s.B) * s.T * s.row(), seed);
   std::vector<float> out(static_cast<size_t>(s.B) * s.T * s.Hq * s.D);
   std::vector<float> probs(static_cast<size_t>(s.B) * s.Hq * s.T * s.T);
-  attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
+  attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, s.Hq, s.Hkv, s.D, s.window);
   auto reference = attention_reference(qkv, s);
   EXPECT_LT(max_relative_difference(out.data(), reference.data(), out.size()), 1e-5);
   for (int t = 0; t < s.T; t++) {
     for (int u = t + 1; u < s.T; u++) EXPECT_EQ(probs[t * s.T + u], 0.0f) << "causal mask";
+    for (int u = 0; u < s.first(t); u++) EXPECT_EQ(probs[t * s.T + u], 0.0f) << "sliding window";
   }
 
   auto dout = random_vector(out.size(), seed + 1);
   std::vector<float> dqkv(qkv.size(), 0.25f);
   std::vector<float> scratch(attention_backward_scratch_floats(s.T));
   attention_backward(dqkv.data(), scratch.data(), dout.data(), probs.data(), qkv.data(), s.B, s.T,
-                     s.Hq, s.Hkv, s.D);
+                     s.Hq, s.Hkv, s.D, s.window);
   for (float& g : dqkv) g -= 0.25f;
   auto loss = [&] {
-    attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
+    attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, s.Hq, s.Hkv, s.D, s.window);
     return weighted_sum(out, dout);
   };
   expect_gradient_matches("attention dqkv", qkv, dqkv, loss, 1e-2, 2e-3, 96);
@@ -94,13 +97,27 @@ TEST(Attention, LongSequencesSpanSeveralCausalRowBlocks) {
   check_attention({1, 150, 2, 1, 8}, 55);  // row blocks of 64: 64 + 64 + 22
 }
 
+TEST(Attention, SlidingWindowMatchesReferenceAndFiniteDifferences) {
+  runtime_set_threads(2);
+  check_attention({2, 9, 4, 2, 4, 3}, 60);
+  check_attention({1, 6, 2, 2, 4, 1}, 61);      // each query sees itself alone
+  check_attention({1, 150, 2, 1, 8, 70}, 62);   // windows across row blocks
+  // A window as long as the sequence is plain causal attention.
+  const AttentionShape causal{1, 7, 2, 1, 4}, whole{1, 7, 2, 1, 4, 7};
+  auto qkv = random_vector(static_cast<size_t>(7) * causal.row(), 63);
+  std::vector<float> a(7 * 2 * 4), b(a.size()), probs(2 * 7 * 7);
+  attention_forward(a.data(), probs.data(), qkv.data(), 1, 7, 2, 1, 4, causal.window);
+  attention_forward(b.data(), probs.data(), qkv.data(), 1, 7, 2, 1, 4, whole.window);
+  EXPECT_EQ(a, b);
+}
+
 TEST(Rope, RotatesPairsHalfApartAndBackwardIsTranspose) {
   const int B = 2, T = 5, Hq = 2, Hkv = 1, D = 8;
   const float theta = 10000.0f;
   const int64_t R = (Hq + 2 * Hkv) * D;
   auto qkv = random_vector(B * T * R, 60);
   std::vector<float> rotated(qkv);
-  rope_forward(rotated.data(), B, T, Hq, Hkv, D, theta);
+  rope_forward(rotated.data(), B, T, Hq, Hkv, D, rope_inverse_frequencies(D, theta).data());
   std::vector<double> reference(qkv.size());
   for (int bt = 0; bt < B * T; bt++) {
     const int t = bt % T;
@@ -124,13 +141,29 @@ TEST(Rope, RotatesPairsHalfApartAndBackwardIsTranspose) {
 
   auto dout = random_vector(qkv.size(), 61);
   std::vector<float> dqkv(dout);
-  rope_backward(dqkv.data(), B, T, Hq, Hkv, D, theta);
+  rope_backward(dqkv.data(), B, T, Hq, Hkv, D, rope_inverse_frequencies(D, theta).data());
   auto loss = [&] {
     std::vector<float> out(qkv);
-    rope_forward(out.data(), B, T, Hq, Hkv, D, theta);
+    rope_forward(out.data(), B, T, Hq, Hkv, D, rope_inverse_frequencies(D, theta).data());
     return weighted_sum(out, dout);
   };
   expect_gradient_matches("rope dqkv", qkv, dqkv, loss, 1e-2, 1e-3, 80);
+}
+
+// Linear scaling by 2 puts position 2k where unscaled RoPE puts position k.
+TEST(Rope, LinearlyScaledFrequenciesStretchPositions) {
+  const int T = 8, Hq = 1, Hkv = 1, D = 8;
+  const int64_t R = (Hq + 2 * Hkv) * D;
+  const std::vector<float> one = random_vector(R, 70);
+  std::vector<float> scaled, plain;
+  for (int t = 0; t < T; t++) scaled.insert(scaled.end(), one.begin(), one.end());
+  plain.assign(scaled.begin(), scaled.begin() + (T / 2) * R);
+  std::vector<double> stretched = rope_inverse_frequencies(D, 10000.0);
+  for (double& f : stretched) f /= 2;
+  rope_forward(scaled.data(), 1, T, Hq, Hkv, D, stretched.data());
+  rope_forward(plain.data(), 1, T / 2, Hq, Hkv, D, rope_inverse_frequencies(D, 10000.0).data());
+  for (int k = 0; k < T / 2; k++)
+    for (int64_t i = 0; i < R; i++) EXPECT_NEAR(scaled[2 * k * R + i], plain[k * R + i], 1e-6) << k << " " << i;
 }
 
 TEST(Optimizer, AdamWMatchesHandWrittenSteps) {

@@ -214,6 +214,31 @@ TEST(Model, RecomputationLevelsGiveIdenticalGradients) {
   }
 }
 
+// A LLaMA with a sliding window shorter than the sequence and Llama 3.1's RoPE scaling: the
+// recomputing passes apply both as the first pass did, a window as long as the sequence is plain
+// causal attention, and a shorter one changes the loss.
+TEST(Model, SlidingWindowAndRopeScalingHoldThroughRecomputation) {
+  ModelSpec windowed = tiny_llama();
+  windowed.sliding_window = 5;  // the sequences hold 12 tokens
+  windowed.rope_scaling = {RopeScalingType::RopeScalingType_llama3, 8.0, 1.0, 4.0, 16};
+  float loss_none = 0.0f, loss_full = 0.0f, loss_selective = 0.0f;
+  const auto none = gradients_at(windowed, Recompute::Recompute_none, &loss_none);
+  EXPECT_EQ(none, gradients_at(windowed, Recompute::Recompute_selective, &loss_selective));
+  EXPECT_EQ(none, gradients_at(windowed, Recompute::Recompute_full, &loss_full));
+  EXPECT_EQ(loss_none, loss_full);
+
+  ModelSpec scaled_only = windowed;
+  scaled_only.sliding_window = 0;
+  float loss_scaled = 0.0f, loss_long_window = 0.0f, loss_plain = 0.0f;
+  const auto causal = gradients_at(scaled_only, Recompute::Recompute_none, &loss_scaled);
+  scaled_only.sliding_window = 12;
+  EXPECT_EQ(causal, gradients_at(scaled_only, Recompute::Recompute_none, &loss_long_window));
+  EXPECT_EQ(loss_scaled, loss_long_window);
+  EXPECT_NE(loss_none, loss_scaled) << "a window of 5 of 12 tokens changes what attention sees";
+  gradients_at(tiny_llama(), Recompute::Recompute_none, &loss_plain);
+  EXPECT_NE(loss_plain, loss_scaled) << "the scaled frequencies change the rotations";
+}
+
 TEST(Model, LossScaleScalesEveryGradient) {
   float loss = 0.0f;
   const auto full = gradients_at(tiny_llama(), Recompute::Recompute_none, &loss);

@@ -14,6 +14,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -22,43 +23,43 @@ namespace alloy {
 
 namespace {
 
-// (T, D/2) tables of cos and sin of t * theta^(-2i/D), computed in double.
+// (T, D/2) tables of cos and sin of t * inverse[i], computed in double.
 void rope_tables(std::vector<float>& cos_table, std::vector<float>& sin_table, int T, int D,
-                 float theta) {
+                 const double* inverse) {
   const int half = D / 2;
   cos_table.resize(static_cast<size_t>(T) * half);
   sin_table.resize(static_cast<size_t>(T) * half);
   for (int i = 0; i < half; i++) {
-    const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / D);
     for (int t = 0; t < T; t++) {
-      cos_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(t * inv_freq));
-      sin_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(t * inv_freq));
+      cos_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(t * inverse[i]));
+      sin_table[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(t * inverse[i]));
     }
   }
 }
 
-// The tables of the last (T, D, theta) this thread asked for: every layer's forward and backward
-// of a step asks for the same ones, and computing them took about 3% of a LLaMA step.
+// The tables of the last (T, frequencies) this thread asked for: every layer's forward and
+// backward of a step asks for the same ones, and computing them took about 3% of a LLaMA step.
 struct RopeTables {
-  int T = 0, D = 0;
-  float theta = 0;
+  int T = 0;
+  std::vector<double> inverse;
   std::vector<float> cos_table, sin_table;
 };
 
-const RopeTables& rope_tables_cached(int T, int D, float theta) {
+const RopeTables& rope_tables_cached(int T, int D, const double* inverse) {
   thread_local RopeTables cached;
-  if (cached.T != T || cached.D != D || cached.theta != theta) {
-    rope_tables(cached.cos_table, cached.sin_table, T, D, theta);
+  const bool same = cached.T == T && cached.inverse.size() == static_cast<size_t>(D / 2) &&
+                    std::equal(cached.inverse.begin(), cached.inverse.end(), inverse);
+  if (!same) {
+    rope_tables(cached.cos_table, cached.sin_table, T, D, inverse);
     cached.T = T;
-    cached.D = D;
-    cached.theta = theta;
+    cached.inverse.assign(inverse, inverse + D / 2);
   }
   return cached;
 }
 
 // sign +1: forward rotation; -1: its transpose (backward).
-void rope_apply(float* qkv, int B, int T, int Hq, int Hkv, int D, float theta, float sign) {
-  const RopeTables& tables = rope_tables_cached(T, D, theta);
+void rope_apply(float* qkv, int B, int T, int Hq, int Hkv, int D, const double* inverse, float sign) {
+  const RopeTables& tables = rope_tables_cached(T, D, inverse);
   const std::vector<float>& cos_table = tables.cos_table;
   const std::vector<float>& sin_table = tables.sin_table;
   const int half = D / 2;
@@ -81,45 +82,56 @@ void rope_apply(float* qkv, int B, int T, int Hq, int Hkv, int D, float theta, f
   }
 }
 
-// Row t of a causal score matrix: softmax over columns 0..t, zeros after.
+// The first key column row t sees: 0, or with a sliding window of `window` keys t - window + 1.
+inline int first_visible(int t, int window) { return window > 0 && t >= window ? t - window + 1 : 0; }
+
+// Row t of a causal score matrix: softmax over columns first..t, zeros elsewhere.
 ALLOY_VECTOR_CLONES
-void causal_softmax_row(float* row, int t, int T) {
-  float max_value = row[0];
+void causal_softmax_row(float* row, int first, int t, int T) {
+  float max_value = row[first];
 #pragma omp simd reduction(max : max_value)
-  for (int j = 0; j <= t; j++) max_value = row[j] > max_value ? row[j] : max_value;
+  for (int j = first; j <= t; j++) max_value = row[j] > max_value ? row[j] : max_value;
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int j = 0; j <= t; j++) {
+  for (int j = first; j <= t; j++) {
     row[j] = exp_fast(row[j] - max_value);
     sum += row[j];
   }
   const float inv_sum = 1.0f / sum;
 #pragma omp simd
-  for (int j = 0; j <= t; j++) row[j] *= inv_sum;
+  for (int j = first; j <= t; j++) row[j] *= inv_sum;
+  for (int j = 0; j < first; j++) row[j] = 0.0f;
   for (int j = t + 1; j < T; j++) row[j] = 0.0f;
 }
 
-// Row t of dP -> dS = P * (dP - sum(P * dP)) over columns 0..t, zeros after.
+// Row t of dP -> dS = P * (dP - sum(P * dP)) over columns first..t, zeros elsewhere.
 ALLOY_VECTOR_CLONES
-void softmax_backward_row(float* dp_row, const float* p_row, int t, int T) {
+void softmax_backward_row(float* dp_row, const float* p_row, int first, int t, int T) {
   float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-  for (int j = 0; j <= t; j++) dot += p_row[j] * dp_row[j];
+  for (int j = first; j <= t; j++) dot += p_row[j] * dp_row[j];
 #pragma omp simd
-  for (int j = 0; j <= t; j++) dp_row[j] = p_row[j] * (dp_row[j] - dot);
+  for (int j = first; j <= t; j++) dp_row[j] = p_row[j] * (dp_row[j] - dot);
+  for (int j = 0; j < first; j++) dp_row[j] = 0.0f;
   for (int j = t + 1; j < T; j++) dp_row[j] = 0.0f;
 }
 
 }  // namespace
 
-void rope_forward(float* qkv, int B, int T, int Hq, int Hkv, int D, float theta) {
-  ProfileScope profile(KernelKind::KernelKind_elementwise);
-  rope_apply(qkv, B, T, Hq, Hkv, D, theta, 1.0f);
+std::vector<double> rope_inverse_frequencies(int D, double theta) {
+  std::vector<double> inverse(static_cast<size_t>(D / 2));
+  for (int i = 0; i < D / 2; i++) inverse[static_cast<size_t>(i)] = std::pow(theta, -2.0 * i / D);
+  return inverse;
 }
 
-void rope_backward(float* dqkv, int B, int T, int Hq, int Hkv, int D, float theta) {
+void rope_forward(float* qkv, int B, int T, int Hq, int Hkv, int D, const double* inverse_frequencies) {
   ProfileScope profile(KernelKind::KernelKind_elementwise);
-  rope_apply(dqkv, B, T, Hq, Hkv, D, theta, -1.0f);
+  rope_apply(qkv, B, T, Hq, Hkv, D, inverse_frequencies, 1.0f);
+}
+
+void rope_backward(float* dqkv, int B, int T, int Hq, int Hkv, int D, const double* inverse_frequencies) {
+  ProfileScope profile(KernelKind::KernelKind_elementwise);
+  rope_apply(dqkv, B, T, Hq, Hkv, D, inverse_frequencies, -1.0f);
 }
 
 // Query rows are processed in blocks: block [r0, r1) only needs key columns [0, r1), which skips
@@ -127,7 +139,7 @@ void rope_backward(float* dqkv, int B, int T, int Hq, int Hkv, int D, float thet
 constexpr int kAttentionRowBlock = 64;
 
 void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int Hq, int Hkv,
-                       int D) {
+                       int D, int window) {
   ProfileScope profile(KernelKind::KernelKind_attention);
   const int64_t R = static_cast<int64_t>(Hq + 2 * Hkv) * D;
   const int64_t out_stride = static_cast<int64_t>(Hq) * D;
@@ -148,7 +160,8 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
         float* p_block = p + static_cast<int64_t>(r0) * T;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, D, scale, q + r0 * R, R,
                     k, R, 0.0f, p_block, T);
-        for (int t = r0; t < r1; t++) causal_softmax_row(p + static_cast<int64_t>(t) * T, t, T);
+        for (int t = r0; t < r1; t++)
+          causal_softmax_row(p + static_cast<int64_t>(t) * T, first_visible(t, window), t, T);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, D, r1, 1.0f, p_block, T,
                     v, R, 0.0f, o + r0 * out_stride, out_stride);
       }
@@ -161,7 +174,7 @@ int64_t attention_backward_scratch_floats(int T) {
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* probs,
-                        const float* qkv, int B, int T, int Hq, int Hkv, int D) {
+                        const float* qkv, int B, int T, int Hq, int Hkv, int D, int window) {
   ProfileScope profile(KernelKind::KernelKind_attention);
   const int64_t R = static_cast<int64_t>(Hq + 2 * Hkv) * D;
   const int64_t out_stride = static_cast<int64_t>(Hq) * D;
@@ -197,7 +210,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                       dout_block, out_stride, 1.0f, dv, R);
           for (int t = r0; t < r1; t++) {
             softmax_backward_row(dp + static_cast<int64_t>(t) * T, p + static_cast<int64_t>(t) * T,
-                                 t, T);
+                                 first_visible(t, window), t, T);
           }
           // dQ += dS K / sqrt(D) and dK += dS^T Q / sqrt(D)
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, D, r1, scale, dp_block,

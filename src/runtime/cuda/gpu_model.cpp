@@ -236,6 +236,13 @@ GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t co
     throw Error("the GPU model runs whole models on one GPU for now", {"", "--device"},
                 "run pipeline or tensor-parallel plans on CPU ranks, or a data-parallel plan on GPUs");
   }
+  if (s.rope_scaling.type != RopeScalingType::RopeScalingType_none || s.sliding_window > 0) {
+    throw Error(fmt::format("the GPU model implements neither RoPE scaling nor sliding-window attention yet, which "
+                            "model {} uses",
+                            s.name),
+                {s.source_path, s.sliding_window > 0 ? "sliding_window" : "rope_scaling"},
+                "train this model on CPU ranks (--device cpu)");
+  }
   cuda_attention_check_shape(static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
                              static_cast<int>(s.head_dim));
   params = take<float>(*this, num_parameters, "parameters (fp32)");

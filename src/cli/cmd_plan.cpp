@@ -149,12 +149,12 @@ struct ExplainCommand {
 };
 
 // A plan file's model or cluster: the one named on the command line (errors are the user's),
-// else the plan's own, else the preset the plan names (`named`); empty with `why` set when that
-// is no preset.
+// else the one the plan carries (`carried`), else the preset the plan names (`named`); empty with
+// `why` set when that is no preset.
 template <typename Spec, typename Load>
-std::optional<Spec> explain_spec(const std::string& given, const Plan& plan, const std::string& named, const char* flag,
+std::optional<Spec> explain_spec(const std::string& given, bool carried, const std::string& named, const char* flag,
                                  Load load, std::string* why) {
-  if (!given.empty() || !plan.inputs.empty()) return load(given);
+  if (!given.empty() || carried) return load(given);
   try {
     return load(given);
   } catch (const Error&) {
@@ -174,10 +174,11 @@ void run_explain(const ExplainCommand& c) {
     return;
   }
   std::string why;
-  const std::optional<ModelSpec> model = explain_spec<ModelSpec>(
-      c.model, plan, plan.model_name, "--model", [&](const std::string& m) { return plan_model(plan, m, c.plan); }, &why);
+  const std::optional<ModelSpec> model =
+      explain_spec<ModelSpec>(c.model, !plan.inputs.model.empty(), plan.model_name, "--model",
+                              [&](const std::string& m) { return plan_model(plan, m, c.plan); }, &why);
   const std::optional<ClusterSpec> cluster =
-      explain_spec<ClusterSpec>(c.cluster, plan, plan.cluster_name, "--cluster",
+      explain_spec<ClusterSpec>(c.cluster, !plan.inputs.cluster.empty(), plan.cluster_name, "--cluster",
                                 [&](const std::string& n) { return plan_cluster(plan, n, catalog_builtin(), c.plan); }, &why);
   if (!model || !cluster) {
     RenderOptions render;

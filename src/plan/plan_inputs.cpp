@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "spec/error.hpp"
+#include "spec/field_reader.hpp"
 
 namespace alloy {
 
@@ -74,25 +75,40 @@ ClusterSpec plan_cluster(const Plan& plan, const std::string& given, const Devic
   return cluster;
 }
 
+namespace {
+
+// A training file beside a plan: what it states of the sequence length and global batch must be
+// the plan's (what it leaves out the plan fills in).
+void train_file_check(const Plan& plan, const TrainSpec& train, const std::string& given, const std::string& source) {
+  const FieldReader stated(spec_file_parse(given), given);
+  const auto disagree = [&](const char* field, int64_t file_value, int64_t plan_value, const char* what) {
+    if (!stated.has(field) || file_value == plan_value) return;
+    throw Error(fmt::format("{} is {} here but {} in the plan {}: the plan fixes {}", field, file_value, plan_value,
+                            source, what),
+                {given, field}, "drop it (or --train) to use the plan's own setup, or re-run `alloy plan` with this file");
+  };
+  disagree("seq_len", train.seq_len, plan.seq_len, "the sequence length");
+  if (train.min_global_batch > 0 && train.max_global_batch > 0) {
+    const bool below = plan.global_batch_sequences < train.min_global_batch;
+    if (below || plan.global_batch_sequences > train.max_global_batch)
+      throw Error(fmt::format("the plan {} runs a global batch of {} sequences, outside this file's range [{}, {}]",
+                              source, plan.global_batch_sequences, train.min_global_batch, train.max_global_batch),
+                  {given, below ? "min_global_batch" : "max_global_batch"},
+                  "drop --train to use the plan's own setup, or re-run `alloy plan` with this file");
+    return;
+  }
+  disagree("global_batch", train.global_batch_sequences, plan.global_batch_sequences, "the global batch");
+  disagree("global_batch_tokens", train.global_batch_sequences * train.seq_len,
+           plan.global_batch_sequences * plan.seq_len, "the global batch");
+}
+
+}  // namespace
+
 TrainSpec plan_train(const Plan& plan, const std::string& given, const std::string& source) {
   TrainSpec train;
   if (!given.empty()) {
     train = train_load(given);
-    const auto disagree = [&](const char* field, int64_t file_value, int64_t plan_value, const char* what) {
-      if (file_value == plan_value) return;
-      throw Error(fmt::format("{} is {} here but {} in the plan {}: the plan fixes {}", field, file_value, plan_value,
-                              source, what),
-                  {given, field}, "drop --train to use the plan's own setup, or re-run `alloy plan` with this file");
-    };
-    disagree("seq_len", train.seq_len, plan.seq_len, "the sequence length");
-    if (train.max_global_batch == 0) {
-      disagree("global_batch", train.global_batch_sequences, plan.global_batch_sequences, "the global batch");
-    } else if (plan.global_batch_sequences < train.min_global_batch ||
-               plan.global_batch_sequences > train.max_global_batch) {
-      throw Error(fmt::format("the plan's global batch of {} sequences lies outside this file's range [{}, {}]",
-                              plan.global_batch_sequences, train.min_global_batch, train.max_global_batch),
-                  {given, "min_global_batch"}, "drop --train to use the plan's own setup, or re-run `alloy plan`");
-    }
+    train_file_check(plan, train, given, source);
   } else if (!plan.inputs.train.empty()) {
     train = train_load_text(plan.inputs.train, input_origin(source, "train"));
   }

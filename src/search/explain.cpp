@@ -99,6 +99,11 @@ std::string replica_shares_summary(const PlanStage& st) {
   return fmt::format("{}", fmt::join(runs, ", "));
 }
 
+// The stage's forward and backward per step (the measure of the planner's 1% rule).
+double stage_compute_seconds(const Plan& plan, const PlanStage& st) {
+  return plan.num_micro_batches * (st.forward_seconds + st.backward_seconds);
+}
+
 // Why stage `s` of `plan` uses its strategy, from `other`: the same plan with the stage switched.
 // Times are the stage's exposed gradient sync per step (what the strategy changes).
 std::string gradient_strategy_note(const Plan& plan, const Plan& other, int s) {
@@ -110,9 +115,9 @@ std::string gradient_strategy_note(const Plan& plan, const Plan& other, int s) {
     std::string note = added < 5e-5
                            ? fmt::format("stage {} shards gradients: {} per device at no extra time", s, saves)
                            : fmt::format("stage {} shards gradients: {} per device for +{:.1f} ms of reduce-scatter per "
-                                         "step ({:.1f}% of it; accumulating in full must save over 1% of the stage's "
-                                         "compute to be chosen)",
-                                         s, saves, added * 1e3, 100 * added / plan.step_seconds);
+                                         "step ({:.1f}% of the stage's compute; accumulating in full must save over 1% "
+                                         "to be chosen)",
+                                         s, saves, added * 1e3, 100 * added / stage_compute_seconds(plan, st));
     if (alt.memory_total_bytes() > alt.memory_capacity_bytes)
       note += fmt::format(" (in full it would need {:.1f} of {:.1f} GiB)", alt.memory_total_bytes() / kGiB,
                           alt.memory_capacity_bytes / kGiB);

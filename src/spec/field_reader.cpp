@@ -29,8 +29,14 @@ std::string spec_file_text(const std::string& path) {
 std::string yaml_quoted(const std::string& text) {
   std::string out = "\"";
   for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    } else {
+      out += c;
+    }
   }
   return out + "\"";
 }

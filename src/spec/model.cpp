@@ -90,7 +90,7 @@ ModelSpec read_hf_llama(const FieldReader& r, const std::string& type) {
     r.fail("mlp_bias", "MLP biases are not supported for the LLaMA family", "set mlp_bias to false");
   }
   m.rope_scaling = rope_scaling_read(r, true);
-  m.sliding_window = sliding_window_read(r, type);
+  m.sliding_window = sliding_window_read(r, type, true);
   return m;
 }
 
@@ -128,7 +128,7 @@ ModelSpec read_alloy_yaml(const FieldReader& r) {
   m.rope_scaling = rope_scaling_read(r, false);
   if (gpt2 && m.rope_scaling.type != RopeScalingType::RopeScalingType_none)
     r.fail("rope_scaling", "gpt2 models have learned positions, not RoPE", "remove rope_scaling");
-  m.sliding_window = sliding_window_read(r, m.model_type);
+  m.sliding_window = sliding_window_read(r, m.model_type, false);
   if (!gpt2 && (m.linear_bias || m.norm_bias)) {
     r.fail(m.linear_bias ? "linear_bias" : "norm_bias", "the llama family has no such biases",
            "remove the field or set it to false");

@@ -78,6 +78,7 @@ TEST_F(PlanInputsCli, ThePlanAloneRunsSimulatesAndExplains) {
 
 TEST_F(PlanInputsCli, InputsGivenAnywayMustAgree) {
   const std::string other_train = dir_.write("other.yaml", "seq_len: 16\nglobal_batch: 4\nprecision: fp32\n");
+  const std::string tokens_train = dir_.write("tokens.yaml", "seq_len: 32\nglobal_batch_tokens: 64\n");
   const struct {
     std::string flags;
     const char* expect;
@@ -90,6 +91,7 @@ TEST_F(PlanInputsCli, InputsGivenAnywayMustAgree) {
       {"--cluster local-cpu-4", "--cluster local-cpu-4 is not the cluster the plan was made for ('own-cpus': devices "
                                 "or links differ)"},
       {"--train " + other_train, "seq_len is 16 here but 32 in the plan"},
+      {"--train " + tokens_train, "global_batch_tokens is 64 here but 128 in the plan"},
   };
   for (const auto& c : cases) {
     const CommandResult r = testing::run_command(train_with(c.flags), 120);
@@ -97,6 +99,11 @@ TEST_F(PlanInputsCli, InputsGivenAnywayMustAgree) {
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.flags << "\n" << r.output;
     EXPECT_NE(r.output.find("fix:"), std::string::npos) << c.flags << "\n" << r.output;
   }
+  // A training file that leaves the sequence length and batch to the plan sets the rest.
+  const std::string schedule_only = dir_.write("schedule.yaml", "steps: 3\nlearning_rate: 1.0e-3\nwarmup_steps: 1\n");
+  const CommandResult scheduled = testing::run_command(train_with("--train " + schedule_only), 120);
+  EXPECT_EQ(scheduled.exit_code, 0) << scheduled.output;
+  EXPECT_NE(scheduled.output.find("for steps 1..3"), std::string::npos) << scheduled.output;
   // The same model from another file, and the same devices under another name (local-cpu-2,
   // with more host memory, which the plan does not need): accepted.
   const std::string same = dir_.write("same.yaml", kOwnModel);

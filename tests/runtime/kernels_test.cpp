@@ -2,6 +2,8 @@
 // finite differences of the forward (and backward kernels must accumulate, not overwrite).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <numbers>
 
@@ -143,6 +145,17 @@ TEST(Kernels, MatmulForwardAndBackward) {
   expect_gradient_matches("matmul dx", x, accumulated_part(dx, kStart), loss);
   expect_gradient_matches("matmul dw", w, accumulated_part(dw, kStart), loss);
   expect_gradient_matches("matmul db", b, accumulated_part(db, kStart), loss);
+  // Any of the three gradients alone, or in row pieces, adds the same.
+  std::vector<float> db_alone(OC, kStart), dw_pieces(w.size(), kStart), db_pieces(OC, kStart);
+  matmul_backward(nullptr, nullptr, db_alone.data(), dout.data(), x.data(), w.data(), N, C, OC);
+  EXPECT_EQ(db_alone, db);
+  for (int begin = 0; begin < OC; begin += 2) {
+    const int end = std::min(OC, begin + 2);
+    matmul_backward_weight_rows(dw_pieces.data() + begin * C, db_pieces.data() + begin, dout.data(), x.data(), N, C,
+                                OC, begin, end);
+  }
+  EXPECT_LT(max_relative_difference(dw_pieces.data(), std::vector<double>(dw.begin(), dw.end()).data(), dw.size()), 1e-6);
+  EXPECT_LT(max_relative_difference(db_pieces.data(), std::vector<double>(db.begin(), db.end()).data(), db.size()), 1e-6);
 }
 
 TEST(Kernels, GeluForwardAndBackward) {

@@ -81,6 +81,11 @@ TEST(RopeSpec, SlidingWindowsAreReadOrRefused) {
   EXPECT_EQ(model_load(dir.write("mistral.json", mistral + "4096}")).sliding_window, 4096);
   EXPECT_EQ(model_load(dir.write("mistral-full.json", mistral + "null}")).sliding_window, 0);
   EXPECT_EQ(model_load("mistral-7b").sliding_window, 4096) << "the shipped preset";
+  // In Alloy YAML a window is a window, whatever the model_type.
+  EXPECT_EQ(model_load(dir.write("qwen-like.yaml", "family: llama\nmodel_type: qwen2\nlayers: 2\nhidden_size: 64\n"
+                                                   "heads: 4\nvocab_size: 256\nmax_seq_len: 64\nsliding_window: 16\n"))
+                .sliding_window,
+            16);
   try {
     model_load(dir.write("qwen.json", R"({"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
       "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,

@@ -30,7 +30,7 @@ TEST(RoundTrip, EveryModelPresetThroughAlloyYaml) {
   }
   // Names that YAML would read as something else stay text.
   ModelSpec odd = model_load("tiny-gpt");
-  odd.name = "yes: \"quoted\" \\ name";
+  odd.name = "yes: \"quoted\" \\ name\nover two lines\tand a tab";
   EXPECT_EQ(model_load_text(model_to_yaml(odd), "odd.yaml").name, odd.name);
 }
 

@@ -65,7 +65,11 @@ void matmul_backward(float* dinp, float* dw, float* db, const float* dout, const
       }
     }
   }
-  if (dw != nullptr) matmul_backward_weight_rows(dw, db, dout, inp, N, C, OC, 0, OC);
+  if (dw != nullptr) {
+    matmul_backward_weight_rows(dw, db, dout, inp, N, C, OC, 0, OC);
+  } else if (db != nullptr) {
+    matmul_backward_bias(db, dout, N, OC);
+  }
 }
 
 void matmul_backward_weight_rows(float* dw_rows, float* db_rows, const float* dout, const float* inp,

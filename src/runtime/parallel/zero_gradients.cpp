@@ -252,10 +252,12 @@ void ShardedGradients::slots_point(const Part& p, float* base) {
   if (model_.spec.tied_embeddings) model_.gradients.lm_head = model_.gradients.token;
 }
 
+// m.parts ascend in the flat index: the last part starting at or before the row's first float.
 size_t ShardedGradients::part_of_row(const Managed& m, int64_t row) const {
   const int64_t offset = model_.views[m.view].offset + row * m.row_floats;
-  for (size_t p : m.parts)
-    if (range_holds(parts_[p].range, offset)) return p;
+  const auto after = std::upper_bound(m.parts.begin(), m.parts.end(), offset,
+                                      [&](int64_t at, size_t p) { return at < parts_[p].range.offset; });
+  if (after != m.parts.begin() && range_holds(parts_[*(after - 1)].range, offset)) return *(after - 1);
   throw Error(fmt::format("row {} of {} lies in no gradient part", row, model_.views[m.view].name));
 }
 

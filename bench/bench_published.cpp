@@ -1,0 +1,240 @@
+// Alloy's un-profiled predictions against published, measured training throughputs
+// (bench/published/throughputs.yaml). Each row whose model shape, devices and layout are stated
+// is planned with every stated choice pinned, on a cluster of the row's devices and a network of
+// their generation; prints the published figure, the prediction and the error, then the median
+// and worst |error| over the rows compared, and for every other row why it was not compared
+// (what the source leaves out, what Alloy does not model, or which memory term overflows).
+//
+// Usage: bench_published [--table path/to/throughputs.yaml]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "hw/catalog.hpp"
+#include "search/planner.hpp"
+#include "spec/error.hpp"
+#include "spec/text.hpp"
+
+namespace {
+
+using namespace alloy;
+
+// A row that cannot be compared: why.
+struct Skip {
+  std::string reason;
+};
+
+struct Compared {
+  std::string metric;
+  double published = 0;
+  double predicted = 0;
+  std::string assumed;  // what the bench filled in that the source does not state
+  double error() const { return (predicted - published) / published; }
+};
+
+std::optional<double> number(const YAML::Node& map, const char* key) {
+  if (!map || !map[key]) return std::nullopt;
+  const std::string text = map[key].as<std::string>();
+  // MegaScale prints aggregate rates as "39.3k".
+  const double scale = text.ends_with("k") ? 1e3 : text.ends_with("M") ? 1e6 : 1.0;
+  try {
+    return std::stod(scale == 1.0 ? text : text.substr(0, text.size() - 1)) * scale;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The catalog type of a device as the sources name it, and the network of a node of its
+// generation (per node, both directions each: DGX A100 8 x 200 Gb/s HDR, DGX H100 8 x 400 Gb/s
+// NDR, DGX-2H 8 x 100 Gb/s EDR, Frontier 4 x 200 Gb/s Slingshot).
+struct DeviceChoice {
+  std::string type;
+  std::string network;
+  std::string assumed;
+};
+
+std::optional<DeviceChoice> device_choice(const std::string& published) {
+  const std::string d = text_lower(published);
+  if (d == "nvidia-ampere") return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "device: A100 80GB taken for \"Ampere\""};
+  if (d.starts_with("a100-80")) return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", ""};
+  if (d.starts_with("a100-40")) return DeviceChoice{"a100-40gb-sxm", "1600Gb/s", ""};
+  if (d.starts_with("h100")) return DeviceChoice{"h100-sxm", "3200Gb/s", d.find("96gb") != std::string::npos ? "device: H100 SXM taken for a 96 GB part" : ""};
+  if (d.starts_with("h200")) return DeviceChoice{"h200-sxm", "3200Gb/s", ""};
+  if (d.starts_with("v100-32")) return DeviceChoice{"v100-32gb", "800Gb/s", ""};
+  if (d.starts_with("mi250x")) return DeviceChoice{"mi250x", "800Gb/s", ""};
+  return std::nullopt;
+}
+
+ModelSpec row_model(const YAML::Node& m, std::string* assumed) {
+  ModelSpec spec;
+  spec.name = m["name"].as<std::string>();
+  const std::string lower = text_lower(spec.name);
+  const bool llama = lower.find("llama") != std::string::npos;
+  for (const char* key : {"layers", "hidden_size", "heads", "seq_len"})
+    if (!m[key]) throw Skip{fmt::format("model {} not stated", key)};
+  spec.family = llama ? ModelFamily::ModelFamily_llama : ModelFamily::ModelFamily_gpt2;
+  spec.model_type = llama ? "llama" : "gpt2";
+  spec.num_layers = m["layers"].as<int64_t>();
+  spec.hidden_size = m["hidden_size"].as<int64_t>();
+  spec.num_heads = m["heads"].as<int64_t>();
+  spec.num_kv_heads = m["kv_heads"] ? m["kv_heads"].as<int64_t>() : spec.num_heads;
+  spec.head_dim = spec.hidden_size / spec.num_heads;
+  spec.max_seq_len = m["seq_len"].as<int64_t>();
+  if (m["ffn_hidden_size"]) {
+    spec.ffn_hidden_size = m["ffn_hidden_size"].as<int64_t>();
+  } else if (llama) {
+    throw Skip{"model ffn_hidden_size not stated"};
+  } else {
+    spec.ffn_hidden_size = 4 * spec.hidden_size;
+  }
+  if (m["vocab_size"]) {
+    spec.vocab_size = m["vocab_size"].as<int64_t>();
+  } else if (llama) {
+    throw Skip{"model vocab_size not stated"};
+  } else {
+    spec.vocab_size = 51200;
+    *assumed += "vocab 51200 (Megatron's padded GPT-2); ";
+  }
+  spec.tied_embeddings = !llama;
+  spec.qkv_bias = spec.linear_bias = spec.norm_bias = !llama;
+  return spec;
+}
+
+// The published figure the row is compared on, most direct first, and Alloy's prediction of it.
+Compared compare(const YAML::Node& measured, const Plan& plan, const ModelSpec& model, int devices) {
+  const double tokens = plan.tokens_per_second;
+  const double model_tflops = tokens * model_flops_per_token(model, plan.seq_len).training / devices / 1e12;
+  const std::pair<const char*, double> metrics[] = {
+      {"seconds_per_iteration", plan.step_seconds},
+      {"tokens_per_second", tokens},
+      {"tokens_per_second_per_gpu", tokens / devices},
+      {"samples_per_second", tokens / static_cast<double>(plan.seq_len)},
+      {"tflops_per_gpu", model_tflops},
+      {"model_tflops_per_gpu", model_tflops},
+      {"mfu", plan.mfu},
+  };
+  for (const auto& [key, predicted] : metrics)
+    if (const std::optional<double> published = number(measured, key)) return {key, *published, predicted, ""};
+  throw Skip{"no step time, throughput or MFU published"};
+}
+
+// Plans the row with its stated choices pinned; throws Skip when the row cannot be planned.
+Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
+  std::string assumed;
+  const YAML::Node hardware = row["hardware"], layout = row["layout"], batch = row["batch"], measured = row["measured"];
+  if (!row["model"]) throw Skip{"model not stated"};
+  const ModelSpec model = row_model(row["model"], &assumed);
+  if (!hardware || !hardware["num_devices"]) throw Skip{"device count not stated"};
+  const std::optional<DeviceChoice> device = device_choice(hardware["device"].as<std::string>());
+  if (!device) throw Skip{fmt::format("device {} not in Alloy's catalog", hardware["device"].as<std::string>())};
+  if (!device->assumed.empty()) assumed += device->assumed + "; ";
+  if (!layout || !layout["tp"] || !layout["pp"]) throw Skip{"tensor or pipeline degree not stated"};
+  if (layout["cp"] && layout["cp"].as<int>() > 1) throw Skip{"context parallelism (Alloy has none)"};
+  const int devices = hardware["num_devices"].as<int>();
+  const int per_node = hardware["devices_per_node"] ? hardware["devices_per_node"].as<int>() : 8;
+  SearchOptions o;
+  o.tp = layout["tp"].as<int>();
+  o.pp = layout["pp"].as<int>();
+  o.dp = layout["dp"] ? layout["dp"].as<int>() : devices / (o.tp * o.pp);
+  if (o.tp * o.pp * o.dp != devices) throw Skip{"tp x pp x dp is not the device count"};
+  // The global batch: stated, or the tokens of a step over the sequence length.
+  int64_t global = batch && batch["global_batch"] ? batch["global_batch"].as<int64_t>() : 0;
+  if (global == 0 && number(measured, "tokens_per_batch"))
+    global = static_cast<int64_t>(std::llround(*number(measured, "tokens_per_batch") / model.max_seq_len));
+  if (global == 0 && number(measured, "tokens_per_second") && number(measured, "seconds_per_iteration")) {
+    global = static_cast<int64_t>(std::llround(*number(measured, "tokens_per_second") *
+                                               *number(measured, "seconds_per_iteration") / model.max_seq_len));
+    assumed += fmt::format("global batch {} from tokens/s x s/iteration; ", global);
+  }
+  if (global == 0) throw Skip{"global batch not stated"};
+  const int64_t micro = batch && batch["micro_batch"] ? batch["micro_batch"].as<int64_t>() : 1;
+  if (!(batch && batch["micro_batch"])) assumed += "micro-batch 1; ";
+  o.micro_batch_sequences = micro * o.dp;
+  if (global % o.micro_batch_sequences != 0) throw Skip{"the global batch does not divide into micro-batches"};
+  o.num_micro_batches = static_cast<int>(global / o.micro_batch_sequences);
+  if (layout["virtual_pipeline"] && layout["virtual_pipeline"].as<int>() > 1) {
+    o.schedule = Schedule::Schedule_interleaved;
+    o.virtual_chunks = layout["virtual_pipeline"].as<int>();
+  } else {
+    o.schedule = Schedule::Schedule_1f1b;
+  }
+  if (layout["sequence_parallel"]) o.sequence_parallel = layout["sequence_parallel"].as<bool>();
+  if (layout["recompute"]) {
+    const std::string level = layout["recompute"].as<std::string>();
+    o.recompute = level == "full" ? Recompute::Recompute_full
+                  : level == "selective" ? Recompute::Recompute_selective : Recompute::Recompute_none;
+  } else {
+    assumed += "recomputation chosen by Alloy; ";
+  }
+  o.allow_offload = false;
+  o.allow_uneven_dp = false;
+  o.runner_ups = 0;
+  const std::string precision_text = text_lower(row["precision"] ? row["precision"].as<std::string>() : "bf16");
+  if (precision_text.find("fp8") != std::string::npos) throw Skip{"fp8 training (priced as bf16 it is not comparable)"};
+
+  const std::string cluster_yaml = fmt::format(
+      "name: published\nnetwork: {{kind: infiniband, bandwidth: {}, latency: 5us}}\nnodes:\n"
+      "  - {{name: nodes, count: {}, device: {}, devices_per_node: {}}}\n",
+      device->network, (devices + per_node - 1) / per_node, device->type, std::min(per_node, devices));
+  const ClusterSpec cluster = cluster_load_text(cluster_yaml, "published cluster", "published", catalog);
+  TrainSpec train;
+  train.seq_len = model.max_seq_len;
+  train.global_batch_sequences = global;
+  train.precision = precision_text.find("fp16") != std::string::npos ? Precision::Precision_fp16 : Precision::Precision_bf16;
+  try {
+    const CostModel cost(model, cluster, train);
+    const Plan plan = plan_search(cost, o).plan;
+    Compared c = compare(measured, plan, model, devices);
+    c.assumed = assumed;
+    return c;
+  } catch (const Error& e) {
+    throw Skip{"infeasible for Alloy: " + e.message()};
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string table = std::string(ALLOY_SOURCE_DIR) + "/bench/published/throughputs.yaml";
+  for (int i = 1; i + 1 < argc; i += 2)
+    if (std::string(argv[i]) == "--table") table = argv[i + 1];
+  const YAML::Node rows = YAML::LoadFile(table);
+  const DeviceCatalog catalog = catalog_builtin();
+  std::vector<double> errors;
+  std::map<std::string, std::vector<std::string>> skipped;  // reason -> ids
+  std::printf("Un-profiled predictions against %zu published rows (%s)\n\n", rows.size(), table.c_str());
+  std::printf("%-48s %-22s %12s %12s %8s  %s\n", "row", "metric", "published", "predicted", "error", "assumed");
+  for (const YAML::Node& row : rows) {
+    const std::string id = row["id"].as<std::string>();
+    try {
+      const Compared c = row_compare(row, catalog);
+      errors.push_back(std::abs(c.error()));
+      std::printf("%-48s %-22s %12.4g %12.4g %+7.1f%%  %s\n", id.c_str(), c.metric.c_str(), c.published, c.predicted,
+                  100 * c.error(), c.assumed.c_str());
+    } catch (const Skip& s) {
+      skipped[s.reason].push_back(id);
+    }
+  }
+  if (!errors.empty()) {
+    std::printf("\n%zu rows compared: median |error| %.1f%%, worst %.1f%%\n", errors.size(), 100 * median(errors),
+                100 * *std::max_element(errors.begin(), errors.end()));
+  }
+  std::printf("\nnot compared (%zu rows):\n", rows.size() - errors.size());
+  for (const auto& [reason, ids] : skipped) {
+    std::printf("  %s: %zu (%s%s)\n", reason.c_str(), ids.size(), ids.front().c_str(), ids.size() > 1 ? ", ..." : "");
+  }
+  return 0;
+}

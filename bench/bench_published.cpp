@@ -135,15 +135,30 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
   const std::optional<DeviceChoice> device = device_choice(hardware["device"].as<std::string>());
   if (!device) throw Skip{fmt::format("device {} not in Alloy's catalog", hardware["device"].as<std::string>())};
   if (!device->assumed.empty()) assumed += device->assumed + "; ";
-  if (!layout || !layout["tp"] || !layout["pp"]) throw Skip{"tensor or pipeline degree not stated"};
+  if (!layout) throw Skip{"layout not stated"};
   if (layout["cp"] && layout["cp"].as<int>() > 1) throw Skip{"context parallelism (Alloy has none)"};
   const int devices = hardware["num_devices"].as<int>();
   const int per_node = hardware["devices_per_node"] ? hardware["devices_per_node"].as<int>() : 8;
   SearchOptions o;
-  o.tp = layout["tp"].as<int>();
-  o.pp = layout["pp"].as<int>();
-  o.dp = layout["dp"] ? layout["dp"].as<int>() : devices / (o.tp * o.pp);
+  // A degree left out is 1 when the stated ones already use every device; dp fills the rest.
+  const auto degree = [&](const char* key) { return layout[key] ? layout[key].as<int>() : 0; };
+  o.tp = degree("tp");
+  o.pp = degree("pp");
+  o.dp = degree("dp");
+  const int stated = std::max(1, o.tp) * std::max(1, o.pp) * std::max(1, o.dp);
+  if (o.dp == 0 && o.tp > 0 && o.pp > 0) o.dp = devices / stated;
+  if (stated == devices) {
+    o.tp = std::max(1, o.tp);
+    o.pp = std::max(1, o.pp);
+    o.dp = std::max(1, o.dp);
+  }
+  if (o.tp == 0 || o.pp == 0 || o.dp == 0) throw Skip{"tensor or pipeline degree not stated"};
   if (o.tp * o.pp * o.dp != devices) throw Skip{"tp x pp x dp is not the device count"};
+  if (layout["zero"]) {
+    const std::string zero = text_lower(layout["zero"].as<std::string>());
+    if (zero.find("offload") != std::string::npos) throw Skip{"ZeRO with offload (Alloy offloads at dp 1 only)"};
+    if (zero.find("full_shard") != std::string::npos || zero.find("3") != std::string::npos) o.zero = 3;
+  }
   // The global batch: stated, or the tokens of a step over the sequence length.
   int64_t global = batch && batch["global_batch"] ? batch["global_batch"].as<int64_t>() : 0;
   if (global == 0 && number(measured, "tokens_per_batch"))
@@ -177,7 +192,8 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
   o.allow_uneven_dp = false;
   o.runner_ups = 0;
   const std::string precision_text = text_lower(row["precision"] ? row["precision"].as<std::string>() : "bf16");
-  if (precision_text.find("fp8") != std::string::npos) throw Skip{"fp8 training (priced as bf16 it is not comparable)"};
+  if (precision_text.find("fp8") != std::string::npos || precision_text.find("float8") != std::string::npos)
+    throw Skip{"fp8 matrix products (Alloy prices a run in one precision)"};
 
   const std::string cluster_yaml = fmt::format(
       "name: published\nnetwork: {{kind: infiniband, bandwidth: {}, latency: 5us}}\nnodes:\n"

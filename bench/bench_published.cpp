@@ -2,8 +2,10 @@
 // (bench/published/throughputs.yaml). Each row whose model shape, devices and layout are stated
 // is planned with every stated choice pinned, on a cluster of the row's devices and a network of
 // their generation; prints the published figure, the prediction and the error, then the median
-// and worst |error| over the rows compared, and for every other row why it was not compared
-// (what the source leaves out, what Alloy does not model, or which memory term overflows).
+// and worst |error| over the rows compared; the same for per-device memory where the source
+// states it; and for every other row why it was not compared (what the source leaves out, what
+// Alloy does not model, or, for a layout Alloy's memory model does not fit, the memory it needs
+// and its largest terms).
 //
 // Usage: bench_published [--table path/to/throughputs.yaml]
 #include <algorithm>
@@ -36,8 +38,25 @@ struct Compared {
   double published = 0;
   double predicted = 0;
   std::string assumed;  // what the bench filled in that the source does not state
+  double memory_published_gib = 0;  // 0: not stated
+  double memory_predicted_gib = 0;  // the plan's largest per-device total
   double error() const { return (predicted - published) / published; }
 };
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The largest per-device memory of the plan's stages, and that stage's two largest terms.
+std::pair<double, std::string> plan_peak_memory(const Plan& plan) {
+  const PlanStage* largest = &plan.stages.front();
+  for (const PlanStage& st : plan.stages)
+    if (st.memory_total_bytes() > largest->memory_total_bytes()) largest = &st;
+  std::vector<MemoryTerm> terms = largest->memory;
+  std::sort(terms.begin(), terms.end(), [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes > b.bytes; });
+  std::string top;
+  for (size_t i = 0; i < std::min<size_t>(2, terms.size()); ++i)
+    top += fmt::format("{}{} {:.1f} GiB", i > 0 ? ", " : "", terms[i].name, terms[i].bytes / kGiB);
+  return {largest->memory_total_bytes(), top};
+}
 
 std::optional<double> number(const YAML::Node& map, const char* key) {
   if (!map || !map[key]) return std::nullopt;
@@ -195,24 +214,42 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
   if (precision_text.find("fp8") != std::string::npos || precision_text.find("float8") != std::string::npos)
     throw Skip{"fp8 matrix products (Alloy prices a run in one precision)"};
 
-  const std::string cluster_yaml = fmt::format(
-      "name: published\nnetwork: {{kind: infiniband, bandwidth: {}, latency: 5us}}\nnodes:\n"
-      "  - {{name: nodes, count: {}, device: {}, devices_per_node: {}}}\n",
-      device->network, (devices + per_node - 1) / per_node, device->type, std::min(per_node, devices));
-  const ClusterSpec cluster = cluster_load_text(cluster_yaml, "published cluster", "published", catalog);
+  // The row's devices, and the same without a memory limit: what a layout Alloy does not fit
+  // would need.
+  const auto cluster_of = [&](const std::string& memory) {
+    const std::string yaml = fmt::format(
+        "name: published\nnetwork: {{kind: infiniband, bandwidth: {}, latency: 5us}}\n"
+        "device_types:\n  row-device: {{base: {}{}}}\nnodes:\n"
+        "  - {{name: nodes, count: {}, device: row-device, devices_per_node: {}}}\n",
+        device->network, device->type, memory.empty() ? "" : ", memory: " + memory, (devices + per_node - 1) / per_node,
+        std::min(per_node, devices));
+    return cluster_load_text(yaml, "published cluster", "published", catalog);
+  };
   TrainSpec train;
   train.seq_len = model.max_seq_len;
   train.global_batch_sequences = global;
   train.precision = precision_text.find("fp16") != std::string::npos ? Precision::Precision_fp16 : Precision::Precision_bf16;
+  Plan plan;
   try {
-    const CostModel cost(model, cluster, train);
-    const Plan plan = plan_search(cost, o).plan;
-    Compared c = compare(measured, plan, model, devices);
-    c.assumed = assumed;
-    return c;
+    plan = plan_search(CostModel(model, cluster_of(""), train), o).plan;
   } catch (const Error& e) {
-    throw Skip{"infeasible for Alloy: " + e.message()};
+    try {
+      const Plan roomy = plan_search(CostModel(model, cluster_of("1024TiB"), train), o).plan;
+      const auto [need, terms] = plan_peak_memory(roomy);
+      throw Skip{fmt::format("infeasible for Alloy: {:.1f} GiB per device needed, {:.0f} GiB there ({}{})", need / kGiB,
+                             catalog.find(device->type)->memory_bytes / kGiB, terms,
+                             device->assumed.empty() ? "" : "; " + device->assumed)};
+    } catch (const Error&) {
+      throw Skip{"infeasible for Alloy: " + e.message()};
+    }
   }
+  Compared c = compare(measured, plan, model, devices);
+  c.assumed = assumed;
+  if (const YAML::Node memory = row["memory"]; memory && memory["per_gpu_gib"]) {
+    c.memory_published_gib = memory["per_gpu_gib"].as<double>();
+    c.memory_predicted_gib = plan_peak_memory(plan).first / kGiB;
+  }
+  return c;
 }
 
 double median(std::vector<double> v) {
@@ -229,7 +266,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--table") table = argv[i + 1];
   const YAML::Node rows = YAML::LoadFile(table);
   const DeviceCatalog catalog = catalog_builtin();
-  std::vector<double> errors;
+  std::vector<double> errors, memory_errors;
   std::map<std::string, std::vector<std::string>> skipped;  // reason -> ids
   std::printf("Un-profiled predictions against %zu published rows (%s)\n\n", rows.size(), table.c_str());
   std::printf("%-48s %-22s %12s %12s %8s  %s\n", "row", "metric", "published", "predicted", "error", "assumed");
@@ -240,6 +277,12 @@ int main(int argc, char** argv) {
       errors.push_back(std::abs(c.error()));
       std::printf("%-48s %-22s %12.4g %12.4g %+7.1f%%  %s\n", id.c_str(), c.metric.c_str(), c.published, c.predicted,
                   100 * c.error(), c.assumed.c_str());
+      if (c.memory_published_gib > 0) {
+        const double error = (c.memory_predicted_gib - c.memory_published_gib) / c.memory_published_gib;
+        memory_errors.push_back(std::abs(error));
+        std::printf("%-48s %-22s %12.4g %12.4g %+7.1f%%\n", "", "memory GiB per device", c.memory_published_gib,
+                    c.memory_predicted_gib, 100 * error);
+      }
     } catch (const Skip& s) {
       skipped[s.reason].push_back(id);
     }
@@ -247,6 +290,10 @@ int main(int argc, char** argv) {
   if (!errors.empty()) {
     std::printf("\n%zu rows compared: median |error| %.1f%%, worst %.1f%%\n", errors.size(), 100 * median(errors),
                 100 * *std::max_element(errors.begin(), errors.end()));
+  }
+  if (!memory_errors.empty()) {
+    std::printf("memory of %zu rows: median |error| %.1f%%, worst %.1f%%\n", memory_errors.size(),
+                100 * median(memory_errors), 100 * *std::max_element(memory_errors.begin(), memory_errors.end()));
   }
   std::printf("\nnot compared (%zu rows):\n", rows.size() - errors.size());
   for (const auto& [reason, ids] : skipped) {

@@ -2,7 +2,10 @@
 // Alloy knows about them.
 #include <fmt/core.h>
 
+#include <optional>
+
 #include "cli/commands.hpp"
+#include "cost/runtime_traits.hpp"
 #include "hw/catalog.hpp"
 #include "spec/describe.hpp"
 #include "spec/error.hpp"
@@ -10,6 +13,19 @@
 namespace alloy::cli {
 
 namespace {
+
+// The precision each device type of the cluster computes in when `requested` is asked for (a
+// plan's stages hold one device type each).
+std::string precision_describe(const ClusterSpec& cluster, Precision requested) {
+  std::string out = fmt::format("Precision per device type ({} requested):\n", precision_name(requested));
+  for (const DeviceType& type : cluster.device_types) {
+    const std::string note = precision_fallback_note(type, requested);
+    out += fmt::format("  {:<16} {}{}\n", type.name, precision_name(precision_run_on(type, requested)),
+                       note.empty() ? "" : "  (" + note + ")");
+  }
+  return out;
+}
+
 struct CheckOptions {
   std::string model;
   std::string cluster;
@@ -32,8 +48,13 @@ void run_check(const CheckOptions& o) {
     }
     fmt::print("{}\n", model_describe(model, seq_len, train_optimizer_states(train)));
   }
-  if (!o.cluster.empty()) fmt::print("{}\n", cluster_describe(cluster_load(o.cluster, catalog_builtin())));
+  std::optional<ClusterSpec> cluster;
+  if (!o.cluster.empty()) {
+    cluster = cluster_load(o.cluster, catalog_builtin());
+    fmt::print("{}\n", cluster_describe(*cluster));
+  }
   if (!o.train.empty()) fmt::print("{}", train_describe(train));
+  if (cluster) fmt::print("{}", precision_describe(*cluster, train.precision));
   fmt::print("check: OK\n");
 }
 }  // namespace

@@ -50,6 +50,10 @@ TEST(Cli, CheckPrintsCountsAndPeaks) {
   EXPECT_NE(r.output.find("FLOPs per token"), std::string::npos);
   EXPECT_NE(r.output.find("peak bf16"), std::string::npos);
   EXPECT_NE(r.output.find("infiniband"), std::string::npos);
+  // The precision each device type computes in: V100s have no bf16.
+  EXPECT_NE(r.output.find("Precision per device type (bf16 requested)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("a100-80gb-sxm    bf16\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("v100-32gb        fp16  (v100-32gb has no bf16"), std::string::npos) << r.output;
 }
 
 struct BadInput {

@@ -124,7 +124,6 @@ struct StageBuckets {
   int count = 0;
   double last_bytes = 0;     // the one holding the first blocks, posted after the whole backward
   double largest_bytes = 0;
-  double largest_other_bytes = 0;  // of the buckets but the last (0 with one bucket)
 };
 
 // Memory of one device of a stage, every term named.

@@ -36,8 +36,7 @@ StageBuckets stage_buckets(double bucket_bytes, double block_bytes, int blocks, 
   out.count = 1 + rest / k + (left > 0 ? 1 : 0);
   out.last_bytes = (left == 0 ? k : left) * block_bytes + first;
   const double middle = rest / k > (left == 0 ? 1 : 0) ? k * block_bytes : 0;
-  out.largest_other_bytes = std::max(k1 * block_bytes + last, middle);
-  out.largest_bytes = std::max(out.largest_other_bytes, out.last_bytes);
+  out.largest_bytes = std::max({k1 * block_bytes + last, middle, out.last_bytes});
   return out;
 }
 

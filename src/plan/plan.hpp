@@ -57,8 +57,8 @@ struct PlanStage {
   int tp = 1;
   int dp = 1;
   int zero = 0;                   // ZeRO stage 0-3
-  // ZeRO 2-3 with dp > 1: every micro-batch's backward reduce-scatters its gradients bucket by
-  // bucket and the member keeps only its shard (1/dp of the gradients plus the buckets in use);
+  // ZeRO 2-3 with dp > 1: every micro-batch's backward reduce-scatters its gradients part by part
+  // and the member keeps only its shard (1/dp of the gradients plus the parts in use);
   // false: gradients accumulate in full over the step's micro-batches and are reduce-scattered
   // once, after the last (less communication, full gradient memory).
   bool shard_gradients = false;

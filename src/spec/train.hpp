@@ -30,7 +30,8 @@ struct TrainSpec {
   double adam_eps = 1e-8;
   double grad_clip = 1.0;               // global norm; 0 disables clipping
   // Target size of a data-parallel gradient bucket (whole blocks, so at least one block): the
-  // unit of overlapped reduction and, with sharded gradients, of the full-size buffer in use.
+  // unit of overlapped reduction; with sharded gradients, the largest part (fp32) of a bucket
+  // held while it is written and reduce-scattered.
   double gradient_bucket_mib = 64.0;
   uint64_t seed = 1234;
 };

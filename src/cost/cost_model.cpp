@@ -369,9 +369,10 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   t.forward_seconds = n * u.block.forward_seconds + t.offload_forward_seconds;
   t.backward_seconds = n * u.block.backward_seconds + c.selective * u.recompute_selective_seconds +
                        c.full * u.recompute_full_seconds + t.offload_backward_seconds;
-  if (c.zero == 3) {
-    t.forward_seconds += n * u.zero3_forward_seconds;
-    t.backward_seconds += n * u.zero3_backward_seconds;
+  if (c.zero == 3) {  // offloaded blocks come whole from host memory: only resident ones are gathered
+    const double gathered = c.blocks - c.offloaded;
+    t.forward_seconds += gathered * u.zero3_forward_seconds;
+    t.backward_seconds += gathered * u.zero3_backward_seconds;
   }
   if (c.has_embedding) {
     t.forward_seconds += u.embedding.forward_seconds;
@@ -455,20 +456,25 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   mem.master_weights_bytes = master ? sharded(c.zero >= 1) * 4.0 : 0;
   mem.optimizer_states_bytes = sharded(c.zero >= 1) * 4.0 * states;
   // ZeRO 3 gathers the unit in use and prefetches the next one (Alloy's runtime, like
-  // DeepSpeed's prefetch): two blocks, or a block with the embedding or the head.
+  // DeepSpeed's prefetch): two blocks, or a block with the embedding or the head. Offloaded
+  // blocks are not gathered (their weights come whole through the offload window).
   if (c.zero >= 3 && dp > 1) {
-    double pair = c.blocks > 1 ? 2 * u.block_parameters : u.block_parameters;
-    if (c.has_head) pair = std::max(pair, u.block_parameters + head_params);
-    if (c.has_embedding) pair = std::max(pair, u.embedding_parameters + u.block_parameters);
+    const int gathered = c.blocks - c.offloaded;
+    const double block = gathered > 0 ? u.block_parameters : 0;
+    double pair = gathered > 1 ? 2 * block : block;
+    if (c.has_head) pair = std::max(pair, block + head_params);
+    if (c.has_embedding) pair = std::max(pair, u.embedding_parameters + block);
     mem.zero3_gather_bytes = pair * e;
   }
   // The block in use and `depth` fetched ahead are resident, each with its weights and its
   // gradient buffer (fp32 under master weights).
   if (c.offloaded > 0)
     mem.offload_window_bytes = std::min(c.offloaded, c.prefetch_depth + 1) * u.block_parameters * (e + g);
-  // On the host: weights, gradients, the fp32 master copy and the optimizer states.
+  // On the host: weights and gradients whole (reduced there once per step), the fp32 master copy
+  // and the optimizer states sharded over the replicas from ZeRO 1 on.
   const double offloaded_params = c.offloaded * u.block_parameters;
-  mem.host_offload_bytes = offloaded_params * (e + g + (master ? 4.0 : 0) + 4.0 * states);
+  const double host_share = c.zero >= 1 ? shape.zero_share : 1.0;
+  mem.host_offload_bytes = offloaded_params * (e + g + host_share * ((master ? 4.0 : 0) + 4.0 * states));
 
   const int none = c.blocks - c.selective - c.full;
   const double per_micro_batch = none * u.block_activation_bytes[0] + c.selective * u.block_activation_bytes[1] +

@@ -29,7 +29,6 @@ constexpr RuntimeTraits kGpuRuntime = {
     .host_is_device = false,
     // Its head stage's peak is not measured yet, so it keeps the sum.
     .head_stage_peak_is_larger_phase = false,
-    .offloads_with_data_parallelism = true,
     .library_workspace_bytes = 32.0 * kMiB,
     // GPU runtimes reduce gradients through bucket buffers.
     .gradient_bucket_bytes = 2.0 * 64.0 * kMiB,
@@ -56,8 +55,6 @@ constexpr RuntimeTraits kCpuRuntime = {
     .host_is_device = true,
     // Measured on small-gpt (CostModel::stage_memory).
     .head_stage_peak_is_larger_phase = true,
-    // It offloads weights only on stages without data parallelism (docs/runtime-offload.md).
-    .offloads_with_data_parallelism = false,
     .library_workspace_bytes = 0,
     // It reduces gradients in place, in the gradient arena (executor.cpp), so it needs none.
     .gradient_bucket_bytes = 0,

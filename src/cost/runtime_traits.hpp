@@ -37,8 +37,6 @@ struct RuntimeTraits {
   // A stage holding the head peaks in the head's backward or in its blocks' backward after it,
   // so the larger of the two counts, not their sum.
   bool head_stage_peak_is_larger_phase = false;
-  // Weight offload runs on stages with data parallelism too.
-  bool offloads_with_data_parallelism = true;
   double library_workspace_bytes = 0;   // besides one block's backward buffers
   double gradient_bucket_bytes = 0;     // data-parallel reduction buffers below ZeRO 3
   double framework_context_bytes = 0;   // e.g. the CUDA context

@@ -45,11 +45,12 @@ StageSupport tp_runnable(const ModelSpec& model, int tp) {
   return {};
 }
 
-StageSupport stage_features_runnable(const StageLayout& layout, const BackendCaps& caps) {
+StageSupport stage_features_runnable(const StageLayout& layout) {
   const int s = layout.stage;
-  if (layout.offload && layout.dp > 1 && !caps.offload_with_data_parallelism)
-    return refuse(fmt::format("weight offload with data parallelism {}", layout.dp), fmt::format("stages[{}].dp", s),
-                  "offloaded blocks are updated by one rank; re-plan with --dp 1, or without offload (--no-offload)");
+  if (layout.offload && layout.shard_gradients)
+    return refuse("sharded gradients with weight offload", fmt::format("stages[{}].shard_gradients", s),
+                  "offloaded blocks accumulate their gradients in host memory and reduce them once per step; set "
+                  "shard_gradients to false on that stage, or re-plan without offload (--no-offload)");
   if (layout.shard_gradients && layout.most_pieces > 1)
     return refuse(fmt::format("sharded gradients with a replica's share in {} passes", layout.most_pieces),
                   fmt::format("stages[{}].shard_gradients", s),
@@ -67,13 +68,13 @@ StageSupport stage_features_runnable(const StageLayout& layout, const BackendCap
   return {};
 }
 
-StageSupport stage_layout_runnable(const ModelSpec& model, const StageLayout& layout, const BackendCaps& caps) {
+StageSupport stage_layout_runnable(const ModelSpec& model, const StageLayout& layout) {
   StageSupport tp = tp_runnable(model, layout.tp);
   if (!tp.ok) {
     tp.field = fmt::format("stages[{}].tp", layout.stage);
     return tp;
   }
-  return stage_features_runnable(layout, caps);
+  return stage_features_runnable(layout);
 }
 
 StageLayout stage_layout_of(const Plan& plan, int stage) {

@@ -31,22 +31,14 @@ struct StageLayout {
   std::vector<int64_t> replica_tokens;  // tokens of one micro-batch per dp replica (empty: unknown)
 };
 
-// What a backend does beyond the model's own limits.
-struct BackendCaps {
-  bool offload_with_data_parallelism = false;  // offloaded blocks updated by several replicas
-};
-
-// The CPU backend's capabilities: it runs every plan feature but weight offload under data
-// parallelism (one host copy of a block would be updated by each replica).
-inline constexpr BackendCaps kCpuBackendCaps = {};
-
 // Tensor parallelism `tp` of `model`: it must divide the query and key/value heads and the FFN
 // width, and the vocabulary must have a row per rank. A refusal's field is the model's.
 StageSupport tp_runnable(const ModelSpec& model, int tp);
-// The layout's features on a backend with `caps` (no model limits).
-StageSupport stage_features_runnable(const StageLayout& layout, const BackendCaps& caps);
+// The layout's features (no model limits). Weight offload runs at every ZeRO stage with
+// gradients accumulated in full (docs/runtime-offload.md).
+StageSupport stage_features_runnable(const StageLayout& layout);
 // Both: the one answer the planner and the runtime share.
-StageSupport stage_layout_runnable(const ModelSpec& model, const StageLayout& layout, const BackendCaps& caps);
+StageSupport stage_layout_runnable(const ModelSpec& model, const StageLayout& layout);
 
 // Stage `stage` of `plan` as a layout.
 StageLayout stage_layout_of(const Plan& plan, int stage);

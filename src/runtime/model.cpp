@@ -220,6 +220,12 @@ float* model_gradients_at(const Model& model, int64_t offset, int64_t count) {
   return segment_pointer(model, offset, count, true);
 }
 
+bool model_offset_on_host(const Model& model, int64_t offset) {
+  for (const ParameterSegment& segment : model.segments)
+    if (offset >= segment.offset && offset < segment.offset + segment.count) return segment.host_block >= 0;
+  return false;
+}
+
 void model_zero_grad(Model& model) {
   // An offloaded block's first backward of a step starts from a zeroed device slot and its
   // write-back replaces the host copy whole: nothing to clear there. Sharded gradients have

@@ -220,6 +220,8 @@ const TensorView& model_view(const Model& model, const std::string& name);
 // range must lie inside one segment (a view always does). Throws alloy::Error otherwise.
 float* model_parameters_at(const Model& model, int64_t offset, int64_t count);
 float* model_gradients_at(const Model& model, int64_t offset, int64_t count);
+// Whether flat parameter `offset` lives in host memory (an offloaded block's segment).
+bool model_offset_on_host(const Model& model, int64_t offset);
 
 // For each view (in order), the field of model.weights that points at it: lets a runtime that
 // keeps parameters elsewhere (ZeRO 3) point the passes at gathered copies.

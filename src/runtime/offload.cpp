@@ -120,6 +120,15 @@ void LayerOffload::step_end() {
   running_ = false;
 }
 
+void LayerOffload::wait_gradients_home(int block_begin, int block_end) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] {
+    for (int b = std::max(0, block_begin); b < block_end && static_cast<size_t>(b) < pending_write_backs_.size(); ++b)
+      if (pending_write_backs_[static_cast<size_t>(b)] > 0) return false;
+    return true;
+  });
+}
+
 bool LayerOffload::can_fetch() const {
   if (!running_ || next_fetch_ >= uses_.size() || next_fetch_ > cursor_ + static_cast<size_t>(depth_)) return false;
   if (free_slots_.empty()) return false;

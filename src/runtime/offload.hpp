@@ -75,6 +75,9 @@ class LayerOffload : public ParameterSource {
   void step_begin();
   // Waits until every use has run and every gradient is back in host memory.
   void step_end();
+  // Waits until the gradients of offloaded blocks in [block_begin, block_end) written back so far
+  // are in host memory (after a block's last backward of the step: its summed gradients).
+  void wait_gradients_home(int block_begin, int block_end);
   void acquire(int unit, bool backward) override;
   void release(int unit, bool backward) override;
 

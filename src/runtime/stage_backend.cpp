@@ -18,7 +18,7 @@ StageSupport refuse(std::string feature, std::string field, std::string reason) 
 
 // The CPU backend runs every feature the executor has, within the limits the planner shares.
 StageSupport cpu_supports(const Plan& plan, int s) {
-  return stage_features_runnable(stage_layout_of(plan, s), kCpuBackendCaps);
+  return stage_features_runnable(stage_layout_of(plan, s));
 }
 
 // The CUDA backend runs whole models on each GPU with data parallelism between them.

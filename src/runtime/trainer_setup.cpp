@@ -23,10 +23,12 @@ namespace alloy {
 
 namespace {
 
-// Bytes of host memory one rank of `stage` needs for its offloaded blocks: parameters,
-// gradients and the two AdamW moments, fp32 in the CPU runtime.
+// Bytes of host memory the rank of `stage` with the largest ZeRO share needs for its offloaded
+// blocks: parameters and gradients whole, the two AdamW moments of its share (all of them below
+// ZeRO 1), fp32 in the CPU runtime.
 double offloaded_host_bytes(const Plan& plan, const ModelSpec& model, size_t stage) {
-  const std::vector<bool> offloaded = plan.stages[stage].layer_flags(plan.stages[stage].offload, model.num_layers);
+  const PlanStage& st = plan.stages[stage];
+  const std::vector<bool> offloaded = st.layer_flags(st.offload, model.num_layers);
   double floats = 0;
   for (const ShardedTensor& t : shard_tensors(model, rank_shard(plan, static_cast<int>(stage), 0))) {
     if (t.name.rfind("layers.", 0) != 0 || !offloaded[static_cast<size_t>(std::stoi(t.name.substr(7)))]) continue;
@@ -34,7 +36,12 @@ double offloaded_host_bytes(const Plan& plan, const ModelSpec& model, size_t sta
     for (int64_t extent : t.local_shape) numel *= static_cast<double>(extent);
     floats += numel;
   }
-  return floats * 4.0 * sizeof(float);
+  double share = 1.0;
+  if (st.zero >= 1 && st.dp > 1) {
+    share = 0;
+    for (int d = 0; d < st.dp; ++d) share = std::max(share, st.zero_share(plan.micro_batch_sequences, d));
+  }
+  return floats * (2.0 + 2.0 * share) * sizeof(float);
 }
 
 // The offloaded state of every offloading stage must fit each device's share of its node's host

@@ -147,6 +147,12 @@ std::vector<std::string> gradient_strategy_notes(const Plan& plan, const CostMod
                                   s));
       continue;
     }
+    if (std::find(st.offload.begin(), st.offload.end(), true) != st.offload.end()) {
+      notes.push_back(fmt::format("stage {} accumulates gradients in full: its offloaded layers sum theirs in host "
+                                  "memory and reduce them once per step, which sharding does not support",
+                                  s));
+      continue;
+    }
     Plan other = plan;
     other.runner_ups.clear();
     other.stages[s].shard_gradients = !st.gradients_sharded();

@@ -89,7 +89,7 @@ bool group_sequence_parallel_runnable(const TypeGroup& group, int64_t micro_batc
   layout.dp = group.dp;
   layout.sequence_parallel = true;
   layout.replica_tokens.assign(static_cast<size_t>(group.dp), micro_batch / group.dp * seq_len);
-  return stage_features_runnable(layout, kCpuBackendCaps).ok;
+  return stage_features_runnable(layout).ok;
 }
 
 int Structure::num_stages() const {

@@ -586,6 +586,8 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     if (options.recompute && *options.recompute != Recompute::Recompute_full) hint += ", allow full recomputation";
     if (!options.allow_offload) hint += ", allow offload to host memory";
     if (options.zero >= 0 && options.zero < 3) hint += ", allow ZeRO-3";
+    if (options.shard_gradients && *options.shard_gradients && options.allow_offload)
+      hint += ", drop --gradients shard (layers are offloaded only with gradients accumulated in full)";
     if (options.micro_batch_sequences > 1 || options.num_micro_batches > 0) hint += ", use a smaller micro-batch";
     if (options.tp > 0 || options.pp > 0 || options.dp > 0) hint += ", unpin tp/pp/dp";
     if (options.every_device) hint += ", drop --all-devices (a device too small for any share can then sit out)";

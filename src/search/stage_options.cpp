@@ -1,7 +1,5 @@
 #include "search/stage_options.hpp"
 #include "search/zero_settings.hpp"
-#include "cost/runtime_traits.hpp"
-#include "plan/runnable.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -253,11 +251,14 @@ bool copies_hidden_at_most_offload(const Context& c, int most, int shallowest) {
   return e.forward_seconds + e.backward_seconds <= 0;
 }
 
-// The offload counts of the space (stage_offload_counts) that host memory holds.
-std::vector<int> offload_counts(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {
+// The offload counts of the space (stage_offload_counts) that host memory holds at the setting,
+// without 0 where the setting is kept only for its offloading options.
+std::vector<int> offload_counts(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
+                                const PricedSetting& priced) {
   std::vector<int> counts = stage_offload_counts(pins.allow_offload ? blocks : 0);
-  const int most = stage_max_offloaded(cost, slot, blocks);
-  counts.erase(std::remove_if(counts.begin(), counts.end(), [&](int n) { return n > most; }), counts.end());
+  const int most = stage_max_offloaded(cost, slot, blocks, priced.zero);
+  counts.erase(std::remove_if(counts.begin(), counts.end(), [&](int n) { return n > most || (n == 0 && priced.offload_only); }),
+               counts.end());
   return counts;
 }
 
@@ -269,18 +270,13 @@ std::vector<int> stage_prefetch_depths(const OptionPins& pins) {
   return {1, 2, 4};
 }
 
-int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks) {
+int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks, const ZeroSetting& zero) {
   const StageUnitCosts* unit = slot.unit[0] ? slot.unit[0] : slot.unit[1];
-  if (!unit || blocks <= 0) return 0;
-  // Plans keep to what the device's runtime runs.
-  const RuntimeTraits& runtime = runtime_traits(cost.cluster().device_types[slot.shape.device_type]);
-  StageLayout offloading;
-  offloading.tp = slot.shape.tp;
-  offloading.dp = slot.shape.dp;
-  offloading.offload = true;
-  if (!stage_features_runnable(offloading, {runtime.offloads_with_data_parallelism}).ok) return 0;
+  if (!unit || blocks <= 0 || !zero_setting_offloads(slot, zero)) return 0;  // plans keep to what the runtime runs
   StageOption one;
   one.offloaded = 1;
+  one.zero = zero.zero;
+  one.shard_gradients = zero.shard;
   // Host bytes are linear in the offloaded count.
   const double per_block =
       cost.stage_memory(slot.shape, *unit, stage_choice_of(slot, one, blocks), slot.in_flight, slot.has_next)
@@ -336,13 +332,14 @@ void stage_options_exact(const CostModel& cost, const StageSlot& slot, int block
                          std::vector<StageOption>* out) {
   out->clear();
   const int parked = std::min(pins.offload_activations, blocks);
-  const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || !sequence_parallel_pin_allows(pins, slot, sp)) continue;
     for (const PricedSetting& priced : priced_zero_settings(cost, slot, *slot.unit[sp], blocks, pins)) {
       const ZeroSetting& zero = priced.zero;
       const double sync = priced.sync_seconds;
+      const std::vector<int> counts = offload_counts(cost, slot, blocks, pins, priced);
+      if (counts.empty()) continue;
       const Context first{cost, slot, *slot.unit[sp], blocks, zero.zero, zero.shard, depths.front(), sync, parked};
       // Overhead does not depend on the depth; offload only adds time per block.
       const PlainTimes plain_times(first, counts.back(), false);
@@ -484,7 +481,6 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
 bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                           std::vector<StageOption>* out) {
   out->clear();
-  const std::vector<int> counts = offload_counts(cost, slot, blocks, pins);
   const std::vector<int> depths = stage_prefetch_depths(pins);
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp] || !sequence_parallel_pin_allows(pins, slot, sp)) continue;
@@ -493,6 +489,8 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
     for (const PricedSetting& priced : priced_zero_settings(cost, slot, *slot.unit[sp], blocks, pins)) {
       const ZeroSetting& zero = priced.zero;
       const double sync = priced.sync_seconds;
+      const std::vector<int> counts = offload_counts(cost, slot, blocks, pins, priced);
+      if (counts.empty()) continue;
       const Context first{cost, slot, *slot.unit[sp], blocks, zero.zero, zero.shard, depths.front(), sync};
       // Overhead does not depend on the depth; offload only adds time per block.
       const PlainTimes plain_times(first, counts.back(), true);
@@ -570,13 +568,21 @@ void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, con
 
 namespace {
 
-// Memory of the most frugal choice with `offloaded` blocks offloaded.
-double frugal_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
-                           int offloaded) {
-  double best = std::numeric_limits<double>::infinity();
+// The most frugal choice with `offloaded` blocks offloaded, over the settings that offload that
+// many (all of host memory's when `host_limited`): its memory (infinite when none does) and host bytes.
+struct Frugal {
+  double memory_bytes = std::numeric_limits<double>::infinity();
+  double host_bytes = std::numeric_limits<double>::infinity();
+};
+Frugal frugal_choice(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins, int offloaded,
+                     bool host_limited) {
+  Frugal best;
   for (int sp = 0; sp < 2; ++sp) {
     if (!slot.unit[sp]) continue;
     for (const ZeroSetting& zero : zero_settings(slot, pins)) {
+      const int most = host_limited ? stage_max_offloaded(cost, slot, blocks, zero)
+                                    : (zero_setting_offloads(slot, zero) ? blocks : 0);
+      if (offloaded > most) continue;
       StageOption o;
       o.zero = zero.zero;
       o.shard_gradients = zero.shard;
@@ -585,7 +591,8 @@ double frugal_memory_bytes(const CostModel& cost, const StageSlot& slot, int blo
       o.offloaded = offloaded;
       o.prefetch_depth = stage_prefetch_depths(pins).front();
       const StageChoice choice = stage_choice_of(slot, o, blocks);
-      best = std::min(best, cost.stage_memory(slot.shape, *slot.unit[sp], choice, slot.in_flight, slot.has_next).total_bytes());
+      const MemoryBreakdown mem = cost.stage_memory(slot.shape, *slot.unit[sp], choice, slot.in_flight, slot.has_next);
+      if (mem.total_bytes() < best.memory_bytes) best = {mem.total_bytes(), mem.host_offload_bytes};
     }
   }
   return best;
@@ -595,22 +602,17 @@ double frugal_memory_bytes(const CostModel& cost, const StageSlot& slot, int blo
 
 double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                               bool host_limited) {
-  const int most = !pins.allow_offload ? 0 : (host_limited ? stage_max_offloaded(cost, slot, blocks) : blocks);
   // The offload window can outweigh what a few offloaded blocks free: take the best count.
   double best = std::numeric_limits<double>::infinity();
-  for (int off : stage_offload_counts(blocks))
-    if (off <= most) best = std::min(best, frugal_memory_bytes(cost, slot, blocks, pins, off));
+  for (int off : stage_offload_counts(pins.allow_offload ? blocks : 0))
+    best = std::min(best, frugal_choice(cost, slot, blocks, pins, off, host_limited).memory_bytes);
   return best;
 }
 
 double stage_min_host_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {
-  const StageUnitCosts* unit = slot.unit[0] ? slot.unit[0] : slot.unit[1];
   for (int off : stage_offload_counts(pins.allow_offload ? blocks : 0)) {
-    if (frugal_memory_bytes(cost, slot, blocks, pins, off) > slot.capacity_bytes) continue;
-    StageOption o;
-    o.offloaded = off;
-    return cost.stage_memory(slot.shape, *unit, stage_choice_of(slot, o, blocks), slot.in_flight, slot.has_next)
-        .host_offload_bytes;
+    const Frugal f = frugal_choice(cost, slot, blocks, pins, off, false);
+    if (f.memory_bytes <= slot.capacity_bytes) return f.host_bytes;
   }
   return std::numeric_limits<double>::infinity();
 }

@@ -65,8 +65,15 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
 void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                    std::vector<StageOption>* out);
 
-// Most blocks of a stage whose offloaded state fits the slot's share of host memory.
-int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks);
+// ZeRO stage and gradient strategy of a stage.
+struct ZeroSetting {
+  int zero = 0;
+  bool shard = false;
+};
+
+// Most blocks of a stage whose offloaded state fits the slot's share of host memory at `zero`
+// (0 where the runtime does not offload at that setting).
+int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks, const ZeroSetting& zero);
 
 // Memory of the most frugal choice for `blocks` blocks (for infeasibility reports); with
 // `host_limited`, offloading no more than host memory holds.

@@ -1,4 +1,5 @@
 #include "search/zero_settings.hpp"
+#include "plan/runnable.hpp"
 
 #include <algorithm>
 
@@ -30,6 +31,15 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
   // ZeRO 1 keeps what ZeRO 2 keeps with accumulated gradients and all-reduces where ZeRO 2
   // reduce-scatters: it never wins (the exhaustive test tries it).
   return {0, 2, 3};
+}
+
+bool zero_setting_offloads(const StageSlot& slot, const ZeroSetting& zero) {
+  StageLayout layout;
+  layout.tp = slot.shape.tp;
+  layout.dp = slot.shape.dp;
+  layout.offload = true;
+  layout.shard_gradients = zero.shard && zero.zero >= 2 && slot.shape.dp > 1;
+  return stage_features_runnable(layout).ok;
 }
 
 // The ZeRO stages with their gradient strategies: under ZeRO 2-3 with dp > 1, sharded and
@@ -67,7 +77,10 @@ std::vector<PricedSetting> priced_zero_settings(const CostModel& cost, const Sta
   // dominated at every recomputation and offload count (offloading widens sharding's excess:
   // the live parts stay while the full buffer shrinks): drop it. So is accumulating in full
   // when it saves no more than kShardingTimeTolerance of the compute and sharding holds less.
+  // Only where both offload does that hold with offload: a strategy that offloads when the other
+  // cannot (accumulating in full: plan/runnable.hpp) stays for its offloading options alone.
   const double tolerance = kShardingTimeTolerance * compute_seconds;
+  const bool may_offload = pins.allow_offload && blocks > 0;
   const auto dominated_by = [&](const PricedSetting& a, const PricedSetting& b) {
     if (a.zero.zero != b.zero.zero) return false;
     if (!a.zero.shard && b.zero.shard && b.sync_seconds - a.sync_seconds <= tolerance && b.memory_bytes < a.memory_bytes)
@@ -76,9 +89,18 @@ std::vector<PricedSetting> priced_zero_settings(const CostModel& cost, const Sta
            (a.sync_seconds > b.sync_seconds || a.memory_bytes > b.memory_bytes);
   };
   std::vector<PricedSetting> kept;
-  for (const PricedSetting& a : out)
-    if (std::none_of(out.begin(), out.end(), [&](const PricedSetting& b) { return dominated_by(a, b); }))
-      kept.push_back(a);
+  for (PricedSetting a : out) {
+    bool dropped = false;
+    for (const PricedSetting& b : out) {
+      if (!dominated_by(a, b)) continue;
+      if (may_offload && zero_setting_offloads(slot, a.zero) && !zero_setting_offloads(slot, b.zero)) {
+        a.offload_only = true;
+      } else {
+        dropped = true;
+      }
+    }
+    if (!dropped) kept.push_back(a);
+  }
   out = std::move(kept);
   // zero_settings lists the ZeRO stages in ascending order: keep it.
   std::stable_sort(out.begin(), out.end(), [](const PricedSetting& a, const PricedSetting& b) {

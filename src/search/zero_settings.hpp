@@ -9,23 +9,21 @@
 
 namespace alloy {
 
-// ZeRO stage and gradient strategy of a stage.
-struct ZeroSetting {
-  int zero = 0;
-  bool shard = false;
-};
-
 // A setting with its exposed gradient sync per step and its memory without recomputation or
 // offload.
 struct PricedSetting {
   ZeroSetting zero;
   double sync_seconds = 0;
   double memory_bytes = 0;
+  bool offload_only = false;  // worth considering only with blocks offloaded (the other strategy cannot)
 };
 
 // The exposed gradient sync of a stage's layers at a ZeRO setting, priced once per (sp, setting).
 double gradient_sync_seconds(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit, int blocks,
                              const ZeroSetting& zero);
+
+// Whether the runtime offloads blocks' weights at this setting (plan/runnable.hpp).
+bool zero_setting_offloads(const StageSlot& slot, const ZeroSetting& zero);
 
 // The ZeRO stages a slot may take, ascending.
 std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins);

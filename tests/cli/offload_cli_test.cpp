@@ -1,6 +1,7 @@
 // Offload through the CLI: a device too small for the model makes `alloy plan` offload with a
 // reported prefetch depth and host memory; --prefetch-depth pins the depth; a node whose host
-// memory cannot hold the offload is refused by `plan`, `explain` and `simulate` with the fix.
+// memory cannot hold the offload is refused by `plan`, `explain` and `simulate` with the fix;
+// data-parallel stages offload, and pinned sharded gradients that cannot fit without it say why.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -78,6 +79,28 @@ TEST_F(OffloadCli, HostMemoryTooSmallForTheNeededOffloadIsRefused) {
   EXPECT_NE(r.output.find("has 4 GiB"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("host_memory"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("add devices"), std::string::npos) << r.output;
+}
+
+TEST_F(OffloadCli, DataParallelStagesOffloadAndPinnedShardedGradientsSaySo) {
+  const std::string pair = dir_.write("pair.yaml", "name: small-gpu-pair\n"
+                                                   "device_types:\n"
+                                                   "  small-gpu: {base: a100-80gb-sxm, memory: 8GiB}\n"
+                                                   "nodes:\n"
+                                                   "  - {name: pair, device: small-gpu, devices_per_node: 2, "
+                                                   "host_memory: 256GiB}\n");
+  const std::string plan = dir_.path() + "/dp-plan.json";
+  CommandResult r = alloy(plan_args(pair) + " --dp 2 --pp 1 -o " + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json stage = nlohmann::json::parse(testing::read_text(plan))["stages"][0];
+  EXPECT_EQ(stage["dp"].get<int>(), 2);
+  EXPECT_GE(stage["zero"].get<int>(), 1);  // the host keeps each member's share of the moments
+  EXPECT_FALSE(stage["shard_gradients"].get<bool>());
+  EXPECT_GT(stage["predicted"]["memory_bytes"]["host_offload"].get<double>(), 0);
+  EXPECT_NE(r.output.find("its offloaded layers sum theirs in host memory"), std::string::npos) << r.output;
+
+  CommandResult sharded = alloy(plan_args(pair) + " --dp 2 --pp 1 --zero 2 --gradients shard");
+  EXPECT_EQ(sharded.exit_code, 2) << sharded.output;
+  EXPECT_NE(sharded.output.find("drop --gradients shard"), std::string::npos) << sharded.output;
 }
 
 TEST_F(OffloadCli, PrefetchDepthOutOfRangeIsRefused) {

@@ -59,6 +59,25 @@ TEST(OffloadCost, WindowHoldsDepthPlusOneBlocksWithTheirGradients) {
   EXPECT_DOUBLE_EQ(none.optimizer_states_bytes - some.optimizer_states_bytes, 6 * params * 8);
 }
 
+TEST(OffloadCost, HostStateShardsItsOptimizerPartOverTheReplicasFromZeroOne) {
+  OffloadSetup setup(25e9);
+  setup.cluster = testing::cluster("a100x4", {testing::a100_80()}, {{0, 1, 4}});
+  setup.cluster.node_groups[0].host_link_bytes_per_second = 25e9;
+  CostModel cost(setup.model, setup.cluster, setup.train);
+  const StageShape shape = cost.stage_shape({0, 1, 2, 3}, 1, 4, 1);
+  const StageUnitCosts unit = cost.unit_costs(shape, false);
+  const double params = unit.block_parameters;
+  for (int zero : {0, 1, 2}) {
+    StageChoice c = offload_choice(6, 1, 4);
+    c.zero = zero;
+    // Weights (bf16) and gradients (fp32) whole on every replica, where they are reduced; the
+    // master copy and two Adam states a quarter each from ZeRO 1 on.
+    const double share = zero >= 1 ? 0.25 : 1.0;
+    EXPECT_DOUBLE_EQ(cost.stage_memory(shape, unit, c, 1, false).host_offload_bytes,
+                     6 * params * (2 + 4 + share * (4 + 8))) << "zero " << zero;
+  }
+}
+
 TEST(OffloadCost, ExposedTimeOfOnePassByHand) {
   // Four blocks, 10 ms per copy, 4 ms of compute each, 25 ms of other work before the run:
   // the first copy plus 3 x 6 ms of excess, less the head start of depth copies (at most 25 ms).

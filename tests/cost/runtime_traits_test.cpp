@@ -36,7 +36,6 @@ TEST(RuntimeTraits, CpuAndGpuDifferWhereTheRuntimesDo) {
   EXPECT_TRUE(cpu.sequence_parallel_keeps_whole_hidden_states && !gpu.sequence_parallel_keeps_whole_hidden_states);
   EXPECT_TRUE(cpu.host_is_device && !gpu.host_is_device);
   EXPECT_TRUE(cpu.head_stage_peak_is_larger_phase && !gpu.head_stage_peak_is_larger_phase);
-  EXPECT_TRUE(!cpu.offloads_with_data_parallelism && gpu.offloads_with_data_parallelism);
 
   EXPECT_DOUBLE_EQ(cpu.library_workspace_bytes, 0);
   EXPECT_DOUBLE_EQ(gpu.library_workspace_bytes, 32 * kMiB);

@@ -254,7 +254,8 @@ TEST_F(ZeroGradientsTest, UnevenReplicas) {
 
 // The cost model's arena bytes per rank against the measured peak, for sharded plans priced as
 // the planner prices them (shard plus the buckets in use): dp 2, 4 and 8, ZeRO 2 and 3, with a
-// pipeline, tensor and sequence parallelism, GPT-2 (tied) and LLaMA.
+// pipeline, tensor and sequence parallelism, GPT-2 (tied) and LLaMA; and three plans that offload
+// blocks under ZeRO 1, 2 and 3 with gradients accumulated in full.
 TEST_F(ZeroGradientsTest, ArenaPeaksAsPredicted) {
   TrainSpec train = train_load(std::string(ALLOY_SOURCE_DIR) + "/examples/train/tiny-cpu.yaml");
   train.seq_len = kTestSeqLen;
@@ -264,6 +265,15 @@ TEST_F(ZeroGradientsTest, ArenaPeaksAsPredicted) {
     std::string name;
     Plan plan;
     bool llama;
+  };
+  // Gradients accumulated in full with blocks offloaded (per stage): the window on the device,
+  // the rest of the blocks' state in host memory.
+  const auto offloaded = [](Plan plan, const std::vector<std::vector<bool>>& flags) {
+    for (size_t s = 0; s < flags.size(); ++s) {
+      plan.stages[s].offload = flags[s];
+      plan.stages[s].shard_gradients = false;
+    }
+    return plan;
   };
   const std::vector<Case> cases = {
       {"predicted-dp2-zero2", sharded(test_plan(gpt(), cluster(), {{1, 2, 2, {6}}}, kShardedOneFOneB, 2)), false},
@@ -275,6 +285,18 @@ TEST_F(ZeroGradientsTest, ArenaPeaksAsPredicted) {
       {"predicted-tp2-sp-dp2-zero3",
        sharded(test_plan(gpt(), cluster(), {{2, 2, 3, {6}, {}, true}}, kShardedOneFOneB, 2)),
        false},
+      {"predicted-dp2-zero2-offload",
+       offloaded(sharded(test_plan(gpt(), cluster(), {{1, 2, 2, {6}}}, kShardedOneFOneB, 2)),
+                 {{true, false, true, true, false, false}}),
+       false},
+      {"predicted-dp4-zero3-offload",
+       offloaded(sharded(test_plan(gpt(), cluster(), {{1, 4, 3, {6}}}, kShardedOneFOneB, 2)),
+                 {{false, true, true, false, true, false}}),
+       false},
+      {"predicted-pp2-dp2-zero1-offload",
+       offloaded(sharded(test_plan(llama(), cluster(), {{1, 2, 1, {2}}, {1, 2, 0, {2}}}, kShardedOneFOneB, 4)),
+                 {{false, true}, {true, false}}),
+       true},
   };
   for (const Case& c : cases) {
     Plan plan = c.plan;

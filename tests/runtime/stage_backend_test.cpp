@@ -83,13 +83,18 @@ TEST(StageBackend, CudaClaimsOnlyWhatItRuns) {
   }
 }
 
-TEST(StageBackend, CpuRefusesWeightOffloadWithDataParallelism) {
+TEST(StageBackend, CpuOffloadsWeightsUnderDataParallelismButNotWithShardedGradients) {
   Plan plan = plan_of(1, 2);
   plan.stages[0].offload[0] = true;
+  for (int zero = 0; zero <= 3; ++zero) {
+    plan.stages[0].zero = zero;
+    EXPECT_TRUE(stage_backend_supports("cpu", plan, 0).ok) << "zero " << zero;
+  }
+  plan.stages[0].shard_gradients = true;
   const StageSupport cpu = stage_backend_supports("cpu", plan, 0);
   EXPECT_FALSE(cpu.ok);
-  EXPECT_EQ(cpu.field, "stages[0].dp");
-  EXPECT_NE(cpu.reason.find("--dp 1"), std::string::npos) << cpu.reason;
+  EXPECT_EQ(cpu.field, "stages[0].shard_gradients");
+  EXPECT_NE(cpu.reason.find("set shard_gradients to false"), std::string::npos) << cpu.reason;
 }
 
 TEST(StageBackend, UnknownBackendIsNamed) {

@@ -33,8 +33,8 @@ struct Point {
 // stages, dp) using all its devices; every micro-batch count; GPipe, 1F1B and interleaved
 // (v = 2, 4); every contiguous layer split; per stage every ZeRO stage, sequence parallelism,
 // every number of selective and full-recompute blocks, every offload count of the space
-// (stage_offload_counts: exact up to 4 blocks, then coarse buckets) that host memory holds, and
-// prefetch depths 1, 2 and 4.
+// (stage_offload_counts: exact up to 4 blocks, then coarse buckets) that host memory holds where
+// the runtime offloads with that gradient strategy, and prefetch depths 1, 2 and 4.
 class Exhaustive {
  public:
   explicit Exhaustive(const CostModel& cost) : cost_(cost) {}
@@ -58,6 +58,16 @@ class Exhaustive {
   struct Group {
     int type, tp, stages, dp;
   };
+
+  // The runtime offloads blocks' weights with this gradient strategy (plan/runnable.hpp).
+  static bool offload_runs(const Group& g, bool shard) {
+    StageLayout layout;
+    layout.tp = g.tp;
+    layout.dp = g.dp;
+    layout.offload = true;
+    layout.shard_gradients = shard;
+    return stage_features_runnable(layout).ok;
+  }
 
   std::vector<int> ids_of(int type) const {
     std::vector<int> ids;
@@ -181,6 +191,7 @@ class Exhaustive {
             for (int off : stage_offload_counts(blocks))
               for (int depth : {1, 2, 4}) {
                 if (off == 0 && depth > 1) continue;  // the depth of nothing offloaded changes nothing
+                if (off > 0 && !offload_runs(g, shard == 1)) continue;
                 StageChoice c;
                 c.blocks = blocks;
                 c.selective = sel;

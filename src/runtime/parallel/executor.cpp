@@ -40,6 +40,25 @@ class CommTensorParallel : public TensorParallelOps {
   double wait_seconds_ = 0;
 };
 
+// Under ZeRO 3 with offload: ZeRO 3 gathers the device's units, the offload engine fetches the
+// offloaded blocks; each ignores the other's units.
+class BothParameterSources : public ParameterSource {
+ public:
+  BothParameterSources(ParameterSource& gathered, ParameterSource& fetched) : gathered_(gathered), fetched_(fetched) {}
+  void acquire(int unit, bool backward) override {
+    gathered_.acquire(unit, backward);
+    fetched_.acquire(unit, backward);
+  }
+  void release(int unit, bool backward) override {
+    fetched_.release(unit, backward);
+    gathered_.release(unit, backward);
+  }
+
+ private:
+  ParameterSource& gathered_;
+  ParameterSource& fetched_;
+};
+
 struct RankRuntime::PassSlot {
   int micro_batch = 0;
   int chunk = 0;
@@ -170,6 +189,10 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
     offload_ = std::make_unique<LayerOffload>(model, offload_uses_from_schedule(schedule_, host.blocks),
                                               stage.offload_prefetch_depth, *host_link_);
   }
+  if (zero3_ && offload_) {
+    both_sources_ = std::make_unique<BothParameterSources>(*zero3_, *offload_);
+    model.parameter_source = both_sources_.get();
+  }
   if (flags_any(activations)) {
     activation_offload_ = std::make_unique<ActivationOffload>(model, activations, stage.offload_prefetch_depth,
                                                               *host_link_, *host_arena_);
@@ -178,6 +201,7 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
 
 RankRuntime::~RankRuntime() {
   for (auto& slot : passes_) backend_->pass_release(*slot->pass);
+  if (both_sources_) backend_->model().parameter_source = nullptr;
   activation_offload_.reset();
   offload_.reset();
   for (MomentSegment& ms : moments_) {
@@ -364,12 +388,20 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         track(sharded_->reduce_scatter(op.chunk, op.bucket), SimStream::SimStream_collective, op, index);
         return;
       }
-      const GradientBucket& b = param_layout_bucket(layout_, op.chunk, op.bucket);
-      float* data = backend_->gradients_at(b.range.offset, b.range.count);
-      pending_reductions_.push_back(track(op.kind == OpKind::OpKind_all_reduce
-                                              ? comm_.all_reduce(data, b.range.count, groups_.dp)
-                                              : comm_.reduce_scatter(data, b.piece_counts, groups_.dp),
-                                          SimStream::SimStream_collective, op, index));
+      // Offloaded blocks' gradients are reduced in host memory, once their last write-back landed.
+      if (offload_) {
+        const double start = now();
+        offload_->wait_gradients_home(op.block_begin, op.block_end);
+        stats.wait_seconds += now() - start;
+      }
+      for (const GradientBucket& b : layout_.buckets) {
+        if (b.chunk != op.chunk || b.bucket != op.bucket) continue;
+        float* data = backend_->gradients_at(b.range.offset, b.range.count);
+        pending_reductions_.push_back(track(op.kind == OpKind::OpKind_all_reduce
+                                                ? comm_.all_reduce(data, b.range.count, groups_.dp)
+                                                : comm_.reduce_scatter(data, b.piece_counts, groups_.dp),
+                                            SimStream::SimStream_collective, op, index));
+      }
       return;
     }
     case OpKind::OpKind_all_gather: {
@@ -403,6 +435,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       ComputeStretch stretch(slowdown_);
       const double waited_before = stats.wait_seconds;
       optimizer(stats);
+      if (zero3_ && offload_) gather_offloaded_parameters();
       const double waited = stats.wait_seconds - waited_before;  // the norm's and tied table's sums
       stretch.finish();
       const double end = now();

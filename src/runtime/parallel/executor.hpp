@@ -107,7 +107,8 @@ class RankRuntime {
   Arena& arena() { return backend_->arena(); }
   // Writes this rank's parameters and AdamW moments to `dir` (checkpoint_save), read through
   // the backend's copies to host memory. Parameters: the model's tensors by name, or under
-  // ZeRO 3 this member's packed pieces ("zero3.pieces"). Moments: per tensor
+  // ZeRO 3 this member's packed pieces of the device's ("zero3.pieces") and the offloaded
+  // blocks' tensors by name. Moments: per tensor
   // ("adamw.m.<name>") when this rank updates all of its parameters in one place, else packed
   // like the optimizer ranges ("adamw.m"), one pair per place ("adamw.m@<offset>") when
   // offloaded blocks keep theirs in host memory. Returns what checkpoint_save wrote.
@@ -149,6 +150,9 @@ class RankRuntime {
   PassSlot& pass_for(const ScheduleOp& op, const int32_t* inputs, const int32_t* targets);
   void run_op(size_t index, const ScheduleOp& op, const int32_t* inputs, const int32_t* targets, RankStepStats& stats);
   void optimizer(RankStepStats& stats);
+  // ZeRO 3 with offload: starts the all-gathers of the offloaded blocks' updated pieces in host
+  // memory (waited for at the end of the step, before the next step's first fetch).
+  void gather_offloaded_parameters();
   // Flat gradients [offset, offset + count) where this rank keeps them: the backend's buffer, or
   // (sharded gradients) the shard, where the range must be inside one of its pieces.
   float* gradients_at(int64_t offset, int64_t count);
@@ -191,6 +195,7 @@ class RankRuntime {
   std::unique_ptr<ShardedGradients> sharded_;  // PlanStage::gradients_sharded()
   std::unique_ptr<HostLink> host_link_;     // when the stage offloads weights or activations
   std::unique_ptr<LayerOffload> offload_;   // when the stage offloads blocks' weights
+  std::unique_ptr<ParameterSource> both_sources_;  // ZeRO 3 with offload: the model's parameter source
   std::unique_ptr<ActivationOffload> activation_offload_;  // when it offloads saved activations
   std::vector<MomentSegment> moments_;
   std::vector<UpdateSpan> spans_;           // the optimizer's updates (ascending packed offsets), built at its first step

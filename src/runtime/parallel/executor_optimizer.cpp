@@ -62,12 +62,22 @@ void RankRuntime::optimizer(RankStepStats& stats) {
   if (spans_.empty()) spans_ = update_spans();
   for (const UpdateSpan& span : spans_) {
     hyper.weight_decay = span.decay ? static_cast<float>(train_.weight_decay) : 0.0f;
-    float* params = zero3_ ? zero3_->pieces() + span.packed : backend_->parameters_at(span.offset, span.count);
     const MomentSegment& ms = moments_at(span.packed);
+    // ZeRO 3 keeps the device's pieces apart; offloaded blocks' are in their host memory.
+    float* params = zero3_ && !ms.on_host ? zero3_->pieces_at(span.offset, span.count)
+                                          : backend_->parameters_at(span.offset, span.count);
     backend_->adamw_update(params, ms.m + (span.packed - ms.packed_offset), ms.v + (span.packed - ms.packed_offset),
                            gradients_at(span.offset, span.count), span.count, hyper, optimizer_steps_);
   }
   backend_->parameters_changed();
+}
+
+void RankRuntime::gather_offloaded_parameters() {
+  const Model& model = backend_->model();
+  for (const GradientBucket& b : layout_.buckets) {
+    if (model_offset_on_host(model, b.range.offset))
+      pending_gathers_.push_back(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, groups_.dp));
+  }
 }
 
 void RankRuntime::gradient_poison() {

@@ -43,18 +43,30 @@ void checkpoint_check_finite(const std::string& dir, const std::vector<TensorRef
 
 }  // namespace
 
-// One moment segment for the packed optimizer ranges; with weight offload (data parallelism 1, so
-// the packed ranges are the flat index) one per parameter segment, in host memory for offloaded
-// blocks. Activation offload alone keeps the packed (possibly ZeRO-sharded) layout.
+// The AdamW moments of the packed optimizer ranges, a segment per run of them in one place: the
+// device's runs join into one (a single segment without weight offload), each offloaded block's
+// part is a segment in host memory.
 void RankRuntime::build_moments() {
   const Model& model = backend_->model();
-  const bool weights_on_host = std::any_of(model.segments.begin(), model.segments.end(),
-                                           [](const ParameterSegment& p) { return p.host_block >= 0; });
-  if (!weights_on_host) {
-    moments_.push_back({0, layout_.optimizer_floats(), nullptr, nullptr, false});
-  } else {
-    for (const ParameterSegment& p : model.segments) moments_.push_back({p.offset, p.count, nullptr, nullptr, p.host_block >= 0});
+  int64_t packed = 0;
+  for (const FlatRange& r : layout_.optimizer_ranges) {
+    for (const ParameterSegment& p : model.segments) {
+      const int64_t begin = std::max(r.offset, p.offset);
+      const int64_t end = std::min(r.offset + r.count, p.offset + p.count);
+      if (begin >= end) continue;
+      const int64_t at = packed + begin - r.offset;
+      const bool on_host = p.host_block >= 0;
+      const bool joins = !moments_.empty() && !on_host && !moments_.back().on_host &&
+                         moments_.back().packed_offset + moments_.back().count == at;
+      if (joins) {
+        moments_.back().count += end - begin;
+      } else {
+        moments_.push_back({at, end - begin, nullptr, nullptr, on_host});
+      }
+    }
+    packed += r.count;
   }
+  if (moments_.empty()) moments_.push_back({0, 0, nullptr, nullptr, false});  // a member without a piece
   for (MomentSegment& ms : moments_) {
     if (ms.on_host) {
       ms.m = host_arena_->allocate_floats(ms.count, "offloaded adamw.m");
@@ -69,7 +81,6 @@ void RankRuntime::build_moments() {
     }
   }
 }
-
 
 const MomentSegment& RankRuntime::moments_at(int64_t packed) const {
   for (const MomentSegment& ms : moments_)
@@ -145,10 +156,12 @@ std::vector<float> RankRuntime::full_parameters() {
 
 
 std::vector<TensorRef> RankRuntime::parameter_refs() {
-  if (zero3_) return {{"zero3.pieces", {layout_.optimizer_floats()}, zero3_->pieces()}};
   std::vector<TensorRef> refs;
   const Model& model = backend_->model();
-  for (const TensorView& v : model.views) refs.push_back({v.name, v.shape, backend_->parameters_at(v.offset, v.numel)});
+  if (zero3_) refs.push_back({"zero3.pieces", {zero3_->piece_floats()}, zero3_->pieces()});
+  for (const TensorView& v : model.views) {
+    if (!zero3_ || model_offset_on_host(model, v.offset)) refs.push_back({v.name, v.shape, backend_->parameters_at(v.offset, v.numel)});
+  }
   return refs;
 }
 

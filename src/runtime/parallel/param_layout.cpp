@@ -40,6 +40,18 @@ void add_intersections(std::vector<FlatRange>& out, const FlatRange& range, cons
   }
 }
 
+// `range` cut where the parameters change place: the device's, or one offloaded block's host
+// memory (model.segments).
+std::vector<FlatRange> ranges_by_place(const Model& model, const FlatRange& range) {
+  std::vector<FlatRange> out;
+  for (const ParameterSegment& segment : model.segments) {
+    const int64_t begin = std::max(range.offset, segment.offset);
+    const int64_t end = std::min(range.offset + range.count, segment.offset + segment.count);
+    if (begin < end) out.push_back({begin, end - begin});
+  }
+  return out;
+}
+
 }  // namespace
 
 int param_view_unit(const Model& model, const TensorView& view) {
@@ -74,18 +86,20 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
       return b.chunk == op.chunk && b.bucket == op.bucket;
     });
     if (seen) continue;
-    GradientBucket b;
-    b.chunk = op.chunk;
-    b.bucket = op.bucket;
-    b.block_begin = op.block_begin;
-    b.block_end = op.block_end;
-    b.range = bucket_range(model, stage, op, tied_sync);
-    for (int d = 0; d < stage.dp; ++d) {
-      const auto [begin, end] = stage.zero_piece(plan.micro_batch_sequences, b.range.count, d);
-      b.piece_counts.push_back(end - begin);
-      if (d == schedule.dp_rank) b.owned = {b.range.offset + begin, end - begin};
+    for (const FlatRange& part : ranges_by_place(model, bucket_range(model, stage, op, tied_sync))) {
+      GradientBucket b;
+      b.chunk = op.chunk;
+      b.bucket = op.bucket;
+      b.block_begin = op.block_begin;
+      b.block_end = op.block_end;
+      b.range = part;
+      for (int d = 0; d < stage.dp; ++d) {
+        const auto [begin, end] = stage.zero_piece(plan.micro_batch_sequences, b.range.count, d);
+        b.piece_counts.push_back(end - begin);
+        if (d == schedule.dp_rank) b.owned = {b.range.offset + begin, end - begin};
+      }
+      layout.buckets.push_back(std::move(b));
     }
-    layout.buckets.push_back(std::move(b));
   }
   if (tied_sync) layout.tied_embedding = {model_view(model, "embed.token").offset, model_view(model, "embed.token").numel};
 
@@ -112,12 +126,6 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
     if (dp_counts) add_intersections(layout.norm_ranges, range, mine);
   }
   return layout;
-}
-
-const GradientBucket& param_layout_bucket(const ParamLayout& layout, int chunk, int bucket) {
-  for (const GradientBucket& b : layout.buckets)
-    if (b.chunk == chunk && b.bucket == bucket) return b;
-  throw Error(fmt::format("no gradient bucket {} in chunk {} of this rank's schedule", bucket, chunk));
 }
 
 }  // namespace alloy

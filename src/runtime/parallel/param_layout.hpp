@@ -25,7 +25,9 @@ struct GradientBucket {
 };
 
 struct ParamLayout {
-  std::vector<GradientBucket> buckets;     // one per (chunk, bucket), in schedule order
+  // One per (chunk, bucket) and place, in schedule order: a bucket whose parameters lie partly in
+  // host memory (offloaded blocks) is reduced a place at a time, each with its own ZeRO pieces.
+  std::vector<GradientBucket> buckets;
   bool sharded = false;                    // ZeRO 1-3 with dp > 1: each member updates its pieces
   FlatRange tied_embedding;                // summed over the embedding group at the optimizer (count 0: none)
   std::vector<FlatRange> optimizer_ranges; // updated by this rank, ascending
@@ -43,7 +45,5 @@ int param_view_unit(const Model& model, const TensorView& view);
 // embedding of a tied model lives on two stages and is summed between them instead of inside
 // the buckets. Throws alloy::Error if a bucket is not one contiguous range.
 ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankSchedule& schedule, bool tied_sync);
-
-const GradientBucket& param_layout_bucket(const ParamLayout& layout, int chunk, int bucket);
 
 }  // namespace alloy

@@ -13,28 +13,56 @@ namespace alloy {
 
 Zero3Parameters::Zero3Parameters(Model& model, const ParamLayout& layout, Communicator& comm, const CommGroup& dp)
     : model_(model), layout_(layout), comm_(comm), dp_(dp), slots_(model_weight_slots(model)) {
+  for (const ParameterSegment& s : model.segments)
+    if (s.host_block >= 0) offloaded_.insert(s.host_block);
   for (size_t k = 0; k < model.views.size(); ++k) {
     const TensorView& view = model.views[k];
+    if (model_offset_on_host(model, view.offset)) continue;
     Unit& unit = units_[param_view_unit(model, view)];
     const int64_t end = std::max(unit.range.offset + unit.range.count, view.offset + view.numel);
     unit.range.offset = unit.views.empty() ? view.offset : std::min(unit.range.offset, view.offset);
     unit.range.count = end - unit.range.offset;
     unit.views.push_back(k);
   }
-  const int64_t floats = layout.optimizer_floats();
-  pieces_ = model.arena->allocate_floats(floats, "zero3 parameter pieces");
-  int64_t at = 0;
   for (const FlatRange& r : layout.optimizer_ranges) {
-    std::memcpy(pieces_ + at, model.params + r.offset, static_cast<size_t>(r.count) * sizeof(float));
+    if (r.count == 0 || model_offset_on_host(model, r.offset)) continue;
+    piece_ranges_.push_back(r);
+    piece_floats_ += r.count;
+  }
+  pieces_ = model.arena->allocate_floats(piece_floats_, "zero3 parameter pieces");
+  int64_t at = 0;
+  for (const FlatRange& r : piece_ranges_) {
+    std::memcpy(pieces_ + at, model_parameters_at(model, r.offset, r.count), static_cast<size_t>(r.count) * sizeof(float));
     at += r.count;
   }
-  model.arena->release(model.params);
+  for (ParameterSegment& s : model.segments) {
+    if (s.host_block >= 0) continue;
+    model.arena->release(s.params);
+    s.params = nullptr;
+  }
   model.params = nullptr;
-  model.segments.front().params = nullptr;
-  for (float** slot : slots_)
-    if (slot != nullptr) *slot = nullptr;
+  for (const auto& [id, unit] : units_)
+    for (size_t k : unit.views)
+      if (slots_[k] != nullptr) *slots_[k] = nullptr;
   model.weights.lm_head = nullptr;
   model.parameter_source = this;
+}
+
+float* Zero3Parameters::pieces_at(int64_t offset, int64_t count) {
+  // The range may run on through pieces that follow each other in the flat index (the optimizer's
+  // spans join them), as they do in pieces().
+  int64_t packed = 0;
+  for (size_t k = 0; k < piece_ranges_.size(); ++k) {
+    const FlatRange& r = piece_ranges_[k];
+    if (offset >= r.offset && offset < r.offset + r.count) {
+      int64_t end = r.offset + r.count;
+      for (size_t n = k + 1; n < piece_ranges_.size() && piece_ranges_[n].offset == end; ++n) end += piece_ranges_[n].count;
+      if (offset + count <= end) return pieces_ + packed + (offset - r.offset);
+      break;
+    }
+    packed += r.count;
+  }
+  throw Error(fmt::format("ZeRO 3: parameters [{}, {}) are in none of this member's device pieces", offset, offset + count));
 }
 
 Zero3Parameters::~Zero3Parameters() {
@@ -55,7 +83,7 @@ void Zero3Parameters::gather_start(Unit& unit) {
   FlatRange sharded = unit.range;
   const FlatRange& tied = layout_.tied_embedding;
   if (tied.count > 0 && tied.offset >= unit.range.offset && tied.offset < unit.range.offset + unit.range.count) {
-    std::memcpy(unit.buffer + (tied.offset - unit.range.offset), pieces_ + layout_.packed_offset(tied.offset),
+    std::memcpy(unit.buffer + (tied.offset - unit.range.offset), pieces_at(tied.offset, tied.count),
                 static_cast<size_t>(tied.count) * sizeof(float));
     if (tied.offset == sharded.offset) sharded.offset += tied.count;
     sharded.count -= tied.count;
@@ -72,7 +100,7 @@ void Zero3Parameters::gather_start(Unit& unit) {
     const int64_t end = std::min(piece_begin + bucket->piece_counts[d], sharded.offset + sharded.count);
     counts.push_back(std::max<int64_t>(0, end - begin));
     if (static_cast<int>(d) == dp_.my_index && end > begin) {
-      std::memcpy(unit.buffer + (begin - unit.range.offset), pieces_ + layout_.packed_offset(begin),
+      std::memcpy(unit.buffer + (begin - unit.range.offset), pieces_at(begin, end - begin),
                   static_cast<size_t>(end - begin) * sizeof(float));
     }
     piece_begin += bucket->piece_counts[d];
@@ -124,6 +152,7 @@ void Zero3Parameters::bind(const Unit& unit, float* base) {
 }
 
 void Zero3Parameters::acquire(int id, bool backward) {
+  if (offloaded_.count(id) > 0) return;  // the offload engine's
   // A tied head reads the embedding's table when both are on this stage; the embedding's own
   // successor (the first block) is not what the head needs next. Prefetching it held a block's
   // weights through the whole backward (measured: small-gpt on one stage peaked 2.7 MiB above
@@ -147,6 +176,7 @@ void Zero3Parameters::acquire_unit(int id, bool backward, bool prefetch) {
 }
 
 void Zero3Parameters::release(int id, bool /*backward*/) {
+  if (offloaded_.count(id) > 0) return;
   Unit& unit = units_.at(id);
   if (--unit.holders == 0) {
     bind(unit, nullptr);
@@ -164,6 +194,9 @@ std::vector<float> Zero3Parameters::full_parameters() {
     release(id, false);
   }
   drop_prefetched();
+  for (const ParameterSegment& s : model_.segments)
+    if (s.host_block >= 0)
+      std::memcpy(full.data() + s.offset, s.params, static_cast<size_t>(s.count) * sizeof(float));
   return full;
 }
 

@@ -2,11 +2,14 @@
 // the weights of a block (or of the embedding or head) are all-gathered into a temporary
 // buffer and freed right after the pass that uses them. Acquiring a unit starts the gather of
 // the next one in the pass's order (the next block forward, the previous one backward), so it
-// runs during this unit's compute: two units are gathered at most.
+// runs during this unit's compute: two units are gathered at most. Blocks offloaded to host
+// memory are not this class's: their weights stay whole there (updated a piece per member and
+// gathered after the optimizer) and come through the offload engine.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "runtime/parallel/communicator.hpp"
@@ -17,8 +20,8 @@ namespace alloy {
 
 class Zero3Parameters : public ParameterSource {
  public:
-  // Takes the model's initialised weights: keeps this member's pieces (packed like
-  // layout.optimizer_ranges) and frees model.params.
+  // Takes the model's initialised weights in device memory: keeps this member's pieces of them
+  // (layout.optimizer_ranges on the device, packed in order) and frees the device's parameters.
   Zero3Parameters(Model& model, const ParamLayout& layout, Communicator& comm, const CommGroup& dp);
   ~Zero3Parameters() override;
   Zero3Parameters(const Zero3Parameters&) = delete;
@@ -27,11 +30,15 @@ class Zero3Parameters : public ParameterSource {
   void acquire(int unit, bool backward) override;
   void release(int unit, bool backward) override;
 
-  // This member's pieces: (layout.optimizer_floats()), what the optimizer updates.
+  // This member's pieces of the device's parameters: (piece_floats()), what the optimizer updates.
   float* pieces() { return pieces_; }
+  int64_t piece_floats() const { return piece_floats_; }
+  // Where flat parameters [offset, offset + count) of this member's device pieces are in pieces().
+  float* pieces_at(int64_t offset, int64_t count);
   // Drops gathered weights no pass holds (a prefetch not used yet): call before the pieces change.
   void drop_prefetched();
-  // Every parameter of the rank's shard in model order (num_parameters). Collective over dp.
+  // Every parameter of the rank's shard in model order (num_parameters), the offloaded blocks'
+  // from host memory. Collective over dp.
   std::vector<float> full_parameters();
   double take_wait_seconds();
 
@@ -57,8 +64,11 @@ class Zero3Parameters : public ParameterSource {
   Communicator& comm_;
   CommGroup dp_;
   std::vector<float**> slots_;
-  std::map<int, Unit> units_;
+  std::map<int, Unit> units_;         // the device's units
+  std::set<int> offloaded_;           // blocks in host memory (the offload engine's)
+  std::vector<FlatRange> piece_ranges_;  // this member's pieces on the device, ascending
   float* pieces_ = nullptr;
+  int64_t piece_floats_ = 0;
   double wait_seconds_ = 0;
 };
 

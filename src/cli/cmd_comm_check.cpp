@@ -14,6 +14,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/option_checks.hpp"
+#include "runtime/bf16.hpp"
 #include "runtime/parallel/communicator.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
@@ -127,6 +128,30 @@ std::string reduce_scatter_check(Communicator& comm, const CommGroup& group) {
       [&](int64_t k) {
         float expected = 0;
         for (int r : group.members) expected += value(r, k);
+        return expected;
+      });
+}
+
+// Values bf16 cannot hold: the owner's sum must be that of every member's rounded value, added in
+// member order in fp32 (a sum of unrounded values, or one rounded again, differs).
+std::string reduce_scatter_bf16_check(Communicator& comm, const CommGroup& group) {
+  std::vector<int64_t> counts = uneven_counts(group.size(), 700, 29);
+  int64_t total = 0;
+  int64_t my_offset = 0;
+  for (int i = 0; i < group.size(); ++i) {
+    if (i == group.my_index) my_offset = total;
+    total += counts[static_cast<size_t>(i)];
+  }
+  auto value = [](int rank, int64_t k) { return 1.0f + static_cast<float>(rank + 1) / 1024 + static_cast<float>(k % 7) / 4096; };
+  std::vector<float> data(static_cast<size_t>(total));
+  for (int64_t k = 0; k < total; ++k) data[static_cast<size_t>(k)] = value(comm.rank(), k);
+  comm.reduce_scatter_bf16(data.data(), counts, group).wait();
+  return mismatch_find(
+      my_offset, my_offset + counts[static_cast<size_t>(group.my_index)],
+      [&](int64_t k) { return data[static_cast<size_t>(k)]; },
+      [&](int64_t k) {
+        float expected = 0;
+        for (int r : group.members) expected += bf16_to_float(bf16_from_float(value(r, k)));
         return expected;
       });
 }
@@ -257,6 +282,7 @@ void group_checks_run(Communicator& comm, CheckTable& table, const CheckGroup& g
   check_run(table, g, "all_reduce max double", rank,
             [&] { return all_reduce_check<double>(comm, group, ReduceOp::ReduceOp_max, false); });
   check_run(table, g, "reduce_scatter uneven", rank, [&] { return reduce_scatter_check(comm, group); });
+  check_run(table, g, "reduce_scatter bf16 wire", rank, [&] { return reduce_scatter_bf16_check(comm, group); });
   check_run(table, g, "all_gather uneven", rank, [&] { return all_gather_check(comm, group); });
   check_run(table, g, "broadcast", rank, [&] { return broadcast_check(comm, group); });
   check_run(table, g, "all_gather_bytes", rank, [&] { return all_gather_bytes_check(comm, group); });

@@ -85,12 +85,15 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
   // reduce-scatters under ZeRO 2-3 (docs/runtime-distributed.md), so ZeRO 1 moves more than
   // ZeRO 2 for the same memory. Accumulated gradients are reduced once per step, after the last
   // micro-batch's backward; sharded ones after every micro-batch's.
+  // ZeRO 2-3 reduce-scatters send bf16 where the training file asks (gradient_communication).
   const double e = precision_bytes(train_.precision);
   const double params = stage_parameters(shape, u, c);
-  const double grad_bytes = params * e;
+  const bool bf16_wire = c.zero >= 2 && train_.gradient_communication == Precision::Precision_bf16;
+  const double wire = bf16_wire ? std::min(e, 2.0) : e;
+  const double grad_bytes = params * wire;
   const CollectiveOp op = c.zero <= 1 ? CollectiveOp::CollectiveOp_all_reduce : CollectiveOp::CollectiveOp_reduce_scatter;
   const double reduce = group_seconds(shape.device_type, op, grad_bytes, shape.dp_group);
-  const double last_bytes = stage_gradient_buckets(shape, u, c).last_bytes;
+  const double last_bytes = stage_gradient_buckets(shape, u, c).last_bytes * wire / e;
   const double last_bucket =
       last_bytes >= grad_bytes ? reduce : group_seconds(shape.device_type, op, last_bytes, shape.dp_group);
   // The window is the plain backward (recomputation and transfers excluded), so the exposed
@@ -105,7 +108,7 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
   if (stage_gradients_sharded(shape, c) && c.micro_batches > 1)
     sync += (c.micro_batches - 1) * earlier_reduce_scatter_seconds(shape, u, c, reduce, last_bucket);
   if (c.zero == 1 || c.zero == 2)
-    sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, grad_bytes, shape.dp_group);
+    sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, params * e, shape.dp_group);
   return sync;
 }
 

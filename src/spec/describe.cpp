@@ -119,11 +119,12 @@ std::string cluster_describe(const ClusterSpec& c) {
 
 std::string train_describe(const TrainSpec& t) {
   return fmt::format(
-      "Training setup (from {}): sequence {}, global batch {} sequences ({} tokens), {} compute{}, {} optimizer,\n"
+      "Training setup (from {}): sequence {}, global batch {} sequences ({} tokens), {} compute{}{}, {} optimizer,\n"
       "  {} steps, lr {:g} -> {:g} (warm-up {}), weight decay {:g}, grad clip {:g}, seed {}\n",
       t.source_path.empty() ? "defaults" : t.source_path, t.seq_len, t.global_batch_sequences,
       text_thousands(t.global_batch_sequences * t.seq_len), precision_name(t.precision),
       t.master_weights_fp32 && t.precision != Precision::Precision_fp32 ? " with fp32 master weights" : "",
+      t.gradient_communication == Precision::Precision_bf16 ? ", ZeRO 2-3 gradients sent in bf16" : "",
       t.optimizer, t.steps, t.learning_rate, t.min_learning_rate, t.warmup_steps, t.weight_decay, t.grad_clip, t.seed);
 }
 

@@ -28,7 +28,7 @@ TrainSpec train_load_text(const std::string& text, const std::string& path) {
   r.reject_unknown({"seq_len", "global_batch", "global_batch_tokens", "min_global_batch", "max_global_batch",
                     "precision", "master_weights_fp32", "optimizer", "steps", "learning_rate",
                     "min_learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
-                    "grad_clip", "seed", "gradient_bucket_mib"});
+                    "grad_clip", "seed", "gradient_bucket_mib", "gradient_communication"});
   TrainSpec t;
   t.source_path = path;
   t.seq_len = r.get_int("seq_len", t.seq_len);
@@ -66,6 +66,9 @@ TrainSpec train_load_text(const std::string& text, const std::string& path) {
   t.adam_eps = r.get_double("adam_eps", t.adam_eps);
   t.grad_clip = r.get_double("grad_clip", t.grad_clip);
   t.gradient_bucket_mib = r.get_double("gradient_bucket_mib", t.gradient_bucket_mib);
+  const std::string wire = r.get_string("gradient_communication", precision_name(t.gradient_communication));
+  if (!precision_parse(wire, &t.gradient_communication))
+    r.fail("gradient_communication", "unknown precision '" + wire + "'", "use fp32 or bf16");
   const int64_t seed = r.get_int("seed", static_cast<int64_t>(t.seed));
   if (seed < 0)
     throw Error(fmt::format("seed {} is negative", seed), {t.source_path, "seed"}, "write a whole number >= 0, e.g. `seed: 1234`");
@@ -82,9 +85,10 @@ std::string train_to_yaml(const TrainSpec& t) {
   out += fmt::format(
       "precision: {}\nmaster_weights_fp32: {}\noptimizer: {}\nsteps: {}\nlearning_rate: {}\nmin_learning_rate: {}\n"
       "warmup_steps: {}\nweight_decay: {}\nbeta1: {}\nbeta2: {}\nadam_eps: {}\ngrad_clip: {}\n"
-      "gradient_bucket_mib: {}\nseed: {}\n",
+      "gradient_bucket_mib: {}\ngradient_communication: {}\nseed: {}\n",
       precision_name(t.precision), t.master_weights_fp32, t.optimizer, t.steps, t.learning_rate, t.min_learning_rate,
-      t.warmup_steps, t.weight_decay, t.beta1, t.beta2, t.adam_eps, t.grad_clip, t.gradient_bucket_mib, t.seed);
+      t.warmup_steps, t.weight_decay, t.beta1, t.beta2, t.adam_eps, t.grad_clip, t.gradient_bucket_mib,
+      precision_name(t.gradient_communication), t.seed);
   return out;
 }
 
@@ -102,6 +106,10 @@ void train_validate(const TrainSpec& t) {
     bad("min_global_batch", "the batch range must satisfy 0 < min_global_batch <= max_global_batch",
         "set both, e.g. min_global_batch: 256 and max_global_batch: 1024");
   }
+  if (t.gradient_communication != Precision::Precision_fp32 && t.gradient_communication != Precision::Precision_bf16)
+    bad("gradient_communication",
+        fmt::format("gradients are sent in fp32 or bf16, not {}", precision_name(t.gradient_communication)),
+        "write `gradient_communication: bf16` (or fp32, the default)");
   if (t.optimizer != "adamw" && t.optimizer != "sgd") {
     bad("optimizer", "unknown optimizer '" + t.optimizer + "'", "use adamw or sgd");
   }

@@ -33,6 +33,9 @@ struct TrainSpec {
   // unit of overlapped reduction; with sharded gradients, the largest part (fp32) of a bucket
   // held while it is written and reduce-scattered.
   double gradient_bucket_mib = 64.0;
+  // What ZeRO 2-3 gradient reductions send: fp32, or bf16 (half the bytes, summed in fp32 by
+  // each piece's owner). ZeRO 0-1 all-reduces send the gradients as they are.
+  Precision gradient_communication = Precision::Precision_fp32;
   uint64_t seed = 1234;
 };
 

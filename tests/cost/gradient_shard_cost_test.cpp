@@ -126,6 +126,29 @@ TEST(GradientShardCost, CpuRanksPayEveryEarlierReduceScatterInFull) {
   EXPECT_NEAR(cpu.sync_seconds(3, true, 4) - cpu.sync_seconds(3, false, 4), 3 * one, 1e-12);
 }
 
+TEST(GradientShardCost, Bf16OnTheWireHalvesAnFp32ReduceScatterOnly) {
+  // fp32 training on CPU ranks: the reduce-scatter's time is its bytes over the link, so sending
+  // bf16 halves it (less the fixed latency); ZeRO 0-1 all-reduce the gradients as they are.
+  TrainSpec train = testing::train(64, 8, Precision::Precision_fp32);
+  const ClusterSpec cpus = cluster_load("local-cpu-4", catalog_builtin());
+  const OneStage fp32(model_load("small-gpt"), cpus, train, 4);
+  train.gradient_communication = Precision::Precision_bf16;
+  const OneStage bf16(model_load("small-gpt"), cpus, train, 4);
+  for (int zero : {2, 3})
+    for (bool shard : {false, true}) {
+      const double full = fp32.sync_seconds(zero, shard, 2), half = bf16.sync_seconds(zero, shard, 2);
+      EXPECT_LT(half, full) << "zero " << zero;
+      EXPECT_GT(half, 0.25 * full) << "zero " << zero;
+    }
+  for (int zero : {0, 1}) EXPECT_DOUBLE_EQ(bf16.sync_seconds(zero, false, 2), fp32.sync_seconds(zero, false, 2));
+  // bf16 training already sends 16-bit gradients: nothing changes.
+  TrainSpec mixed = testing::train(4096, 64);
+  const OneStage a(testing::llama2_7b(), testing::cluster("a100x8", {testing::a100_80()}, {{0, 1, 8}}), mixed, 8);
+  mixed.gradient_communication = Precision::Precision_bf16;
+  const OneStage b(testing::llama2_7b(), testing::cluster("a100x8", {testing::a100_80()}, {{0, 1, 8}}), mixed, 8);
+  EXPECT_DOUBLE_EQ(a.sync_seconds(2, true, 8), b.sync_seconds(2, true, 8));
+}
+
 TEST(GradientShardCost, TiedTableStaysWholeInTheShard) {
   // GPT-2's table tied between the first and last stage is synchronised whole: the first stage's
   // shard holds it whole, as its parameters and optimizer state do.

@@ -105,6 +105,23 @@ TEST(ClusterSpec, UnknownTypeHintNamesAnExistingDoc) {
   }
 }
 
+TEST(TrainSpec, GradientCommunicationIsFp32OrBf16) {
+  testing::TempDir dir;
+  EXPECT_EQ(train_load(dir.write("default.yaml", "seq_len: 64\n")).gradient_communication, Precision::Precision_fp32);
+  const TrainSpec bf16 = train_load(dir.write("bf16.yaml", "seq_len: 64\ngradient_communication: bf16\n"));
+  EXPECT_EQ(bf16.gradient_communication, Precision::Precision_bf16);
+  EXPECT_EQ(train_load_text(train_to_yaml(bf16), "again.yaml").gradient_communication, Precision::Precision_bf16);
+  for (const char* value : {"fp16", "int8"}) {
+    try {
+      train_load(dir.write("bad.yaml", std::string("seq_len: 64\ngradient_communication: ") + value + "\n"));
+      ADD_FAILURE() << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.where().field, "gradient_communication") << e.format();
+      EXPECT_NE(e.format().find("bf16"), std::string::npos) << e.format();
+    }
+  }
+}
+
 TEST(TrainSpec, TokensBecomeSequences) {
   TrainSpec t = train_load(std::string(ALLOY_SOURCE_DIR) + "/examples/train/llama-pretrain.yaml");
   EXPECT_EQ(t.seq_len, 2048);

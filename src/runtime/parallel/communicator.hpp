@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "spec/error.hpp"
+
 #include "cost/profile.hpp"
 
 namespace alloy {
@@ -100,6 +102,14 @@ class Communicator {
   // data: (sum of counts); member i ends with the sum over members of its piece
   // [offset_i, offset_i + counts[i]) in place (other pieces are left unspecified).
   virtual CommHandle reduce_scatter(float* data, const std::vector<int64_t>& counts, const CommGroup& group) = 0;
+  // The same with every member's values sent in bf16 (half the bytes) and summed in fp32 by the
+  // piece's owner, in member order: member i ends with sum_j bf16(data_j) over its piece. The
+  // MPI and single-rank communicators do; the GPU ones refuse.
+  virtual CommHandle reduce_scatter_bf16(float* /*data*/, const std::vector<int64_t>& /*counts*/,
+                                         const CommGroup& /*group*/) {
+    throw Error("this communicator does not send gradients in bf16", {"", "gradient_communication"},
+                "set gradient_communication: fp32 in the training file");
+  }
   // data: (sum of counts); member i contributes its piece in place; all end with every piece.
   virtual CommHandle all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) = 0;
   // bytes from member `root_index` of the group to every member.

@@ -183,7 +183,9 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   // ZeRO 3 and offload move weights with host copies: backends whose memory is not the host's
   // refuse such plans (stage_backend_supports) before they get here.
   if (layout_.sharded && stage.zero == 3) zero3_ = std::make_unique<Zero3Parameters>(model, layout_, comm, groups_.dp);
-  if (stage.gradients_sharded()) sharded_ = std::make_unique<ShardedGradients>(*backend_, layout_, comm, groups_.dp, plan.gradient_bucket_bytes);
+  const bool bf16_wire = train.gradient_communication == Precision::Precision_bf16;
+  if (stage.gradients_sharded())
+    sharded_ = std::make_unique<ShardedGradients>(*backend_, layout_, comm, groups_.dp, plan.gradient_bucket_bytes, bf16_wire);
   build_moments();
   if (offloads) {
     offload_ = std::make_unique<LayerOffload>(model, offload_uses_from_schedule(schedule_, host.blocks),
@@ -397,10 +399,15 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       for (const GradientBucket& b : layout_.buckets) {
         if (b.chunk != op.chunk || b.bucket != op.bucket) continue;
         float* data = backend_->gradients_at(b.range.offset, b.range.count);
-        pending_reductions_.push_back(track(op.kind == OpKind::OpKind_all_reduce
-                                                ? comm_.all_reduce(data, b.range.count, groups_.dp)
-                                                : comm_.reduce_scatter(data, b.piece_counts, groups_.dp),
-                                            SimStream::SimStream_collective, op, index));
+        CommHandle reduction;
+        if (op.kind == OpKind::OpKind_all_reduce) {
+          reduction = comm_.all_reduce(data, b.range.count, groups_.dp);
+        } else if (train_.gradient_communication == Precision::Precision_bf16) {
+          reduction = comm_.reduce_scatter_bf16(data, b.piece_counts, groups_.dp);
+        } else {
+          reduction = comm_.reduce_scatter(data, b.piece_counts, groups_.dp);
+        }
+        pending_reductions_.push_back(track(reduction, SimStream::SimStream_collective, op, index));
       }
       return;
     }

@@ -27,13 +27,16 @@ FlatRange overlap(const FlatRange& a, const FlatRange& b) {
 }  // namespace
 
 ShardedGradients::ShardedGradients(StageBackend& backend, const ParamLayout& layout, Communicator& comm,
-                                   const CommGroup& dp, double part_bytes)
+                                   const CommGroup& dp, double part_bytes, bool bf16_wire)
     : backend_(backend), model_(backend.model()), layout_(layout), comm_(comm), dp_(dp),
-      slots_(model_gradient_slots(backend.model())), reported_(backend.reports_gradient_writes()),
+      slots_(model_gradient_slots(backend.model())), reported_(backend.reports_gradient_writes()), bf16_wire_(bf16_wire),
       most_in_flight_(backend.collectives_share_compute() ? 0 : 1) {
   if (model_.segments.size() != 1 || model_.segments.front().host_block >= 0)
     throw Error("sharded gradients need every parameter in the device arena", {"", "shard_gradients"},
                 "do not combine shard_gradients with weight offload");
+  if (bf16_wire_ && !backend.memory_is_host())
+    throw Error(fmt::format("the {} backend does not send sharded gradients in bf16", backend.name()),
+                {"", "gradient_communication"}, "set gradient_communication: fp32 in the training file");
   const bool tied_here = model_.spec.tied_embeddings && model_.shard.has_embedding && model_.shard.has_head &&
                          layout.tied_embedding.count == 0;
   parts_build(part_bytes);
@@ -189,7 +192,8 @@ CommHandle ShardedGradients::reduce_scatter(int chunk, int bucket) {
 }
 
 // Zero but for this member's share, which starts from the shard: the reduce-scatter then leaves
-// there the previous micro-batches' sum plus every member's new gradients.
+// there the previous micro-batches' sum plus every member's new gradients. In bf16 on the wire the
+// share starts at zero too (the running sum stays in fp32): part_finish adds it to the shard.
 void ShardedGradients::part_bind(size_t index) {
   Part& p = parts_[index];
   if (p.in_flight) part_finish(p);  // written again before its reduction was reaped
@@ -197,6 +201,11 @@ void ShardedGradients::part_bind(size_t index) {
   parts_finish_older();
   p.buffer = backend_.arena().allocate_floats(p.range.count, "gradient bucket");
   p.written = 0;
+  if (bf16_wire_) {
+    backend_.fill_zero(p.buffer, p.range.count);
+    slots_point(p, p.buffer);
+    return;
+  }
   const int64_t before = p.owned.offset - p.range.offset;
   const int64_t after = p.range.count - before - p.owned.count;
   backend_.fill_zero(p.buffer, before);
@@ -208,7 +217,7 @@ void ShardedGradients::part_bind(size_t index) {
 }
 
 void ShardedGradients::part_post(Part& p) {
-  p.reducing = comm_.reduce_scatter(p.buffer, p.counts, dp_);
+  p.reducing = bf16_wire_ ? comm_.reduce_scatter_bf16(p.buffer, p.counts, dp_) : comm_.reduce_scatter(p.buffer, p.counts, dp_);
   p.in_flight = true;
   p.posted_this_round = true;
   p.posted = ++posts_;
@@ -234,9 +243,13 @@ void ShardedGradients::parts_finish_older() {
 void ShardedGradients::part_finish(Part& p) {
   wait_seconds_ += compute_wait([&] { p.reducing.wait(); });
   p.in_flight = false;
-  if (p.owned.count > 0)
-    backend_.copy(shard_at(p.owned.offset, p.owned.count), p.buffer + (p.owned.offset - p.range.offset),
-                  p.owned.count * static_cast<int64_t>(sizeof(float)));
+  const float* received = p.buffer + (p.owned.offset - p.range.offset);
+  if (bf16_wire_) {  // host memory (checked at construction)
+    float* shard = p.owned.count > 0 ? shard_at(p.owned.offset, p.owned.count) : nullptr;
+    for (int64_t k = 0; k < p.owned.count; ++k) shard[k] += received[k];
+  } else if (p.owned.count > 0) {
+    backend_.copy(shard_at(p.owned.offset, p.owned.count), received, p.owned.count * static_cast<int64_t>(sizeof(float)));
+  }
   slots_point(p, nullptr);
   backend_.arena().release(p.buffer);
   p.buffer = nullptr;

@@ -28,8 +28,10 @@ class ShardedGradients final : public GradientSink {
   // layout.optimizer_ranges) takes their place. A tied table summed between the first and last
   // stage (layout.tied_embedding) sits whole in the shard, its slot bound there for good.
   // part_bytes: the largest part (fp32 gradients), when the backend reports its writes.
+  // bf16_wire: parts cross the network in bf16 and each member adds the sum it receives to its
+  // shard in fp32 (a backend whose memory is the host's).
   ShardedGradients(StageBackend& backend, const ParamLayout& layout, Communicator& comm, const CommGroup& dp,
-                   double part_bytes);
+                   double part_bytes, bool bf16_wire);
   ~ShardedGradients() override;
   ShardedGradients(const ShardedGradients&) = delete;
   ShardedGradients& operator=(const ShardedGradients&) = delete;
@@ -101,6 +103,7 @@ class ShardedGradients final : public GradientSink {
   std::vector<Bucket> buckets_;  // as layout.buckets
   std::unordered_map<float* const*, Managed> managed_;  // by slot, when the backend reports writes
   bool reported_ = false;        // the backend reports its writes: parts bound on them
+  bool bf16_wire_ = false;       // reduce-scatters in bf16, summed into the shard here
   int head_bucket_ = -1;         // without reported writes: the head's bucket, when it writes the table of
   int embedding_bucket_ = -1;    // the embedding's bucket on the same stage (tied); else -1
   int64_t posts_ = 0;            // reduce-scatters posted so far

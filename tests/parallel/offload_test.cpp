@@ -181,6 +181,10 @@ nodes:
                                                           {1, 2, 1, {3}}},
                                                          Schedule::Schedule_1f1b, 4),
                                                {{false, true, true}, {true, false, true}}));
+  // Interleaved: two chunks per stage, each stage offloading a block of one of them.
+  cases.emplace_back("interleaved-zero3", offloading(test_plan(gpt, slow, {{1, 2, 3, {2, 1}}, {1, 2, 2, {1, 2}}},
+                                                               Schedule::Schedule_interleaved, 2),
+                                                     {{false, true, false}, {true, false, false}}));
   // Uneven replicas: 3 and 1 sequences of each micro-batch, so uneven ZeRO pieces.
   cases.emplace_back("uneven-zero1",
                      offloading(with_uneven_replicas(test_plan(gpt, slow, {{1, 2, 1, {6}}}, Schedule::Schedule_1f1b, 2), 0, {3, 1}),

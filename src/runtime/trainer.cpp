@@ -81,11 +81,35 @@ class RankTrainer {
   int64_t saved_step_ = -1;       // the step of the last checkpoint saved or resumed from
 };
 
-// Every rank checks the committed manifest and its own files against it, then loads them.
+// Every rank checks the committed manifest and its own files against it, then loads them. A
+// checkpoint of the same model written under another layout (plan, rank count) is resharded:
+// every rank reads from all writers' files the slices of the full tensors it holds.
 int64_t RankTrainer::resume() {
   int64_t step = 0;
   dist_agree_on(comm_, [&] {
     const CheckpointManifest manifest = checkpoint_manifest_read(o_.checkpoint_dir);
+    const std::string model_part = trainer_model_fingerprint(model_) + "|plan ";
+    const bool same_layout = manifest.fingerprint == run_fingerprint_ && manifest.ranks == comm_.world_size();
+    if (!same_layout && manifest.fingerprint.rfind(model_part, 0) == 0) {
+      std::vector<std::string> writers;
+      for (int r = 0; r < manifest.ranks; ++r) {
+        checkpoint_manifest_check_files(manifest, o_.checkpoint_dir, r);
+        writers.push_back(checkpoint_rank_dir(o_.checkpoint_dir, manifest.step, r));
+      }
+      runtime_.checkpoint_reshard_from(writers, manifest.step);
+      if (comm_.rank() == 0)
+        std::fprintf(stderr, "alloy: resharded checkpoint step %lld, written by %d rank(s) under another layout, onto %d\n",
+                     static_cast<long long>(manifest.step), manifest.ranks, comm_.world_size());
+      step = manifest.step;
+      return;
+    }
+    if (!same_layout && manifest.fingerprint.rfind(model_part, 0) != 0)
+      throw Error(fmt::format("the checkpoint is of another model: \"{}\", and this run trains \"{}\"",
+                              manifest.fingerprint.substr(0, manifest.fingerprint.find("|plan ")),
+                              trainer_model_fingerprint(model_)),
+                  {o_.checkpoint_dir + "/" + kCheckpointLatest, "fingerprint"},
+                  "resume with the model config the checkpoint was written for (under any plan), or start afresh "
+                  "without --resume");
     checkpoint_manifest_check(manifest, o_.checkpoint_dir, run_fingerprint_, comm_.world_size(), comm_.rank());
     const std::string dir = checkpoint_rank_dir(o_.checkpoint_dir, manifest.step, comm_.rank());
     const int64_t loaded = runtime_.checkpoint_load_from(dir, fingerprint_).step;

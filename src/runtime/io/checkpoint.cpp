@@ -57,7 +57,8 @@ nlohmann::json manifest_build(const CheckpointState& state, const CheckpointFile
           {"step", state.step},
           {"loader_state", state.loader_state},
           {"rng_state", state.rng_state},
-          {"files", {{kCheckpointModelFile, record(model)}, {kCheckpointOptimizerFile, record(optimizer)}}}};
+          {"files", {{kCheckpointModelFile, record(model)}, {kCheckpointOptimizerFile, record(optimizer)}}},
+          {"global_layout", state.global_layout.empty() ? nlohmann::json() : nlohmann::json::parse(state.global_layout)}};
 }
 
 CheckpointFileRecords dir_write_all(const fs::path& temp, std::span<const TensorRef> model,
@@ -144,6 +145,8 @@ CheckpointState state_from_manifest(const nlohmann::json& manifest, const fs::pa
   state.loader_state = manifest_field<std::vector<std::uint64_t>>(manifest, path, "loader_state");
   state.rng_state = manifest_field<std::vector<std::uint64_t>>(manifest, path, "rng_state");
   manifest_field<nlohmann::json::object_t>(manifest, path, "files");
+  if (manifest.contains("global_layout") && !manifest["global_layout"].is_null())
+    state.global_layout = manifest["global_layout"].dump();
   return state;
 }
 
@@ -189,6 +192,12 @@ CheckpointFileRecords checkpoint_save(const std::string& dir, std::span<const Te
 CheckpointState checkpoint_read_state(const std::string& dir) {
   fs::path path = dir_resolve(dir);
   return state_from_manifest(manifest_read(path), path);
+}
+
+SafetensorsFile checkpoint_open_verified(const std::string& dir, const char* file) {
+  fs::path path = dir_resolve(dir);
+  file_verify(path, manifest_read(path), file);
+  return safetensors_open((path / file).string());
 }
 
 CheckpointState checkpoint_load(const std::string& dir, const std::string& expected_fingerprint,

@@ -25,6 +25,9 @@ struct CheckpointState {
   std::vector<std::uint64_t> loader_state;  // e.g. batch_loader_state_save
   std::vector<std::uint64_t> rng_state;     // any generator state as words
   std::string fingerprint;                  // identifies the model: name plus a config hash
+  // JSON: where each stored tensor's elements lie in the model's full tensors, so that another
+  // layout can load them (parallel/reshard.hpp); "" when not given.
+  std::string global_layout;
 };
 
 struct CheckpointSaveOptions {
@@ -57,6 +60,10 @@ CheckpointFileRecords checkpoint_save(const std::string& dir, std::span<const Te
 
 // Reads only checkpoint.json (no tensors, no checksums).
 CheckpointState checkpoint_read_state(const std::string& dir);
+
+// Opens `file` (kCheckpointModelFile or kCheckpointOptimizerFile) of the checkpoint in `dir`
+// after checking its size and checksum against checkpoint.json (errors name the file).
+SafetensorsFile checkpoint_open_verified(const std::string& dir, const char* file);
 
 // Verifies and loads a checkpoint into the caller's buffers, returning its state. Checks, each
 // with its own error: missing directory or file, size or checksum mismatch (corrupt file), a

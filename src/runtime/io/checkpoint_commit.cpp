@@ -182,12 +182,17 @@ CheckpointManifest checkpoint_manifest_read(const std::string& dir) {
 void checkpoint_manifest_check(const CheckpointManifest& manifest, const std::string& dir,
                                const std::string& fingerprint, int ranks, int rank) {
   const std::string path = (fs::path(dir) / kCheckpointLatest).string();
-  if (manifest.ranks != ranks)
-    throw Error(fmt::format("the checkpoint was written by {} ranks, and this run has {}", manifest.ranks, ranks),
-                io_where(path, "ranks"), fmt::format("resume with mpirun -np {} and the same plan", manifest.ranks));
   if (manifest.fingerprint != fingerprint)
     throw Error(fmt::format("the checkpoint is for \"{}\", but this run is \"{}\"", manifest.fingerprint, fingerprint),
                 io_where(path, "fingerprint"), "resume with the model and plan the checkpoint was written with, or start afresh");
+  if (manifest.ranks != ranks)
+    throw Error(fmt::format("the checkpoint was written by {} ranks, and this run has {}", manifest.ranks, ranks),
+                io_where(path, "ranks"), fmt::format("resume with mpirun -np {} and the same plan", manifest.ranks));
+  checkpoint_manifest_check_files(manifest, dir, rank);
+}
+
+void checkpoint_manifest_check_files(const CheckpointManifest& manifest, const std::string& dir, int rank) {
+  const std::string path = (fs::path(dir) / kCheckpointLatest).string();
   const std::string rank_dir = checkpoint_rank_dir(dir, manifest.step, rank);
   for (const char* name : kCheckpointFiles) {
     const std::string key = rank_name(rank) + "/" + name;

@@ -47,6 +47,8 @@ CheckpointManifest checkpoint_manifest_read(const std::string& dir);
 // their recorded sizes and checksums.
 void checkpoint_manifest_check(const CheckpointManifest& manifest, const std::string& dir,
                                const std::string& fingerprint, int ranks, int rank);
+// Only the files: `rank`'s against their recorded sizes and checksums.
+void checkpoint_manifest_check_files(const CheckpointManifest& manifest, const std::string& dir, int rank);
 
 // An exclusive lock on <dir>/.lock (created with `dir`), released when this object goes or the
 // process dies. A folder another process holds is refused, naming that process's pid and host.

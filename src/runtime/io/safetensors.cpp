@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -119,6 +120,17 @@ const SafetensorsEntry* SafetensorsFile::entry_find(const std::string& name) con
 void SafetensorsFile::entry_copy(const SafetensorsEntry& entry, float* out) const {
   std::size_t count = entry.end_bytes - entry.begin_bytes;
   if (count > 0) std::memcpy(out, mapped_.bytes().data() + data_begin_bytes_ + entry.begin_bytes, count);
+}
+
+void SafetensorsFile::entry_copy_range(const SafetensorsEntry& entry, std::int64_t first, std::int64_t count,
+                                       float* out) const {
+  const std::int64_t numel = static_cast<std::int64_t>((entry.end_bytes - entry.begin_bytes) / sizeof(float));
+  if (first < 0 || count < 0 || first + count > numel)
+    throw Error(fmt::format("floats [{}, {}) of tensor {} which has {}", first, first + count, entry.name, numel),
+                {path(), entry.name}, "the checkpoint's layout does not match its tensors: it is damaged");
+  if (count > 0)
+    std::memcpy(out, mapped_.bytes().data() + data_begin_bytes_ + entry.begin_bytes + first * sizeof(float),
+                static_cast<std::size_t>(count) * sizeof(float));
 }
 
 SafetensorsFile safetensors_open(const std::string& path) {

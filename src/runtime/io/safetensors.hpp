@@ -45,6 +45,8 @@ class SafetensorsFile {
   const SafetensorsEntry* entry_find(const std::string& name) const;
   // Copies the entry's floats into `out` (entry numel floats).
   void entry_copy(const SafetensorsEntry& entry, float* out) const;
+  // Copies floats [first, first + count) of the entry into `out` (only those pages are read).
+  void entry_copy_range(const SafetensorsEntry& entry, std::int64_t first, std::int64_t count, float* out) const;
   // Every byte of the file, for checksums.
   std::span<const std::byte> bytes() const { return mapped_.bytes(); }
 

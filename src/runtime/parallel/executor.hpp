@@ -116,6 +116,10 @@ class RankRuntime {
                                            const CheckpointSaveOptions& options = {});
   // Loads what checkpoint_save_to wrote and sets the optimizer's step; returns the state.
   CheckpointState checkpoint_load_from(const std::string& dir, const std::string& fingerprint);
+  // Loads step `step` of a checkpoint written under another layout (rank_dirs: every writing
+  // rank's folder of the step), reading from each file the slices of the full tensors this rank
+  // holds (reshard.hpp), and sets the optimizer's step.
+  void checkpoint_reshard_from(const std::vector<std::string>& rank_dirs, int64_t step);
   int64_t optimizer_steps() const { return optimizer_steps_; }
   // The first tensor of this rank, in model order, whose gradient (its pieces, when sharded)
   // holds NaN or Inf, as "<name>'s gradient"; "" when all are finite. Read after a step whose update was skipped.
@@ -177,6 +181,10 @@ class RankRuntime {
                                    bool download);
   std::vector<TensorRef> parameter_refs();
   std::vector<TensorRef> optimizer_refs();
+  // Copies loaded host views back into the backend's tensors (when its memory is not the
+  // host's) and sets the optimizer's step.
+  void checkpoint_loaded(const std::vector<TensorRef>& parameters, const std::vector<TensorRef>& host_parameters,
+                         const std::vector<TensorRef>& moments, const std::vector<TensorRef>& host_moments, int64_t step);
   const MomentSegment& moments_at(int64_t packed) const;
   void record_offload_copies();
 

@@ -9,6 +9,7 @@
 
 #include "runtime/parallel/agree.hpp"
 #include "runtime/parallel/executor.hpp"
+#include "runtime/parallel/reshard.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -218,7 +219,11 @@ CheckpointFileRecords RankRuntime::checkpoint_save_to(const std::string& dir, co
   std::vector<std::vector<float>> parameter_staging, optimizer_staging;
   const std::vector<TensorRef> parameters = host_refs(parameter_refs(), parameter_staging, true);
   const std::vector<TensorRef> moments = host_refs(optimizer_refs(), optimizer_staging, true);
-  return checkpoint_save(dir, parameters, moments, state, options);
+  const StoredLayout stored{&backend_->model(), layout_.optimizer_ranges,
+                            zero3_ ? zero3_->piece_ranges() : std::vector<FlatRange>{}};
+  CheckpointState with_layout = state;
+  with_layout.global_layout = global_layout_json(global_layout_of(parameters, stored), global_layout_of(moments, stored));
+  return checkpoint_save(dir, parameters, moments, with_layout, options);
 }
 
 
@@ -229,6 +234,31 @@ CheckpointState RankRuntime::checkpoint_load_from(const std::string& dir, const 
   const std::vector<TensorRef> host_moments = host_refs(moments, optimizer_staging, false);
   CheckpointState state = checkpoint_load(dir, fingerprint, host_parameters, host_moments);
   checkpoint_check_finite(dir, host_parameters, host_moments);
+  checkpoint_loaded(parameters, host_parameters, moments, host_moments, state.step);
+  return state;
+}
+
+void RankRuntime::checkpoint_reshard_from(const std::vector<std::string>& rank_dirs, int64_t step) {
+  const std::vector<TensorRef> parameters = parameter_refs(), moments = optimizer_refs();
+  std::vector<std::vector<float>> parameter_staging, optimizer_staging;
+  const std::vector<TensorRef> host_parameters = host_refs(parameters, parameter_staging, false);
+  const std::vector<TensorRef> host_moments = host_refs(moments, optimizer_staging, false);
+  const StoredLayout stored{&backend_->model(), layout_.optimizer_ranges,
+                            zero3_ ? zero3_->piece_ranges() : std::vector<FlatRange>{}};
+  const ReshardSources sources(rank_dirs);
+  for (const std::vector<TensorRef>* refs : {&host_parameters, &host_moments}) {
+    const GlobalLayout layout = global_layout_of(*refs, stored);
+    for (const TensorRef& ref : *refs)
+      for (const GlobalRun& run : layout.at(ref.name)) sources.read(run, ref.data + run.local_offset);
+  }
+  const std::string where = rank_dirs.empty() ? "" : rank_dirs.front();
+  checkpoint_check_finite(where, host_parameters, host_moments);
+  checkpoint_loaded(parameters, host_parameters, moments, host_moments, step);
+}
+
+void RankRuntime::checkpoint_loaded(const std::vector<TensorRef>& parameters, const std::vector<TensorRef>& host_parameters,
+                                    const std::vector<TensorRef>& moments, const std::vector<TensorRef>& host_moments,
+                                    int64_t step) {
   if (!backend_->memory_is_host()) {
     for (size_t i = 0; i < parameters.size(); ++i)
       backend_->copy_from_host(parameters[i].data, host_parameters[i].data, tensor_ref_numel(parameters[i]) * static_cast<int64_t>(sizeof(float)));
@@ -236,8 +266,7 @@ CheckpointState RankRuntime::checkpoint_load_from(const std::string& dir, const 
       backend_->copy_from_host(moments[i].data, host_moments[i].data, tensor_ref_numel(moments[i]) * static_cast<int64_t>(sizeof(float)));
   }
   backend_->parameters_changed();
-  optimizer_steps_ = state.step;
-  return state;
+  optimizer_steps_ = step;
 }
 
 

@@ -33,6 +33,7 @@ class Zero3Parameters : public ParameterSource {
   // This member's pieces of the device's parameters: (piece_floats()), what the optimizer updates.
   float* pieces() { return pieces_; }
   int64_t piece_floats() const { return piece_floats_; }
+  const std::vector<FlatRange>& piece_ranges() const { return piece_ranges_; }  // ascending, packed in order
   // Where flat parameters [offset, offset + count) of this member's device pieces are in pieces().
   float* pieces_at(int64_t offset, int64_t count);
   // Drops gathered weights no pass holds (a prefetch not used yet): call before the pieces change.

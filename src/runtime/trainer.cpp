@@ -12,6 +12,7 @@
 
 #include "runtime/device_speed.hpp"
 #include "runtime/io/batch_loader.hpp"
+#include "plan/plan_inputs.hpp"
 #include "runtime/io/checkpoint_commit.hpp"
 #include "runtime/io/token_file.hpp"
 #include "runtime/parallel/agree.hpp"
@@ -137,7 +138,9 @@ void RankTrainer::save(int64_t step) {
   comm_.all_gather_bytes(&mine, all.data(), sizeof(CheckpointFileRecords), comm_.world()).wait();
   dist_agree_on(comm_, [&] {
     if (comm_.rank() != 0) return;
-    plan_save(plan_, o_.checkpoint_dir + "/plan.json");
+    Plan recorded = plan_;  // with what it trains: `alloy replan` plans the same model and setup anew
+    plan_set_inputs(&recorded, model_, cluster_, train_);
+    plan_save(recorded, o_.checkpoint_dir + "/plan.json");
     checkpoint_commit(o_.checkpoint_dir, step, run_fingerprint_, all, o_.keep_checkpoints);
   });
   saved_step_ = step;

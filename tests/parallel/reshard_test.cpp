@@ -99,6 +99,42 @@ TEST_F(ReshardTest, EveryLayoutResumesUnderThreeOthers) {
   }
 }
 
+TEST_F(ReshardTest, ReplanMovesTheRunToTheDevicesLeft) {
+  // Four ranks checkpoint step 3; two devices remain: `alloy replan` plans the checkpoint's model
+  // and setup for them, and the run resumes on the new plan, continuing the four-rank losses.
+  const Layout from = layouts()[4];  // pp 2 x tp 2
+  ASSERT_EQ(train(from.plan, "replan-full", kReshardSteps, "").exit_code, 0);
+  const std::string saved = dir_->path() + "/ck-replan";
+  ASSERT_EQ(train(from.plan, "replan-part", kReshardSavedStep, "--checkpoint " + saved).exit_code, 0);
+  const std::string pair = dir_->write("local-cpu-2.yaml", R"(name: local-cpu-2
+device_types:
+  cpu-fast: {base: cpu, memory: 2GiB}
+nodes:
+  - {name: host, count: 1, device: cpu-fast, devices_per_node: 2, host_memory: 16GiB}
+)");
+  const std::string next = dir_->path() + "/replanned.json";
+  const CommandResult planned =
+      run_command(fmt::format("{} replan --checkpoint {} --cluster {} -o {} --no-simulate", ALLOY_BINARY, saved, pair, next));
+  ASSERT_EQ(planned.exit_code, 0) << planned.output;
+  EXPECT_NE(planned.output.find("Re-planning step 3 of gpt-6"), std::string::npos) << planned.output;
+  EXPECT_NE(planned.output.find("--checkpoint " + saved + " --resume"), std::string::npos) << planned.output;
+  const Plan plan = plan_load(next);
+  ASSERT_LE(plan.num_used_devices(), 2);
+  const CommandResult r = run_command(
+      fmt::format("mpirun -np {} --oversubscribe --bind-to none {} train --plan {} --data {} --steps {} --no-progress "
+                  "--checkpoint {} --resume --log {}/replan-resumed.jsonl",
+                  plan.num_used_devices(), ALLOY_BINARY, next, data_, kReshardSteps, saved, dir_->path()),
+      300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resharded checkpoint step 3"), std::string::npos) << r.output;
+  const std::vector<double> want = losses("replan-full"), got = losses("replan-resumed");
+  ASSERT_EQ(got.size(), static_cast<size_t>(kReshardSteps - kReshardSavedStep));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double expected = want[static_cast<size_t>(kReshardSavedStep) + i];
+    EXPECT_NEAR(got[i], expected, kReshardLossTolerance * expected) << "step " << kReshardSavedStep + 1 + static_cast<int>(i);
+  }
+}
+
 TEST_F(ReshardTest, ACheckpointOfAnotherModelIsRefusedNamingBothModels) {
   // A wider model: the run refuses before any step, naming the checkpoint's model and its own.
   const std::vector<Layout> all = layouts();

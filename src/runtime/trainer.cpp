@@ -227,12 +227,14 @@ TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_
       report.val_loss = validate();
       if (last) result.final_val_loss = report.val_loss;
     }
-    const bool saving = !o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) || last || stopping);
-    if (saving) save(step);
+    // The step's log line goes first: a committed step always has one (a step logged but not
+    // committed before a crash is run and logged again on resume).
     if (lead) {
       log.write(report, &all);
       if (o_.progress) trainer_print_progress(report, train_.steps);
     }
+    const bool saving = !o_.checkpoint_dir.empty() && ((o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0) || last || stopping);
+    if (saving) save(step);
     if (on_step) on_step(report);
     history.push_back(stats);
     result.steps.push_back(report);

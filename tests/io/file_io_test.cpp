@@ -33,9 +33,10 @@ TEST(FileIo, Crc32MatchesCheckValueAndReference) {
   EXPECT_EQ(checksum_hex(0xCBF43926u), "cbf43926");
   EXPECT_EQ(crc32_update(0, {}), 0u);
   std::mt19937 rng(11);
-  std::string bytes(1000, '\0');
+  std::string bytes(5000, '\0');
   for (auto& b : bytes) b = static_cast<char>(rng());
-  for (std::size_t length : {1u, 7u, 8u, 9u, 63u, 1000u}) {
+  // Lengths on both sides of the carry-less path's 64-byte minimum and 16-byte steps.
+  for (std::size_t length : {1u, 7u, 8u, 9u, 63u, 64u, 65u, 79u, 80u, 127u, 128u, 129u, 1000u, 4103u, 5000u}) {
     std::string part = bytes.substr(0, length);
     EXPECT_EQ(crc32_update(0, as_bytes(part)), crc32_bitwise(part)) << "length " << length;
   }
@@ -45,6 +46,28 @@ TEST(FileIo, Crc32MatchesCheckValueAndReference) {
     streamed = crc32_update(streamed, as_bytes(bytes.substr(begin, 13)));
   }
   EXPECT_EQ(streamed, crc32_bitwise(bytes));
+}
+
+TEST(FileIo, Crc32OfHalvesCombinesIntoTheWhole) {
+  std::mt19937 rng(5);
+  std::string bytes(3u << 20, '\0');  // over the size checksummed on two threads
+  for (auto& b : bytes) b = static_cast<char>(rng());
+  const std::uint32_t whole = crc32_update(0, as_bytes(bytes));
+  for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, bytes.size() / 2, bytes.size() - 3, bytes.size()}) {
+    const std::string a = bytes.substr(0, cut), b = bytes.substr(cut);
+    EXPECT_EQ(crc32_combine(crc32_update(0, as_bytes(a)), crc32_update(0, as_bytes(b)), b.size()), whole) << "cut " << cut;
+  }
+  EXPECT_EQ(crc32_update_parallel(0, as_bytes(bytes)), whole);
+  // Continuing from an earlier checksum, as a writer does.
+  const std::uint32_t head = crc32_update(0, as_bytes("header"));
+  EXPECT_EQ(crc32_update_parallel(head, as_bytes(bytes)), crc32_update(head, as_bytes(bytes)));
+  // A large write through the writer (checksummed beside its write calls) matches too.
+  test::ScratchDir dir;
+  FileWriter writer(dir.file("large.dat"));
+  writer.write("header", 6);
+  writer.write(bytes.data(), bytes.size());
+  writer.close_synced();
+  EXPECT_EQ(writer.checksum_crc32(), crc32_update(head, as_bytes(bytes)));
 }
 
 TEST(FileIo, WriterChecksumsWhatItWrites) {

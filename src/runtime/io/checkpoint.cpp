@@ -131,7 +131,7 @@ void file_verify(const fs::path& dir, const nlohmann::json& manifest, const std:
                     std::to_string(size_bytes),
                 io_where(path, "bytes"), "the checkpoint is damaged: use an older one");
   }
-  std::string actual = checksum_hex(crc32_update(0, mapped.bytes()));
+  std::string actual = checksum_hex(crc32_update_parallel(0, mapped.bytes()));
   if (actual != checksum) {
     throw Error("file is corrupt: checksum " + actual + " differs from the recorded " + checksum,
                 io_where(path, "crc32"), "the checkpoint is damaged: use an older one");

@@ -203,7 +203,7 @@ void checkpoint_manifest_check_files(const CheckpointManifest& manifest, const s
       throw Error("checkpoint file missing", io_where(file),
                   "the checkpoint is incomplete: copy the whole folder, or start afresh without --resume");
     const MappedFile mapped = mapped_file_open(file, "checkpoint file");
-    const std::uint32_t crc = crc32_update(0, mapped.bytes());
+    const std::uint32_t crc = crc32_update_parallel(0, mapped.bytes());
     if (mapped.size_bytes() != it->second.size_bytes || crc != it->second.checksum)
       throw Error(fmt::format("file differs from the one committed: {} bytes, CRC-32 {}; latest.json recorded {} bytes, "
                               "CRC-32 {}",

@@ -118,6 +118,11 @@ void directory_sync(const std::string& path);
 // CRC-32 (IEEE 802.3, as zlib.crc32 and `gzip` compute it) of `bytes`, continuing from `crc`
 // (start with 0). Slicing by 8 bytes: a few GB/s, so checksums stay cheap next to disk writes.
 std::uint32_t crc32_update(std::uint32_t crc, std::span<const std::byte> bytes);
+// The CRC-32 of A followed by B from crc_a (of A) and crc_b (of B alone, started at 0) and B's
+// length: lets halves of a buffer be checksummed at once.
+std::uint32_t crc32_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t length_b);
+// crc32_update over `bytes`, its two halves on two threads when it is large.
+std::uint32_t crc32_update_parallel(std::uint32_t crc, std::span<const std::byte> bytes);
 // 8 lower-case hex digits.
 std::string checksum_hex(std::uint32_t checksum);
 

@@ -23,6 +23,7 @@
 #include "runtime/io/checkpoint_commit.hpp"
 #include "search/planner.hpp"
 #include "spec/error.hpp"
+#include "spec/field_reader.hpp"
 #include "spec/text_file.hpp"
 
 namespace alloy::cli {
@@ -38,6 +39,7 @@ struct RunCommand {
   std::string log;
   std::string launcher = "mpirun --bind-to none";
   std::string train_flags;
+  std::string cluster;  // a cluster file the user may update between launches ("": the plan's)
   int64_t steps = 0;
   int64_t checkpoint_every = 10;
   int max_restarts = 3;
@@ -122,7 +124,9 @@ void run_elastic(const RunCommand& c) {
   Plan plan = plan_load(c.plan);
   const ModelSpec model = plan_model(plan, "", c.plan);
   const TrainSpec train = plan_train(plan, "", c.plan);
-  ClusterSpec cluster = plan_cluster(plan, "", catalog_builtin(), c.plan);
+  ClusterSpec cluster = plan_cluster(plan, c.cluster, catalog_builtin(), c.plan);
+  const auto cluster_text = [&] { return c.cluster.empty() ? std::string() : spec_file_text(c.cluster); };
+  std::string launched_with = cluster_text();
   const std::string log = c.log.empty() ? c.checkpoint + "/elastic.jsonl" : c.log;
   fs::create_directories(c.checkpoint);
   std::string plan_path = c.plan;
@@ -159,9 +163,18 @@ void run_elastic(const RunCommand& c) {
                        "the last checkpoint is step {}: {} step(s) lost\n",
                lost, who.device_id, type.name, reached, l.ended - l.started, saved, reached - saved);
     const double replan_start = now_seconds();
-    const std::string cluster_path = fmt::format("{}/elastic-cluster-{}.yaml", c.checkpoint, restart + 1);
-    text_file_write(cluster_path, elastic_cluster_without(cluster, who.device_id), "cluster file", "--checkpoint");
-    cluster = cluster_load(cluster_path, catalog_builtin());
+    // A cluster file the user changed since the launch says what is left; otherwise the lost
+    // rank's device is dropped from the one the run had.
+    const std::string updated = cluster_text();
+    if (!c.cluster.empty() && updated != launched_with) {
+      cluster = cluster_load(c.cluster, catalog_builtin());
+      launched_with = updated;
+      fmt::print(stderr, "alloy run: {} changed: re-planning for the {} device(s) it lists\n", c.cluster, cluster.devices.size());
+    } else {
+      const std::string cluster_path = fmt::format("{}/elastic-cluster-{}.yaml", c.checkpoint, restart + 1);
+      text_file_write(cluster_path, elastic_cluster_without(cluster, who.device_id), "cluster file", "--checkpoint");
+      cluster = cluster_load(cluster_path, catalog_builtin());
+    }
     const CostModel cost(model, cluster, train);
     SearchOptions options;
     options.every_device = c.all_devices;
@@ -193,6 +206,9 @@ void add_run(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-restarts", c->max_restarts, "Restarts after lost ranks before giving up")
       ->capture_default_str()
       ->check(option_whole_in(0, 1000));
+  cmd->add_option("--cluster,-c", c->cluster,
+                  "Cluster file read again before each re-plan: update it when devices change (default: the plan's "
+                  "cluster, less each lost rank's device)");
   cmd->add_flag("--all-devices", c->all_devices, "Re-plan with every device left (default: the planner's choice)");
   cmd->add_option("--log", c->log, "JSON-lines log of every step (default: <checkpoint>/elastic.jsonl)");
   cmd->add_option("--launcher", c->launcher, "Launcher command, given -np and the job")->capture_default_str();

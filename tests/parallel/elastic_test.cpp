@@ -1,13 +1,15 @@
 // The elastic supervisor for real: `alloy run` trains a 4-rank plan, one rank is killed with
 // SIGKILL mid-training, and the run goes on: the lost rank is named, the model is re-planned for
 // the 3 devices left, the job resumes from the last checkpoint within 60 s of the kill, loses at
-// most the steps since that checkpoint, and its losses are those of an uninterrupted run.
+// most the steps since that checkpoint, and its losses are those of an uninterrupted run; a
+// cluster file the user updated before the failure decides the devices instead.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -53,76 +55,120 @@ class ElasticTest : public DistGptSuite<ElasticTest> {
     const uintmax_t size = std::filesystem::file_size(path, ec);
     return ec ? 0 : size;
   }
-};
 
-TEST_F(ElasticTest, AKilledRankIsReplacedByAPlanForTheDevicesLeft) {
-  const std::string four = dir_->write("local-cpu-4-even.yaml", R"(name: local-cpu-4-even
+  // A 4-device cluster file, a dp-4 ZeRO 1 plan over it carrying its inputs, and the plan's
+  // uninterrupted run (its log's losses).
+  struct Setup {
+    std::string cluster_path, plan_path, reference;
+  };
+  static Setup setup(const std::string& name) {
+    Setup s;
+    s.cluster_path = dir_->write(name + "-cluster.yaml", kFourDevices);
+    const ModelSpec gpt = model_load(gpt_path_);
+    const ClusterSpec cluster = cluster_load(s.cluster_path, catalog_builtin());
+    Plan plan = test_plan(gpt, cluster, {{1, 4, 1, {6}}}, Schedule::Schedule_1f1b, 2);
+    plan_set_inputs(&plan, gpt, cluster, train_load(dir_->path() + "/dist-train.yaml"));
+    s.plan_path = dir_->path() + "/" + name + "-plan.json";
+    plan_save(plan, s.plan_path);
+    s.reference = dir_->path() + "/" + name + "-reference.jsonl";
+    const CommandResult r = run_command(fmt::format("mpirun -np 4 --oversubscribe --bind-to none {} train --plan {} --data {} "
+                                                    "--steps {} --no-progress --log {}",
+                                                    ALLOY_BINARY, s.plan_path, data_, kElasticSteps, s.reference),
+                                        300);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return s;
+  }
+
+  struct Supervised {
+    std::string output;
+    int status = -1;
+    double resumed_after = -1;  // seconds from the kill to the first resumed step
+    std::string log;
+  };
+  // Starts `alloy run` on the plan, and at step 8 (a checkpoint is committed at 5) calls
+  // `before_kill` and kills one rank of the job with SIGKILL; waits for the supervisor to end.
+  static Supervised supervise(const Setup& s, const std::string& name, const std::string& extra,
+                              const std::function<void()>& before_kill) {
+    Supervised run;
+    const std::string ck = dir_->path() + "/" + name + "-ck", out = dir_->path() + "/" + name + ".out";
+    const std::string status = dir_->path() + "/" + name + ".status";
+    run.log = dir_->path() + "/" + name + ".jsonl";
+    std::system(fmt::format("({} run --plan {} --data {} --steps {} --checkpoint {} --checkpoint-every {} --log {} {} "
+                            "--launcher 'mpirun --oversubscribe --bind-to none' --train-flags --no-progress "
+                            "> {} 2>&1; echo $? > {}) &",
+                            ALLOY_BINARY, s.plan_path, data_, kElasticSteps, ck, kElasticEvery, run.log, extra, out, status)
+                    .c_str());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (step_losses(run.log).size() < 8 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    before_kill();
+    const std::string pids = command_output(fmt::format("pgrep -f '^{} train --plan {}'", ALLOY_BINARY, s.plan_path));
+    EXPECT_FALSE(pids.empty()) << "no rank to kill (the run ended before step 8?)";
+    if (pids.empty()) return run;
+    const int victim = std::atoi(pids.substr(pids.rfind('\n', pids.size() - 2) + 1).c_str());
+    const uintmax_t before = size_of(run.log);
+    const auto killed = std::chrono::steady_clock::now();
+    EXPECT_EQ(std::system(fmt::format("kill -9 {}", victim).c_str()), 0);
+    while (!std::filesystem::exists(status) && std::chrono::steady_clock::now() < deadline) {
+      if (run.resumed_after < 0 && size_of(run.log) > before)
+        run.resumed_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    run.output = read_text(out);
+    if (std::filesystem::exists(status)) run.status = std::atoi(read_text(status).c_str());
+    return run;
+  }
+
+  // The supervised run finished, lost at most the steps since its last checkpoint, and every
+  // step's loss is the uninterrupted run's.
+  static void expect_continued(const Supervised& run, const Setup& s) {
+    EXPECT_EQ(run.status, 0) << run.output;
+    EXPECT_NE(run.output.find("alloy run: lost rank"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("resharded checkpoint step"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("finished step 40 after 1 restart(s)"), std::string::npos) << run.output;
+    std::printf("kill to the first resumed step: %.1f s\n", run.resumed_after);
+    EXPECT_GE(run.resumed_after, 0.0) << run.output;
+    EXPECT_LT(run.resumed_after, 60.0) << run.output;
+    // At most the steps since the last committed checkpoint: kElasticEvery when the kill hits
+    // the save of the next one.
+    const size_t lost_at = run.output.find("step(s) lost");
+    ASSERT_NE(lost_at, std::string::npos) << run.output;
+    const int lost = std::atoi(run.output.c_str() + run.output.rfind(": ", lost_at) + 2);
+    EXPECT_GE(lost, 0) << run.output;
+    EXPECT_LE(lost, kElasticEvery) << run.output;
+    const std::map<int, double> want = step_losses(s.reference), got = step_losses(run.log);
+    ASSERT_EQ(got.size(), static_cast<size_t>(kElasticSteps)) << run.output;
+    for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
+  }
+
+  static constexpr const char* kFourDevices = R"(name: local-cpu-4-even
 device_types:
   cpu-fast: {base: cpu, memory: 2GiB}
 nodes:
   - {name: host, count: 1, device: cpu-fast, devices_per_node: 4, host_memory: 16GiB}
-)");
-  const ModelSpec gpt = model_load(gpt_path_);
-  const ClusterSpec cluster = cluster_load(four, catalog_builtin());
-  Plan plan = test_plan(gpt, cluster, {{1, 4, 1, {6}}}, Schedule::Schedule_1f1b, 2);
-  plan_set_inputs(&plan, gpt, cluster, train_load(dir_->path() + "/dist-train.yaml"));
-  const std::string plan_path = dir_->path() + "/elastic-plan.json";
-  plan_save(plan, plan_path);
+)";
+};
 
-  const std::string reference = dir_->path() + "/elastic-reference.jsonl";
-  ASSERT_EQ(run_command(fmt::format("mpirun -np 4 --oversubscribe --bind-to none {} train --plan {} --data {} --steps {} "
-                                    "--no-progress --log {}",
-                                    ALLOY_BINARY, plan_path, data_, kElasticSteps, reference),
-                        300)
-                .exit_code,
-            0);
+TEST_F(ElasticTest, AKilledRankIsReplacedByAPlanForTheDevicesLeft) {
+  const Setup s = setup("dropped");
+  const Supervised run = supervise(s, "dropped", "--all-devices", [] {});
+  EXPECT_NE(run.output.find("re-planned for the 3 device(s) left"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("on 3 device(s)"), std::string::npos) << run.output;
+  expect_continued(run, s);
+}
 
-  const std::string ck = dir_->path() + "/elastic-ck", log = dir_->path() + "/elastic.jsonl";
-  const std::string out = dir_->path() + "/elastic.out", status = dir_->path() + "/elastic.status";
-  std::system(fmt::format("({} run --plan {} --data {} --steps {} --checkpoint {} --checkpoint-every {} --log {} "
-                          "--all-devices --launcher 'mpirun --oversubscribe --bind-to none' --train-flags --no-progress "
-                          "> {} 2>&1; echo $? > {}) &",
-                          ALLOY_BINARY, plan_path, data_, kElasticSteps, ck, kElasticEvery, log, out, status)
-                  .c_str());
-  // Wait for step 8 (a checkpoint is committed at 5), then kill one rank of the job.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (step_losses(log).size() < 8 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const std::string pids = command_output(fmt::format("pgrep -f '^{} train --plan {}'", ALLOY_BINARY, plan_path));
-  ASSERT_FALSE(pids.empty()) << "no rank to kill (the run ended before step 8?)\n" << read_text(out);
-  const int victim = std::atoi(pids.substr(pids.rfind('\n', pids.size() - 2) + 1).c_str());
-  const uintmax_t before = size_of(log);
-  const auto killed = std::chrono::steady_clock::now();
-  ASSERT_EQ(std::system(fmt::format("kill -9 {}", victim).c_str()), 0);
-  double resumed_after = -1;
-  while (!std::filesystem::exists(status) && std::chrono::steady_clock::now() < deadline) {
-    if (resumed_after < 0 && size_of(log) > before)
-      resumed_after = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const std::string output = read_text(out);
-  ASSERT_TRUE(std::filesystem::exists(status)) << output;
-  EXPECT_EQ(std::atoi(read_text(status).c_str()), 0) << output;
-  std::printf("kill to the first resumed step: %.1f s\n", resumed_after);
-  EXPECT_GE(resumed_after, 0.0) << output;
-  EXPECT_LT(resumed_after, 60.0) << output;
-  EXPECT_NE(output.find("alloy run: lost rank"), std::string::npos) << output;
-  EXPECT_NE(output.find("re-planned for the 3 device(s) left"), std::string::npos) << output;
-  EXPECT_NE(output.find("on 3 device(s)"), std::string::npos) << output;
-  EXPECT_NE(output.find("resharded checkpoint step"), std::string::npos) << output;
-  EXPECT_NE(output.find("finished step 40 after 1 restart(s)"), std::string::npos) << output;
-  const size_t lost_at = output.find("step(s) lost");
-  ASSERT_NE(lost_at, std::string::npos) << output;
-  // At most the steps since the last committed checkpoint: kElasticEvery when the kill hits the
-  // save of the next one.
-  const int lost = std::atoi(output.c_str() + output.rfind(": ", lost_at) + 2);
-  EXPECT_GE(lost, 0) << output;
-  EXPECT_LE(lost, kElasticEvery) << output;
-  // Every step's loss, the resumed ones on 3 ranks included, is the uninterrupted run's.
-  const std::map<int, double> want = step_losses(reference), got = step_losses(log);
-  ASSERT_EQ(got.size(), static_cast<size_t>(kElasticSteps)) << output;
-  for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-5 * loss) << "step " << step;
+TEST_F(ElasticTest, AClusterFileTheUserUpdatedSaysWhatIsLeft) {
+  // Before the failure the user writes that two devices remain: the supervisor plans for those.
+  const Setup s = setup("updated");
+  const Supervised run = supervise(s, "updated", "--all-devices --cluster " + s.cluster_path, [&] {
+    std::string two = kFourDevices;
+    two.replace(two.find("devices_per_node: 4"), 19, "devices_per_node: 2");
+    dir_->write("updated-cluster.yaml", two);
+  });
+  EXPECT_NE(run.output.find("changed: re-planning for the 2 device(s) it lists"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("on 2 device(s)"), std::string::npos) << run.output;
+  expect_continued(run, s);
 }
 
 }  // namespace

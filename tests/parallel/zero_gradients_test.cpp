@@ -79,12 +79,17 @@ class ZeroGradientsTest : public DistGptSuite<ShardSuite> {
     return result;
   }
 
-  // "rank R arena peak X MiB: name M; name M; ..." lines (ALLOY_ARENA_REPORT), in bytes.
+  // "rank R arena peak X MiB: name M; name M; ..." lines (ALLOY_ARENA_REPORT), in bytes. mpirun
+  // merges the ranks' streams, so a report may start after another rank's unfinished line.
   static std::map<int, std::map<std::string, double>> arena_reports(const std::string& output) {
     std::map<int, std::map<std::string, double>> out;
     std::istringstream in(output);
-    for (std::string line; std::getline(in, line);) {
+    for (std::string whole; std::getline(in, whole);) {
       int rank = -1;
+      const size_t at = whole.find("arena peak");
+      const size_t starts = at == std::string::npos ? std::string::npos : whole.rfind("rank ", at);
+      if (starts == std::string::npos) continue;
+      const std::string line = whole.substr(starts);
       if (std::sscanf(line.c_str(), "rank %d arena peak", &rank) != 1) continue;
       std::istringstream items(line.substr(line.find(':') + 1));
       for (std::string item; std::getline(items, item, ';');) {

@@ -9,6 +9,9 @@ packages=(
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
   chromium
+  # PyTorch for the reference checks (tests read what it writes and it reads what Alloy writes;
+  # scripts/golden.py and scripts/hf_fixtures.py make the fixtures with it): about half a minute.
+  python3-torch
   "$@"
 )
 

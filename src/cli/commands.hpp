@@ -12,6 +12,8 @@ void add_plan(CLI::App& app, int* exit_code);
 void add_explain(CLI::App& app, int* exit_code);
 void add_replan(CLI::App& app, int* exit_code);
 void add_run(CLI::App& app, int* exit_code);
+void add_import_hf(CLI::App& app, int* exit_code);
+void add_export_hf(CLI::App& app, int* exit_code);
 void add_simulate(CLI::App& app, int* exit_code);
 void add_report(CLI::App& app, int* exit_code);
 void add_train(CLI::App& app, int* exit_code);

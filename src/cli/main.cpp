@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
   alloy::cli::add_explain(app, &exit_code);
   alloy::cli::add_replan(app, &exit_code);
   alloy::cli::add_run(app, &exit_code);
+  alloy::cli::add_import_hf(app, &exit_code);
+  alloy::cli::add_export_hf(app, &exit_code);
   alloy::cli::add_simulate(app, &exit_code);
   alloy::cli::add_report(app, &exit_code);
   alloy::cli::add_train(app, &exit_code);

@@ -2,6 +2,7 @@
 #include "runtime/io/safetensors.hpp"
 
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -139,6 +140,32 @@ TEST(Safetensors, ReadIntoChecksNamesAndShapes) {
   EXPECT_ERROR_SAYS(shape, "[4, 3]");
 }
 
+TEST(Safetensors, Bf16AndF16ReadAsFloats) {
+  // Hugging Face weights are often stored in 16 bits: each element becomes the float it stands for.
+  test::ScratchDir dir;
+  const std::string path = dir.file("half.safetensors");
+  const std::string header =
+      R"({"a": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}, "b": {"dtype": "F16", "shape": [5], "data_offsets": [6, 16]}})";
+  const std::uint16_t values[] = {0x3F80, 0xC020, 0x3E20,                  // bf16: 1, -2.5, 0.15625
+                                  0x3C00, 0xC000, 0x7BFF, 0x0001, 0x7C00};  // f16: 1, -2, 65504, 2^-24, inf
+  std::uint64_t length = header.size();
+  std::string bytes(8, '\0');
+  std::memcpy(bytes.data(), &length, 8);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(values), sizeof(values));
+  test::bytes_write(path, bytes);
+  const SafetensorsFile file = safetensors_open(path);
+  std::vector<float> a(3), b(5);
+  file.entry_copy(*file.entry_find("a"), a.data());
+  file.entry_copy(*file.entry_find("b"), b.data());
+  EXPECT_EQ(a, (std::vector<float>{1.0f, -2.5f, 0.15625f}));
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[1], -2.0f);
+  EXPECT_EQ(b[2], 65504.0f);
+  EXPECT_EQ(b[3], std::ldexp(1.0f, -24));
+  EXPECT_TRUE(std::isinf(b[4]));
+}
+
 struct BadFile {
   const char* label;
   std::string header;
@@ -153,7 +180,7 @@ TEST(Safetensors, OpenRejectsEveryMalformedFile) {
   const BadFile cases[] = {
       {"bad json", "{\"a\": {", 0, "header", "not valid JSON"},
       {"not an object", "[1, 2]", 0, "header", "JSON object"},
-      {"f16", R"({"a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", 4, "\"a\".dtype", "F16"},
+      {"i64", R"({"a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", 8, "\"a\".dtype", "I64"},
       {"no offsets", R"({"a": {"dtype": "F32", "shape": [1]}})", 4, "\"a\".data_offsets", "missing"},
       {"negative dim", R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4, "\"a\".shape",
        "non-negative"},

@@ -74,7 +74,8 @@ CheckpointManifest manifest_from_json(const nlohmann::json& j, const std::string
   } catch (const std::exception& e) {
     manifest_damaged(path, "", std::string("a field is missing or malformed (") + e.what() + ")");
   }
-  if (m.step < 1 || m.ranks < 1) manifest_damaged(path, "step", "step and rank count must be positive");
+  // Step 0: weights to start from (alloy import-hf), no step run yet.
+  if (m.step < 0 || m.ranks < 1) manifest_damaged(path, "step", "the step must be 0 or more and the rank count positive");
   return m;
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "runtime/bf16.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -44,12 +45,13 @@ SafetensorsEntry entry_parse(const std::string& path, const std::string& name, c
     if (!value.contains(key)) fail(path, field + "." + key, std::string("missing ") + key);
   }
   const auto& dtype = value["dtype"];
-  if (!dtype.is_string() || dtype.get<std::string>() != "F32") {
-    fail(path, field + ".dtype", "dtype " + dtype.dump() + " is not supported: Alloy reads F32",
-         "convert the tensors to float32 before loading them into Alloy");
-  }
   SafetensorsEntry entry;
   entry.name = name;
+  if (dtype.is_string() && dtype.get<std::string>() == "BF16") entry.dtype = SafetensorsDtype::SafetensorsDtype_bf16;
+  else if (dtype.is_string() && dtype.get<std::string>() == "F16") entry.dtype = SafetensorsDtype::SafetensorsDtype_f16;
+  else if (!dtype.is_string() || dtype.get<std::string>() != "F32")
+    fail(path, field + ".dtype", "dtype " + dtype.dump() + " is not supported: Alloy reads F32, BF16 and F16",
+         "convert the tensors to float32 before loading them into Alloy");
   entry.shape = shape_parse(path, field + ".shape", value["shape"]);
   const auto& offsets = value["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
@@ -64,10 +66,11 @@ SafetensorsEntry entry_parse(const std::string& path, const std::string& name, c
   }
   std::uint64_t numel = 1;
   for (std::int64_t dim : entry.shape) numel *= static_cast<std::uint64_t>(dim);
-  if (numel * 4 != entry.end_bytes - entry.begin_bytes) {
+  const std::uint64_t element = safetensors_element_bytes(entry.dtype);
+  if (numel * element != entry.end_bytes - entry.begin_bytes) {
     fail(path, field + ".shape",
-         "shape " + shape_text(entry.shape) + " holds " + std::to_string(numel) + " floats (" +
-             std::to_string(numel * 4) + " bytes) but data_offsets span " +
+         "shape " + shape_text(entry.shape) + " holds " + std::to_string(numel) + " elements (" +
+             std::to_string(numel * element) + " bytes) but data_offsets span " +
              std::to_string(entry.end_bytes - entry.begin_bytes) + " bytes");
   }
   return entry;
@@ -117,20 +120,32 @@ const SafetensorsEntry* SafetensorsFile::entry_find(const std::string& name) con
   return nullptr;
 }
 
+std::int64_t safetensors_entry_numel(const SafetensorsEntry& entry) {
+  return static_cast<std::int64_t>((entry.end_bytes - entry.begin_bytes) / safetensors_element_bytes(entry.dtype));
+}
+
 void SafetensorsFile::entry_copy(const SafetensorsEntry& entry, float* out) const {
-  std::size_t count = entry.end_bytes - entry.begin_bytes;
-  if (count > 0) std::memcpy(out, mapped_.bytes().data() + data_begin_bytes_ + entry.begin_bytes, count);
+  entry_copy_range(entry, 0, safetensors_entry_numel(entry), out);
 }
 
 void SafetensorsFile::entry_copy_range(const SafetensorsEntry& entry, std::int64_t first, std::int64_t count,
                                        float* out) const {
-  const std::int64_t numel = static_cast<std::int64_t>((entry.end_bytes - entry.begin_bytes) / sizeof(float));
+  const std::int64_t numel = safetensors_entry_numel(entry);
   if (first < 0 || count < 0 || first + count > numel)
     throw Error(fmt::format("floats [{}, {}) of tensor {} which has {}", first, first + count, entry.name, numel),
                 {path(), entry.name}, "the checkpoint's layout does not match its tensors: it is damaged");
-  if (count > 0)
-    std::memcpy(out, mapped_.bytes().data() + data_begin_bytes_ + entry.begin_bytes + first * sizeof(float),
-                static_cast<std::size_t>(count) * sizeof(float));
+  if (count == 0) return;
+  const std::uint64_t element = safetensors_element_bytes(entry.dtype);
+  const std::byte* from = mapped_.bytes().data() + data_begin_bytes_ + entry.begin_bytes + static_cast<std::uint64_t>(first) * element;
+  if (entry.dtype == SafetensorsDtype::SafetensorsDtype_f32) {
+    std::memcpy(out, from, static_cast<std::size_t>(count) * sizeof(float));
+    return;
+  }
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::uint16_t half = 0;
+    std::memcpy(&half, from + 2 * i, 2);
+    out[i] = entry.dtype == SafetensorsDtype::SafetensorsDtype_bf16 ? bf16_to_float(half) : float_from_f16(half);
+  }
 }
 
 SafetensorsFile safetensors_open(const std::string& path) {

@@ -27,8 +27,15 @@ std::string shape_text(std::span<const std::int64_t> shape);
 
 using SafetensorsMetadata = std::map<std::string, std::string>;
 
+// Element types read (and turned into fp32 on copy); Alloy writes F32.
+enum class SafetensorsDtype { SafetensorsDtype_f32, SafetensorsDtype_bf16, SafetensorsDtype_f16 };
+inline std::uint64_t safetensors_element_bytes(SafetensorsDtype dtype) {
+  return dtype == SafetensorsDtype::SafetensorsDtype_f32 ? 4 : 2;
+}
+
 struct SafetensorsEntry {
   std::string name;
+  SafetensorsDtype dtype = SafetensorsDtype::SafetensorsDtype_f32;
   std::vector<std::int64_t> shape;
   std::uint64_t begin_bytes = 0;  // relative to the start of the tensor data
   std::uint64_t end_bytes = 0;
@@ -43,7 +50,7 @@ class SafetensorsFile {
   const SafetensorsMetadata& metadata() const { return metadata_; }
   // The entry called `name`, or nullptr.
   const SafetensorsEntry* entry_find(const std::string& name) const;
-  // Copies the entry's floats into `out` (entry numel floats).
+  // Copies the entry's elements into `out` as floats (entry numel floats).
   void entry_copy(const SafetensorsEntry& entry, float* out) const;
   // Copies floats [first, first + count) of the entry into `out` (only those pages are read).
   void entry_copy_range(const SafetensorsEntry& entry, std::int64_t first, std::int64_t count, float* out) const;
@@ -58,8 +65,11 @@ class SafetensorsFile {
   SafetensorsMetadata metadata_;
 };
 
+// Elements of the entry.
+std::int64_t safetensors_entry_numel(const SafetensorsEntry& entry);
+
 // Opens `path` and validates it: header length beyond the file, malformed JSON, entries without
-// dtype/shape/data_offsets, a dtype other than F32, offsets out of range, overlapping or leaving
+// dtype/shape/data_offsets, a dtype other than F32, BF16 or F16, offsets out of range, overlapping or leaving
 // gaps, and a shape whose element count does not match the byte length are all errors.
 SafetensorsFile safetensors_open(const std::string& path);
 

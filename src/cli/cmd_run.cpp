@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <thread>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -61,8 +62,17 @@ int64_t log_last_step(const std::string& path) {
   return last;
 }
 
-// One launch of the job: its exit status, what it printed (also passed through) and when its
-// log first grew (-1: never).
+// The launcher's verdict comes at the end of its output: the tail kept of a long run's output.
+constexpr size_t kOutputTailBytes = 64 * 1024;
+
+uintmax_t size_or_zero(const std::string& path) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  return ec ? 0 : size;
+}
+
+// One launch of the job: its exit status, the end of what it printed (all of it passed
+// through) and when its log first grew (-1: never).
 struct Launch {
   int status = 0;
   std::string output;
@@ -76,7 +86,7 @@ Launch launch(const std::string& command, const std::string& log) {
   if (pipe(out) != 0) throw Error("cannot create a pipe for the training job", {"", ""}, "check the process limits");
   Launch l;
   l.started = now_seconds();
-  const uintmax_t log_size = fs::exists(log) ? fs::file_size(log) : 0;
+  const uintmax_t log_size = size_or_zero(log);
   const pid_t child = fork();
   if (child < 0) throw Error("cannot start the training job (fork failed)", {"", ""}, "check the process limits");
   if (child == 0) {
@@ -90,25 +100,30 @@ Launch launch(const std::string& command, const std::string& log) {
   close(out[1]);
   fcntl(out[0], F_SETFL, O_NONBLOCK);
   char buffer[4096];
-  for (bool open = true; open;) {
-    pollfd p{out[0], POLLIN, 0};
-    poll(&p, 1, 50);
-    for (ssize_t n; (n = read(out[0], buffer, sizeof(buffer))) > 0;) {
+  const auto pass_through = [&] {  // false once the job's output has ended
+    ssize_t n = 0;
+    while ((n = read(out[0], buffer, sizeof(buffer))) > 0) {
       l.output.append(buffer, static_cast<size_t>(n));
+      if (l.output.size() > 2 * kOutputTailBytes) l.output.erase(0, l.output.size() - kOutputTailBytes);
       fwrite(buffer, 1, static_cast<size_t>(n), stdout);
       fflush(stdout);
     }
-    if (l.first_step < 0 && fs::exists(log) && fs::file_size(log) > log_size) l.first_step = now_seconds();
-    int status = 0;
-    if (waitpid(child, &status, WNOHANG) == child) {
-      for (ssize_t n; (n = read(out[0], buffer, sizeof(buffer))) > 0;) {
-        l.output.append(buffer, static_cast<size_t>(n));
-        fwrite(buffer, 1, static_cast<size_t>(n), stdout);
-      }
-      l.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      open = false;
+    return n < 0;  // 0: end of output; < 0: nothing more for now
+  };
+  int status = 0;
+  for (bool output_open = true;;) {
+    if (output_open) {
+      pollfd p{out[0], POLLIN, 0};
+      poll(&p, 1, 50);
+      output_open = pass_through();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // output closed: wait for the exit
     }
+    if (l.first_step < 0 && size_or_zero(log) > log_size) l.first_step = now_seconds();
+    if (waitpid(child, &status, WNOHANG) == child) break;
   }
+  pass_through();
+  l.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   close(out[0]);
   l.ended = now_seconds();
   return l;

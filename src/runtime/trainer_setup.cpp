@@ -202,9 +202,11 @@ std::string plan_layout_fingerprint(const Plan& plan) {
     text += fmt::format("|{} {} {}", st.tp, st.dp, st.zero);
     for (const LayerRange& c : st.chunks) text += fmt::format(" [{},{})", c.begin, c.end);
     for (bool offloaded : st.offload) text += offloaded ? "o" : "-";
-    // Under ZeRO the shares set which floats each replica's optimizer state holds.
+    // Under ZeRO the shares and the bucket size (it cuts the pieces) set which floats each
+    // replica's optimizer state holds.
     if (st.zero >= 1)
       for (const PlanReplica& r : st.replicas) text += fmt::format(" s{}", r.sequences);
+    if (st.zero >= 1 && st.dp > 1) text += fmt::format(" b{}", plan.gradient_bucket_bytes);
   }
   return fmt::format("{:016x}", std::hash<std::string>{}(text));
 }

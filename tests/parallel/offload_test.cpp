@@ -67,6 +67,20 @@ class OffloadTest : public DistGptSuite<OffloadTest> {
     return lines;
   }
 
+  // 4 steps in one run against 2, a checkpoint, and 2 more resumed from it: the same losses.
+  static void expect_resume_exact(const Plan& plan, const std::string& name) {
+    const std::string ck = dir_->path() + "/" + name + "-ck";
+    ASSERT_EQ(train(plan, name + "-full", 4).exit_code, 0);
+    ASSERT_EQ(train(plan, name + "-part", 2, "--checkpoint " + ck).exit_code, 0);
+    CommandResult r = train(plan, name + "-part", 4, fmt::format("--checkpoint {} --resume", ck));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<nlohmann::json> full = log(name + "-full"), part = log(name + "-part");
+    ASSERT_EQ(full.size(), 4u);
+    ASSERT_EQ(part.size(), 4u);
+    for (size_t i = 0; i < full.size(); ++i)
+      EXPECT_EQ(full[i].at("loss").get<double>(), part[i].at("loss").get<double>()) << name << " step " << i + 1;
+  }
+
   static std::vector<float> weights(const std::string& path, const std::string& name) {
     SafetensorsFile file = safetensors_open(path);
     const SafetensorsEntry* e = file.entry_find(name);
@@ -119,17 +133,7 @@ TEST_F(OffloadTest, LossesAndWeightsAreBitIdenticalToTheSamePlanWithoutOffload) 
 }
 
 TEST_F(OffloadTest, ResumeWithOffloadContinuesExactly) {
-  const Plan plan = pipeline({false, true, false, true, false, true}, 1);
-  const std::string ck = dir_->path() + "/offload-ck";
-  ASSERT_EQ(train(plan, "resume-full", 4).exit_code, 0);
-  ASSERT_EQ(train(plan, "resume-part", 2, "--checkpoint " + ck).exit_code, 0);
-  CommandResult r = train(plan, "resume-part", 4, fmt::format("--checkpoint {} --resume", ck));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<nlohmann::json> full = log("resume-full"), part = log("resume-part");
-  ASSERT_EQ(full.size(), 4u);
-  ASSERT_EQ(part.size(), 4u);
-  for (size_t i = 0; i < full.size(); ++i)
-    EXPECT_EQ(full[i].at("loss").get<double>(), part[i].at("loss").get<double>()) << "step " << i + 1;
+  expect_resume_exact(pipeline({false, true, false, true, false, true}, 1), "resume");
 }
 
 TEST_F(OffloadTest, ActivationOffloadRunsWithShardedDataParallelism) {
@@ -224,16 +228,7 @@ TEST_F(OffloadTest, ResumeWithDataParallelOffloadContinuesExactly) {
   // blocks, and moments of its pieces of both (the offloaded blocks' in host memory).
   Plan plan = test_plan(model_load(gpt_path_), cluster(), {{1, 2, 3, {6}}}, Schedule::Schedule_1f1b, 2);
   plan.stages[0].offload = {false, true, true, false, true, false};
-  const std::string ck = dir_->path() + "/dp-offload-ck";
-  ASSERT_EQ(train(plan, "dp-resume-full", 4).exit_code, 0);
-  ASSERT_EQ(train(plan, "dp-resume-part", 2, "--checkpoint " + ck).exit_code, 0);
-  CommandResult r = train(plan, "dp-resume-part", 4, fmt::format("--checkpoint {} --resume", ck));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<nlohmann::json> full = log("dp-resume-full"), part = log("dp-resume-part");
-  ASSERT_EQ(full.size(), 4u);
-  ASSERT_EQ(part.size(), 4u);
-  for (size_t i = 0; i < full.size(); ++i)
-    EXPECT_EQ(full[i].at("loss").get<double>(), part[i].at("loss").get<double>()) << "step " << i + 1;
+  expect_resume_exact(plan, "dp-resume");
 }
 
 TEST_F(OffloadTest, OffloadWithShardedGradientsIsRefusedBeforeTraining) {

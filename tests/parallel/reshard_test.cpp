@@ -5,7 +5,9 @@
 // of their sums); a checkpoint of another model is refused naming the tensor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -23,8 +25,8 @@ namespace {
 
 constexpr int kReshardSteps = 6;
 constexpr int kReshardSavedStep = 3;
-// Measured at most 4e-7 between these plans' losses over the 3 steps after a resume; the plans'
-// own equivalence tests hold them to 1e-6.
+// The bound for a resumed curve against an uninterrupted one (fp32); the test prints the
+// largest difference it measured. The plans' own equivalence tests hold them to 1e-6.
 constexpr double kReshardLossTolerance = 1e-5;
 
 class ReshardTest : public DistGptSuite<ReshardTest> {
@@ -72,6 +74,7 @@ class ReshardTest : public DistGptSuite<ReshardTest> {
 
 TEST_F(ReshardTest, EveryLayoutResumesUnderThreeOthers) {
   const std::vector<Layout> all = layouts();
+  double worst = 0;
   for (size_t a = 0; a < all.size(); ++a) {
     const Layout& from = all[a];
     ASSERT_EQ(train(from.plan, from.name + "-full", kReshardSteps, "").exit_code, 0) << from.name;
@@ -93,10 +96,12 @@ TEST_F(ReshardTest, EveryLayoutResumesUnderThreeOthers) {
       ASSERT_EQ(got.size(), static_cast<size_t>(kReshardSteps - kReshardSavedStep)) << name;
       for (size_t i = 0; i < got.size(); ++i) {
         const double expected = want[static_cast<size_t>(kReshardSavedStep) + i];
+        worst = std::max(worst, std::abs(got[i] - expected) / expected);
         EXPECT_NEAR(got[i], expected, kReshardLossTolerance * expected) << name << " step " << kReshardSavedStep + 1 + static_cast<int>(i);
       }
     }
   }
+  std::printf("18 resumes under another layout: largest loss difference from the uninterrupted run %.2e (relative)\n", worst);
 }
 
 TEST_F(ReshardTest, ReplanMovesTheRunToTheDevicesLeft) {

@@ -194,12 +194,6 @@ CheckpointState checkpoint_read_state(const std::string& dir) {
   return state_from_manifest(manifest_read(path), path);
 }
 
-SafetensorsFile checkpoint_open_verified(const std::string& dir, const char* file) {
-  fs::path path = dir_resolve(dir);
-  file_verify(path, manifest_read(path), file);
-  return safetensors_open((path / file).string());
-}
-
 CheckpointState checkpoint_load(const std::string& dir, const std::string& expected_fingerprint,
                                 std::span<const TensorRef> model, std::span<const TensorRef> optimizer) {
   fs::path path = dir_resolve(dir);

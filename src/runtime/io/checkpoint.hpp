@@ -61,10 +61,6 @@ CheckpointFileRecords checkpoint_save(const std::string& dir, std::span<const Te
 // Reads only checkpoint.json (no tensors, no checksums).
 CheckpointState checkpoint_read_state(const std::string& dir);
 
-// Opens `file` (kCheckpointModelFile or kCheckpointOptimizerFile) of the checkpoint in `dir`
-// after checking its size and checksum against checkpoint.json (errors name the file).
-SafetensorsFile checkpoint_open_verified(const std::string& dir, const char* file);
-
 // Verifies and loads a checkpoint into the caller's buffers, returning its state. Checks, each
 // with its own error: missing directory or file, size or checksum mismatch (corrupt file), a
 // fingerprint other than `expected_fingerprint`, missing or extra tensor names, shape mismatch.

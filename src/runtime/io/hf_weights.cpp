@@ -137,7 +137,13 @@ std::vector<HostTensor> hf_weights_import(const ModelSpec& model, const std::str
   std::set<std::string> used;
   std::vector<HostTensor> out;
   for (const ShardedTensor& t : shard_tensors(model, shard_full(model))) {
-    const Recipe& r = by_name.at(t.name);
+    const auto recipe = by_name.find(t.name);
+    if (recipe == by_name.end())
+      throw Error(fmt::format("model {} has tensor {}, which the {} layout of transformers does not have", model.name,
+                              t.name, model.model_type.empty() ? "model's" : model.model_type),
+                  {model.source_path, t.name},
+                  "describe the model with its config.json (biases as its family has them) to exchange it with transformers");
+    const Recipe& r = recipe->second;
     HostTensor tensor{t.name, t.full_shape, {}};
     tensor.values.reserve(static_cast<size_t>(numel_of(t.full_shape)));
     int64_t rows = 0;
@@ -182,7 +188,13 @@ std::vector<HostTensor> hf_weights_export(const ModelSpec& model, const std::vec
   for (const HostTensor& t : alloy) by_name[t.name] = &t;
   std::vector<HostTensor> out;
   for (const Recipe& r : recipes(model, model.family == ModelFamily::ModelFamily_gpt2 ? "" : "model.")) {
-    const HostTensor& t = *by_name.at(r.alloy);
+    const auto found = by_name.find(r.alloy);
+    if (found == by_name.end())
+      throw Error(fmt::format("transformers' {} layout needs tensor {}, which model {} does not have",
+                              model.model_type.empty() ? "model's" : model.model_type, r.alloy, model.name),
+                  {model.source_path, r.alloy},
+                  "describe the model with its config.json (biases as its family has them) to exchange it with transformers");
+    const HostTensor& t = *found->second;
     const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
     // Equal parts but for q/k/v under grouped-query attention.
     std::vector<int64_t> rows(r.parts.size(), t.shape[0] / static_cast<int64_t>(r.parts.size()));

@@ -424,6 +424,11 @@ CommHandle MpiCommunicator::reduce_scatter_bf16(float* data, const std::vector<i
     send_offsets->push_back(static_cast<int>(total));
     total += counts[static_cast<size_t>(i)];
   }
+  // This member receives n copies of its piece: with uneven pieces that can pass MPI's int counts.
+  if (static_cast<int64_t>(n) * my_count > INT_MAX)
+    throw Error(fmt::format("{}: {} members' copies of a {}-element piece pass MPI's limit of {} elements", kind, n,
+                            my_count, INT_MAX),
+                {}, "use smaller gradient buckets (gradient_bucket_mib)");
   auto receive_counts = std::make_shared<std::vector<int>>(static_cast<size_t>(n), my_count);
   auto receive_offsets = std::make_shared<std::vector<int>>();
   for (int i = 0; i < n; ++i) receive_offsets->push_back(i * my_count);
@@ -447,7 +452,8 @@ CommHandle MpiCommunicator::reduce_scatter_bf16(float* data, const std::vector<i
       [data, received, my_offset, my_count, n] {
         for (int64_t k = 0; k < my_count; ++k) {
           float sum = 0;
-          for (int i = 0; i < n; ++i) sum += bf16_to_float((*received)[static_cast<size_t>(i * my_count + k)]);
+          for (int i = 0; i < n; ++i)
+            sum += bf16_to_float((*received)[static_cast<size_t>(i) * static_cast<size_t>(my_count) + static_cast<size_t>(k)]);
           data[my_offset + k] = sum;
         }
       });

@@ -115,7 +115,7 @@ ReshardSources::ReshardSources(const std::vector<std::string>& rank_dirs) {
                   {dir + "/" + kCheckpointManifest, "global_layout"},
                   "resume it under the plan that wrote it (its plan.json), then save again");
     for (const char* part : {kCheckpointModelFile, kCheckpointOptimizerFile}) {
-      files_.push_back(std::make_unique<SafetensorsFile>(checkpoint_open_verified(dir, part)));
+      files_.push_back(std::make_unique<SafetensorsFile>(safetensors_open(dir + "/" + part)));
       add(dir, *files_.back(), state.global_layout, part == kCheckpointModelFile ? "model" : "optimizer");
     }
   }

@@ -46,10 +46,11 @@ GlobalLayout global_layout_of(const std::vector<TensorRef>& refs, const StoredLa
 // count, local offset] arrays.
 std::string global_layout_json(const GlobalLayout& model, const GlobalLayout& optimizer);
 
-// The files of a checkpoint's ranks, opened (size and checksum checked) with their layouts.
+// The files of a checkpoint's ranks, opened with their layouts.
 class ReshardSources {
  public:
-  // rank_dirs: each writing rank's folder of the step.
+  // rank_dirs: each writing rank's folder of the step, its files already checked against the
+  // committed manifest (checkpoint_manifest_check_files).
   explicit ReshardSources(const std::vector<std::string>& rank_dirs);
   // Fills out[0, run.count) with full tensor run.tensor's elements [run.full_offset, + count).
   // Throws alloy::Error naming the tensor and the elements no rank stored.

@@ -105,11 +105,8 @@ void run_export(const ExportCommand& c) {
     throw Error(fmt::format("the checkpoint is of \"{}\", not of model {}", manifest.fingerprint, model.name),
                 {c.checkpoint + "/" + kCheckpointLatest, "fingerprint"}, "pass the model the checkpoint was written for (--model)");
   std::vector<std::string> writers;
-  for (int r = 0; r < manifest.ranks; ++r) {
-    checkpoint_manifest_check_files(manifest, c.checkpoint, r);
-    writers.push_back(checkpoint_rank_dir(c.checkpoint, manifest.step, r));
-  }
-  const ReshardSources sources(writers);
+  for (int r = 0; r < manifest.ranks; ++r) writers.push_back(checkpoint_rank_dir(c.checkpoint, manifest.step, r));
+  ReshardSources sources(writers, [&](int r) { checkpoint_manifest_check_files(manifest, c.checkpoint, r); });
   std::vector<HostTensor> alloy;
   for (const ShardedTensor& t : shard_tensors(model, shard_full(model))) {
     HostTensor whole{t.name, t.full_shape, std::vector<float>(static_cast<size_t>(numel_of(t.full_shape)))};

@@ -84,7 +84,8 @@ class RankTrainer {
 
 // Every rank checks the committed manifest and its own files against it, then loads them. A
 // checkpoint of the same model written under another layout (plan, rank count) is resharded:
-// every rank reads from all writers' files the slices of the full tensors it holds.
+// every rank reads the slices of the full tensors it holds from the writers that hold them,
+// checking each of those writers' files against the manifest first.
 int64_t RankTrainer::resume() {
   int64_t step = 0;
   dist_agree_on(comm_, [&] {
@@ -93,11 +94,9 @@ int64_t RankTrainer::resume() {
     const bool same_layout = manifest.fingerprint == run_fingerprint_ && manifest.ranks == comm_.world_size();
     if (!same_layout && manifest.fingerprint.rfind(model_part, 0) == 0) {
       std::vector<std::string> writers;
-      for (int r = 0; r < manifest.ranks; ++r) {
-        checkpoint_manifest_check_files(manifest, o_.checkpoint_dir, r);
-        writers.push_back(checkpoint_rank_dir(o_.checkpoint_dir, manifest.step, r));
-      }
-      runtime_.checkpoint_reshard_from(writers, manifest.step);
+      for (int r = 0; r < manifest.ranks; ++r) writers.push_back(checkpoint_rank_dir(o_.checkpoint_dir, manifest.step, r));
+      runtime_.checkpoint_reshard_from(
+          writers, [&](int r) { checkpoint_manifest_check_files(manifest, o_.checkpoint_dir, r); }, manifest.step);
       if (comm_.rank() == 0)
         std::fprintf(stderr, "alloy: resharded checkpoint step %lld, written by %d rank(s) under another layout, onto %d\n",
                      static_cast<long long>(manifest.step), manifest.ranks, comm_.world_size());

@@ -160,6 +160,25 @@ TEST_F(ReshardTest, ACheckpointOfAnotherModelIsRefusedNamingBothModels) {
   EXPECT_NE(r.output.find("fingerprint"), std::string::npos) << r.output;
 }
 
+TEST_F(ReshardTest, ARankChecksOnlyTheWritersItReadsFrom) {
+  // A pp 2 checkpoint resumed under the same split with other micro-batches (another layout): the
+  // new first stage reads only writer 0, the second only writer 1. With writer 1's optimizer file
+  // cut short, only the second stage's rank finds it, and the run stops before any step.
+  const Plan written = layouts()[1].plan;
+  Plan other = written;
+  other.num_micro_batches = 2;
+  other.micro_batch_sequences = written.global_batch_sequences / 2;
+  const std::string saved = dir_->path() + "/ck-partial";
+  ASSERT_EQ(train(written, "partial-part", kReshardSavedStep, "--checkpoint " + saved).exit_code, 0);
+  const std::string victim = saved + "/step-00000003/rank-00001/optimizer.safetensors";
+  std::filesystem::resize_file(victim, std::filesystem::file_size(victim) / 2);
+  const CommandResult r = train(other, "partial-resume", kReshardSteps, fmt::format("--checkpoint {} --resume", saved));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("rank 1 of 2: " + victim + ": file differs from the one committed"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("rank 0 of 2"), std::string::npos) << "rank 0 read writer 1's files\n" << r.output;
+}
+
 TEST_F(ReshardTest, ADamagedWriterFileIsRefusedNamingIt) {
   // Resharding reads every writer's files: one cut short is named before any step runs.
   const std::vector<Layout> all = layouts();

@@ -117,9 +117,11 @@ class RankRuntime {
   // Loads what checkpoint_save_to wrote and sets the optimizer's step; returns the state.
   CheckpointState checkpoint_load_from(const std::string& dir, const std::string& fingerprint);
   // Loads step `step` of a checkpoint written under another layout (rank_dirs: every writing
-  // rank's folder of the step), reading from each file the slices of the full tensors this rank
-  // holds (reshard.hpp), and sets the optimizer's step.
-  void checkpoint_reshard_from(const std::vector<std::string>& rank_dirs, int64_t step);
+  // rank's folder of the step), reading from the files of the writers that hold them the slices
+  // of the full tensors this rank holds (reshard.hpp; verify(r) checks writer r's files before
+  // the first read), and sets the optimizer's step.
+  void checkpoint_reshard_from(const std::vector<std::string>& rank_dirs, const std::function<void(int)>& verify,
+                               int64_t step);
   int64_t optimizer_steps() const { return optimizer_steps_; }
   // The first tensor of this rank, in model order, whose gradient (its pieces, when sharded)
   // holds NaN or Inf, as "<name>'s gradient"; "" when all are finite. Read after a step whose update was skipped.

@@ -238,19 +238,23 @@ CheckpointState RankRuntime::checkpoint_load_from(const std::string& dir, const 
   return state;
 }
 
-void RankRuntime::checkpoint_reshard_from(const std::vector<std::string>& rank_dirs, int64_t step) {
+void RankRuntime::checkpoint_reshard_from(const std::vector<std::string>& rank_dirs,
+                                          const std::function<void(int)>& verify, int64_t step) {
   const std::vector<TensorRef> parameters = parameter_refs(), moments = optimizer_refs();
   std::vector<std::vector<float>> parameter_staging, optimizer_staging;
   const std::vector<TensorRef> host_parameters = host_refs(parameters, parameter_staging, false);
   const std::vector<TensorRef> host_moments = host_refs(moments, optimizer_staging, false);
   const StoredLayout stored{&backend_->model(), layout_.optimizer_ranges,
                             zero3_ ? zero3_->piece_ranges() : std::vector<FlatRange>{}};
-  const ReshardSources sources(rank_dirs);
-  for (const std::vector<TensorRef>* refs : {&host_parameters, &host_moments}) {
-    const GlobalLayout layout = global_layout_of(*refs, stored);
-    for (const TensorRef& ref : *refs)
-      for (const GlobalRun& run : layout.at(ref.name)) sources.read(run, ref.data + run.local_offset);
-  }
+  ReshardSources sources(rank_dirs, verify);
+  const GlobalLayout parameter_layout = global_layout_of(host_parameters, stored);
+  const GlobalLayout moment_layout = global_layout_of(host_moments, stored);
+  // The runs one writer alone holds first, then those with copies, read where files are open.
+  for (const bool first : {true, false})
+    for (const auto& [refs, layout] : {std::pair{&host_parameters, &parameter_layout}, std::pair{&host_moments, &moment_layout}})
+      for (const TensorRef& ref : *refs)
+        for (const GlobalRun& run : layout->at(ref.name))
+          if (sources.one_writer(run) == first) sources.read(run, ref.data + run.local_offset);
   const std::string where = rank_dirs.empty() ? "" : rank_dirs.front();
   checkpoint_check_finite(where, host_parameters, host_moments);
   checkpoint_loaded(parameters, host_parameters, moments, host_moments, step);

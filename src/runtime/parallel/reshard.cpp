@@ -105,45 +105,89 @@ std::string global_layout_json(const GlobalLayout& model, const GlobalLayout& op
   return out.dump();
 }
 
-ReshardSources::ReshardSources(const std::vector<std::string>& rank_dirs) {
+ReshardSources::ReshardSources(const std::vector<std::string>& rank_dirs, std::function<void(int)> verify)
+    : verified_(rank_dirs.size(), false), verify_(std::move(verify)) {
   if (!rank_dirs.empty()) checkpoint_ = rank_dirs.front().substr(0, rank_dirs.front().find_last_of('/'));
-  for (const std::string& dir : rank_dirs) {
+  for (size_t r = 0; r < rank_dirs.size(); ++r) {
+    const std::string& dir = rank_dirs[r];
     const CheckpointState state = checkpoint_read_state(dir);
     if (state.global_layout.empty())
       throw Error("this checkpoint does not say where its tensors lie in the full model, so it cannot be loaded "
                   "under another layout",
                   {dir + "/" + kCheckpointManifest, "global_layout"},
                   "resume it under the plan that wrote it (its plan.json), then save again");
-    for (const char* part : {kCheckpointModelFile, kCheckpointOptimizerFile}) {
-      files_.push_back(std::make_unique<SafetensorsFile>(safetensors_open(dir + "/" + part)));
-      add(dir, *files_.back(), state.global_layout, part == kCheckpointModelFile ? "model" : "optimizer");
-    }
+    for (const char* part : {kCheckpointModelFile, kCheckpointOptimizerFile})
+      add(static_cast<int>(r), dir, state.global_layout, part);
   }
-  for (auto& [tensor, sources] : by_tensor_)
+  for (auto& [tensor, sources] : by_tensor_) {
     std::sort(sources.begin(), sources.end(), [](const Source& a, const Source& b) { return a.full_offset < b.full_offset; });
+    int64_t& longest = longest_[tensor];
+    for (const Source& source : sources) longest = std::max(longest, source.count);
+  }
 }
 
-void ReshardSources::add(const std::string& dir, const SafetensorsFile& file, const std::string& layout_json,
-                         const char* part) {
+void ReshardSources::add(int writer, const std::string& dir, const std::string& layout_json, const char* part) {
   const std::string where = dir + "/" + kCheckpointManifest;
+  File file;
+  file.writer = writer;
+  file.path = dir + "/" + part;
+  const int index = static_cast<int>(files_.size());
   try {
-    const nlohmann::json layout = nlohmann::json::parse(layout_json).at(part);
+    const nlohmann::json layout = nlohmann::json::parse(layout_json).at(part == kCheckpointModelFile ? "model" : "optimizer");
     for (const auto& [name, runs] : layout.items()) {
-      const SafetensorsEntry* entry = file.entry_find(name);
-      if (entry == nullptr)
-        throw Error(fmt::format("the layout lists {}, which {} does not hold", name, file.path()),
-                    {where, "global_layout"}, "the checkpoint is damaged: use an older one");
+      const int entry = static_cast<int>(file.entry_names.size());
+      file.entry_names.push_back(name);
       for (const nlohmann::json& r : runs)
         by_tensor_[r.at(0).get<std::string>()].push_back(
-            {r.at(1).get<int64_t>(), r.at(2).get<int64_t>(), r.at(3).get<int64_t>(), &file, entry});
+            {r.at(1).get<int64_t>(), r.at(2).get<int64_t>(), r.at(3).get<int64_t>(), index, entry});
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("malformed global_layout: {}", e.what()), {where, "global_layout"},
                 "the checkpoint is damaged: use an older one");
   }
+  files_.push_back(std::move(file));
 }
 
-void ReshardSources::read(const GlobalRun& run, float* out) const {
+bool ReshardSources::one_writer(const GlobalRun& run) const {
+  const auto found = by_tensor_.find(run.tensor);
+  if (found == by_tensor_.end()) return true;
+  const std::vector<Source>& sources = found->second;
+  const int64_t longest = longest_.at(run.tensor);
+  // The sources starting before the run's end, back to where none could reach into it.
+  auto s = std::lower_bound(sources.begin(), sources.end(), run.full_offset + run.count,
+                            [](const Source& source, int64_t value) { return source.full_offset < value; });
+  int writer = -1;
+  while (s != sources.begin()) {
+    --s;
+    if (s->full_offset + longest <= run.full_offset) break;
+    if (s->full_offset + s->count <= run.full_offset) continue;
+    const int w = files_[static_cast<size_t>(s->file)].writer;
+    if (writer >= 0 && w != writer) return false;
+    writer = w;
+  }
+  return true;
+}
+
+const SafetensorsEntry& ReshardSources::entry_of(const Source& source) {
+  File& file = files_[static_cast<size_t>(source.file)];
+  if (!file.open) {
+    if (!verified_[static_cast<size_t>(file.writer)]) {
+      if (verify_) verify_(file.writer);
+      verified_[static_cast<size_t>(file.writer)] = true;
+    }
+    file.open = std::make_unique<SafetensorsFile>(safetensors_open(file.path));
+    for (const std::string& name : file.entry_names) {
+      const SafetensorsEntry* entry = file.open->entry_find(name);
+      if (entry == nullptr)
+        throw Error(fmt::format("the layout lists {}, which {} does not hold", name, file.path),
+                    {file.path, name}, "the checkpoint is damaged: use an older one");
+      file.entries.push_back(entry);
+    }
+  }
+  return *file.entries[static_cast<size_t>(source.entry)];
+}
+
+void ReshardSources::read(const GlobalRun& run, float* out) {
   const auto found = by_tensor_.find(run.tensor);
   const auto missing = [&](int64_t from) {
     return Error(fmt::format("no rank of the checkpoint stored {} from element {} on (this layout needs [{}, {}))",
@@ -159,15 +203,23 @@ void ReshardSources::read(const GlobalRun& run, float* out) const {
     // The sources starting at or before `at`, latest first: one of them covers it, or none does.
     auto next = std::upper_bound(sources.begin(), sources.end(), at,
                                  [](int64_t value, const Source& s) { return value < s.full_offset; });
+    // Of copies of the same elements (a tied table on two stages, replicas' whole tensors), one in
+    // a file already open, so that no other writer's files are read for them.
     const Source* cover = nullptr;
-    for (auto s = next; s != sources.begin() && cover == nullptr;) {
+    for (auto s = next; s != sources.begin();) {
       --s;
-      if (s->full_offset + s->count > at) cover = &*s;
+      if (s->full_offset + s->count <= at) {
+        if (cover != nullptr) break;
+        continue;
+      }
+      if (cover == nullptr || files_[static_cast<size_t>(s->file)].open) cover = &*s;
+      if (files_[static_cast<size_t>(cover->file)].open) break;
     }
     if (cover == nullptr) throw missing(at);
     const int64_t n = std::min(end, cover->full_offset + cover->count) - at;
-    cover->file->entry_copy_range(*cover->entry, cover->local_offset + (at - cover->full_offset), n,
-                                  out + (at - run.full_offset));
+    const SafetensorsEntry& entry = entry_of(*cover);
+    files_[static_cast<size_t>(cover->file)].open->entry_copy_range(entry, cover->local_offset + (at - cover->full_offset), n,
+                                                                    out + (at - run.full_offset));
     at += n;
   }
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,28 +47,44 @@ GlobalLayout global_layout_of(const std::vector<TensorRef>& refs, const StoredLa
 // count, local offset] arrays.
 std::string global_layout_json(const GlobalLayout& model, const GlobalLayout& optimizer);
 
-// The files of a checkpoint's ranks, opened with their layouts.
+// The files of a checkpoint's ranks with their layouts. A writer's files are checked and opened
+// when a slice is first read from them, so a rank touches only the writers holding what it needs.
 class ReshardSources {
  public:
-  // rank_dirs: each writing rank's folder of the step, its files already checked against the
-  // committed manifest (checkpoint_manifest_check_files).
-  explicit ReshardSources(const std::vector<std::string>& rank_dirs);
+  // rank_dirs: each writing rank's folder of the step. verify(r) checks writer r's files (against
+  // the committed manifest: checkpoint_manifest_check_files) before the first read from them.
+  ReshardSources(const std::vector<std::string>& rank_dirs, std::function<void(int)> verify);
   // Fills out[0, run.count) with full tensor run.tensor's elements [run.full_offset, + count).
   // Throws alloy::Error naming the tensor and the elements no rank stored.
-  void read(const GlobalRun& run, float* out) const;
+  void read(const GlobalRun& run, float* out);
+  // Whether one writer alone stored the run's elements: reading such runs first opens the
+  // writers a rank cannot do without, and copies elsewhere are then read from those.
+  bool one_writer(const GlobalRun& run) const;
 
  private:
   struct Source {
     int64_t full_offset = 0;
     int64_t count = 0;
     int64_t local_offset = 0;
-    const SafetensorsFile* file = nullptr;
-    const SafetensorsEntry* entry = nullptr;
+    int file = 0;   // into files_
+    int entry = 0;  // into that file's entry names
   };
-  void add(const std::string& dir, const SafetensorsFile& file, const std::string& layout_json, const char* part);
+  struct File {
+    int writer = 0;
+    std::string path;
+    std::vector<std::string> entry_names;
+    std::unique_ptr<SafetensorsFile> open;  // once read from
+    std::vector<const SafetensorsEntry*> entries;
+  };
+  void add(int writer, const std::string& dir, const std::string& layout_json, const char* part);
+  // The entry of `source`, its writer checked and its file opened on first use.
+  const SafetensorsEntry& entry_of(const Source& source);
 
-  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<File> files_;
+  std::vector<bool> verified_;  // per writer
+  std::function<void(int)> verify_;
   std::map<std::string, std::vector<Source>> by_tensor_;  // sorted by full_offset
+  std::map<std::string, int64_t> longest_;                // each tensor's longest source
   std::string checkpoint_;  // the step folder, for errors
 };
 

@@ -104,6 +104,19 @@ TEST_F(ReshardTest, EveryLayoutResumesUnderThreeOthers) {
   std::printf("18 resumes under another layout: largest loss difference from the uninterrupted run %.2e (relative)\n", worst);
 }
 
+TEST_F(ReshardTest, AColumnSplitMatrixIsOneStridedRun) {
+  // Under tp 2, attn.out.weight (C x C) keeps half of each row: C runs of C / 2, written as one.
+  const Layout tp2 = layouts()[2];
+  const std::string saved = dir_->path() + "/ck-strided";
+  ASSERT_EQ(train(tp2.plan, "strided", 1, "--checkpoint " + saved).exit_code, 0);
+  const nlohmann::json state =
+      nlohmann::json::parse(read_text(saved + "/step-00000001/rank-00001/checkpoint.json"));
+  const nlohmann::json& runs = state.at("global_layout").at("model").at("layers.0.attn.out.weight");
+  ASSERT_EQ(runs.size(), 1u) << runs.dump();
+  const int64_t C = model_load(gpt_path_).hidden_size;
+  EXPECT_EQ(runs[0], nlohmann::json({"layers.0.attn.out.weight", C / 2, C / 2, 0, C, C})) << runs.dump();
+}
+
 TEST_F(ReshardTest, ReplanMovesTheRunToTheDevicesLeft) {
   // Four ranks checkpoint step 3; two devices remain: `alloy replan` plans the checkpoint's model
   // and setup for them, and the run resumes on the new plan, continuing the four-rank losses.

@@ -99,7 +99,24 @@ std::string global_layout_json(const GlobalLayout& model, const GlobalLayout& op
     nlohmann::json& entries = out[part] = nlohmann::json::object();
     for (const auto& [name, runs] : *layout) {
       nlohmann::json& list = entries[name] = nlohmann::json::array();
-      for (const GlobalRun& r : runs) list.push_back({r.tensor, r.full_offset, r.count, r.local_offset});
+      // Runs of equal length that follow each other in the stored tensor at a fixed distance in
+      // the full one (a column-split matrix's rows) are written once with that stride and their
+      // number: [tensor, full offset, count, local offset, stride, repeat].
+      for (size_t k = 0; k < runs.size();) {
+        const GlobalRun& r = runs[k];
+        size_t end = k + 1;
+        const int64_t stride = end < runs.size() ? runs[end].full_offset - r.full_offset : 0;
+        while (end < runs.size() && runs[end].tensor == r.tensor && runs[end].count == r.count &&
+               runs[end].local_offset == r.local_offset + static_cast<int64_t>(end - k) * r.count &&
+               runs[end].full_offset == r.full_offset + static_cast<int64_t>(end - k) * stride)
+          ++end;
+        if (end - k > 1) {
+          list.push_back({r.tensor, r.full_offset, r.count, r.local_offset, stride, end - k});
+        } else {
+          list.push_back({r.tensor, r.full_offset, r.count, r.local_offset});
+        }
+        k = end;
+      }
     }
   }
   return out.dump();
@@ -137,9 +154,14 @@ void ReshardSources::add(int writer, const std::string& dir, const std::string& 
     for (const auto& [name, runs] : layout.items()) {
       const int entry = static_cast<int>(file.entry_names.size());
       file.entry_names.push_back(name);
-      for (const nlohmann::json& r : runs)
-        by_tensor_[r.at(0).get<std::string>()].push_back(
-            {r.at(1).get<int64_t>(), r.at(2).get<int64_t>(), r.at(3).get<int64_t>(), index, entry});
+      for (const nlohmann::json& r : runs) {
+        const int64_t stride = r.size() > 4 ? r.at(4).get<int64_t>() : 0;
+        const int64_t repeat = r.size() > 4 ? r.at(5).get<int64_t>() : 1;
+        const int64_t count = r.at(2).get<int64_t>();
+        std::vector<Source>& sources = by_tensor_[r.at(0).get<std::string>()];
+        for (int64_t k = 0; k < repeat; ++k)
+          sources.push_back({r.at(1).get<int64_t>() + k * stride, count, r.at(3).get<int64_t>() + k * count, index, entry});
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("malformed global_layout: {}", e.what()), {where, "global_layout"},

@@ -44,7 +44,8 @@ struct StoredLayout {
 GlobalLayout global_layout_of(const std::vector<TensorRef>& refs, const StoredLayout& stored);
 
 // {"model": {...}, "optimizer": {...}}: each stored name with its runs as [tensor, full offset,
-// count, local offset] arrays.
+// count, local offset] arrays, or [..., stride, repeat] for `repeat` runs whose full offsets step
+// by `stride` while their local ones follow each other (a column-split matrix's rows).
 std::string global_layout_json(const GlobalLayout& model, const GlobalLayout& optimizer);
 
 // The files of a checkpoint's ranks with their layouts. A writer's files are checked and opened

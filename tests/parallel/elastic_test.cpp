@@ -158,6 +158,20 @@ TEST_F(ElasticTest, AKilledRankIsReplacedByAPlanForTheDevicesLeft) {
   expect_continued(run, s);
 }
 
+TEST_F(ElasticTest, AJobThatFailsWithoutALostRankIsNotRestarted) {
+  // Bad input to the job (a data file that does not exist) is no lost device: the supervisor
+  // stops with the job's status and says so, instead of re-planning.
+  const Setup s = setup("failing");
+  const CommandResult r = run_command(
+      fmt::format("{} run --plan {} --data {}/missing.bin --steps 4 --checkpoint {}/failing-ck "
+                  "--launcher 'mpirun --oversubscribe --bind-to none' --train-flags --no-progress",
+                  ALLOY_BINARY, s.plan_path, dir_->path(), dir_->path()),
+      120);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("names no lost rank, so it is not restarted"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("re-planned"), std::string::npos) << r.output;
+}
+
 TEST_F(ElasticTest, AClusterFileTheUserUpdatedSaysWhatIsLeft) {
   // Before the failure the user writes that two devices remain: the supervisor plans for those.
   const Setup s = setup("updated");

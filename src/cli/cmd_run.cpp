@@ -1,13 +1,17 @@
 // `alloy run`: an elastic supervisor. It launches a plan's training job, and when the launcher
 // reports a rank lost, drops that rank's device from the cluster, re-plans the checkpoint's model
 // and setup for the devices left, and resumes from the last committed checkpoint, up to
-// --max-restarts times, printing each event (lost, re-planned, resumed, steps lost).
+// --max-restarts times, printing each event (lost, re-planned, resumed, steps lost). A stop
+// signal (SIGINT, SIGTERM) is passed on to the job, which saves and stops; so does the supervisor.
 #include <fcntl.h>
+#include <signal.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -81,6 +85,11 @@ struct Launch {
   double ended = 0;
 };
 
+// A stop signal the supervisor received (0: none): passed on to the job, which saves and stops.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void stop_signal_note(int signal) { g_stop_signal = signal; }
+
 Launch launch(const std::string& command, const std::string& log) {
   int out[2];
   if (pipe(out) != 0) throw Error("cannot create a pipe for the training job", {"", ""}, "check the process limits");
@@ -94,7 +103,9 @@ Launch launch(const std::string& command, const std::string& log) {
     dup2(out[1], STDERR_FILENO);
     close(out[0]);
     close(out[1]);
-    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    // exec: the launcher itself is the child, so a stop signal passed on reaches it.
+    const std::string exec_command = "exec " + command;
+    execl("/bin/sh", "sh", "-c", exec_command.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   close(out[1]);
@@ -111,7 +122,12 @@ Launch launch(const std::string& command, const std::string& log) {
     return n < 0;  // 0: end of output; < 0: nothing more for now
   };
   int status = 0;
+  bool passed_on = false;
   for (bool output_open = true;;) {
+    if (g_stop_signal != 0 && !passed_on) {
+      kill(child, static_cast<int>(g_stop_signal));
+      passed_on = true;
+    }
     if (output_open) {
       pollfd p{out[0], POLLIN, 0};
       poll(&p, 1, 50);
@@ -135,7 +151,12 @@ std::string self_executable() {
   return ec ? "alloy" : self.string();
 }
 
-void run_elastic(const RunCommand& c) {
+// Returns the exit status: 0, or 128 + a stop signal passed on to the job.
+int run_elastic(const RunCommand& c) {
+  struct sigaction on_stop = {};
+  on_stop.sa_handler = stop_signal_note;
+  sigaction(SIGINT, &on_stop, nullptr);
+  sigaction(SIGTERM, &on_stop, nullptr);
   Plan plan = plan_load(c.plan);
   const ModelSpec model = plan_model(plan, "", c.plan);
   const TrainSpec train = plan_train(plan, "", c.plan);
@@ -158,7 +179,14 @@ void run_elastic(const RunCommand& c) {
       fmt::print(stderr, "alloy run: resumed: first step {:.1f} s after the relaunch\n", l.first_step - l.started);
     if (l.status == 0) {
       fmt::print(stderr, "alloy run: finished step {} after {} restart(s)\n", log_last_step(log), restart);
-      return;
+      return 0;
+    }
+    if (g_stop_signal != 0) {
+      const int saved = fs::exists(fs::path(c.checkpoint) / kCheckpointLatest) ? static_cast<int>(checkpoint_manifest_read(c.checkpoint).step) : 0;
+      fmt::print(stderr, "alloy run: received {}: passed it on, and the job stopped after step {}; its last checkpoint is "
+                         "step {}; run the same command again to resume\n",
+                 strsignal(static_cast<int>(g_stop_signal)), log_last_step(log), saved);
+      return 128 + static_cast<int>(g_stop_signal);
     }
     const int lost = elastic_lost_rank(l.output);
     if (lost < 0 || lost >= plan.num_used_devices())
@@ -228,10 +256,7 @@ void add_run(CLI::App& app, int* exit_code) {
   cmd->add_option("--log", c->log, "JSON-lines log of every step (default: <checkpoint>/elastic.jsonl)");
   cmd->add_option("--launcher", c->launcher, "Launcher command, given -np and the job")->capture_default_str();
   cmd->add_option("--train-flags", c->train_flags, "More flags for every `alloy train` launch, e.g. \"--no-progress\"");
-  cmd->callback([c, exit_code]() {
-    run_elastic(*c);
-    *exit_code = 0;
-  });
+  cmd->callback([c, exit_code]() { *exit_code = run_elastic(*c); });
 }
 
 }  // namespace alloy::cli

@@ -172,6 +172,38 @@ TEST_F(ElasticTest, AJobThatFailsWithoutALostRankIsNotRestarted) {
   EXPECT_EQ(r.output.find("re-planned"), std::string::npos) << r.output;
 }
 
+TEST_F(ElasticTest, AStopSignalToTheSupervisorStopsTheJobWithACheckpoint) {
+  // SIGTERM to `alloy run` alone (as a batch system sends it): the job gets it, saves its step and
+  // stops; no rank is left running; the supervisor exits with 128 + 15 and says how to resume.
+  const Setup s = setup("stopped");
+  const std::string ck = dir_->path() + "/stopped-ck", log = dir_->path() + "/stopped.jsonl";
+  const std::string out = dir_->path() + "/stopped.out", status = dir_->path() + "/stopped.status";
+  std::system(fmt::format("({} run --plan {} --data {} --steps 400 --checkpoint {} --checkpoint-every 50 --log {} "
+                          "--launcher 'mpirun --oversubscribe --bind-to none' --train-flags --no-progress "
+                          "> {} 2>&1; echo $? > {}) &",
+                          ALLOY_BINARY, s.plan_path, data_, ck, log, out, status)
+                  .c_str());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (step_losses(log).size() < 8 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::string supervisor = command_output(fmt::format("pgrep -f '^{} run --plan {}'", ALLOY_BINARY, s.plan_path));
+  ASSERT_FALSE(supervisor.empty()) << read_text(out);
+  ASSERT_EQ(std::system(fmt::format("kill -TERM {}", std::atoi(supervisor.c_str())).c_str()), 0);
+  while (!std::filesystem::exists(status) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::string output = read_text(out);
+  EXPECT_EQ(std::atoi(read_text(status).c_str()), 128 + 15) << output;
+  EXPECT_NE(output.find("alloy run: received Terminated: passed it on"), std::string::npos) << output;
+  EXPECT_TRUE(command_output(fmt::format("pgrep -f '^{} train --plan {}'", ALLOY_BINARY, s.plan_path)).empty()) << output;
+  // The step it stopped at is committed, and logged.
+  const size_t at = output.find("its last checkpoint is step ");
+  ASSERT_NE(at, std::string::npos) << output;
+  const int saved = std::atoi(output.c_str() + at + 28);
+  EXPECT_GE(saved, 8) << output;
+  EXPECT_EQ(static_cast<int>(step_losses(log).size()), saved) << output;
+}
+
 TEST_F(ElasticTest, AClusterFileTheUserUpdatedSaysWhatIsLeft) {
   // Before the failure the user writes that two devices remain: the supervisor plans for those.
   const Setup s = setup("updated");

@@ -188,10 +188,11 @@ TEST_F(ProfileCommandTest, TrainingRunCalibratesTheProfile) {
   const DeviceProfile& b = before.device_types.at("cpu");
   const DeviceProfile& a = after.device_types.at("cpu");
   ASSERT_EQ(a.layers.size(), b.layers.size());
-  // The pp-2 plan ran every kind (the embedding on stage 0, the head on stage 1): the run prints
-  // each kind's factor, and every shape of a kind moved by it.
-  EXPECT_NE(r.output.find("blocks "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("head "), std::string::npos) << r.output;
+  // The pp-2 plan ran every kind (the embedding on stage 0, the head on stage 1): the run names
+  // each kind, with its factor or as too brief for one (how brief depends on this machine's load),
+  // and every shape of a kind moved by one factor.
+  for (const char* kind : {"embedding ", "blocks ", "head "})
+    EXPECT_NE(r.output.find(kind), std::string::npos) << kind << r.output;
   std::array<double, kLayerKinds> factor = {0, 0, 0};
   for (size_t i = 0; i < a.layers.size(); ++i) {
     double& f = factor[static_cast<size_t>(a.layers[i].kind)];

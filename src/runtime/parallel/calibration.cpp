@@ -267,9 +267,13 @@ Profile profile_calibrated(const Profile& profile, const std::vector<DeviceTypeC
 
 std::string calibration_describe(const DeviceTypeCalibration& c) {
   std::string text;
-  for (int k = 0; k < kLayerKinds; ++k)
-    if (c.layer_ratio[static_cast<size_t>(k)] > 0)
-      text += fmt::format("{} {:.2f}x, ", kind_label(k), c.layer_ratio[static_cast<size_t>(k)]);
+  for (size_t k = 0; k < kLayerKinds; ++k) {
+    const char* kind = kind_label(static_cast<int>(k));
+    if (c.layer_ratio[k] > 0)
+      text += fmt::format("{} {:.2f}x, ", kind, c.layer_ratio[k]);
+    else if (c.layer_share[k] > 0)
+      text += fmt::format("{} {:.0f}% of the passes (too brief for a factor of its own), ", kind, 100 * c.layer_share[k]);
+  }
   text += fmt::format("forward and backward {:.2f}x, optimizer {:.2f}x", c.pass_ratio, c.optimizer_ratio);
   if (c.slowest_alike_lift > 1.005)
     text += fmt::format(" (the slowest of ranks doing the same work: {:+.0f}%)", 100 * (c.slowest_alike_lift - 1));

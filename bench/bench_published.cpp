@@ -7,12 +7,20 @@
 // Alloy does not model, or, for a layout Alloy's memory model does not fit, the memory it needs
 // and its largest terms).
 //
-// Usage: bench_published [--table path/to/throughputs.yaml]
+// Errors are of speed: predicted over published throughput, less 1 (a step time's ratio is
+// inverted), so + means Alloy is optimistic. Rows alternate, per source in table order, between
+// the fit set (1st, 3rd, ...) and the held-out set; the summary gives both.
+//
+// Usage: bench_published [--table path/to/throughputs.yaml] [--row ID] [--fit]
+// --row prints that row's plan (stages, step time by part, memory) after the comparison.
+// --fit scans each device generation's matmul_efficiency on the fit rows (the value that
+// minimises their mean |log speed ratio|) and prints it beside the catalog's.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,7 +48,11 @@ struct Compared {
   std::string assumed;  // what the bench filled in that the source does not state
   double memory_published_gib = 0;  // 0: not stated
   double memory_predicted_gib = 0;  // the plan's largest per-device total
-  double error() const { return (predicted - published) / published; }
+  std::string generation;
+  Plan plan;
+  bool lower_is_faster = false;  // a time, not a rate
+  // Predicted over published speed, less 1.
+  double error() const { return lower_is_faster ? published / predicted - 1 : predicted / published - 1; }
 };
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -77,17 +89,19 @@ struct DeviceChoice {
   std::string type;
   std::string network;
   std::string assumed;
+  std::string generation;  // devices that share one calibrated matmul efficiency
 };
 
 std::optional<DeviceChoice> device_choice(const std::string& published) {
   const std::string d = text_lower(published);
-  if (d == "nvidia-ampere") return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "device: A100 80GB taken for \"Ampere\""};
-  if (d.starts_with("a100-80")) return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", ""};
-  if (d.starts_with("a100-40")) return DeviceChoice{"a100-40gb-sxm", "1600Gb/s", ""};
-  if (d.starts_with("h100")) return DeviceChoice{"h100-sxm", "3200Gb/s", d.find("96gb") != std::string::npos ? "device: H100 SXM taken for a 96 GB part" : ""};
-  if (d.starts_with("h200")) return DeviceChoice{"h200-sxm", "3200Gb/s", ""};
-  if (d.starts_with("v100-32")) return DeviceChoice{"v100-32gb", "800Gb/s", ""};
-  if (d.starts_with("mi250x")) return DeviceChoice{"mi250x", "800Gb/s", ""};
+  if (d == "nvidia-ampere") return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "device: A100 80GB taken for \"Ampere\"", "A100"};
+  if (d.starts_with("a100-80")) return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "", "A100"};
+  if (d.starts_with("a100-40")) return DeviceChoice{"a100-40gb-sxm", "1600Gb/s", "", "A100"};
+  if (d.starts_with("h100"))
+    return DeviceChoice{"h100-sxm", "3200Gb/s", d.find("96gb") != std::string::npos ? "device: H100 SXM taken for a 96 GB part" : "", "H100/H200"};
+  if (d.starts_with("h200")) return DeviceChoice{"h200-sxm", "3200Gb/s", "", "H100/H200"};
+  if (d.starts_with("v100-32")) return DeviceChoice{"v100-32gb", "800Gb/s", "", "V100"};
+  if (d.starts_with("mi250x")) return DeviceChoice{"mi250x", "800Gb/s", "", "MI250X"};
   return std::nullopt;
 }
 
@@ -140,12 +154,34 @@ Compared compare(const YAML::Node& measured, const Plan& plan, const ModelSpec& 
       {"mfu", plan.mfu},
   };
   for (const auto& [key, predicted] : metrics)
-    if (const std::optional<double> published = number(measured, key)) return {key, *published, predicted, ""};
+    if (const std::optional<double> published = number(measured, key)) {
+      Compared c;
+      c.metric = key;
+      c.lower_is_faster = std::string(key) == "seconds_per_iteration";
+      c.published = *published;
+      c.predicted = predicted;
+      return c;
+    }
   throw Skip{"no step time, throughput or MFU published"};
 }
 
 // Plans the row with its stated choices pinned; throws Skip when the row cannot be planned.
-Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
+// The ZeRO stage of a sharding mode as the sources name it: FSDP's full sharding is ZeRO 3,
+// "optimizer states and gradients sharded" ZeRO 2, DeepSpeed's BF16 optimizer ZeRO 1, DDP 0.
+int zero_stage_of(const std::string& published) {
+  const std::string zero = text_lower(published);
+  if (zero.find("offload") != std::string::npos) throw Skip{"ZeRO with CPU offload of the optimizer (not in Alloy)"};
+  if (zero.starts_with("none")) return 0;
+  if (zero.find("zero-1") != std::string::npos) return 1;
+  if (zero.find("gradients sharded") != std::string::npos) return 2;
+  if (zero.find("fsdp") != std::string::npos || zero.find("zero-3") != std::string::npos) return 3;
+  throw Skip{"ZeRO stage not recognised: " + published};
+}
+
+// Each device generation's matmul_efficiency where it replaces the catalog's.
+using Efficiencies = std::map<std::string, double>;
+
+Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const Efficiencies& efficiencies) {
   std::string assumed;
   const YAML::Node hardware = row["hardware"], layout = row["layout"], batch = row["batch"], measured = row["measured"];
   if (!row["model"]) throw Skip{"model not stated"};
@@ -157,6 +193,8 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
   if (!layout) throw Skip{"layout not stated"};
   if (layout["cp"] && layout["cp"].as<int>() > 1) throw Skip{"context parallelism (Alloy has none)"};
   const int devices = hardware["num_devices"].as<int>();
+  const std::string network =
+      hardware["network_per_node"] ? hardware["network_per_node"].as<std::string>() : device->network;
   const int per_node = hardware["devices_per_node"] ? hardware["devices_per_node"].as<int>() : 8;
   SearchOptions o;
   // A degree left out is 1 when the stated ones already use every device; dp fills the rest.
@@ -174,9 +212,9 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
   if (o.tp == 0 || o.pp == 0 || o.dp == 0) throw Skip{"tensor or pipeline degree not stated"};
   if (o.tp * o.pp * o.dp != devices) throw Skip{"tp x pp x dp is not the device count"};
   if (layout["zero"]) {
-    const std::string zero = text_lower(layout["zero"].as<std::string>());
-    if (zero.find("offload") != std::string::npos) throw Skip{"ZeRO with offload (Alloy offloads at dp 1 only)"};
-    if (zero.find("full_shard") != std::string::npos || zero.find("3") != std::string::npos) o.zero = 3;
+    o.zero = zero_stage_of(layout["zero"].as<std::string>());
+  } else {
+    assumed += "ZeRO stage chosen by Alloy; ";
   }
   // The global batch: stated, or the tokens of a step over the sequence length.
   int64_t global = batch && batch["global_batch"] ? batch["global_batch"].as<int64_t>() : 0;
@@ -196,10 +234,17 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
   if (layout["virtual_pipeline"] && layout["virtual_pipeline"].as<int>() > 1) {
     o.schedule = Schedule::Schedule_interleaved;
     o.virtual_chunks = layout["virtual_pipeline"].as<int>();
+  } else if (layout["schedule"] && layout["schedule"].as<std::string>() == "interleaved") {
+    o.schedule = Schedule::Schedule_interleaved;
+    assumed += "virtual stages chosen by Alloy; ";
   } else {
     o.schedule = Schedule::Schedule_1f1b;
   }
-  if (layout["sequence_parallel"]) o.sequence_parallel = layout["sequence_parallel"].as<bool>();
+  if (layout["sequence_parallel"]) {
+    o.sequence_parallel = layout["sequence_parallel"].as<bool>();
+  } else if (o.tp > 1) {
+    assumed += "sequence parallelism chosen by Alloy; ";
+  }
   if (layout["recompute"]) {
     const std::string level = layout["recompute"].as<std::string>();
     o.recompute = level == "full" ? Recompute::Recompute_full
@@ -219,10 +264,13 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
   const auto cluster_of = [&](const std::string& memory) {
     const std::string yaml = fmt::format(
         "name: published\nnetwork: {{kind: infiniband, bandwidth: {}, latency: 5us}}\n"
-        "device_types:\n  row-device: {{base: {}{}}}\nnodes:\n"
+        "device_types:\n  row-device: {{base: {}{}{}}}\nnodes:\n"
         "  - {{name: nodes, count: {}, device: row-device, devices_per_node: {}}}\n",
-        device->network, device->type, memory.empty() ? "" : ", memory: " + memory, (devices + per_node - 1) / per_node,
-        std::min(per_node, devices));
+        network, device->type, memory.empty() ? "" : ", memory: " + memory,
+        efficiencies.contains(device->generation)
+            ? fmt::format(", matmul_efficiency: {}", efficiencies.at(device->generation))
+            : "",
+        (devices + per_node - 1) / per_node, std::min(per_node, devices));
     return cluster_load_text(yaml, "published cluster", "published", catalog);
   };
   TrainSpec train;
@@ -245,6 +293,8 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog) {
   }
   Compared c = compare(measured, plan, model, devices);
   c.assumed = assumed;
+  c.plan = plan;
+  c.generation = device->generation;
   if (const YAML::Node memory = row["memory"]; memory && memory["per_gpu_gib"]) {
     c.memory_published_gib = memory["per_gpu_gib"].as<double>();
     c.memory_predicted_gib = plan_peak_memory(plan).first / kGiB;
@@ -258,46 +308,128 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// One row of the table: compared (with whether it is in the fit set) or skipped.
+struct RowResult {
+  std::string id;
+  bool fit = false;
+  std::optional<Compared> compared;
+  std::string skipped;  // why, when not compared
+};
+
+// The source a row comes from: its id up to the first '-' (korthikanti22, mpt, llama3, ...).
+std::string row_source(const std::string& id) { return id.substr(0, id.find('-')); }
+
+std::vector<RowResult> compare_rows(const YAML::Node& rows, const DeviceCatalog& catalog, const Efficiencies& efficiencies) {
+  std::vector<RowResult> out;
+  std::map<std::string, int> seen_per_source;
+  for (const YAML::Node& row : rows) {
+    RowResult r;
+    r.id = row["id"].as<std::string>();
+    r.fit = seen_per_source[row_source(r.id)]++ % 2 == 0;
+    try {
+      r.compared = row_compare(row, catalog, efficiencies);
+    } catch (const Skip& s) {
+      r.skipped = s.reason;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// "median |error| 7.1%, worst 21.0% over 20 rows" of the compared rows `pick` selects.
+template <typename Pick>
+std::string error_summary(const std::vector<RowResult>& results, Pick pick) {
+  std::vector<double> errors;
+  for (const RowResult& r : results)
+    if (r.compared && pick(r)) errors.push_back(std::abs(r.compared->error()));
+  if (errors.empty()) return "no rows";
+  return fmt::format("median |error| {:.1f}%, worst {:.1f}% over {} rows", 100 * median(errors),
+                     100 * *std::max_element(errors.begin(), errors.end()), errors.size());
+}
+
+// For each device generation of the fit rows, the matmul_efficiency in [0.40, 0.95] that
+// minimises the mean |log speed ratio| of its fit rows (a generation's rows depend on its value
+// alone), printed beside the catalog's.
+void fit_efficiencies(const YAML::Node& rows, const DeviceCatalog& catalog, const std::vector<RowResult>& as_shipped) {
+  std::map<std::string, double> shipped;  // generation -> catalog value, from a compared row's device
+  std::set<std::string> generations;
+  for (const RowResult& r : as_shipped)
+    if (r.compared && r.fit) generations.insert(r.compared->generation);
+  std::printf("\nmatmul_efficiency fitted on the fit rows (mean |log speed ratio|):\n");
+  for (const std::string& generation : generations) {
+    double best = 0, best_loss = 1e300;
+    for (int percent = 40; percent <= 95; ++percent) {
+      const double value = percent / 100.0;
+      double loss = 0;
+      int count = 0;
+      for (const RowResult& r : compare_rows(rows, catalog, {{generation, value}})) {
+        if (!r.fit || !r.compared || r.compared->generation != generation) continue;
+        loss += std::abs(std::log1p(r.compared->error()));
+        ++count;
+      }
+      if (count > 0 && loss / count < best_loss) {
+        best_loss = loss / count;
+        best = value;
+      }
+    }
+    std::printf("  %-10s %.2f (mean |log ratio| %.3f)\n", generation.c_str(), best, best_loss);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string table = std::string(ALLOY_SOURCE_DIR) + "/bench/published/throughputs.yaml";
-  for (int i = 1; i + 1 < argc; i += 2)
-    if (std::string(argv[i]) == "--table") table = argv[i + 1];
+  std::string shown_row;
+  bool fit = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--fit") fit = true;
+    if (arg == "--table" && i + 1 < argc) table = argv[++i];
+    if (arg == "--row" && i + 1 < argc) shown_row = argv[++i];
+  }
   const YAML::Node rows = YAML::LoadFile(table);
   const DeviceCatalog catalog = catalog_builtin();
-  std::vector<double> errors, memory_errors;
+  const std::vector<RowResult> results = compare_rows(rows, catalog, {});
+  std::printf("Un-profiled predictions against %zu published rows (%s)\n", rows.size(), table.c_str());
+  std::printf("error: predicted over published speed, less 1 (+: Alloy optimistic)\n\n");
+  std::printf("%-48s %-8s %-22s %12s %12s %8s  %s\n", "row", "set", "metric", "published", "predicted", "error", "assumed");
+  std::vector<double> memory_errors;
   std::map<std::string, std::vector<std::string>> skipped;  // reason -> ids
-  std::printf("Un-profiled predictions against %zu published rows (%s)\n\n", rows.size(), table.c_str());
-  std::printf("%-48s %-22s %12s %12s %8s  %s\n", "row", "metric", "published", "predicted", "error", "assumed");
-  for (const YAML::Node& row : rows) {
-    const std::string id = row["id"].as<std::string>();
-    try {
-      const Compared c = row_compare(row, catalog);
-      errors.push_back(std::abs(c.error()));
-      std::printf("%-48s %-22s %12.4g %12.4g %+7.1f%%  %s\n", id.c_str(), c.metric.c_str(), c.published, c.predicted,
-                  100 * c.error(), c.assumed.c_str());
-      if (c.memory_published_gib > 0) {
-        const double error = (c.memory_predicted_gib - c.memory_published_gib) / c.memory_published_gib;
-        memory_errors.push_back(std::abs(error));
-        std::printf("%-48s %-22s %12.4g %12.4g %+7.1f%%\n", "", "memory GiB per device", c.memory_published_gib,
-                    c.memory_predicted_gib, 100 * error);
-      }
-    } catch (const Skip& s) {
-      skipped[s.reason].push_back(id);
+  for (const RowResult& r : results) {
+    if (!r.compared) {
+      skipped[r.skipped].push_back(r.id);
+      continue;
+    }
+    const Compared& c = *r.compared;
+    std::printf("%-48s %-8s %-22s %12.4g %12.4g %+7.1f%%  %s\n", r.id.c_str(), r.fit ? "fit" : "held out",
+                c.metric.c_str(), c.published, c.predicted, 100 * c.error(), c.assumed.c_str());
+    if (c.memory_published_gib > 0) {
+      const double error = (c.memory_predicted_gib - c.memory_published_gib) / c.memory_published_gib;
+      memory_errors.push_back(std::abs(error));
+      std::printf("%-48s %-8s %-22s %12.4g %12.4g %+7.1f%%\n", "", "", "memory GiB per device", c.memory_published_gib,
+                  c.memory_predicted_gib, 100 * error);
     }
   }
-  if (!errors.empty()) {
-    std::printf("\n%zu rows compared: median |error| %.1f%%, worst %.1f%%\n", errors.size(), 100 * median(errors),
-                100 * *std::max_element(errors.begin(), errors.end()));
-  }
+  const auto all = [](const RowResult&) { return true; };
+  std::printf("\nall rows compared: %s\n", error_summary(results, all).c_str());
+  std::printf("fit rows:          %s\n", error_summary(results, [](const RowResult& r) { return r.fit; }).c_str());
+  std::printf("held-out rows:     %s\n", error_summary(results, [](const RowResult& r) { return !r.fit; }).c_str());
   if (!memory_errors.empty()) {
     std::printf("memory of %zu rows: median |error| %.1f%%, worst %.1f%%\n", memory_errors.size(),
                 100 * median(memory_errors), 100 * *std::max_element(memory_errors.begin(), memory_errors.end()));
   }
-  std::printf("\nnot compared (%zu rows):\n", rows.size() - errors.size());
-  for (const auto& [reason, ids] : skipped) {
+  std::printf("\nnot compared (%zu rows):\n", skipped.empty() ? 0 : static_cast<size_t>(std::count_if(
+      results.begin(), results.end(), [](const RowResult& r) { return !r.compared; })));
+  for (const auto& [reason, ids] : skipped)
     std::printf("  %s: %zu (%s%s)\n", reason.c_str(), ids.size(), ids.front().c_str(), ids.size() > 1 ? ", ..." : "");
+  if (fit) fit_efficiencies(rows, catalog, results);
+  if (!shown_row.empty()) {
+    const auto it = std::find_if(results.begin(), results.end(), [&](const RowResult& r) { return r.id == shown_row; });
+    if (it == results.end() || !it->compared)
+      std::printf("\nrow %s was not compared\n", shown_row.c_str());
+    else
+      std::printf("\nplan of %s:\n%s\n", shown_row.c_str(), plan_render_text(it->compared->plan).c_str());
   }
   return 0;
 }

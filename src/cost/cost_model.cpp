@@ -74,8 +74,9 @@ double MemoryBreakdown::total_bytes() const {
          communication_buffers_bytes + framework_context_bytes + allocator_margin_bytes;
 }
 
-double compute_efficiency(const RuntimeTraits& runtime, Precision precision, double rows, double cols) {
-  return runtime.matmul_peak_efficiency(precision) * (rows / (rows + runtime.matmul_half_rows)) *
+double compute_efficiency(const DeviceType& type, Precision precision, double rows, double cols) {
+  const RuntimeTraits& runtime = runtime_traits(type);
+  return matmul_peak_share(type, precision) * (rows / (rows + runtime.matmul_half_rows)) *
          (cols / (cols + runtime.matmul_half_cols));
 }
 
@@ -84,11 +85,15 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
   const double bytes = backward ? work.backward_bytes : work.forward_bytes;
   const RuntimeTraits& runtime = runtime_traits(type);
   const Precision run = precision_run_on(type, precision);  // what the device really runs
-  const double eff = compute_efficiency(runtime, run, work.matmul_rows, work.matmul_cols);
+  const double eff = compute_efficiency(type, run, work.matmul_rows, work.matmul_cols);
   const double math = flops > 0 ? flops / (type.peak_flops(run) * eff) : 0;
   const double speed = runtime.memory_bandwidth_scales_with_speed ? type.speed : 1.0;
-  const double memory = bytes / (type.memory_bandwidth_bytes_per_second * speed);
-  return std::max(math, memory);
+  const double bandwidth = type.memory_bandwidth_bytes_per_second * speed;
+  if (!runtime.elementwise_kernels_separate) return std::max(math, bytes / bandwidth);
+  const double pass_share = backward ? 2.0 : 1.0;
+  const double elementwise = pass_share * work.forward_elementwise_bytes;
+  const double scores = runtime.attention_memory == AttentionMemory::AttentionMemory_fused ? pass_share * work.forward_score_bytes : 0;
+  return std::max(math, (bytes - elementwise) / bandwidth) + (elementwise - scores) / bandwidth;
 }
 
 CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,

@@ -19,10 +19,12 @@
 
 namespace alloy {
 
-// Fraction of peak a matrix product of M rows by N columns reaches at a precision under a
-// runtime (the analytic efficiency curve; a profile replaces it for measured shapes).
-double compute_efficiency(const RuntimeTraits& runtime, Precision precision, double rows, double cols);
-// Roofline: max(flops / (peak x efficiency), bytes / memory bandwidth).
+// Fraction of peak a matrix product of M rows by N columns reaches at a precision on a device
+// (the analytic efficiency curve: the device's calibrated matmul_efficiency at 16 bits, else its
+// runtime's, shaped by the runtime's half sizes; a profile replaces it for measured shapes).
+double compute_efficiency(const DeviceType& type, Precision precision, double rows, double cols);
+// Roofline: max(flops / (peak x efficiency), bytes / memory bandwidth); a runtime whose
+// element-wise work runs as kernels of its own adds that work's traffic time instead.
 double compute_seconds(const DeviceType& type, Precision precision, const LayerWork& work, bool backward);
 
 // A stage's devices as the cost model sees them.

@@ -61,6 +61,8 @@ LayerWork block_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, i
   const double hidden_traffic = tokens * (8.0 * c * elementwise_share + (4.0 * f + 4.0 * c) / tp) * e;
   const double score_traffic = 3.0 * scores * e / tp;
   w.forward_bytes = weight_bytes + hidden_traffic + score_traffic;
+  w.forward_elementwise_bytes = hidden_traffic + score_traffic;
+  w.forward_score_bytes = score_traffic;
   w.backward_flops = 2.0 * w.forward_flops;
   w.backward_bytes = 2.0 * w.forward_bytes;
   w.selective_flops = attention_flops / tp;
@@ -78,6 +80,7 @@ LayerWork embedding_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_le
   LayerWork w;
   // A gather of rows: no FLOPs worth counting, traffic of the output (and the position add).
   w.forward_bytes = 3.0 * tokens * static_cast<double>(m.hidden_size) * e;
+  w.forward_elementwise_bytes = w.forward_bytes;
   w.backward_bytes = 2.0 * w.forward_bytes + static_cast<double>(embedding_parameters(m)) * e / tp;
   w.matmul_rows = tokens;
   w.matmul_cols = static_cast<double>(m.hidden_size);
@@ -94,6 +97,7 @@ LayerWork head_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, in
   w.forward_flops = 2.0 * tokens * c * v / tp;
   // Logits written in the compute precision, read back by an fp32 softmax cross-entropy.
   w.forward_bytes = v * c * e / tp + tokens * v * (e + 4.0) / tp + tokens * c * e;
+  w.forward_elementwise_bytes = tokens * v * (e + 4.0) / tp;
   w.backward_flops = 2.0 * w.forward_flops;
   w.backward_bytes = 2.0 * w.forward_bytes;
   w.matmul_rows = tokens;

@@ -22,6 +22,11 @@ struct LayerWork {
   double forward_bytes = 0;        // device-memory traffic of the forward pass
   double backward_flops = 0;       // input and weight gradients
   double backward_bytes = 0;
+  // The part of the traffic above that element-wise work (norms, activations, residual adds,
+  // softmax and cross-entropy) moves, and of that the attention score matrix's, which a fused
+  // attention never writes. Backward moves twice the forward's.
+  double forward_elementwise_bytes = 0;
+  double forward_score_bytes = 0;
   double selective_flops = 0;      // extra forward work recomputed under selective recompute
   double selective_bytes = 0;
   // Forward work recomputed under full recompute: all of it but the MLP's output projection, as

@@ -20,6 +20,7 @@ constexpr RuntimeTraits kGpuRuntime = {
     .matmul_peak_efficiency_by_precision = {0.80, 0.65, 0.70, 0.70, 0.55},
     .matmul_half_rows = 128.0,
     .matmul_half_cols = 128.0,
+    .elementwise_kernels_separate = true,
     .memory_bandwidth_scales_with_speed = false,
     .collectives_share_compute_cores = false,
     // It fuses attention, keeping a log-sum-exp per query row.
@@ -41,6 +42,7 @@ constexpr RuntimeTraits kCpuRuntime = {
     .matmul_peak_efficiency_by_precision = {0.85, 0.85, 0.85, 0.85, 0.85},
     .matmul_half_rows = 16.0,
     .matmul_half_cols = 16.0,
+    .elementwise_kernels_separate = false,
     .memory_bandwidth_scales_with_speed = true,
     // A prefetched ZeRO-3 gather copies on the same cores and adds its whole time
     // (docs/profile-format.md, Calibration).
@@ -65,6 +67,12 @@ constexpr RuntimeTraits kCpuRuntime = {
 }  // namespace
 
 const RuntimeTraits& runtime_traits(const DeviceType& type) { return type.is_cpu ? kCpuRuntime : kGpuRuntime; }
+
+double matmul_peak_share(const DeviceType& type, Precision precision) {
+  const bool sixteen_bit = precision == Precision::Precision_bf16 || precision == Precision::Precision_fp16;
+  return sixteen_bit && type.matmul_efficiency > 0 ? type.matmul_efficiency
+                                                   : runtime_traits(type).matmul_peak_efficiency(precision);
+}
 
 Precision precision_run_on(const DeviceType& type, Precision requested) {
   const auto has = [&](Precision p) {
@@ -92,7 +100,7 @@ std::string precision_fallback_note(const DeviceType& type, Precision requested)
   if (run == requested) return "";
   return fmt::format("{} has no {}: priced at {} ({:.1f} TFLOP/s at {:.0f}% efficiency), which it runs instead", type.name,
                      precision_name(requested), precision_name(run), type.peak_flops(run) / 1e12,
-                     100 * runtime_traits(type).matmul_peak_efficiency(run));
+                     100 * matmul_peak_share(type, run));
 }
 
 }  // namespace alloy

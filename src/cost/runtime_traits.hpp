@@ -23,6 +23,9 @@ struct RuntimeTraits {
   double matmul_peak_efficiency_by_precision[5] = {};  // indexed by Precision
   double matmul_half_rows = 0;
   double matmul_half_cols = 0;
+  // Element-wise work runs as kernels of its own between the matrix products, so its memory
+  // traffic adds to their time rather than overlapping it (the roofline's max otherwise).
+  bool elementwise_kernels_separate = false;
   // Emulated devices run slower by their speed, memory traffic included.
   bool memory_bandwidth_scales_with_speed = false;
   // Collectives copy on the cores that compute, so a prefetched ZeRO-3 gather hides nothing.
@@ -49,6 +52,10 @@ struct RuntimeTraits {
 
 // The traits of the runtime that runs a device type: the one place that maps a type to it.
 const RuntimeTraits& runtime_traits(const DeviceType& type);
+
+// The share of its peak at `precision` that a device's large matrix products reach: its own
+// calibrated matmul_efficiency at 16 bits where it has one, else its runtime's.
+double matmul_peak_share(const DeviceType& type, Precision precision);
 
 // The precision a device's matrix products run at when `requested` is asked for: one it has no
 // peak for runs as the nearest it has (tf32 as fp32; bf16 and fp16 as each other, else fp32;

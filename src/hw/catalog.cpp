@@ -20,6 +20,16 @@ constexpr double kNvlink2 = 150 * kGigabytesPerSecond;   // V100: 300 GB/s total
 constexpr double kNvlink3 = 300 * kGigabytesPerSecond;   // A100: 600 GB/s total
 constexpr double kNvlink4 = 450 * kGigabytesPerSecond;   // H100/H200: 900 GB/s total
 
+// Shares of the bf16/fp16 peak that training's matrix products reach, fitted against published
+// runs by `bench_published --fit` (docs/catalog.md, Calibration [27]). H100 and H200 share one
+// value: the same GH100 compute; the H200's wider memory is in its bandwidth, not here.
+constexpr double kA100MatmulEfficiency = 0.70;
+constexpr double kHopperMatmulEfficiency = 0.56;
+// The highest published training MFU at 16 bits (bench/published/throughputs.yaml): A100s 65.3%
+// (MegaScale, 175B on 256 GPUs), H100s 47% (the Megatron-LM README, 96 GPUs) [27].
+constexpr double kA100BestPublishedMfu = 0.653;
+constexpr double kHopperBestPublishedMfu = 0.47;
+
 // A100 compute is the same in all four variants: [1] lists it once for SXM and PCIe.
 DeviceType a100_make(std::string name, std::vector<std::string> aliases, std::string description,
                      double memory_bytes, double bandwidth, std::string link, double link_bandwidth) {
@@ -35,7 +45,9 @@ DeviceType a100_make(std::string name, std::vector<std::string> aliases, std::st
                     .memory_bandwidth_bytes_per_second = bandwidth,
                     .intra_node_link = std::move(link),
                     .intra_node_link_bytes_per_second = link_bandwidth,
-                    .source = "[1] [2]"};
+                    .source = "[1] [2] [27]",
+                    .matmul_efficiency = kA100MatmulEfficiency,
+                    .best_published_mfu = kA100BestPublishedMfu};
 }
 
 void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
@@ -66,7 +78,9 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                    .memory_bandwidth_bytes_per_second = 3350 * kGigabytesPerSecond,
                    .intra_node_link = "NVLink 4",
                    .intra_node_link_bytes_per_second = kNvlink4,
-                   .source = "[3] [4]"});
+                   .source = "[3] [4] [27]",
+                   .matmul_efficiency = kHopperMatmulEfficiency,
+                   .best_published_mfu = kHopperBestPublishedMfu});
   c.add(DeviceType{.name = "h100-pcie",
                    .aliases = {"h100-pcie-80gb"},
                    .vendor = "nvidia",
@@ -80,7 +94,9 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                    .memory_bandwidth_bytes_per_second = 2000 * kGigabytesPerSecond,
                    .intra_node_link = "PCIe 5.0 x16",
                    .intra_node_link_bytes_per_second = kPcie5x16,
-                   .source = "[3] [4]"});
+                   .source = "[3] [4] [27]",
+                   .matmul_efficiency = kHopperMatmulEfficiency,
+                   .best_published_mfu = kHopperBestPublishedMfu});
   c.add(DeviceType{.name = "h200-sxm",
                    .aliases = {"h200", "h200-141gb"},
                    .vendor = "nvidia",
@@ -94,7 +110,9 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                    .memory_bandwidth_bytes_per_second = 4800 * kGigabytesPerSecond,
                    .intra_node_link = "NVLink 4",
                    .intra_node_link_bytes_per_second = kNvlink4,
-                   .source = "[5] [4]"});
+                   .source = "[5] [4] [27]",
+                   .matmul_efficiency = kHopperMatmulEfficiency,
+                   .best_published_mfu = kHopperBestPublishedMfu});
 
   // V100 has no bf16 or tf32; fp16 is the tensor-core rate ("Tensor Performance" in [6]).
   for (int gib : {16, 32}) {

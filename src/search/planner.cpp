@@ -616,6 +616,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     for (const std::string& note : zero_pin_notes(plan, options)) plan.notes.push_back(note);
     for (const std::string& note : gradient_strategy_notes(plan, cost)) plan.notes.push_back(note);
     for (const std::string& note : cost.fallback_notes()) plan.notes.push_back(note);
+    for (const std::string& note : published_mfu_notes(plan, cost)) plan.notes.push_back(note);
   }
   SearchResult result;
   result.candidates = plans;

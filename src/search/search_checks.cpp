@@ -54,6 +54,28 @@ std::vector<std::string> zero_pin_notes(const Plan& plan, const SearchOptions& o
   return notes;
 }
 
+std::vector<std::string> published_mfu_notes(const Plan& plan, const CostModel& cost) {
+  const ClusterSpec& cluster = cost.cluster();
+  const DeviceType* highest = nullptr;  // the used type with the highest published MFU
+  for (const PlanStage& st : plan.stages) {
+    std::vector<std::string> names = {st.device_type};
+    for (const PlanReplica& r : st.replicas) names.push_back(r.device_type);
+    for (const std::string& name : names) {
+      for (const DeviceType& t : cluster.device_types) {
+        if (t.name != name) continue;
+        if (t.best_published_mfu <= 0) return {};  // a type without a published figure: nothing to compare
+        if (highest == nullptr || t.best_published_mfu > highest->best_published_mfu) highest = &t;
+      }
+    }
+  }
+  if (highest == nullptr || plan.mfu <= highest->best_published_mfu) return {};
+  return {fmt::format("warning: predicted MFU {:.1f}% is above the best published for training on {} ({:.1f}%, "
+                      "docs/catalog.md): this prediction is likely optimistic; {}",
+                      100 * plan.mfu, highest->name, 100 * highest->best_published_mfu,
+                      cost.profile() ? "check that the profile was measured on these devices under load"
+                                     : "`alloy profile` measures the devices")};
+}
+
 void search_options_validate(const CostModel& cost, const SearchOptions& o) {
   const ClusterSpec& cluster = cost.cluster();
   const TrainSpec& train = cost.train();

@@ -25,6 +25,10 @@ void search_options_validate(const CostModel& cost, const SearchOptions& options
 // over and runs as ZeRO 0: one line per such stage saying so.
 std::vector<std::string> zero_pin_notes(const Plan& plan, const SearchOptions& options);
 
+// A predicted MFU above the best published for every device type the plan uses (where the
+// catalog knows one): one line saying the prediction is likely optimistic; none otherwise.
+std::vector<std::string> published_mfu_notes(const Plan& plan, const CostModel& cost);
+
 // Nothing fits device memory unless more is offloaded than host memory holds: throws
 // alloy::Error with the host memory per node needed, what the node has and the fixes.
 [[noreturn]] void search_host_memory_fail(const ClusterSpec& cluster, const HostShortfall& need);

@@ -33,6 +33,12 @@ struct DeviceType {
   std::string intra_node_link;                   // e.g. "NVLink 3", "PCIe 4.0 x16"
   double intra_node_link_bytes_per_second = 0;   // per device, per direction
   std::string source;                            // citation keys, see docs/catalog.md
+  // Fraction of the bf16/fp16 peak that large matrix products of training reach on this device
+  // (calibrated against published runs, docs/catalog.md); 0: the runtime's default.
+  double matmul_efficiency = 0;
+  // The highest model FLOPs utilisation published for training on this device (bf16/fp16); a
+  // prediction above it is a red flag. 0: none known.
+  double best_published_mfu = 0;
 
   bool is_cpu = false;  // a rank on this machine; speed scales its compute
   double speed = 1.0;   // relative compute rate (cpu emulation); 1 for real devices

@@ -128,17 +128,19 @@ TEST_F(BrokenPlans, DeviceUsedTwice) {
 }
 
 TEST_F(BrokenPlans, HandEditedPlanOverMemory) {
-  // No recomputation and micro-batches twice as large: the activations no longer fit, whatever
-  // the file's stale predictions say.
+  // No recomputation and micro-batches eight times as large: the activations no longer fit,
+  // whatever the file's stale predictions say.
+  constexpr int kGrowth = 8;
   nlohmann::json plan = plan_;
+  ASSERT_EQ(plan["num_micro_batches"].get<int>() % kGrowth, 0);
   for (auto& stage : plan["stages"]) {
     for (auto& level : stage["recompute"]) level = "none";
-    // Under uneven data parallelism every replica's share doubles too.
+    // Under uneven data parallelism every replica's share grows too.
     if (stage.contains("replicas"))
-      for (auto& replica : stage["replicas"]) replica["sequences"] = replica["sequences"].get<int>() * 2;
+      for (auto& replica : stage["replicas"]) replica["sequences"] = replica["sequences"].get<int>() * kGrowth;
   }
-  plan["micro_batch_sequences"] = plan["micro_batch_sequences"].get<int>() * 2;
-  plan["num_micro_batches"] = plan["num_micro_batches"].get<int>() / 2;
+  plan["micro_batch_sequences"] = plan["micro_batch_sequences"].get<int>() * kGrowth;
+  plan["num_micro_batches"] = plan["num_micro_batches"].get<int>() / kGrowth;
   CommandResult r = simulate_edited(plan);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("memory"), std::string::npos) << r.output;

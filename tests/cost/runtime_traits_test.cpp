@@ -55,7 +55,13 @@ TEST(RuntimeTraits, ComputeTimeFollowsTheRuntimesCurve) {
   work.matmul_rows = 256;
   work.matmul_cols = 512;
   const Precision bf16 = Precision::Precision_bf16;
+  // The H100's calibrated share of its 16-bit peak, not the GPU runtime's default.
+  ASSERT_GT(h100.matmul_efficiency, 0);
   EXPECT_DOUBLE_EQ(compute_seconds(h100, bf16, work, false),
+                   1e12 / (h100.peak_flops(bf16) * h100.matmul_efficiency * (256.0 / 384.0) * (512.0 / 640.0)));
+  DeviceType uncalibrated = h100;
+  uncalibrated.matmul_efficiency = 0;
+  EXPECT_DOUBLE_EQ(compute_seconds(uncalibrated, bf16, work, false),
                    1e12 / (h100.peak_flops(bf16) * 0.70 * (256.0 / 384.0) * (512.0 / 640.0)));
   EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false),
                    1e12 / (cpu.peak_flops(bf16) * 0.85 * (256.0 / 272.0) * (512.0 / 528.0)));
@@ -69,6 +75,31 @@ TEST(RuntimeTraits, ComputeTimeFollowsTheRuntimesCurve) {
   DeviceType slow_h100 = h100;
   slow_h100.speed = 0.5;
   EXPECT_DOUBLE_EQ(compute_seconds(slow_h100, bf16, copy, false), 1e9 / h100.memory_bandwidth_bytes_per_second);
+}
+
+// On a GPU the element-wise kernels run between the matrix products, so their traffic adds to
+// the products' time; a fused attention never writes the score matrix, so its traffic is not
+// counted. A CPU rank keeps the roofline's larger of the two.
+TEST(RuntimeTraits, ElementwiseTrafficAddsToMatrixProductsOnGpus) {
+  const DeviceType& h100 = *catalog_builtin().find("h100-sxm");
+  const DeviceType& cpu = *catalog_builtin().find("cpu");
+  LayerWork work;
+  work.forward_flops = 1e12;
+  work.matmul_rows = 4096;
+  work.matmul_cols = 4096;
+  work.forward_score_bytes = 2e9;
+  work.forward_elementwise_bytes = 3e9 + work.forward_score_bytes;
+  work.forward_bytes = 1e9 + work.forward_elementwise_bytes;  // 1 GB of weights and inputs
+  work.backward_flops = 2 * work.forward_flops;
+  work.backward_bytes = 2 * work.forward_bytes;
+  const Precision bf16 = Precision::Precision_bf16;
+  const double math = 1e12 / (h100.peak_flops(bf16) * compute_efficiency(h100, bf16, 4096, 4096));
+  const double bandwidth = h100.memory_bandwidth_bytes_per_second;
+  EXPECT_DOUBLE_EQ(compute_seconds(h100, bf16, work, false), std::max(math, 1e9 / bandwidth) + 3e9 / bandwidth);
+  EXPECT_DOUBLE_EQ(compute_seconds(h100, bf16, work, true), std::max(2 * math, 2e9 / bandwidth) + 6e9 / bandwidth);
+  const double cpu_math = 1e12 / (cpu.peak_flops(bf16) * compute_efficiency(cpu, bf16, 4096, 4096));
+  EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false),
+                   std::max(cpu_math, work.forward_bytes / cpu.memory_bandwidth_bytes_per_second));
 }
 
 // A precision the device has no peak for is priced as what it runs instead: on a T4 (Turing, no

@@ -84,24 +84,33 @@ TEST(GradientStrategy, AccumulatesInFullWhenMemoryIsAmpleAndShardingCostsTime) {
   EXPECT_TRUE(has_note(one, "GiB more per device at no extra time")) << plan_render_text(one);
 }
 
-// LLaMA-2-7B pre-training on the shipped A100 + V100 cluster, 32 micro-batches a step: sharding
-// adds a few hundred ms of reduce-scatter to a 40 s step, under 1% of the stages' compute, so the
-// planner shards and each device holds its shard and a part or two instead of all its stage's
-// gradients (7.3 GiB a V100, 17.8 an A100, in full).
+// LLaMA-2-7B pre-training on the shipped A100 + V100 cluster, 64 micro-batches a step: on the
+// A100s sharding adds a few hundred ms of reduce-scatter to a 42 s step, under 1% of their
+// compute, so they shard and each holds its shard and a part or two instead of all its stage's
+// gradients (16.6 GiB less). A stage where the reduce-scatters would cost more than 1% keeps
+// the full buffer and says so, with the time it saves.
 TEST(GradientStrategy, ShardsWhenAccumulatingSavesUnderOnePercent) {
   const TrainSpec train = train_load(std::string(ALLOY_SOURCE_DIR) + "/examples/train/llama-pretrain.yaml");
   CostModel cost(testing::llama2_7b(), example_cluster("a100-v100"), train);
   const Plan plan = plan_search(cost, {}).plan;
-  for (const PlanStage& st : plan.stages) {
+  int sharded = 0;
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    const PlanStage& st = plan.stages[i];
     ASSERT_GE(st.zero, 2) << plan_render_text(plan);
     ASSERT_GE(st.dp, 8);
-    EXPECT_TRUE(st.gradients_sharded()) << plan_render_text(plan);
+    if (!st.gradients_sharded()) {
+      EXPECT_TRUE(has_note(plan, fmt::format("stage {} accumulates gradients in full: sharding would hold", i)))
+          << plan_render_text(plan);
+      continue;
+    }
+    ++sharded;
     for (const MemoryTerm& t : st.memory) {
       if (t.name == "gradients") {
         EXPECT_LE(t.bytes, 2.0 * kGiB) << st.device_type;
       }
     }
   }
+  EXPECT_GE(sharded, 1) << plan_render_text(plan);
   // Accumulating in full is faster by less than 1%.
   SearchOptions full_pin;
   full_pin.shard_gradients = false;

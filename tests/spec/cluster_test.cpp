@@ -73,6 +73,35 @@ TEST(ClusterSpec, InlineTypeBuildsOnAnotherInlineType) {
   EXPECT_DOUBLE_EQ(quarter.memory_bytes, 1.0 * (1ull << 30));  // from cpu-half
 }
 
+// A type's calibrated share of its 16-bit peak carries over from its base unless the file sets
+// its own; a share outside (0, 1] names the field.
+TEST(ClusterSpec, InlineTypeSetsItsMatmulEfficiency) {
+  testing::TempDir dir;
+  const std::string path = dir.write("c.yaml",
+                                     "device_types:\n"
+                                     "  tuned: {base: h100-sxm, matmul_efficiency: 0.8}\n"
+                                     "  plain: {base: h100-sxm}\n"
+                                     "network: {kind: infiniband, bandwidth: 400Gb/s, latency: 5us}\n"
+                                     "nodes:\n"
+                                     "  - {count: 1, device: tuned, devices_per_node: 1}\n"
+                                     "  - {count: 1, device: plain, devices_per_node: 1}\n");
+  ClusterSpec c = cluster_load(path, catalog_builtin());
+  EXPECT_DOUBLE_EQ(c.device_type(c.devices.at(0)).matmul_efficiency, 0.8);
+  EXPECT_DOUBLE_EQ(c.device_type(c.devices.at(1)).matmul_efficiency, catalog_builtin().find("h100-sxm")->matmul_efficiency);
+  const std::string bad = dir.write("bad.yaml",
+                                    "device_types:\n"
+                                    "  tuned: {base: h100-sxm, matmul_efficiency: 70}\n"
+                                    "nodes:\n"
+                                    "  - {count: 1, device: tuned, devices_per_node: 1}\n");
+  try {
+    cluster_load(bad, catalog_builtin());
+    FAIL() << "a share of 70 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.where().field.find("matmul_efficiency"), std::string::npos) << e.format();
+    EXPECT_NE(e.format().find("0.75"), std::string::npos) << e.format();
+  }
+}
+
 TEST(ClusterSpec, InlineTypeBaseCycleNamesTheField) {
   testing::TempDir dir;
   const std::string path = dir.write("c.yaml",

@@ -31,6 +31,7 @@
 #include "search/planner.hpp"
 #include "spec/error.hpp"
 #include "spec/text.hpp"
+#include "spec/units.hpp"
 
 namespace {
 
@@ -90,18 +91,20 @@ struct DeviceChoice {
   std::string network;
   std::string assumed;
   std::string generation;  // devices that share one calibrated matmul efficiency
+  std::string memory;      // where the part differs from the catalog type's ("" = the type's)
 };
 
 std::optional<DeviceChoice> device_choice(const std::string& published) {
   const std::string d = text_lower(published);
-  if (d == "nvidia-ampere") return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "device: A100 80GB taken for \"Ampere\"", "A100"};
-  if (d.starts_with("a100-80")) return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "", "A100"};
-  if (d.starts_with("a100-40")) return DeviceChoice{"a100-40gb-sxm", "1600Gb/s", "", "A100"};
-  if (d.starts_with("h100"))
-    return DeviceChoice{"h100-sxm", "3200Gb/s", d.find("96gb") != std::string::npos ? "device: H100 SXM taken for a 96 GB part" : "", "H100/H200"};
-  if (d.starts_with("h200")) return DeviceChoice{"h200-sxm", "3200Gb/s", "", "H100/H200"};
-  if (d.starts_with("v100-32")) return DeviceChoice{"v100-32gb", "800Gb/s", "", "V100"};
-  if (d.starts_with("mi250x")) return DeviceChoice{"mi250x", "800Gb/s", "", "MI250X"};
+  if (d == "nvidia-ampere") return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "device: A100 80GB taken for \"Ampere\"", "A100", ""};
+  if (d.starts_with("a100-80")) return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "", "A100", ""};
+  if (d.starts_with("a100-40")) return DeviceChoice{"a100-40gb-sxm", "1600Gb/s", "", "A100", ""};
+  if (d.starts_with("h100") && d.find("96gb") != std::string::npos)
+    return DeviceChoice{"h100-sxm", "3200Gb/s", "device: H100 SXM with 96 GiB taken for a 96 GB part", "H100/H200", "96GiB"};
+  if (d.starts_with("h100")) return DeviceChoice{"h100-sxm", "3200Gb/s", "", "H100/H200", ""};
+  if (d.starts_with("h200")) return DeviceChoice{"h200-sxm", "3200Gb/s", "", "H100/H200", ""};
+  if (d.starts_with("v100-32")) return DeviceChoice{"v100-32gb", "800Gb/s", "", "V100", ""};
+  if (d.starts_with("mi250x")) return DeviceChoice{"mi250x", "800Gb/s", "", "MI250X", ""};
   return std::nullopt;
 }
 
@@ -279,13 +282,15 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
   train.precision = precision_text.find("fp16") != std::string::npos ? Precision::Precision_fp16 : Precision::Precision_bf16;
   Plan plan;
   try {
-    plan = plan_search(CostModel(model, cluster_of(""), train), o).plan;
+    plan = plan_search(CostModel(model, cluster_of(device->memory), train), o).plan;
   } catch (const Error& e) {
     try {
       const Plan roomy = plan_search(CostModel(model, cluster_of("1024TiB"), train), o).plan;
       const auto [need, terms] = plan_peak_memory(roomy);
+      const double there = device->memory.empty() ? catalog.find(device->type)->memory_bytes
+                                                   : units_parse_bytes(device->memory).value_or(0);
       throw Skip{fmt::format("infeasible for Alloy: {:.1f} GiB per device needed, {:.0f} GiB there ({}{})", need / kGiB,
-                             catalog.find(device->type)->memory_bytes / kGiB, terms,
+                             there / kGiB, terms,
                              device->assumed.empty() ? "" : "; " + device->assumed)};
     } catch (const Error&) {
       throw Skip{"infeasible for Alloy: " + e.message()};

@@ -8,10 +8,14 @@ packages=(
   libopenblas-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
+  # Unicode classes and NFC for `alloy tokenize --tokenizer` (byte-level BPE pre-tokenizers).
+  libicu-dev
   chromium
   # PyTorch for the reference checks (tests read what it writes and it reads what Alloy writes;
   # scripts/golden.py and scripts/hf_fixtures.py make the fixtures with it): about half a minute.
   python3-torch
+  # Python's `regex` (\p{L}, \p{N}) for the BPE reference tokenizer (tests/io/bpe/reference_bpe.py).
+  python3-regex
   "$@"
 )
 

@@ -1,6 +1,5 @@
-// `alloy train` (one rank, or every rank of a plan under mpirun) and `alloy tokenize`: train a
-// model on token files with progress, JSON-lines logs, validation and checkpoints; turn any
-// text into a byte-level token file.
+// `alloy train` (one rank, or every rank of a plan under mpirun): train a model on token files
+// with progress, JSON-lines logs, validation and checkpoints.
 #include <algorithm>
 #include <optional>
 
@@ -17,7 +16,6 @@
 #include "runtime/parallel/calibration.hpp"
 #include "runtime/parallel/agree.hpp"
 #include "runtime/parallel/dist_report.hpp"
-#include "runtime/io/tokenize.hpp"
 #include "runtime/stage_backend.hpp"
 #include "runtime/threads.hpp"
 #include "runtime/trainer.hpp"
@@ -338,30 +336,6 @@ void add_train(CLI::App& app, int* exit_code) {
   cmd->callback([c, exit_code, cmd]() {
     train_check_applicable(*cmd, *c);
     run_train(*c, exit_code);
-  });
-}
-
-void add_tokenize(CLI::App& app, int* exit_code) {
-  struct Options {
-    std::string input;
-    std::string output;
-    double val_fraction = 0;
-  };
-  auto o = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("tokenize", "Turn any file into a byte-level token file (vocabulary 256)");
-  cmd->add_option("input", o->input, "Text (or any) file")->required();
-  cmd->add_option("--output,-o", o->output, "Token file to write, e.g. data.bin")->required();
-  cmd->add_option("--val-fraction", o->val_fraction,
-                  "Put the last fraction of the bytes into OUT_val.bin and the rest into OUT_train.bin");
-  cmd->callback([o, exit_code]() {
-    TokenizeResult r = tokenize_bytes(o->input, o->output, o->val_fraction);
-    if (r.val_path.empty()) {
-      fmt::print("wrote {} ({} tokens, vocabulary 256)\n", r.train_path, r.train_tokens);
-    } else {
-      fmt::print("wrote {} ({} tokens) and {} ({} tokens), vocabulary 256\n", r.train_path, r.train_tokens, r.val_path,
-                 r.val_tokens);
-    }
-    *exit_code = 0;
   });
 }
 

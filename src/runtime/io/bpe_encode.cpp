@@ -14,7 +14,7 @@ namespace {
 constexpr std::size_t kCachedPretokenMostBytes = 64;
 // The cache is emptied when it holds this many pre-tokens, which bounds its memory on huge
 // inputs with many distinct words while keeping the common ones after a refill.
-constexpr std::size_t kCacheMostEntries = 1 << 20;
+constexpr std::size_t kCacheMostEntries = 1 << 16;
 // The id of a symbol merged into its left neighbour: no candidate names it any more.
 constexpr std::uint32_t kAbsorbedSymbol = 0xFFFFFFFF;
 

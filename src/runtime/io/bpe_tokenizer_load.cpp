@@ -1,6 +1,7 @@
 // Reading a Hugging Face tokenizer.json into a BpeTokenizer (see bpe_tokenizer.hpp): what is
 // not a byte-level BPE of the supported families is refused, naming the JSON field.
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -217,20 +218,22 @@ std::pair<std::string, std::string> merge_parts(const std::string& path, const s
 }
 
 void merges_read(const std::string& path, const json& model, BpeTokenizer& tokenizer) {
-  const json merges = model.value("merges", json::array());
+  static const json kNoMerges = json::array();
+  const json& merges = model.contains("merges") ? model["merges"] : kNoMerges;
   if (!merges.is_array()) refuse(path, "model.merges", "merges is not a list", "a BPE tokenizer.json lists its merges here");
+  const json& vocab = model.at("vocab");  // checked by vocab_read: token strings to ids
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
     const std::string field = "model.merges[" + std::to_string(rank) + "]";
     auto [left, right] = merge_parts(path, field, merges[rank]);
     std::uint32_t ids[3] = {};
     const std::string parts[3] = {left, right, left + right};
     for (int k = 0; k < 3; ++k) {
-      auto found = tokenizer.ids_by_bytes.find(token_bytes(path, parts[k]));
-      if (found == tokenizer.ids_by_bytes.end()) {
+      auto found = vocab.find(parts[k]);
+      if (found == vocab.end()) {
         refuse(path, field, "merge refers to unknown token \"" + parts[k] + "\" (not in model.vocab)",
                "use the merges and the vocabulary of the same tokenizer.json");
       }
-      ids[k] = found->second;
+      ids[k] = found->get<std::uint32_t>();
     }
     // A repeated pair keeps its first (lowest) rank, as a lookup of the lowest rank would.
     tokenizer.merges.emplace(bpe_pair_key(ids[0], ids[1]), BpeMerge{static_cast<std::uint32_t>(rank), ids[2]});

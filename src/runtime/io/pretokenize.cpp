@@ -17,8 +17,7 @@ constexpr std::string_view kQwen2Regex =
 
 bool is_line_break(char32_t value) { return value == '\r' || value == '\n'; }
 
-// The lower-case ASCII letter `byte` matches in a contraction: itself, or with `ignore_case`
-// its upper case too.
+// Whether the byte at `pos` is the ASCII letter `lower`, or with `ignore_case` its upper case.
 bool contraction_letter(std::string_view text, std::size_t pos, char lower, bool ignore_case) {
   if (pos >= text.size()) return false;
   char c = text[pos];

@@ -72,8 +72,10 @@ void add_tokenize(CLI::App& app, int* exit_code) {
                                             r.val_path, r.val_tokens);
     fmt::print("wrote {}, vocabulary {}, {}\n", written, r.vocab_size, version_name(r.version));
     if (!o->tokenizer.empty()) {
-      double megabytes = static_cast<double>(std::filesystem::file_size(o->input)) / 1e6;
-      fmt::print("tokenized {:.1f} MB in {:.2f} s: {:.1f} MB/s\n", megabytes, seconds, megabytes / std::max(seconds, 1e-9));
+      auto input_bytes = static_cast<double>(std::filesystem::file_size(o->input));
+      std::string amount = input_bytes < 1e6 ? fmt::format("{} bytes", input_bytes) : fmt::format("{:.1f} MB", input_bytes / 1e6);
+      fmt::print("tokenized {} in {:.2f} s with loading the tokenizer: {:.1f} MB/s\n", amount, seconds,
+                 input_bytes / 1e6 / std::max(seconds, 1e-9));
     }
     *exit_code = 0;
   });

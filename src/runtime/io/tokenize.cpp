@@ -52,7 +52,8 @@ std::int64_t input_bytes_checked(const std::string& in_path, double val_fraction
   }
   if (total_bytes > INT32_MAX) {
     throw Error(
-        "input has " + std::to_string(total_bytes) + " bytes, more than one token file holds (its count is an int32)",
+        "input has " + std::to_string(total_bytes) + " bytes, more than the 2 GiB - 1 alloy tokenize takes at once "
+        "(a byte-level token file counts its tokens in an int32; BPE maps the input and ICU takes int32 lengths)",
         io_where(in_path), "split the input into several files and tokenize each");
   }
   return total_bytes;

@@ -1,6 +1,7 @@
 // `alloy tokenize --tokenizer` against an independent Python reference (tests/io/bpe/
 // reference_bpe.py: Python's `regex` with the literal pattern strings, its own BPE), token for
-// token on about 3 MB of shuffled example text and non-ASCII lines, for each family's fixture.
+// token on about 3 MB of shuffled example text and non-ASCII lines, and on a random mix of
+// tricky pieces, for each family's fixture.
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -43,6 +44,22 @@ std::string reference_text() {
   return text;
 }
 
+// Pieces drawn at random from the strings the patterns treat differently: letters, numbers
+// and spaces of several scripts and kinds, CR and LF, contraction parts in both cases, symbols,
+// combining marks and an added token and a prefix of it. The prose above never puts, say, a
+// no-break space before an apostrophe; this does.
+std::string tricky_text() {
+  const std::vector<std::string> pieces = {
+      "a", "Z", "\xC3\xA9", "1", "\xD9\xA3", "\xC2\xBD", " ", " ", " ", "\t", "\n", "\r", "\r\n",
+      "\xC2\xA0", "\xE3\x80\x80", "\xC2\x85", "\x0B", "\x1C", "'", "s", "S", "\xC5\xBF", "t", "re", "VE", "ll",
+      "M", "d", "!", "?", ".", "<|endoftext|>", "<|end", "\xF0\x9F\x98\x80", "e\xCC\x81", "\xE6\x9D\xB1", "ab",
+      "\xE2\x80\x8D", "-", "_", "0", "99"};
+  std::mt19937 random(7);
+  std::string text;
+  for (int i = 0; i < 300000; ++i) text += pieces[random() % pieces.size()];
+  return text;
+}
+
 std::vector<std::uint32_t> u32_read(const std::string& path) {
   std::string bytes = test::bytes_read(path);
   std::vector<std::uint32_t> ids(bytes.size() / 4);
@@ -50,11 +67,11 @@ std::vector<std::uint32_t> u32_read(const std::string& path) {
   return ids;
 }
 
-void reference_agrees(const std::string& family) {
+void reference_agrees(const std::string& family, const std::string& text) {
   if (!std::filesystem::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
   test::ScratchDir dir;
   const std::string tokenizer = std::string(ALLOY_TEST_DIR) + "/bpe/" + family + "_tokenizer.json";
-  test::bytes_write(dir.file("text.txt"), reference_text());
+  test::bytes_write(dir.file("text.txt"), text);
   std::string reference = "/usr/bin/python3 " + std::string(ALLOY_TEST_DIR) + "/bpe/reference_bpe.py " + tokenizer +
                           " " + dir.file("text.txt") + " " + dir.file("reference.u32");
   int status = std::system(reference.c_str());
@@ -76,9 +93,12 @@ void reference_agrees(const std::string& family) {
   std::cout << family << ": " << expected.size() << " tokens agree; " << test::bytes_read(dir.file("alloy.log"));
 }
 
-TEST(BpeReference, Gpt2) { reference_agrees("gpt2"); }
-TEST(BpeReference, Llama3) { reference_agrees("llama3"); }
-TEST(BpeReference, Qwen2) { reference_agrees("qwen2"); }
+TEST(BpeReference, Gpt2) { reference_agrees("gpt2", reference_text()); }
+TEST(BpeReference, Llama3) { reference_agrees("llama3", reference_text()); }
+TEST(BpeReference, Qwen2) { reference_agrees("qwen2", reference_text()); }
+TEST(BpeReference, Gpt2TrickyText) { reference_agrees("gpt2", tricky_text()); }
+TEST(BpeReference, Llama3TrickyText) { reference_agrees("llama3", tricky_text()); }
+TEST(BpeReference, Qwen2TrickyText) { reference_agrees("qwen2", tricky_text()); }
 
 }  // namespace
 }  // namespace alloy

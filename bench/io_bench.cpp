@@ -1,6 +1,6 @@
-// Throughput of runtime I/O on this machine: token-file vocabulary scan, batch sampling, and
-// checkpoint save/load (write, fsync, rename; map, checksum, copy) against a plain sequential write
-// and read of the same bytes. Run: ./build/io_bench [dir]
+// Throughput of runtime I/O on this machine: token-file vocabulary scan, batch sampling, BPE
+// tokenization, and checkpoint save/load (write, fsync, rename; map, checksum, copy) against a
+// plain sequential write and read of the same bytes. Run: ./build/io_bench [dir]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -9,12 +9,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "runtime/io/batch_loader.hpp"
+#include "runtime/io/bpe_tokenizer.hpp"
 #include "runtime/io/checkpoint.hpp"
 #include "runtime/io/token_file.hpp"
 
@@ -63,6 +65,33 @@ void plain_read(const std::string& path, const std::vector<float*>& parts, std::
   ::close(fd);
 }
 
+// BPE encoding on one core with the Llama 3 style test fixture: the example text repeated to
+// 32 MB (most pre-tokens are cached after the first pass) and 8 MB of random letter strings
+// (none repeat, so each is merged afresh).
+void bpe_bench() {
+  alloy::BpeTokenizer tokenizer =
+      alloy::bpe_tokenizer_load(std::string(ALLOY_SOURCE_DIR) + "/tests/io/bpe/llama3_tokenizer.json");
+  std::ifstream in(std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt", std::ios::binary);
+  const std::string example{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::string prose;
+  while (prose.size() < (32u << 20)) prose += example;
+  std::string words;
+  std::uint64_t state = 1;
+  while (words.size() < (8u << 20)) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    words += ' ';
+    const std::uint64_t letters = 2 + (state >> 60) % 10;
+    for (std::uint64_t k = 0; k < letters; ++k) words += static_cast<char>('a' + (state >> (k * 5)) % 26);
+  }
+  for (const auto& [name, text] : {std::pair<const char*, const std::string&>{"repeated prose", prose},
+                                   std::pair<const char*, const std::string&>{"random words", words}}) {
+    std::size_t token_count = 0;
+    const double encode_s = seconds_of([&] { token_count = alloy::bpe_encode(tokenizer, text).size(); });
+    std::printf("bpe          %-15s %5.1f MB -> %zu tokens: %.1f MB/s\n", name, text.size() / 1e6, token_count,
+                text.size() / encode_s / 1e6);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,6 +121,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < kBatches; ++i) alloy::batch_loader_next(loader, inputs.data(), targets.data());
   });
   std::printf("batches      8 x 1024 shuffled: %.1f us per batch\n", batch_s / kBatches * 1e6);
+  bpe_bench();
 
   constexpr std::int64_t kParams = 32'000'000;
   std::vector<float> params(kParams), m(kParams), v(kParams);

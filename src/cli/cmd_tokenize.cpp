@@ -33,7 +33,8 @@ TokenizeProgress progress_printer(Clock::time_point start) {
     *last_print = Clock::now();
     double megabytes = static_cast<double>(done_bytes) / 1e6;
     std::fprintf(stderr, "\r\033[Ktokenizing: %.0f of %.0f MB (%.0f%%), %.1f MB/s", megabytes,
-                 static_cast<double>(total_bytes) / 1e6, 100.0 * static_cast<double>(done_bytes) / static_cast<double>(total_bytes),
+                 static_cast<double>(total_bytes) / 1e6,
+                 100.0 * static_cast<double>(done_bytes) / static_cast<double>(total_bytes),
                  megabytes / seconds_since(start));
     std::fflush(stderr);
   };
@@ -50,7 +51,8 @@ void add_tokenize(CLI::App& app, int* exit_code) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "tokenize", "Turn any file into a token file: byte-level (vocabulary 256) or with a byte-level BPE tokenizer.json");
+      "tokenize",
+      "Turn any file into a token file: byte-level (vocabulary 256) or with a byte-level BPE tokenizer.json");
   cmd->add_option("input", o->input, "Text (or any) file")->required();
   cmd->add_option("--output,-o", o->output, "Token file to write, e.g. data.bin")->required();
   cmd->add_option("--tokenizer", o->tokenizer,
@@ -66,14 +68,14 @@ void add_tokenize(CLI::App& app, int* exit_code) {
                            : tokenize_bpe(o->input, o->output, o->tokenizer, o->val_fraction, progress_printer(start));
     double seconds = seconds_since(start);
     if (isatty(STDERR_FILENO) && !o->tokenizer.empty()) std::fprintf(stderr, "\r\033[K");
-    std::string written = r.val_path.empty()
-                              ? fmt::format("{} ({} tokens)", r.train_path, r.train_tokens)
-                              : fmt::format("{} ({} tokens) and {} ({} tokens)", r.train_path, r.train_tokens,
-                                            r.val_path, r.val_tokens);
+    std::string written = r.val_path.empty() ? fmt::format("{} ({} tokens)", r.train_path, r.train_tokens)
+                                             : fmt::format("{} ({} tokens) and {} ({} tokens)", r.train_path,
+                                                           r.train_tokens, r.val_path, r.val_tokens);
     fmt::print("wrote {}, vocabulary {}, {}\n", written, r.vocab_size, version_name(r.version));
     if (!o->tokenizer.empty()) {
       auto input_bytes = static_cast<double>(std::filesystem::file_size(o->input));
-      std::string amount = input_bytes < 1e6 ? fmt::format("{} bytes", input_bytes) : fmt::format("{:.1f} MB", input_bytes / 1e6);
+      std::string amount =
+          input_bytes < 1e6 ? fmt::format("{} bytes", input_bytes) : fmt::format("{:.1f} MB", input_bytes / 1e6);
       fmt::print("tokenized {} in {:.2f} s with loading the tokenizer: {:.1f} MB/s\n", amount, seconds,
                  input_bytes / 1e6 / std::max(seconds, 1e-9));
     }

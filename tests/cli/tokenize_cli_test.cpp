@@ -48,8 +48,8 @@ TEST(TokenizeCli, TrainingChecksBpeTokensAgainstTheModelVocabulary) {
 
 TEST(TokenizeCli, BadTokenizerExitsTwoWithMessage) {
   TempDir dir;
-  CommandResult missing =
-      testing::alloy("tokenize " + kExampleText + " -o " + dir.path() + "/o.bin --tokenizer " + dir.path() + "/no.json");
+  CommandResult missing = testing::alloy("tokenize " + kExampleText + " -o " + dir.path() + "/o.bin --tokenizer " +
+                                         dir.path() + "/no.json");
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("tokenizer file not found"), std::string::npos) << missing.output;
 

@@ -22,7 +22,7 @@ json bpe_json(const std::vector<std::string>& tokens, const std::vector<std::str
   json vocab = json::object();
   for (int byte = 0; byte < 256; ++byte) vocab[bpe_byte_symbol(static_cast<unsigned char>(byte))] = byte;
   for (std::size_t i = 0; i < tokens.size(); ++i) vocab[tokens[i]] = 256 + i;
-  json model = {{"type", "BPE"}, {"dropout", nullptr}, {"byte_fallback", false}, {"ignore_merges", ignore_merges},
+  json model = {{"type", "BPE"},  {"dropout", nullptr}, {"byte_fallback", false}, {"ignore_merges", ignore_merges},
                 {"vocab", vocab}, {"merges", merges}};
   return {{"version", "1.0"},
           {"added_tokens", json::array()},
@@ -32,8 +32,8 @@ json bpe_json(const std::vector<std::string>& tokens, const std::vector<std::str
 }
 
 json added_token(std::uint32_t id, const std::string& content) {
-  return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-          {"normalized", false}, {"special", true}};
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", true}};
 }
 
 BpeTokenizer tokenizer_from(const test::ScratchDir& dir, const json& config) {
@@ -214,9 +214,10 @@ TEST(Bpe, UnknownRegexIsRefusedListingTheSupportedOnes) {
   json config = bpe_json({}, {});
   config["pre_tokenizer"] = {
       {"type", "Sequence"},
-      {"pretokenizers", json::array({{{"type", "Split"}, {"pattern", {{"Regex", "\\w+|\\s+"}}}, {"behavior", "Isolated"},
-                                      {"invert", false}},
-                                     {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+      {"pretokenizers",
+       json::array(
+           {{{"type", "Split"}, {"pattern", {{"Regex", "\\w+|\\s+"}}}, {"behavior", "Isolated"}, {"invert", false}},
+            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
   Error e = load_error(dir, config);
   EXPECT_EQ(e.where().field, "pre_tokenizer.pretokenizers[0].pattern.Regex");
   EXPECT_ERROR_SAYS(e, "unknown pre-tokenizer regex \\w+|\\s+");

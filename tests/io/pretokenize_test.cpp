@@ -68,9 +68,17 @@ TEST(Pretokenize, NewlinesAndSpacesBeforeWords) {
 }
 
 TEST(Pretokenize, UnicodeLettersNumbersAndSpaces) {
-  std::string spaces = "a\xE3\x80\x80" "b c\xC2\xA0" "d";  // U+3000 ideographic space, U+00A0 no-break space
+  std::string spaces =
+      "a\xE3\x80\x80"
+      "b c\xC2\xA0"
+      "d";  // U+3000 ideographic space, U+00A0 no-break space
   EXPECT_EQ(pretokens_of(kGpt2, spaces), (PretokenPieces{"a", "\xE3\x80\x80", "b", " c", "\xC2\xA0", "d"}));
-  EXPECT_EQ(pretokens_of(kLlama3, spaces), (PretokenPieces{"a", "\xE3\x80\x80" "b", " c", "\xC2\xA0" "d"}));
+  EXPECT_EQ(pretokens_of(kLlama3, spaces), (PretokenPieces{"a",
+                                                           "\xE3\x80\x80"
+                                                           "b",
+                                                           " c",
+                                                           "\xC2\xA0"
+                                                           "d"}));
   std::string cjk = "\xE6\x9D\xB1\xE4\xBA\xAC\xE3\x81\xAE\xE5\xA4\xA9\xE6\xB0\x97";  // 東京の天気
   EXPECT_EQ(pretokens_of(kGpt2, cjk + " 123"), (PretokenPieces{cjk, " 123"}));
   EXPECT_EQ(pretokens_of(kQwen2, cjk + " 123"), (PretokenPieces{cjk, " ", "1", "2", "3"}));
@@ -80,7 +88,10 @@ TEST(Pretokenize, UnicodeLettersNumbersAndSpaces) {
 // a symbol, neither letter, number nor space.
 TEST(Pretokenize, InvalidUtf8BytesAreSymbols) {
   for (PretokenPattern pattern : {kGpt2, kLlama3, kQwen2}) {
-    EXPECT_EQ(pretokens_of(pattern, "ab\xFF\xFE" "cd"), (PretokenPieces{"ab", "\xFF\xFE", "cd"}));
+    EXPECT_EQ(pretokens_of(pattern,
+                           "ab\xFF\xFE"
+                           "cd"),
+              (PretokenPieces{"ab", "\xFF\xFE", "cd"}));
     EXPECT_EQ(pretokens_of(pattern, "a \xFF"), (PretokenPieces{"a", " \xFF"}));
     EXPECT_EQ(pretokens_of(pattern, "a\xE6\x97"), (PretokenPieces{"a", "\xE6\x97"}));
     EXPECT_EQ(pretokens_of(pattern, "\xC0\xAF!"), (PretokenPieces{"\xC0\xAF!"}));  // overlong '/'

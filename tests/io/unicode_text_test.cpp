@@ -20,7 +20,7 @@ TEST(UnicodeText, ClassesFollowPythonRegex) {
   EXPECT_EQ(class_of("\xE3\x80\x80"), CharClass::CharClass_space);   // ideographic space
   EXPECT_EQ(class_of("\x0B"), CharClass::CharClass_space);
   EXPECT_EQ(class_of("\x1C"), CharClass::CharClass_symbol) << "Python's str.isspace says yes, regex's \\s no";
-  EXPECT_EQ(class_of("\xE2\x80\x8D"), CharClass::CharClass_symbol);  // zero-width joiner
+  EXPECT_EQ(class_of("\xE2\x80\x8D"), CharClass::CharClass_symbol);      // zero-width joiner
   EXPECT_EQ(class_of("\xF0\x9F\x98\x80"), CharClass::CharClass_symbol);  // 😀
   CodePoint emoji = code_point_at("\xF0\x9F\x98\x80", 0);
   EXPECT_EQ(emoji.value, 0x1F600u);
@@ -28,9 +28,9 @@ TEST(UnicodeText, ClassesFollowPythonRegex) {
 }
 
 TEST(UnicodeText, InvalidSequencesAreOneByteSymbols) {
-  for (std::string_view bad : {std::string_view("\xFF"), std::string_view("\x80"), std::string_view("\xC0\xAF"),
-                               std::string_view("\xED\xA0\x80"), std::string_view("\xF4\x90\x80\x80"),
-                               std::string_view("\xE6\x97")}) {
+  for (std::string_view bad :
+       {std::string_view("\xFF"), std::string_view("\x80"), std::string_view("\xC0\xAF"),
+        std::string_view("\xED\xA0\x80"), std::string_view("\xF4\x90\x80\x80"), std::string_view("\xE6\x97")}) {
     CodePoint point = code_point_at(bad, 0);
     EXPECT_EQ(point.value, kInvalidCodePoint);
     EXPECT_EQ(point.length_bytes, 1u);

@@ -37,14 +37,14 @@ struct BpeAddedToken {
 struct BpeTokenizer {
   std::string path;
   PretokenPattern pattern = PretokenPattern::PretokenPattern_gpt2;
-  bool normalize_nfc = false;  // normalizer {"type": "NFC"} (Qwen2)
-  bool ignore_merges = false;  // a pre-token that is itself in the vocabulary is one token (Llama 3)
-  std::array<std::uint32_t, 256> byte_ids{};                // the token of each single byte
-  IdsByBytes ids_by_bytes;                                  // raw bytes of each vocabulary token
-  std::unordered_map<std::uint64_t, BpeMerge> merges;       // by bpe_pair_key(left, right)
-  std::vector<BpeAddedToken> added_tokens;                  // longest first
-  std::array<bool, 256> added_token_first_bytes{};          // bytes some added token starts with
-  std::int64_t vocab_size = 0;                              // largest id + 1
+  bool normalize_nfc = false;                 // normalizer {"type": "NFC"} (Qwen2)
+  bool ignore_merges = false;                 // a pre-token that is itself in the vocabulary is one token (Llama 3)
+  std::array<std::uint32_t, 256> byte_ids{};  // the token of each single byte
+  IdsByBytes ids_by_bytes;                    // raw bytes of each vocabulary token
+  std::unordered_map<std::uint64_t, BpeMerge> merges;  // by bpe_pair_key(left, right)
+  std::vector<BpeAddedToken> added_tokens;             // longest first
+  std::array<bool, 256> added_token_first_bytes{};     // bytes some added token starts with
+  std::int64_t vocab_size = 0;                         // largest id + 1
 };
 
 inline std::uint64_t bpe_pair_key(std::uint32_t left, std::uint32_t right) {

@@ -154,8 +154,9 @@ PretokenPattern pre_tokenizer_pattern(const std::string& path, const json& root)
   if (type != "Sequence" || steps.size() != 2 || steps[0].value("type", "") != "Split" ||
       steps[1].value("type", "") != "ByteLevel") {
     refuse(path, "pre_tokenizer", "pre-tokenizer \"" + type + "\" is not supported",
-           std::string(kSupported) + ": ByteLevel with use_regex true, or Sequence of Split (Regex, Isolated) and "
-                                     "ByteLevel with use_regex false");
+           std::string(kSupported) +
+               ": ByteLevel with use_regex true, or Sequence of Split (Regex, Isolated) and "
+               "ByteLevel with use_regex false");
   }
   const json& split = steps[0];
   if (split.value("behavior", "") != "Isolated" || split.value("invert", false)) {
@@ -172,8 +173,7 @@ PretokenPattern pre_tokenizer_pattern(const std::string& path, const json& root)
     refuse(path, "pre_tokenizer.pretokenizers[1].use_regex", "a second regex after the Split is not supported",
            "set use_regex false, as Llama 3 and Qwen2 do");
   }
-  return pattern_of(path, "pre_tokenizer.pretokenizers[0].pattern.Regex",
-                    split["pattern"]["Regex"].get<std::string>());
+  return pattern_of(path, "pre_tokenizer.pretokenizers[0].pattern.Regex", split["pattern"]["Regex"].get<std::string>());
 }
 
 void vocab_read(const std::string& path, const json& model, BpeTokenizer& tokenizer) {
@@ -209,7 +209,8 @@ std::pair<std::string, std::string> merge_parts(const std::string& path, const s
   if (entry.is_string()) {
     const std::string text = entry.get<std::string>();
     std::size_t space = text.find(' ');
-    if (space != std::string::npos && space > 0 && space + 1 < text.size() && text.find(' ', space + 1) == std::string::npos) {
+    if (space != std::string::npos && space > 0 && space + 1 < text.size() &&
+        text.find(' ', space + 1) == std::string::npos) {
       return {text.substr(0, space), text.substr(space + 1)};
     }
   }
@@ -220,7 +221,8 @@ std::pair<std::string, std::string> merge_parts(const std::string& path, const s
 void merges_read(const std::string& path, const json& model, BpeTokenizer& tokenizer) {
   static const json kNoMerges = json::array();
   const json& merges = model.contains("merges") ? model["merges"] : kNoMerges;
-  if (!merges.is_array()) refuse(path, "model.merges", "merges is not a list", "a BPE tokenizer.json lists its merges here");
+  if (!merges.is_array())
+    refuse(path, "model.merges", "merges is not a list", "a BPE tokenizer.json lists its merges here");
   const json& vocab = model.at("vocab");  // checked by vocab_read: token strings to ids
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
     const std::string field = "model.merges[" + std::to_string(rank) + "]";

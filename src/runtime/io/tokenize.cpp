@@ -52,14 +52,16 @@ std::int64_t input_bytes_checked(const std::string& in_path, double val_fraction
   }
   if (total_bytes > INT32_MAX) {
     throw Error(
-        "input has " + std::to_string(total_bytes) + " bytes, more than the 2 GiB - 1 alloy tokenize takes at once "
-        "(a byte-level token file counts its tokens in an int32; BPE maps the input and ICU takes int32 lengths)",
+        "input has " + std::to_string(total_bytes) +
+            " bytes, more than the 2 GiB - 1 alloy tokenize takes at once "
+            "(a byte-level token file counts its tokens in an int32; BPE maps the input and ICU takes int32 lengths)",
         io_where(in_path), "split the input into several files and tokenize each");
   }
   return total_bytes;
 }
 
-void val_bytes_check(const std::string& in_path, double val_fraction, std::int64_t val_bytes, std::int64_t total_bytes) {
+void val_bytes_check(const std::string& in_path, double val_fraction, std::int64_t val_bytes,
+                     std::int64_t total_bytes) {
   if (val_fraction > 0.0 && (val_bytes == 0 || val_bytes == total_bytes)) {
     throw Error("a validation fraction of " + std::to_string(val_fraction) + " of " + std::to_string(total_bytes) +
                     " bytes leaves one split empty",

@@ -35,7 +35,6 @@ struct BpeAddedToken {
 };
 
 struct BpeTokenizer {
-  std::string path;
   PretokenPattern pattern = PretokenPattern::PretokenPattern_gpt2;
   bool normalize_nfc = false;                 // normalizer {"type": "NFC"} (Qwen2)
   bool ignore_merges = false;                 // a pre-token that is itself in the vocabulary is one token (Llama 3)

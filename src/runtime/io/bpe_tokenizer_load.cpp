@@ -278,7 +278,6 @@ BpeTokenizer bpe_tokenizer_load(const std::string& path) {
   }
   const json& model = root["model"];
   BpeTokenizer tokenizer;
-  tokenizer.path = path;
   try {
     model_check_options(path, model);
     tokenizer.normalize_nfc = normalizer_is_nfc(path, root);

@@ -18,15 +18,12 @@
 #include "runtime/parallel/communicator.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
+#include "util/clock.hpp"
 
 namespace alloy::cli {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 struct CommCheckOptions {
   std::string bytes_text = "16MiB";

@@ -11,14 +11,13 @@
 
 #include "cli/commands.hpp"
 #include "runtime/io/tokenize.hpp"
+#include "util/clock.hpp"
 
 namespace alloy::cli {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::string version_name(TokenFileVersion version) {
   return version == TokenFileVersion::TokenFileVersion_uint32 ? "uint32 tokens, version 2" : "uint16 tokens, version 1";

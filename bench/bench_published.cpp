@@ -50,6 +50,7 @@ struct Compared {
   double memory_published_gib = 0;  // 0: not stated
   double memory_predicted_gib = 0;  // the plan's largest per-device total
   std::string generation;
+  std::string device_type;  // the catalog type the row's devices were taken as
   Plan plan;
   bool lower_is_faster = false;  // a time, not a rate
   // Predicted over published speed, less 1.
@@ -300,6 +301,7 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
   c.assumed = assumed;
   c.plan = plan;
   c.generation = device->generation;
+  c.device_type = device->type;
   if (const YAML::Node memory = row["memory"]; memory && memory["per_gpu_gib"]) {
     c.memory_published_gib = memory["per_gpu_gib"].as<double>();
     c.memory_predicted_gib = plan_peak_memory(plan).first / kGiB;
@@ -358,8 +360,11 @@ std::string error_summary(const std::vector<RowResult>& results, Pick pick) {
 void fit_efficiencies(const YAML::Node& rows, const DeviceCatalog& catalog, const std::vector<RowResult>& as_shipped) {
   std::map<std::string, double> shipped;  // generation -> catalog value, from a compared row's device
   std::set<std::string> generations;
-  for (const RowResult& r : as_shipped)
-    if (r.compared && r.fit) generations.insert(r.compared->generation);
+  for (const RowResult& r : as_shipped) {
+    if (!r.compared || !r.fit) continue;
+    generations.insert(r.compared->generation);
+    shipped[r.compared->generation] = catalog.find(r.compared->device_type)->matmul_efficiency;
+  }
   std::printf("\nmatmul_efficiency fitted on the fit rows (mean |log speed ratio|):\n");
   for (const std::string& generation : generations) {
     double best = 0, best_loss = 1e300;
@@ -377,7 +382,8 @@ void fit_efficiencies(const YAML::Node& rows, const DeviceCatalog& catalog, cons
         best = value;
       }
     }
-    std::printf("  %-10s %.2f (mean |log ratio| %.3f)\n", generation.c_str(), best, best_loss);
+    std::printf("  %-10s %.2f (mean |log ratio| %.3f); the catalog has %.2f\n", generation.c_str(), best, best_loss,
+                shipped[generation]);
   }
 }
 

@@ -265,7 +265,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
     if (g.device_type_index == shape.device_type && (host_link == 0 || g.host_link_bytes_per_second < host_link))
       host_link = g.host_link_bytes_per_second;
   // Without a host link offloading is impossible: a prohibitive cost keeps the planner away.
-  const double g = train_.master_weights_fp32 && e < 4 ? 4.0 : e;
+  const double g = gradient_element_bytes();
   u.offload_weights_seconds = host_link > 0 ? u.block_parameters * e / host_link : kNoHostLinkSeconds;
   u.offload_gradients_seconds = host_link > 0 ? u.block_parameters * g / host_link : kNoHostLinkSeconds;
   if (shape.dp > 1) {
@@ -433,7 +433,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   mem.parameters_bytes = sharded(c.zero >= 3) * e;
   // With fp32 master weights gradients accumulate in fp32, as Alloy's GPU runtime and
   // Megatron-LM's do.
-  const double g = master ? 4.0 : e;
+  const double g = gradient_element_bytes();
   if (stage_gradients_sharded(shape, c)) {
     // Every micro-batch's backward writes its gradients a part at a time, each part
     // reduce-scattered into the member's shard once complete (a tied table sits whole in it, as
@@ -446,7 +446,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
     const StageBuckets buckets = stage_gradient_buckets(shape, u, c);
     const double widest_row = std::max<double>(model_.hidden_size, static_cast<double>(model_.ffn_hidden_size) / shape.tp);
     const double part_params =
-        std::min(buckets.largest_bytes / e, std::max(train_.gradient_bucket_mib * kMiB / 4.0, widest_row));
+        std::min(buckets.largest_bytes / g, std::max(train_.gradient_bucket_mib * kMiB / 4.0, widest_row));
     const bool several_parts = params > part_params;
     const bool tied_here = model_.tied_embeddings && c.has_embedding && c.has_head && several_parts;
     const double table_params = tied_here ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;

@@ -175,7 +175,13 @@ class CostModel {
   // ones after every micro-batch, the earlier reductions hidden behind the next passes where the
   // device can overlap them.
   double stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
-  // The buckets of the stage's backward, per device.
+  // Bytes of one gradient element as it accumulates and is reduced: fp32 beside fp32 master
+  // weights, else the compute precision's.
+  double gradient_element_bytes() const;
+  // What a gradient element takes on the wire in a stage's reductions at ZeRO stage `zero`: as
+  // accumulated, or bf16 in ZeRO 2-3 reduce-scatters under gradient_communication: bf16.
+  double gradient_wire_bytes(int zero) const;
+  // The buckets of the stage's backward, per device, in accumulated gradient bytes.
   StageBuckets stage_gradient_buckets(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   // Host copies of offloaded weights and parked activations not hidden behind compute, per
   // micro-batch: the part of stage_timing that depends on the offloaded count and the depth.

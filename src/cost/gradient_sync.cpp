@@ -46,9 +46,19 @@ bool stage_gradients_sharded(const StageShape& shape, const StageChoice& choice)
   return choice.shard_gradients && choice.zero >= 2 && shape.dp > 1;
 }
 
+double CostModel::gradient_element_bytes() const {
+  const double e = precision_bytes(train_.precision);
+  return train_.master_weights_fp32 && e < 4 ? 4.0 : e;
+}
+
+double CostModel::gradient_wire_bytes(int zero) const {
+  const bool bf16_wire = zero >= 2 && train_.gradient_communication == Precision::Precision_bf16;
+  return bf16_wire ? std::min(gradient_element_bytes(), 2.0) : gradient_element_bytes();
+}
+
 StageBuckets CostModel::stage_gradient_buckets(const StageShape& shape, const StageUnitCosts& u,
                                                const StageChoice& c) const {
-  const double e = precision_bytes(train_.precision);
+  const double e = gradient_element_bytes();
   const double params = stage_parameters(shape, u, c);
   const double embedding_bytes = c.has_embedding ? u.embedding_parameters * e : 0;
   const double head_bytes = std::max(0.0, params * e - c.blocks * u.block_parameters * e - embedding_bytes);
@@ -85,15 +95,17 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
   // reduce-scatters under ZeRO 2-3 (docs/runtime-distributed.md), so ZeRO 1 moves more than
   // ZeRO 2 for the same memory. Accumulated gradients are reduced once per step, after the last
   // micro-batch's backward; sharded ones after every micro-batch's.
-  // ZeRO 2-3 reduce-scatters send bf16 where the training file asks (gradient_communication).
+  // Gradients accumulate and reduce in fp32 beside fp32 master weights (Alloy's runtimes, as
+  // Megatron-LM, DeepSpeed's bf16 optimizer and FSDP's default reduce dtype do); ZeRO 2-3
+  // reduce-scatters send bf16 where the training file asks (gradient_communication).
   const double e = precision_bytes(train_.precision);
+  const double accumulated = gradient_element_bytes();
   const double params = stage_parameters(shape, u, c);
-  const bool bf16_wire = c.zero >= 2 && train_.gradient_communication == Precision::Precision_bf16;
-  const double wire = bf16_wire ? std::min(e, 2.0) : e;
+  const double wire = gradient_wire_bytes(c.zero);
   const double grad_bytes = params * wire;
   const CollectiveOp op = c.zero <= 1 ? CollectiveOp::CollectiveOp_all_reduce : CollectiveOp::CollectiveOp_reduce_scatter;
   const double reduce = group_seconds(shape.device_type, op, grad_bytes, shape.dp_group);
-  const double last_bytes = stage_gradient_buckets(shape, u, c).last_bytes * wire / e;
+  const double last_bytes = stage_gradient_buckets(shape, u, c).last_bytes * wire / accumulated;
   const double last_bucket =
       last_bytes >= grad_bytes ? reduce : group_seconds(shape.device_type, op, last_bytes, shape.dp_group);
   // The window is the plain backward (recomputation and transfers excluded), so the exposed

@@ -147,6 +147,11 @@ struct Plan {
   Schedule schedule = Schedule::Schedule_1f1b;
   int virtual_chunks = 1;
   double gradient_bucket_bytes = 64.0 * 1024 * 1024;  // TrainSpec::gradient_bucket_mib, in bytes
+  // Bytes per gradient element in the reductions the plan was priced with: as the gradients
+  // accumulate and all-reduce (4 beside fp32 master weights), and as ZeRO 2-3 reduce-scatters
+  // send them (2 under gradient_communication: bf16).
+  int gradient_bytes = 4;
+  int reduce_scatter_bytes = 4;
   Precision precision = Precision::Precision_bf16;
 
   std::vector<PlanStage> stages;

@@ -207,6 +207,8 @@ std::string plan_to_json(const Plan& plan) {
   j["schedule"] = schedule_name(plan.schedule);
   j["virtual_chunks"] = plan.virtual_chunks;
   j["gradient_bucket_bytes"] = plan.gradient_bucket_bytes;
+  j["gradient_bytes"] = plan.gradient_bytes;
+  j["reduce_scatter_bytes"] = plan.reduce_scatter_bytes;
   j["precision"] = precision_name(plan.precision);
   OrderedJson stages = OrderedJson::array();
   for (const PlanStage& s : plan.stages) {
@@ -303,6 +305,13 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
   if (!(plan.gradient_bucket_bytes >= 1024 && plan.gradient_bucket_bytes <= 65536.0 * 1024 * 1024))
     throw Error(fmt::format("gradient bucket of {} bytes", plan.gradient_bucket_bytes), {source, "gradient_bucket_bytes"},
                 "write a size from 1024 bytes to 64 GiB (the train file's gradient_bucket_mib, in bytes)");
+  for (auto [key, bytes] : {std::pair{"gradient_bytes", &plan.gradient_bytes},
+                            std::pair{"reduce_scatter_bytes", &plan.reduce_scatter_bytes}}) {
+    *bytes = static_cast<int>(get_number_or(j, key, *bytes, source, ""));
+    if (*bytes != 2 && *bytes != 4)
+      throw Error(fmt::format("{} bytes per gradient element", *bytes), {source, key},
+                  "write 4 (fp32 gradients) or 2 (bf16), as the planner does");
+  }
   const std::string precision = get<std::string>(j, "precision", source, "");
   if (!precision_parse(precision, &plan.precision))
     throw Error("unknown precision '" + precision + "'", {source, "precision"}, "use fp32, tf32, bf16, fp16 or fp8");

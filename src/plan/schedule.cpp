@@ -187,7 +187,7 @@ struct Builder {
     int end = blocks.end;
     int64_t bytes = 0;
     for (int b = blocks.end - 1; b >= blocks.begin; --b) {
-      bytes += schedule_parameter_bytes(plan, model, stage, b, b + 1);
+      bytes += schedule_gradient_bytes(plan, model, stage, b, b + 1, plan.gradient_bytes);
       if (bytes >= options.bucket_bytes || b == blocks.begin) {
         out.push_back({b, end});
         end = b;
@@ -245,8 +245,9 @@ struct Builder {
         piece.block_end = pieces[k].end;
         piece.bucket = static_cast<int>(k);
         rs->ops.push_back(piece);
+        const int wire = reduce == OpKind::OpKind_all_reduce ? plan.gradient_bytes : plan.reduce_scatter_bytes;
         ScheduleOp r = step_op(reduce, item.chunk, pieces[k],
-                               schedule_parameter_bytes(plan, model, s, pieces[k].begin, pieces[k].end));
+                               schedule_gradient_bytes(plan, model, s, pieces[k].begin, pieces[k].end, wire));
         r.bucket = static_cast<int>(k);
         rs->ops.push_back(r);
       }
@@ -301,7 +302,10 @@ bool op_kind_is_collective(OpKind kind) {
          kind == OpKind::OpKind_all_gather;
 }
 
-int64_t schedule_parameter_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end) {
+namespace {
+
+// Parameters per device of a stage for blocks [begin, end) (see schedule_parameter_bytes).
+int64_t stage_parameter_count(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end) {
   const ModelParameterCounts counts = model_parameter_counts(model);
   const PlanStage& st = plan.stages[stage];
   int64_t params = counts.per_block * (block_end - block_begin);
@@ -313,7 +317,18 @@ int64_t schedule_parameter_bytes(const Plan& plan, const ModelSpec& model, int s
     // A tied head on its own stage keeps a copy of the embedding matrix.
     if (counts.lm_head == 0 && plan.stages.size() > 1) params += model.vocab_size * model.hidden_size;
   }
-  return params / st.tp * precision_bytes(plan.precision);
+  return params / st.tp;
+}
+
+}  // namespace
+
+int64_t schedule_parameter_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end) {
+  return stage_parameter_count(plan, model, stage, block_begin, block_end) * precision_bytes(plan.precision);
+}
+
+int64_t schedule_gradient_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end,
+                                int element_bytes) {
+  return stage_parameter_count(plan, model, stage, block_begin, block_end) * element_bytes;
 }
 
 RankSchedule schedule_build_rank(const Plan& plan, const ModelSpec& model, int rank, const ScheduleOptions& options) {

@@ -101,5 +101,9 @@ std::string schedule_op_describe(const ScheduleOp& op);
 // the last stage the head. Shared by the schedule's buckets and the simulator's memory.
 int64_t schedule_parameter_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin,
                                  int block_end);
+// The same blocks' gradients at `element_bytes` each (the plan's gradient_bytes or
+// reduce_scatter_bytes): what the schedule's buckets and reductions hold and move.
+int64_t schedule_gradient_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end,
+                                int element_bytes);
 
 }  // namespace alloy

@@ -138,6 +138,8 @@ void plan_set_identity(Plan* plan, const CostModel& cost, Objective objective) {
 
 void plan_evaluate(Plan* plan, const CostModel& cost) {
   plan->gradient_bucket_bytes = cost.train().gradient_bucket_mib * 1024.0 * 1024.0;  // what it is priced with
+  plan->gradient_bytes = static_cast<int>(cost.gradient_wire_bytes(0));
+  plan->reduce_scatter_bytes = static_cast<int>(cost.gradient_wire_bytes(2));
   const ClusterSpec& cluster = cost.cluster();
   const ModelSpec& model = cost.model();
   const int p = static_cast<int>(plan->stages.size());

@@ -1,10 +1,12 @@
-// Checks around the search: pinned options against the specs, and the host-memory failure.
+// Checks around the search: pinned options against the specs, notes on the chosen plan (pins it
+// could not apply, an MFU above the published), and the host-memory failure.
 #include "search/search_checks.hpp"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
+#include "cost/runtime_traits.hpp"
 #include "plan/runnable.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
@@ -63,6 +65,9 @@ std::vector<std::string> published_mfu_notes(const Plan& plan, const CostModel& 
     for (const std::string& name : names) {
       for (const DeviceType& t : cluster.device_types) {
         if (t.name != name) continue;
+        // The published figures are of 16-bit runs; other precisions have peaks of their own.
+        const Precision run = precision_run_on(t, plan.precision);
+        if (run != Precision::Precision_bf16 && run != Precision::Precision_fp16) return {};
         if (t.best_published_mfu <= 0) return {};  // a type without a published figure: nothing to compare
         if (highest == nullptr || t.best_published_mfu > highest->best_published_mfu) highest = &t;
       }

@@ -477,6 +477,19 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
   return best < std::numeric_limits<double>::infinity();
 }
 
+// Moves an affine estimate of the cheapest recomputation with `offloaded` blocks to the exact
+// memory: fewer full, then fewer selective blocks while they still fit. False when the estimate
+// does not fit at all (the affine model cannot be trusted here).
+bool settle_recompute(const Context& c, int offloaded, int* selective, int* full) {
+  if (!fits(c, *selective, *full, offloaded)) return false;
+  if (*selective == 0) {
+    while (*full > 0 && fits(c, 0, *full - 1, offloaded)) --*full;
+    return true;
+  }
+  while (*selective > (*full == 0 ? 1 : 0) && fits(c, *selective - 1, *full, offloaded)) --*selective;
+  return true;
+}
+
 // Returns false when the affine model cannot be trusted here (the caller falls back).
 bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                           std::vector<StageOption>* out) {
@@ -523,6 +536,10 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
           int sel = 0;
           int full = 0;
           if (!affine_recompute(c, a, pins.recompute, a.offload_delta(off, depth), &sel, &full)) continue;
+          // The affine model rounds at the capacity: settle the counts on the exact memory now,
+          // or an over-estimate here lets another option dominate this one and the exact check
+          // of the survivors below never sees it.
+          if (pins.recompute < 0 && !settle_recompute(c, off, &sel, &full)) return false;
           StageOption o = plain;
           o.selective = sel;
           o.full = full;

@@ -5,16 +5,6 @@
 
 namespace alloy {
 
-namespace {
-
-// Accumulating gradients in full is kept beside sharding only when it saves more than this share
-// of the stage's compute per step: below it the difference lies inside the cost model's error,
-// while the memory sharding frees (all the stage's gradients but a shard and a part) is certain
-// and leaves headroom against fragmentation and for larger micro-batches.
-constexpr double kShardingTimeTolerance = 0.01;
-
-}  // namespace
-
 double gradient_sync_seconds(const CostModel& cost, const StageSlot& slot, const StageUnitCosts& unit, int blocks,
                              const ZeroSetting& zero) {
   StageOption o;

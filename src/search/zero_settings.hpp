@@ -9,6 +9,12 @@
 
 namespace alloy {
 
+// Accumulating gradients in full is kept beside sharding only when it saves more than this share
+// of the stage's compute per step: below it the difference lies inside the cost model's error,
+// while the memory sharding frees (all the stage's gradients but a shard and a part) is certain
+// and leaves headroom against fragmentation and for larger micro-batches.
+inline constexpr double kShardingTimeTolerance = 0.01;
+
 // A setting with its exposed gradient sync per step and its memory without recomputation or
 // offload.
 struct PricedSetting {

@@ -95,6 +95,9 @@ DeviceType read_inline_type(const FieldReader& r, const std::string& name, const
                                                                : std::optional<double>(25e9));
   t.speed = r.get_double("speed", t.speed);
   t.matmul_efficiency = r.get_double("matmul_efficiency", t.matmul_efficiency);
+  // A type with peaks or a speed of its own is no longer the device the published figure is of.
+  for (const char* key : {"fp32", "tf32", "bf16", "fp16", "fp8", "speed"})
+    if (r.has(key)) t.best_published_mfu = 0;
   t.source = r.get_string("source", t.source.empty() ? "defined in " + r.file() : t.source);
   if (t.vendor.empty()) r.fail("vendor", "required field is missing", "write e.g. `vendor: nvidia`");
   if (t.peak_flops_fp32 <= 0) r.fail("fp32", "peak fp32 FLOP/s must be positive", "write e.g. `fp32: 19.5TFLOPS`");
@@ -103,7 +106,7 @@ DeviceType read_inline_type(const FieldReader& r, const std::string& name, const
     r.fail("memory_bandwidth", "memory bandwidth must be positive", "write e.g. `memory_bandwidth: 2TB/s`");
   }
   if (!(t.speed > 0 && t.speed <= 1000)) r.fail("speed", "speed must be in (0, 1000]", "use e.g. `speed: 0.5` for half speed");
-  if (!(t.matmul_efficiency >= 0 && t.matmul_efficiency <= 1)) {
+  if (r.has("matmul_efficiency") && !(t.matmul_efficiency > 0 && t.matmul_efficiency <= 1)) {
     r.fail("matmul_efficiency", "a fraction of the peak must be in (0, 1]",
            "write e.g. `matmul_efficiency: 0.75`, or leave it out for the calibrated default");
   }

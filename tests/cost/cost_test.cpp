@@ -301,8 +301,9 @@ TEST(Profile, ParsesAndReplacesMeasuredShapes) {
   one.zero = 1;  // all-reduce, then the updated weights' all-gather, both exposed: the one block
                  // is the last bucket, which starts only after the backward
   const StageTiming timing = measured.stage_timing(dp8, measured.unit_costs(dp8, false), one, 0, 0);
-  const double grad_bytes = 2.0 * block_parameters(m);
-  EXPECT_NEAR(timing.gradient_sync_seconds, (1e-5 + grad_bytes / 1e11) + (0.25 + grad_bytes / 1e9), 1e-9);
+  // The gradients all-reduce in fp32 (beside fp32 master weights); the weights gather in bf16.
+  const double grad_bytes = 4.0 * block_parameters(m), weight_bytes = 2.0 * block_parameters(m);
+  EXPECT_NEAR(timing.gradient_sync_seconds, (1e-5 + grad_bytes / 1e11) + (0.25 + weight_bytes / 1e9), 1e-9);
   // Shapes it did not measure fall back to the analytic model and say so.
   measured.unit_costs(measured.stage_shape({0, 1}, 1, 2, 2), false);
   EXPECT_FALSE(measured.fallback_notes().empty());

@@ -65,6 +65,14 @@ TEST(Bpe, MergesApplyLowestRankFirst) {
   EXPECT_EQ(bpe_encode(tokenizer_from(dir, bpe_json(tokens, {"a b", "b c"})), "abc"), (Ids{256, 'c'}));
 }
 
+// A pair listed twice takes its later rank, as Hugging Face's merge map does: "a b" ranks after
+// "b c" here, so "abc" becomes a + bc.
+TEST(Bpe, ARepeatedMergeTakesItsLastRank) {
+  test::ScratchDir dir;
+  const std::vector<std::string> tokens = {"ab", "bc"};
+  EXPECT_EQ(bpe_encode(tokenizer_from(dir, bpe_json(tokens, {"a b", "b c", "a b"})), "abc"), (Ids{'a', 257}));
+}
+
 TEST(Bpe, EqualRanksMergeLeftmostFirst) {
   test::ScratchDir dir;
   BpeTokenizer tokenizer = tokenizer_from(dir, bpe_json({"aa"}, {"a a"}));
@@ -156,6 +164,16 @@ Error load_error(const test::ScratchDir& dir, const json& config) {
   return error_of([&] { bpe_tokenizer_load(dir.file("bad.json")); });
 }
 
+// A run without a break longer than the encoder merges at once is refused with its place, not
+// merged in tens of bytes of memory per byte.
+TEST(Bpe, AnOverlongPieceIsRefused) {
+  test::ScratchDir dir;
+  BpeTokenizer tokenizer = tokenizer_from(dir, bpe_json({}, {}));
+  const std::string text = "ab " + std::string((std::size_t{16} << 20) + 1, 'x');
+  Error e = error_of([&] { bpe_encode(tokenizer, text); });
+  EXPECT_ERROR_SAYS(e, "without a break at byte 2 of the text");
+}
+
 TEST(Bpe, MissingOrMalformedFilesAreRefused) {
   test::ScratchDir dir;
   Error missing = error_of([&] { bpe_tokenizer_load(dir.file("none.json")); });
@@ -165,7 +183,17 @@ TEST(Bpe, MissingOrMalformedFilesAreRefused) {
   test::bytes_write(dir.file("text.json"), "{\"model\": ");
   Error not_json = error_of([&] { bpe_tokenizer_load(dir.file("text.json")); });
   EXPECT_EQ(not_json.where().file, dir.file("text.json"));
-  EXPECT_ERROR_SAYS(not_json, "not a JSON object");
+  EXPECT_ERROR_SAYS(not_json, "not valid JSON: syntax error at byte");
+
+  test::bytes_write(dir.file("list.json"), "[1, 2]");
+  EXPECT_ERROR_SAYS(error_of([&] { bpe_tokenizer_load(dir.file("list.json")); }), "not a JSON object");
+
+  json huge_id = bpe_json({}, {});
+  huge_id["added_tokens"].push_back(added_token(0, "<|x|>"));
+  huge_id["added_tokens"][0]["id"] = std::uint64_t{1} << 32;
+  Error id_error = load_error(dir, huge_id);
+  EXPECT_EQ(id_error.where().field, "added_tokens[0].id");
+  EXPECT_ERROR_SAYS(id_error, "is not a whole number in [0, 2^31)");
 
   json wrong_type = bpe_json({}, {});
   wrong_type["model"]["ignore_merges"] = "yes";

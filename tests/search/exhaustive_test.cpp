@@ -14,6 +14,7 @@
 #include "../support/specs.hpp"
 #include "plan/runnable.hpp"
 #include "search/planner.hpp"
+#include "search/zero_settings.hpp"
 #include "search/stage_options.hpp"
 #include "spec/error.hpp"
 
@@ -192,6 +193,12 @@ class Exhaustive {
               for (int depth : {1, 2, 4}) {
                 if (off == 0 && depth > 1) continue;  // the depth of nothing offloaded changes nothing
                 if (off > 0 && !offload_runs(g, shard == 1)) continue;
+                // The planner's preference: accumulating in full that saves at most
+                // kShardingTimeTolerance of the compute over sharding, which holds less, is set
+                // aside but where it offloads and sharding cannot.
+                if (shard == 0 && zero >= 2 && g.dp > 1 && (off == 0 || offload_runs(g, true)) &&
+                    sharding_preferred(shape, unit, zero, m, blocks, in_flight, s, p))
+                  continue;
                 StageChoice c;
                 c.blocks = blocks;
                 c.selective = sel;
@@ -216,6 +223,27 @@ class Exhaustive {
     for (const Point& pt : all)
       if (front.empty() || pt.u < front.back().u) front.push_back(pt);
     return front;
+  }
+
+  // Whether sharding at `zero` costs at most kShardingTimeTolerance of the stage's plain compute
+  // more sync than accumulating in full and holds less memory (both without recomputation or
+  // offload), as the planner weighs them (search/zero_settings.cpp).
+  bool sharding_preferred(const StageShape& shape, const StageUnitCosts& unit, int zero, int m, int blocks,
+                          double in_flight, int s, int p) const {
+    StageChoice c;
+    c.blocks = blocks;
+    c.micro_batches = m;
+    c.zero = zero;
+    c.has_embedding = s == 0;
+    c.has_head = s == p - 1;
+    c.head_holds_lm_matrix = !(cost_.model().tied_embeddings && p == 1);
+    StageChoice sharded = c;
+    sharded.shard_gradients = true;
+    const double compute = m * blocks * (unit.block.forward_seconds + unit.block.backward_seconds);
+    const double extra = cost_.stage_gradient_sync_seconds(shape, unit, sharded) - cost_.stage_gradient_sync_seconds(shape, unit, c);
+    return extra <= kShardingTimeTolerance * compute &&
+           cost_.stage_memory(shape, unit, sharded, in_flight, p > 1).total_bytes() <
+               cost_.stage_memory(shape, unit, c, in_flight, p > 1).total_bytes();
   }
 
   const CostModel& cost_;

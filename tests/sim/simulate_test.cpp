@@ -113,7 +113,8 @@ TEST(Simulate, MeasuredCollectivesReplaceTheModel) {
   SimOptions one_bucket;
   const double modelled = simulate(plan, model, cluster, one_bucket).step_seconds;
 
-  const double gradient_bytes = static_cast<double>(schedule_parameter_bytes(plan, model, 0, 0, 8));
+  const double gradient_bytes =
+      static_cast<double>(schedule_gradient_bytes(plan, model, 0, 0, 8, plan.gradient_bytes));
   Profile profile;
   profile.model_name = model.name;
   const ProfiledCollective slow{CollectiveOp::CollectiveOp_all_reduce, 2, false, 1e9, 1e-3, {}};

@@ -88,6 +88,8 @@ TEST(ClusterSpec, InlineTypeSetsItsMatmulEfficiency) {
   ClusterSpec c = cluster_load(path, catalog_builtin());
   EXPECT_DOUBLE_EQ(c.device_type(c.devices.at(0)).matmul_efficiency, 0.8);
   EXPECT_DOUBLE_EQ(c.device_type(c.devices.at(1)).matmul_efficiency, catalog_builtin().find("h100-sxm")->matmul_efficiency);
+  // Still an H100 (only its efficiency set): it keeps the H100's best published MFU.
+  EXPECT_DOUBLE_EQ(c.device_type(c.devices.at(0)).best_published_mfu, catalog_builtin().find("h100-sxm")->best_published_mfu);
   const std::string bad = dir.write("bad.yaml",
                                     "device_types:\n"
                                     "  tuned: {base: h100-sxm, matmul_efficiency: 70}\n"
@@ -100,6 +102,25 @@ TEST(ClusterSpec, InlineTypeSetsItsMatmulEfficiency) {
     EXPECT_NE(e.where().field.find("matmul_efficiency"), std::string::npos) << e.format();
     EXPECT_NE(e.format().find("0.75"), std::string::npos) << e.format();
   }
+  const std::string zero = dir.write("zero.yaml",
+                                     "device_types:\n"
+                                     "  tuned: {base: h100-sxm, matmul_efficiency: 0}\n"
+                                     "nodes:\n"
+                                     "  - {count: 1, device: tuned, devices_per_node: 1}\n");
+  EXPECT_THROW(cluster_load(zero, catalog_builtin()), Error) << "a share of 0 would silently mean the default";
+}
+
+// A type with peaks of its own is another device: the published MFU of its base is not its own.
+TEST(ClusterSpec, InlineTypeWithItsOwnPeaksDropsThePublishedMfu) {
+  testing::TempDir dir;
+  const std::string path = dir.write("c.yaml",
+                                     "device_types:\n"
+                                     "  faster: {base: h100-sxm, bf16: 1500TFLOPS}\n"
+                                     "nodes:\n"
+                                     "  - {count: 1, device: faster, devices_per_node: 1}\n");
+  ClusterSpec c = cluster_load(path, catalog_builtin());
+  EXPECT_GT(catalog_builtin().find("h100-sxm")->best_published_mfu, 0);
+  EXPECT_EQ(c.device_type(c.devices.at(0)).best_published_mfu, 0);
 }
 
 TEST(ClusterSpec, InlineTypeBaseCycleNamesTheField) {

@@ -2,8 +2,12 @@
 // pre-token (see bpe_tokenizer.hpp).
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "runtime/io/bpe_tokenizer.hpp"
+#include "runtime/io/file_io.hpp"
 #include "runtime/io/unicode_text.hpp"
+#include "spec/error.hpp"
 
 namespace alloy {
 
@@ -15,6 +19,9 @@ constexpr std::size_t kCachedPretokenMostBytes = 64;
 // The cache is emptied when it holds this many pre-tokens, which bounds its memory on huge
 // inputs with many distinct words while keeping the common ones after a refill.
 constexpr std::size_t kCacheMostEntries = 1 << 16;
+// Merging a pre-token holds about 32 bytes per byte of it (symbols and candidates); one longer
+// than this (a blob of letters without a break) is refused rather than exhausting memory.
+constexpr std::size_t kLongestPretokenBytes = std::size_t{16} << 20;
 // The id of a symbol merged into its left neighbour: no candidate names it any more.
 constexpr std::uint32_t kAbsorbedSymbol = 0xFFFFFFFF;
 
@@ -64,6 +71,13 @@ std::size_t BpeTextEncoder::encode_until(std::size_t stop_byte, std::vector<std:
 }
 
 void BpeTextEncoder::encode_pretoken(std::string_view pretoken, std::vector<std::uint32_t>& out) {
+  if (pretoken.size() > kLongestPretokenBytes) {
+    throw Error(fmt::format("a piece of {} bytes without a break at byte {} of the text is longer than the {} MiB "
+                            "the BPE encoder merges at once",
+                            pretoken.size(), static_cast<std::size_t>(pretoken.data() - text_.data()),
+                            kLongestPretokenBytes >> 20),
+                io_where("", ""), "split such runs (e.g. embedded base64 data) out of the text before tokenizing");
+  }
   if (tokenizer_.ignore_merges) {
     auto whole = tokenizer_.ids_by_bytes.find(pretoken);
     if (whole != tokenizer_.ids_by_bytes.end()) {

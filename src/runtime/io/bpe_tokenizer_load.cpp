@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "runtime/io/bpe_tokenizer.hpp"
@@ -83,8 +84,14 @@ json json_read(const std::string& path) {
   }
   MappedFile file = mapped_file_open(path, "tokenizer file");
   auto text = reinterpret_cast<const char*>(file.bytes().data());
-  json root = json::parse(text, text + file.size_bytes(), nullptr, false);
-  if (root.is_discarded() || !root.is_object()) {
+  json root;
+  try {
+    root = json::parse(text, text + file.size_bytes());
+  } catch (const json::parse_error& e) {
+    throw Error(fmt::format("not valid JSON: syntax error at byte {}", e.byte), io_where(path),
+                "pass the tokenizer.json of a Hugging Face model, whole (a truncated download fails here)");
+  }
+  if (!root.is_object()) {
     throw Error("not a JSON object: a tokenizer.json holds one", io_where(path),
                 "pass the tokenizer.json of a Hugging Face model (not tokenizer_config.json or vocab.json)");
   }
@@ -237,8 +244,9 @@ void merges_read(const std::string& path, const json& model, BpeTokenizer& token
       }
       ids[k] = found->get<std::uint32_t>();
     }
-    // A repeated pair keeps its first (lowest) rank, as a lookup of the lowest rank would.
-    tokenizer.merges.emplace(bpe_pair_key(ids[0], ids[1]), BpeMerge{static_cast<std::uint32_t>(rank), ids[2]});
+    // A repeated pair takes its last rank: Hugging Face collects the merges into a map in list
+    // order, so a later entry replaces an earlier one.
+    tokenizer.merges.insert_or_assign(bpe_pair_key(ids[0], ids[1]), BpeMerge{static_cast<std::uint32_t>(rank), ids[2]});
   }
 }
 
@@ -251,6 +259,10 @@ void added_tokens_read(const std::string& path, const json& root, BpeTokenizer& 
         entry["content"].get<std::string>().empty() || !entry.contains("id") || !entry["id"].is_number_unsigned()) {
       refuse(path, field, "an added token needs a non-empty \"content\" and a non-negative \"id\"",
              "use the tokenizer.json the model was trained with");
+    }
+    if (entry["id"].get<std::uint64_t>() > INT32_MAX) {
+      refuse(path, field + ".id", "id " + entry["id"].dump() + " is not a whole number in [0, 2^31)",
+             "token ids are non-negative integers below 2^31");
     }
     for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
       if (entry.value(flag, false)) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 #include "runtime/io/bpe_tokenizer.hpp"
@@ -141,18 +142,21 @@ TokenizeResult tokenize_bpe(const std::string& in_path, const std::string& out_p
   std::size_t split_byte =
       encode_into(encoder, 0, static_cast<std::size_t>(total_bytes - val_bytes), total_bytes, train, progress);
   result.train_tokens = train.token_count();
+  std::optional<TokenFileWriter> val;
   if (val_bytes > 0) {
     result.val_path = tokenize_split_path(out_path, "val");
-    TokenFileWriter val(result.val_path, result.version);
-    encode_into(encoder, split_byte, text.size(), total_bytes, val, progress);
-    result.val_tokens = val.token_count();
+    val.emplace(result.val_path, result.version);
+    encode_into(encoder, split_byte, text.size(), total_bytes, *val, progress);
+    result.val_tokens = val->token_count();
     if (result.train_tokens == 0 || result.val_tokens == 0) {
       throw Error("a validation fraction of " + std::to_string(val_fraction) + " leaves one split without tokens",
                   io_where(in_path, "--val-fraction"), "use a larger input file or a smaller fraction");
     }
-    val.finish();
   }
+  // The training file first: where it cannot be written (too many tokens for its header), no
+  // validation file is left behind without it.
   train.finish();
+  if (val) val->finish();
   return result;
 }
 

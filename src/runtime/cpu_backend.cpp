@@ -32,6 +32,7 @@ class CpuBackend final : public StageBackend {
   bool memory_is_host() const override { return true; }
   bool collectives_share_compute() const override { return true; }
   bool reports_gradient_writes() const override { return true; }
+  bool computes_in_fp16() const override { return false; }  // fp32
   int64_t hidden_element_bytes() const override { return sizeof(float); }
 
   float* parameters_at(int64_t offset, int64_t count) override { return model_parameters_at(model_, offset, count); }

@@ -75,6 +75,8 @@ class StageBackend {
   // True when its passes tell Model::gradient_sink of every gradient write (the CPU passes), so
   // sharded gradients can hold a part of a block at a time instead of whole buckets.
   virtual bool reports_gradient_writes() const = 0;
+  // Whether the passes compute in fp16, whose gradients need loss scaling (TrainSpec auto).
+  virtual bool computes_in_fp16() const = 0;
   // Bytes of one element of the hidden states that passes hand over (fp32 4, bf16 2).
   virtual int64_t hidden_element_bytes() const = 0;
 

@@ -90,6 +90,8 @@ int64_t RankTrainer::resume() {
   int64_t step = 0;
   dist_agree_on(comm_, [&] {
     const CheckpointManifest manifest = checkpoint_manifest_read(o_.checkpoint_dir);
+    // Under any layout the run goes on with the loss scale it had reached (where it scales).
+    runtime_.loss_scaler_restore(manifest.loss_scale, manifest.loss_scale_good_steps);
     const std::string model_part = trainer_model_fingerprint(model_) + "|plan ";
     const bool same_layout = manifest.fingerprint == run_fingerprint_ && manifest.ranks == comm_.world_size();
     if (!same_layout && manifest.fingerprint.rfind(model_part, 0) == 0) {
@@ -140,7 +142,9 @@ void RankTrainer::save(int64_t step) {
     Plan recorded = plan_;  // with what it trains: `alloy replan` plans the same model and setup anew
     plan_set_inputs(&recorded, model_, cluster_, train_);
     plan_save(recorded, o_.checkpoint_dir + "/plan.json");
-    checkpoint_commit(o_.checkpoint_dir, step, run_fingerprint_, all, o_.keep_checkpoints);
+    const LossScaler& scaler = runtime_.loss_scaler();
+    checkpoint_commit(o_.checkpoint_dir, step, run_fingerprint_, all, o_.keep_checkpoints,
+                      scaler.dynamic ? scaler.scale : 0, scaler.good_steps);
   });
   saved_step_ = step;
 }
@@ -184,6 +188,8 @@ StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std:
   report.step = step;
   report.learning_rate = stats.learning_rate;
   report.grad_norm = stats.grad_norm;
+  report.loss_scale = stats.loss_scale;
+  report.loss_scale_overflow = stats.loss_scale_overflow;
   double loss_sum = 0, loss_tokens = 0;
   for (const RankStepStats& r : all) {
     loss_sum += r.loss_sum;
@@ -217,8 +223,14 @@ TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_
     if (setup_.loader) batch_loader_read(*setup_.loader, static_cast<uint64_t>(step - 1), inputs_.data(), targets_.data());
     RankStepStats stats = runtime_.step(inputs_.data(), targets_.data());
     stats.stop_signal = StopSignals::received();
-    bad_in_row = stats.update_skipped ? bad_in_row + 1 : 0;
-    if (stats.update_skipped) bad_step(step, stats.loss_finite, bad_in_row);
+    // An overflow the loss scale absorbed is expected now and then (not a bad step).
+    const bool bad = stats.update_skipped && !stats.loss_scale_overflow;
+    bad_in_row = bad ? bad_in_row + 1 : 0;
+    if (bad) bad_step(step, stats.loss_finite, bad_in_row);
+    if (stats.loss_scale_overflow && comm_.rank() == 0)
+      fmt::print(stderr, "alloy: step {}: the gradients overflowed at loss scale {}; the update was skipped and the "
+                         "scale halved to {}\n",
+                 step, stats.loss_scale, runtime_.loss_scaler().scale);
     StepReport report = report_of(step, stats, all);
     const bool stopping = std::any_of(all.begin(), all.end(), [](const RankStepStats& r) { return r.stop_signal != 0; });
     const bool last = step == train_.steps;

@@ -52,6 +52,8 @@ struct StepReport {
   double loss = 0;                // mean over every token of the step
   double learning_rate = 0;
   double grad_norm = 0;
+  double loss_scale = 1;          // the backward's (dynamic loss scaling; 1 when off)
+  bool loss_scale_overflow = false;  // the gradients overflowed: update skipped, scale halved
   double step_seconds = 0;        // the slowest rank's
   double tokens_per_second = 0;
   double mfu = 0;                 // model FLOPs / (step time x the ranks' measured matmul peaks)

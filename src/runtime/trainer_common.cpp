@@ -44,6 +44,10 @@ void StepLog::write(const StepReport& r, const std::vector<RankStepStats>* ranks
                       {"step_seconds", r.step_seconds}, {"tokens_per_second", r.tokens_per_second},
                       {"mfu", r.mfu},         {"peak_arena_bytes", r.peak_arena_bytes}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
+  if (r.loss_scale != 1 || r.loss_scale_overflow) {
+    j["loss_scale"] = r.loss_scale;
+    j["loss_scale_overflow"] = r.loss_scale_overflow;
+  }
   if (ranks != nullptr) {
     for (const RankStepStats& rank : *ranks) {
       nlohmann::json by_term = nlohmann::json::object();

@@ -21,6 +21,15 @@ constexpr double kTrainMostBucketMib = 65536;       // 64 GiB
 
 int train_optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
 
+const char* loss_scaling_name(LossScaling scaling) {
+  switch (scaling) {
+    case LossScaling::LossScaling_auto: return "auto";
+    case LossScaling::LossScaling_none: return "none";
+    case LossScaling::LossScaling_dynamic: return "dynamic";
+  }
+  return "?";
+}
+
 TrainSpec train_load(const std::string& path) { return train_load_text(spec_file_text(path), path); }
 
 TrainSpec train_load_text(const std::string& text, const std::string& path) {
@@ -28,7 +37,8 @@ TrainSpec train_load_text(const std::string& text, const std::string& path) {
   r.reject_unknown({"seq_len", "global_batch", "global_batch_tokens", "min_global_batch", "max_global_batch",
                     "precision", "master_weights_fp32", "optimizer", "steps", "learning_rate",
                     "min_learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
-                    "grad_clip", "seed", "gradient_bucket_mib", "gradient_communication"});
+                    "grad_clip", "seed", "gradient_bucket_mib", "gradient_communication", "loss_scaling",
+                    "initial_loss_scale", "loss_scale_growth_interval"});
   TrainSpec t;
   t.source_path = path;
   t.seq_len = r.get_int("seq_len", t.seq_len);
@@ -69,6 +79,15 @@ TrainSpec train_load_text(const std::string& text, const std::string& path) {
   const std::string wire = r.get_string("gradient_communication", precision_name(t.gradient_communication));
   if (!precision_parse(wire, &t.gradient_communication))
     r.fail("gradient_communication", "unknown precision '" + wire + "'", "use fp32 or bf16");
+  const std::string scaling = r.get_string("loss_scaling", loss_scaling_name(t.loss_scaling));
+  bool known_scaling = false;
+  for (LossScaling s : {LossScaling::LossScaling_auto, LossScaling::LossScaling_none, LossScaling::LossScaling_dynamic})
+    if (scaling == loss_scaling_name(s)) t.loss_scaling = s, known_scaling = true;
+  if (!known_scaling)
+    r.fail("loss_scaling", "unknown loss scaling '" + scaling + "'",
+           "use auto (dynamic where a rank computes in fp16), dynamic or none");
+  t.initial_loss_scale = r.get_double("initial_loss_scale", t.initial_loss_scale);
+  t.loss_scale_growth_interval = r.get_int("loss_scale_growth_interval", t.loss_scale_growth_interval);
   const int64_t seed = r.get_int("seed", static_cast<int64_t>(t.seed));
   if (seed < 0)
     throw Error(fmt::format("seed {} is negative", seed), {t.source_path, "seed"}, "write a whole number >= 0, e.g. `seed: 1234`");
@@ -85,10 +104,12 @@ std::string train_to_yaml(const TrainSpec& t) {
   out += fmt::format(
       "precision: {}\nmaster_weights_fp32: {}\noptimizer: {}\nsteps: {}\nlearning_rate: {}\nmin_learning_rate: {}\n"
       "warmup_steps: {}\nweight_decay: {}\nbeta1: {}\nbeta2: {}\nadam_eps: {}\ngrad_clip: {}\n"
-      "gradient_bucket_mib: {}\ngradient_communication: {}\nseed: {}\n",
+      "gradient_bucket_mib: {}\ngradient_communication: {}\nloss_scaling: {}\ninitial_loss_scale: {}\n"
+      "loss_scale_growth_interval: {}\nseed: {}\n",
       precision_name(t.precision), t.master_weights_fp32, t.optimizer, t.steps, t.learning_rate, t.min_learning_rate,
       t.warmup_steps, t.weight_decay, t.beta1, t.beta2, t.adam_eps, t.grad_clip, t.gradient_bucket_mib,
-      precision_name(t.gradient_communication), t.seed);
+      precision_name(t.gradient_communication), loss_scaling_name(t.loss_scaling), t.initial_loss_scale,
+      t.loss_scale_growth_interval, t.seed);
   return out;
 }
 
@@ -132,6 +153,14 @@ void train_validate(const TrainSpec& t) {
     bad("gradient_bucket_mib",
         fmt::format("gradient_bucket_mib must be a number from {} to {}", kTrainLeastBucketMib, kTrainMostBucketMib),
         "write e.g. `gradient_bucket_mib: 64`");
+  // Past 2^64 a scaled fp32 gradient overflows before any fp16 one would have.
+  if (!(t.initial_loss_scale >= 1 && t.initial_loss_scale <= 0x1p64))
+    bad("initial_loss_scale", "the initial loss scale must be a number from 1 to 2^64",
+        "write e.g. `initial_loss_scale: 65536` (a power of two keeps the scaling exact)");
+  if (t.loss_scale_growth_interval < 1 || t.loss_scale_growth_interval > kTrainMostSteps)
+    bad("loss_scale_growth_interval",
+        fmt::format("the loss scale growth interval must be from 1 to {} steps", kTrainMostSteps),
+        "write e.g. `loss_scale_growth_interval: 2000`");
   if (!(t.grad_clip >= 0) || !std::isfinite(t.grad_clip))
     bad("grad_clip", "grad_clip must be a finite number >= 0 (0 disables clipping)", "write e.g. `grad_clip: 1.0`");
 }

@@ -9,6 +9,13 @@
 
 namespace alloy {
 
+// Dynamic loss scaling multiplies the loss by a scale before the backward and divides the
+// gradients by it before the update, so that fp16 gradients neither underflow nor overflow;
+// on overflow the step is skipped and the scale halved, after `loss_scale_growth_interval`
+// good steps it doubles. auto: on where a rank computes in fp16.
+enum class LossScaling { LossScaling_auto, LossScaling_none, LossScaling_dynamic };
+const char* loss_scaling_name(LossScaling scaling);
+
 struct TrainSpec {
   std::string source_path;
   int64_t seq_len = 1024;
@@ -36,6 +43,9 @@ struct TrainSpec {
   // What ZeRO 2-3 gradient reductions send: fp32, or bf16 (half the bytes, summed in fp32 by
   // each piece's owner). ZeRO 0-1 all-reduces send the gradients as they are.
   Precision gradient_communication = Precision::Precision_fp32;
+  LossScaling loss_scaling = LossScaling::LossScaling_auto;
+  double initial_loss_scale = 65536;        // 2^16, as PyTorch's GradScaler
+  int64_t loss_scale_growth_interval = 2000;  // good steps before the scale doubles
   uint64_t seed = 1234;
 };
 

@@ -12,7 +12,7 @@ struct AdamWHyper {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;  // applied by the caller only to 2-D weights
-  float grad_scale = 1.0f;    // multiplies every gradient first: the global-norm clip factor
+  float grad_scale = 1.0f;    // multiplies every gradient first: the global-norm clip factor over the loss scale
 };
 
 // params, m, v, grads: (n); step counts from 1. Same update as torch.optim.AdamW on

@@ -100,6 +100,7 @@ class CudaBackend final : public StageBackend {
   bool memory_is_host() const override { return false; }
   bool collectives_share_compute() const override { return false; }  // NCCL on its own stream
   bool reports_gradient_writes() const override { return false; }
+  bool computes_in_fp16() const override { return false; }  // bf16
   int64_t hidden_element_bytes() const override { return sizeof(bf16); }
 
   float* parameters_at(int64_t offset, int64_t count) override { return gpu_.params + checked(offset, count); }

@@ -51,6 +51,7 @@ nlohmann::json manifest_to_json(const CheckpointManifest& m) {
   nlohmann::json body = {{"format", kSetFormatName}, {"version", kSetFormatVersion}, {"step", m.step},
                          {"fingerprint", m.fingerprint}, {"ranks", m.ranks}, {"steps_kept", m.steps_kept},
                          {"files", files}};
+  if (m.loss_scale > 0) body["loss_scale"] = {{"scale", m.loss_scale}, {"good_steps", m.loss_scale_good_steps}};
   body["checksum"] = manifest_checksum(body);
   return body;
 }
@@ -67,6 +68,10 @@ CheckpointManifest manifest_from_json(const nlohmann::json& j, const std::string
     m.fingerprint = j.at("fingerprint").get<std::string>();
     m.ranks = j.at("ranks").get<int>();
     m.steps_kept = j.at("steps_kept").get<std::vector<std::int64_t>>();
+    if (j.contains("loss_scale")) {
+      m.loss_scale = j.at("loss_scale").at("scale").get<double>();
+      m.loss_scale_good_steps = j.at("loss_scale").at("good_steps").get<std::int64_t>();
+    }
     for (const auto& [name, record] : j.at("files").items()) {
       const std::string crc = record.at("crc32").get<std::string>();
       m.files[name] = {record.at("bytes").get<std::uint64_t>(), static_cast<std::uint32_t>(std::stoul(crc, nullptr, 16))};
@@ -76,6 +81,8 @@ CheckpointManifest manifest_from_json(const nlohmann::json& j, const std::string
   }
   // Step 0: weights to start from (alloy import-hf), no step run yet.
   if (m.step < 0 || m.ranks < 1) manifest_damaged(path, "step", "the step must be 0 or more and the rank count positive");
+  if (j.contains("loss_scale") && (!(m.loss_scale >= 1) || m.loss_scale_good_steps < 0))
+    manifest_damaged(path, "loss_scale", "the loss scale must be 1 or more and its good steps 0 or more");
   return m;
 }
 
@@ -141,9 +148,12 @@ std::string checkpoint_rank_dir(const std::string& dir, std::int64_t step, int r
 }
 
 void checkpoint_commit(const std::string& dir, std::int64_t step, const std::string& fingerprint,
-                       const std::vector<CheckpointFileRecords>& records, int keep) {
+                       const std::vector<CheckpointFileRecords>& records, int keep, double loss_scale,
+                       std::int64_t loss_scale_good_steps) {
   CheckpointManifest m;
   m.step = step;
+  m.loss_scale = loss_scale;
+  m.loss_scale_good_steps = loss_scale_good_steps;
   m.fingerprint = fingerprint;
   m.ranks = static_cast<int>(records.size());
   m.steps_kept = steps_to_keep(dir, step, keep);

@@ -31,13 +31,18 @@ struct CheckpointManifest {
   int ranks = 0;
   std::vector<std::int64_t> steps_kept;  // committed steps whose folders stay, oldest first
   std::map<std::string, CheckpointFileRecord> files;  // "rank-00003/model.safetensors" -> record
+  // Dynamic loss scaling's state after `step` (the same on every rank); 0: not recorded.
+  double loss_scale = 0;
+  std::int64_t loss_scale_good_steps = 0;
 };
 
 // Writes latest.json for `step` (temp file, fsync, rename, fsync of `dir`), listing every rank's
 // files (`records[r]` as rank r's checkpoint_save returned them); then removes every step folder
 // but the last `keep` committed ones. The caller makes sure all ranks have finished writing.
+// `loss_scale` > 0 records dynamic loss scaling's scale and good-step count with it.
 void checkpoint_commit(const std::string& dir, std::int64_t step, const std::string& fingerprint,
-                       const std::vector<CheckpointFileRecords>& records, int keep);
+                       const std::vector<CheckpointFileRecords>& records, int keep, double loss_scale = 0,
+                       std::int64_t loss_scale_good_steps = 0);
 
 // Reads and verifies latest.json: format, version and its own checksum. Errors name the folder
 // and say what to do for a folder with no committed save, or one in the older per-rank format.

@@ -169,6 +169,7 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   request.device_name = stage.device_type;
   request.seed = train.seed;
   backend_ = resources.backend ? resources.backend(request) : stage_backend_cpu(request);
+  loss_scaler_ = LossScaler::from(train, backend_->computes_in_fp16());
   Model& model = backend_->model();
   model.layer_cpu_seconds = &layer_cpu_seconds_;
   if (stage.tp > 1) {
@@ -365,7 +366,9 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         slot.sends.clear();
         // The pass's loss is its mean over its B sequences; scaled by B / global batch, every
         // sequence of the step weighs alike, however unevenly the replicas share micro-batches.
-        const float loss_scale = static_cast<float>(slot.pass->B) / static_cast<float>(plan_.global_batch_sequences);
+        // The micro-batch's share of the step's mean loss, times the loss scale (1 unless dynamic).
+        const float loss_scale = static_cast<float>(slot.pass->B) / static_cast<float>(plan_.global_batch_sequences) *
+                                 static_cast<float>(loss_scaler_.scale);
         if (sharded_ && op.bucket >= 0) sharded_->bind(op.chunk, op.bucket);
         slot.input_gradient = backend_->pass_backward(*slot.pass, op.block_begin, op.block_end, loss_scale);
         slot.finished = backend_->pass_finished(*slot.pass);

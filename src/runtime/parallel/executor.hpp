@@ -16,6 +16,7 @@
 #include "runtime/arena.hpp"
 #include "runtime/memory_terms.hpp"
 #include "runtime/parallel/communicator.hpp"
+#include "runtime/parallel/loss_scaler.hpp"
 #include "runtime/parallel/param_layout.hpp"
 #include "runtime/parallel/zero3.hpp"
 #include "runtime/parallel/zero_gradients.hpp"
@@ -57,6 +58,10 @@ struct RankStepStats {
   // weights this step (they stay as they were; the learning-rate schedule still advances).
   bool loss_finite = true;
   bool update_skipped = false;
+  // Dynamic loss scaling: the scale this step's backward ran with, and whether its gradients
+  // overflowed (the update skipped and the scale halved: expected now and then, not a bad step).
+  double loss_scale = 1;
+  bool loss_scale_overflow = false;
   int32_t stop_signal = 0;           // a stop signal this rank received (stop_signals.hpp); 0: none
 };
 
@@ -123,6 +128,9 @@ class RankRuntime {
   void checkpoint_reshard_from(const std::vector<std::string>& rank_dirs, const std::function<void(int)>& verify,
                                int64_t step);
   int64_t optimizer_steps() const { return optimizer_steps_; }
+  const LossScaler& loss_scaler() const { return loss_scaler_; }
+  // A resumed run's scale and good-step count (a checkpoint's); ignored when scaling is off.
+  void loss_scaler_restore(double scale, int64_t good_steps);
   // The first tensor of this rank, in model order, whose gradient (its pieces, when sharded)
   // holds NaN or Inf, as "<name>'s gradient"; "" when all are finite. Read after a step whose update was skipped.
   std::string gradient_nonfinite_name();
@@ -210,6 +218,7 @@ class RankRuntime {
   std::vector<MomentSegment> moments_;
   std::vector<UpdateSpan> spans_;           // the optimizer's updates (ascending packed offsets), built at its first step
   int64_t optimizer_steps_ = 0;
+  LossScaler loss_scaler_;
   bool poison_gradient_ = false;
   double slowdown_ = 1.0;
   std::vector<std::unique_ptr<PassSlot>> passes_;

@@ -48,7 +48,10 @@ void RankRuntime::optimizer(RankStepStats& stats) {
   if (schedule_.tp_rank == 0) stats.loss_sum = losses;
   double sums[2] = {gradient_square_sum(), losses};  // squares, losses
   wait(control_.all_reduce(sums, 2, control_.world()), stats);
-  const double norm = std::sqrt(sums[0]);
+  // The gradients hold loss_scale times the true ones: the norm is theirs over the scale.
+  const double scale = loss_scaler_.scale;
+  stats.loss_scale = scale;
+  const double norm = std::sqrt(sums[0]) / scale;
   const float lr = lr_schedule(optimizer_steps_, train_.learning_rate, train_.min_learning_rate, train_.warmup_steps,
                                train_.steps);
   optimizer_steps_++;
@@ -56,9 +59,16 @@ void RankRuntime::optimizer(RankStepStats& stats) {
   stats.learning_rate = lr;
   stats.loss_finite = std::isfinite(sums[1]);
   stats.update_skipped = !stats.loss_finite || !std::isfinite(sums[0]);
-  if (stats.update_skipped) return;
+  if (stats.update_skipped) {
+    // Every rank saw the same sums, so every rank's scaler decides alike.
+    stats.loss_scale_overflow = stats.loss_finite && loss_scaler_.absorb_overflow();
+    return;
+  }
+  loss_scaler_.step_done();
+  // The update divides the scale back out of the gradients (exactly, for a power of two).
+  const float gradient_scale = static_cast<float>(grad_clip_scale(norm, train_.grad_clip) / scale);
   AdamWHyper hyper{lr, static_cast<float>(train_.beta1), static_cast<float>(train_.beta2),
-                   static_cast<float>(train_.adam_eps), 0.0f, grad_clip_scale(norm, train_.grad_clip)};
+                   static_cast<float>(train_.adam_eps), 0.0f, gradient_scale};
   if (spans_.empty()) spans_ = update_spans();
   for (const UpdateSpan& span : spans_) {
     hyper.weight_decay = span.decay ? static_cast<float>(train_.weight_decay) : 0.0f;
@@ -70,6 +80,12 @@ void RankRuntime::optimizer(RankStepStats& stats) {
                            gradients_at(span.offset, span.count), span.count, hyper, optimizer_steps_);
   }
   backend_->parameters_changed();
+}
+
+void RankRuntime::loss_scaler_restore(double scale, int64_t good_steps) {
+  if (!loss_scaler_.dynamic || !(scale >= 1)) return;
+  loss_scaler_.scale = scale;
+  loss_scaler_.good_steps = good_steps;
 }
 
 void RankRuntime::gather_offloaded_parameters() {

@@ -307,10 +307,11 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
                 "write a size from 1024 bytes to 64 GiB (the train file's gradient_bucket_mib, in bytes)");
   for (auto [key, bytes] : {std::pair{"gradient_bytes", &plan.gradient_bytes},
                             std::pair{"reduce_scatter_bytes", &plan.reduce_scatter_bytes}}) {
-    *bytes = static_cast<int>(get_number_or(j, key, *bytes, source, ""));
-    if (*bytes != 2 && *bytes != 4)
-      throw Error(fmt::format("{} bytes per gradient element", *bytes), {source, key},
-                  "write 4 (fp32 gradients) or 2 (bf16), as the planner does");
+    const double value = get_number_or(j, key, *bytes, source, "");
+    if (value != 1 && value != 2 && value != 4)
+      throw Error(fmt::format("{} bytes per gradient element", value), {source, key},
+                  "write 4 (fp32 gradients), 2 (16-bit) or 1 (fp8), as the planner does");
+    *bytes = static_cast<int>(value);
   }
   const std::string precision = get<std::string>(j, "precision", source, "");
   if (!precision_parse(precision, &plan.precision))

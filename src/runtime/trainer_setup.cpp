@@ -202,11 +202,11 @@ std::string plan_layout_fingerprint(const Plan& plan) {
     text += fmt::format("|{} {} {}", st.tp, st.dp, st.zero);
     for (const LayerRange& c : st.chunks) text += fmt::format(" [{},{})", c.begin, c.end);
     for (bool offloaded : st.offload) text += offloaded ? "o" : "-";
-    // Under ZeRO the shares and the bucket size (it cuts the pieces) set which floats each
-    // replica's optimizer state holds.
+    // Under ZeRO the shares and the buckets (they cut the pieces: a bucket size in bytes of
+    // gradient elements of gradient_bytes) set which floats each replica's optimizer state holds.
     if (st.zero >= 1)
       for (const PlanReplica& r : st.replicas) text += fmt::format(" s{}", r.sequences);
-    if (st.zero >= 1 && st.dp > 1) text += fmt::format(" b{}", plan.gradient_bucket_bytes);
+    if (st.zero >= 1 && st.dp > 1) text += fmt::format(" b{}/{}", plan.gradient_bucket_bytes, plan.gradient_bytes);
   }
   return fmt::format("{:016x}", std::hash<std::string>{}(text));
 }

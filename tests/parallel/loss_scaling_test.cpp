@@ -15,6 +15,7 @@
 #include "../common/test_util.hpp"
 #include "dist_plans.hpp"
 #include "hw/catalog.hpp"
+#include "runtime/trainer_setup.hpp"
 
 namespace alloy::testing {
 namespace {
@@ -144,6 +145,21 @@ TEST_F(LossScalingTest, BadSettingsAreRefusedByField) {
     EXPECT_EQ(r.exit_code, kExitBadInput) << r.output;
     EXPECT_NE(r.output.find(field), std::string::npos) << r.output;
   }
+}
+
+// What cuts a ZeRO stage's pieces is part of the layout a checkpoint is checked against: the
+// bucket size and the bytes of a gradient element it counts (a checkpoint whose buckets were cut
+// at 2 bytes an element is resharded, not loaded into shifted places).
+TEST(LayoutFingerprint, FollowsTheBytesThatCutTheBuckets) {
+  const ModelSpec gpt = model_load_text(kGpt6Yaml, "gpt-6.yaml");
+  const ClusterSpec cluster = cluster_load_text(kCpu8Yaml, "local-cpu-8.yaml", "local-cpu-8", catalog_builtin());
+  const Plan plan = test_plan(gpt, cluster, {{1, 2, 1, {6}}}, Schedule::Schedule_1f1b, 2);
+  Plan half = plan;
+  half.gradient_bytes = 2;
+  EXPECT_NE(plan_layout_fingerprint(half), plan_layout_fingerprint(plan));
+  Plan wider = plan;
+  wider.gradient_bucket_bytes *= 2;
+  EXPECT_NE(plan_layout_fingerprint(wider), plan_layout_fingerprint(plan));
 }
 
 }  // namespace

@@ -81,8 +81,8 @@ CheckpointManifest manifest_from_json(const nlohmann::json& j, const std::string
   }
   // Step 0: weights to start from (alloy import-hf), no step run yet.
   if (m.step < 0 || m.ranks < 1) manifest_damaged(path, "step", "the step must be 0 or more and the rank count positive");
-  if (j.contains("loss_scale") && (!(m.loss_scale >= 1) || m.loss_scale_good_steps < 0))
-    manifest_damaged(path, "loss_scale", "the loss scale must be 1 or more and its good steps 0 or more");
+  if (j.contains("loss_scale") && (!(m.loss_scale >= 1 && m.loss_scale <= 0x1p64) || m.loss_scale_good_steps < 0))
+    manifest_damaged(path, "loss_scale", "the loss scale must be from 1 to 2^64 and its good steps 0 or more");
   return m;
 }
 

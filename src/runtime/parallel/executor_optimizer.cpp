@@ -83,7 +83,7 @@ void RankRuntime::optimizer(RankStepStats& stats) {
 }
 
 void RankRuntime::loss_scaler_restore(double scale, int64_t good_steps) {
-  if (!loss_scaler_.dynamic || !(scale >= 1)) return;
+  if (!loss_scaler_.dynamic || !(scale >= 1 && scale <= kLossScaleMost)) return;
   loss_scaler_.scale = scale;
   loss_scaler_.good_steps = good_steps;
 }

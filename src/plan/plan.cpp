@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "spec/error.hpp"
+#include "spec/moe.hpp"
 #include "spec/units.hpp"
 
 namespace alloy {
@@ -159,6 +160,7 @@ std::string model_fingerprint(const ModelSpec& m) {
                         m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor,
                         m.rope_scaling.original_max_positions);
   if (m.sliding_window > 0) text += fmt::format("|window {}", m.sliding_window);
+  if (model_is_moe(m)) text += "|" + moe_yaml(m.moe);
   return fnv1a_hex(text);
 }
 

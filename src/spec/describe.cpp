@@ -4,10 +4,39 @@
 
 #include <fmt/format.h>
 
+#include "spec/moe.hpp"
 #include "spec/units.hpp"
 #include "util/table.hpp"
 
 namespace alloy {
+
+namespace {
+
+// "  Mixture of Experts: 64 routed experts of width 1408, 6 per token, ..." or "" for a dense model.
+std::string moe_describe(const MixtureOfExperts& moe) {
+  if (moe.num_experts == 0) return "";
+  std::string out = fmt::format("  Mixture of Experts: {} routed experts of width {}, {} per token ({}), router aux loss {:g}",
+                                moe.num_experts, moe.expert_ffn_hidden_size, moe.experts_per_token,
+                                moe.norm_topk_prob ? "weights renormalised" : "softmax weights kept", moe.router_aux_loss_coef);
+  if (moe.num_shared_experts > 0)
+    out += fmt::format(", {} shared expert{} of width {}{}", moe.num_shared_experts, moe.num_shared_experts == 1 ? "" : "s",
+                       moe.shared_expert_ffn_hidden_size, moe.shared_expert_gate ? " behind a sigmoid gate" : "");
+  if (moe.first_dense_layers > 0) out += fmt::format(", first {} block(s) dense", moe.first_dense_layers);
+  return out + "\n";
+}
+
+void add_block_rows(TextTable& params, const ModelSpec& m, const ModelParameterCounts& counts) {
+  const int64_t dense_blocks = model_is_moe(m) ? m.moe.first_dense_layers : m.num_layers;
+  if (dense_blocks > 0)
+    params.add_row({model_is_moe(m) ? "per dense block" : "per block", text_thousands(counts.per_block),
+                    fmt::format("x {} blocks", dense_blocks)});
+  if (!model_is_moe(m)) return;
+  params.add_row({"per MoE block", text_thousands(counts.per_moe_block),
+                  fmt::format("x {} blocks ({})", m.num_layers - dense_blocks, moe_summary(m.moe))});
+  params.add_row({"  active per token", text_thousands(counts.per_moe_block_active), ""});
+}
+
+}  // namespace
 
 ModelStateBytes model_state_bytes(int64_t parameters, Precision precision, int optimizer_states) {
   const double n = static_cast<double>(parameters);
@@ -36,19 +65,23 @@ std::string model_describe(const ModelSpec& m, int64_t seq_len, int optimizer_st
                              m.rope_scaling.factor, m.rope_scaling.low_freq_factor, m.rope_scaling.high_freq_factor,
                              m.rope_scaling.original_max_positions);
   if (m.sliding_window > 0) positions += fmt::format(", sliding window of {} tokens", m.sliding_window);
-  out += fmt::format("  embeddings {}, biases {}, norm eps {:g}{}\n\n", m.tied_embeddings ? "tied" : "untied",
+  out += fmt::format("  embeddings {}, biases {}, norm eps {:g}{}\n", m.tied_embeddings ? "tied" : "untied",
                      m.linear_bias ? "everywhere" : (m.qkv_bias ? "on q/k/v only" : "none"), m.norm_eps, positions);
+  out += moe_describe(m.moe) + "\n";
 
   TextTable params({"parameters", "count>", ""});
   params.add_row({"embedding", text_thousands(counts.embedding), ""});
-  params.add_row({"per block", text_thousands(counts.per_block), fmt::format("x {} blocks", m.num_layers)});
+  add_block_rows(params, m, counts);
   params.add_row({"final norm", text_thousands(counts.final_norm), ""});
   params.add_row({"lm head", text_thousands(counts.lm_head), m.tied_embeddings ? "tied to embedding" : ""});
   params.add_row({"total", text_thousands(counts.total), units_format_count(static_cast<double>(counts.total))});
+  if (model_is_moe(m))
+    params.add_row({"active per token", text_thousands(counts.active), units_format_count(static_cast<double>(counts.active))});
   out += params.render() + "\n";
 
-  out += fmt::format("  FLOPs per token at sequence {}: forward {}, training (forward + backward) {}\n\n", seq_len,
-                     units_format_flop_count(flops.forward), units_format_flop_count(flops.training));
+  out += fmt::format("  FLOPs per token at sequence {}{}: forward {}, training (forward + backward) {}\n\n", seq_len,
+                     model_is_moe(m) ? " (active experts only)" : "", units_format_flop_count(flops.forward),
+                     units_format_flop_count(flops.training));
 
   TextTable states({"model states", "weights>", "+ gradients>", "+ master fp32>", "+ optimizer>", "total>", "bytes/param>"});
   for (Precision p : {Precision::Precision_fp32, Precision::Precision_bf16, Precision::Precision_fp8}) {

@@ -293,6 +293,13 @@ FieldReader FieldReader::child(const std::string& key) const {
   return FieldReader(node_[key], file_, field_path(key));
 }
 
+size_t FieldReader::list_size(const std::string& key) const {
+  if (!has(key) || !node_[key].IsSequence()) {
+    fail(key, has(key) ? "expected a list" : "required list is missing", "write `" + key + ": [...]`");
+  }
+  return node_[key].size();
+}
+
 std::vector<FieldReader> FieldReader::list(const std::string& key) const {
   if (!has(key) || !node_[key].IsSequence()) {
     fail(key, has(key) ? "expected a list" : "required list is missing",

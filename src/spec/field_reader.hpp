@@ -50,6 +50,7 @@ class FieldReader {
 
   FieldReader child(const std::string& key) const;      // must be a mapping
   std::vector<FieldReader> list(const std::string& key) const;  // must be a sequence of mappings
+  size_t list_size(const std::string& key) const;               // items of a sequence of anything
   std::vector<std::string> keys() const;
 
   // Errors on any key not in `known`, suggesting the nearest known key (catches typos).

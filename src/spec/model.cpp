@@ -7,6 +7,7 @@
 
 #include "spec/error.hpp"
 #include "spec/field_reader.hpp"
+#include "spec/moe.hpp"
 #include "spec/presets.hpp"
 #include "spec/rope.hpp"
 #include "spec/text.hpp"
@@ -15,8 +16,9 @@ namespace alloy {
 
 namespace {
 
-const std::vector<std::string> kLlamaTypes = {"llama", "mistral", "qwen2"};
-const std::vector<std::string> kAllTypes = {"gpt2", "llama", "mistral", "qwen2"};
+// MoE types (mixtral, qwen2_moe, deepseek) are LLaMA blocks with expert MLPs.
+const std::vector<std::string> kLlamaTypes = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek"};
+const std::vector<std::string> kAllTypes = {"gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "deepseek"};
 
 // Upper bounds that keep every product in int64 and catch typos like an extra zero run.
 constexpr int64_t kMaxLayers = 10000;
@@ -81,7 +83,7 @@ ModelSpec read_hf_llama(const FieldReader& r, const std::string& type) {
     r.fail("hidden_act", "activation '" + act + "' is not supported for the LLaMA family",
            "Alloy's LLaMA blocks use SwiGLU: set hidden_act to silu");
   }
-  m.qkv_bias = (type == "qwen2");
+  m.qkv_bias = (type == "qwen2" || type == "qwen2_moe");
   if (r.get_bool("attention_bias", false)) {
     r.fail("attention_bias", "attention projections with biases are not supported for " + type,
            "set attention_bias to false (qwen2's q/k/v biases are implied by model_type qwen2)");
@@ -91,13 +93,14 @@ ModelSpec read_hf_llama(const FieldReader& r, const std::string& type) {
   }
   m.rope_scaling = rope_scaling_read(r, true);
   m.sliding_window = sliding_window_read(r, type, true);
+  if (moe_is_hf_type(type)) m.moe = moe_read_hf(r, type);
   return m;
 }
 
 ModelSpec read_alloy_yaml(const FieldReader& r) {
   r.reject_unknown({"name", "family", "model_type", "layers", "hidden_size", "heads", "kv_heads", "head_dim",
                     "ffn_hidden_size", "vocab_size", "max_seq_len", "tied_embeddings", "qkv_bias",
-                    "linear_bias", "norm_bias", "norm_eps", "rope_theta", "rope_scaling", "sliding_window"});
+                    "linear_bias", "norm_bias", "norm_eps", "rope_theta", "rope_scaling", "sliding_window", "moe"});
   ModelSpec m;
   std::string family = r.get_string("family");
   if (family == "gpt2") {
@@ -129,6 +132,7 @@ ModelSpec read_alloy_yaml(const FieldReader& r) {
   if (gpt2 && m.rope_scaling.type != RopeScalingType::RopeScalingType_none)
     r.fail("rope_scaling", "gpt2 models have learned positions, not RoPE", "remove rope_scaling");
   m.sliding_window = sliding_window_read(r, m.model_type, false);
+  m.moe = moe_read_yaml(r);
   if (!gpt2 && (m.linear_bias || m.norm_bias)) {
     r.fail(m.linear_bias ? "linear_bias" : "norm_bias", "the llama family has no such biases",
            "remove the field or set it to false");
@@ -194,6 +198,7 @@ void model_validate(const ModelSpec& m) {
   if (!(m.rope_theta > 0)) {
     throw Error("rope_theta must be positive", {m.source_path, "rope_theta"}, "typical values are 10000 or 500000");
   }
+  moe_validate(m);
 }
 
 ModelSpec model_load_file(const std::string& path) { return model_load_text(spec_file_text(path), path); }
@@ -204,14 +209,17 @@ ModelSpec model_load_text(const std::string& text, const std::string& path) {
   ModelSpec m;
   if (is_json) {
     std::string type = r.get_string("model_type");
+    moe_refuse_unread_type(r, type);
     if (type == "gpt2") {
       m = read_hf_gpt2(r);
     } else if (is_llama_type(type)) {
       m = read_hf_llama(r, type);
     } else {
       r.fail("model_type", "unknown model_type '" + type + "'",
-             "did you mean " + text_nearest(type, kAllTypes) + "? Alloy reads gpt2, llama, mistral and qwen2 configs");
+             "did you mean " + text_nearest(type, kAllTypes) +
+                 "? Alloy reads gpt2, llama, mistral and qwen2 configs, and mixtral, qwen2_moe and deepseek (MoE)");
     }
+    moe_refuse_experts_in_dense(r, type);
     m.model_type = type;
     m.name = stem_of(path);
   } else {
@@ -250,7 +258,8 @@ std::string model_to_yaml(const ModelSpec& m) {
       yaml_quoted(m.name), model_family_name(m.family), yaml_quoted(m.model_type), m.num_layers, m.hidden_size,
       m.num_heads, m.num_kv_heads, m.head_dim, m.ffn_hidden_size, m.vocab_size, m.max_seq_len, m.tied_embeddings,
       m.qkv_bias, m.linear_bias, m.norm_bias, m.norm_eps, m.rope_theta) +
-         rope_scaling_yaml(m.rope_scaling) + (m.sliding_window > 0 ? fmt::format("sliding_window: {}\n", m.sliding_window) : "");
+         rope_scaling_yaml(m.rope_scaling) + (m.sliding_window > 0 ? fmt::format("sliding_window: {}\n", m.sliding_window) : "") +
+         moe_yaml(m.moe);
 }
 
 ModelParameterCounts model_parameter_counts(const ModelSpec& m) {
@@ -268,9 +277,19 @@ ModelParameterCounts model_parameter_counts(const ModelSpec& m) {
     mlp = 3 * C * F;
   }
   c.per_block = 2 * norm + attention + mlp;
+  int64_t dense_blocks = m.num_layers;
+  if (model_is_moe(m)) {
+    const MoeMlpParameters experts = moe_mlp_parameters(m);
+    c.per_moe_block = 2 * norm + attention + experts.all;
+    c.per_moe_block_active = 2 * norm + attention + experts.active;
+    dense_blocks = m.moe.first_dense_layers;
+  }
+  const int64_t moe_blocks = m.num_layers - dense_blocks;
   c.final_norm = norm;
   c.lm_head = m.tied_embeddings ? 0 : m.vocab_size * C;
-  c.total = c.embedding + m.num_layers * c.per_block + c.final_norm + c.lm_head;
+  const int64_t outside_blocks = c.embedding + c.final_norm + c.lm_head;
+  c.total = outside_blocks + dense_blocks * c.per_block + moe_blocks * c.per_moe_block;
+  c.active = outside_blocks + dense_blocks * c.per_block + moe_blocks * c.per_moe_block_active;
   return c;
 }
 
@@ -279,11 +298,18 @@ ModelFlopsPerToken model_flops_per_token(const ModelSpec& m, int64_t seq_len) {
   const double Hq = static_cast<double>(m.num_heads), Hkv = static_cast<double>(m.num_kv_heads);
   const double F = static_cast<double>(m.ffn_hidden_size), T = static_cast<double>(seq_len);
   const double mlp_matrices = m.family == ModelFamily::ModelFamily_gpt2 ? 2 : 3;
-  const double block_weights = (Hq + 2 * Hkv) * D * C + Hq * D * C + mlp_matrices * C * F;
+  const double attention_weights = (Hq + 2 * Hkv) * D * C + Hq * D * C;
   const double attention = 2.0 * 2.0 * T * Hq * D;  // QK^T and AV, per token
+  const double dense_block = 2.0 * (attention_weights + mlp_matrices * C * F) + attention;
+  double blocks = static_cast<double>(m.num_layers) * dense_block;
+  if (model_is_moe(m)) {
+    // A token multiplies with the router, its top-k routed experts and the shared experts only.
+    const double moe_block = 2.0 * (attention_weights + static_cast<double>(moe_mlp_parameters(m).active)) + attention;
+    const double dense_blocks = static_cast<double>(m.moe.first_dense_layers);
+    blocks = dense_blocks * dense_block + (static_cast<double>(m.num_layers) - dense_blocks) * moe_block;
+  }
   ModelFlopsPerToken out;
-  out.forward = static_cast<double>(m.num_layers) * (2.0 * block_weights + attention) +
-                2.0 * static_cast<double>(m.vocab_size) * C;
+  out.forward = blocks + 2.0 * static_cast<double>(m.vocab_size) * C;
   out.training = 3.0 * out.forward;
   return out;
 }

@@ -28,6 +28,21 @@ struct RopeScaling {
   int64_t original_max_positions = 0;  // llama3: the context the frequencies were trained for
 };
 
+// Mixture-of-Experts MLPs (Mixtral, Qwen2-MoE, DeepSeek-MoE): in each MoE block a router (a
+// hidden x num_experts matrix, no bias) picks experts_per_token of the routed SwiGLU experts
+// for every token; shared experts see every token. num_experts == 0 means a dense model.
+struct MixtureOfExperts {
+  int64_t num_experts = 0;                    // routed experts per MoE block
+  int64_t experts_per_token = 0;              // top-k the router picks
+  int64_t expert_ffn_hidden_size = 0;         // inner width of each routed expert
+  int64_t num_shared_experts = 0;             // experts every token passes through (DeepSeek 2, Qwen2-MoE 1)
+  int64_t shared_expert_ffn_hidden_size = 0;  // inner width of each shared expert
+  bool shared_expert_gate = false;            // Qwen2-MoE: a sigmoid gate (hidden x 1) scales the shared output
+  int64_t first_dense_layers = 0;             // leading blocks with a dense MLP of ffn_hidden_size (DeepSeek)
+  bool norm_topk_prob = true;                 // the top-k routing weights are renormalised to sum to 1
+  double router_aux_loss_coef = 0;            // weight of the load-balancing loss
+};
+
 struct ModelSpec {
   std::string name;         // preset name or file stem, e.g. "llama-2-7b"
   std::string source_path;  // file it was read from ("" for one built in code)
@@ -39,7 +54,7 @@ struct ModelSpec {
   int64_t num_heads = 0;         // query heads Hq
   int64_t num_kv_heads = 0;      // key/value heads Hkv (== Hq for multi-head attention)
   int64_t head_dim = 0;          // D; usually C / Hq
-  int64_t ffn_hidden_size = 0;   // F: MLP inner width (GELU: up/down; SwiGLU: gate/up/down)
+  int64_t ffn_hidden_size = 0;   // F: MLP inner width (GELU: up/down; SwiGLU: gate/up/down); MoE: of the dense blocks
   int64_t vocab_size = 0;        // V
   int64_t max_seq_len = 0;       // longest sequence (positions) the model supports
 
@@ -51,21 +66,32 @@ struct ModelSpec {
   double rope_theta = 10000.0;   // LLaMA family only
   RopeScaling rope_scaling;      // LLaMA family only
   int64_t sliding_window = 0;    // > 0: each query sees itself and the sliding_window - 1 keys before it
+  MixtureOfExperts moe;          // LLaMA family only; moe.num_experts == 0: every block is dense
 };
+
+inline bool model_is_moe(const ModelSpec& model) { return model.moe.num_experts > 0; }
+
+// Throws alloy::Error when `model` is a Mixture-of-Experts model: `consumer` (e.g. "the cost
+// model") knows only dense blocks and would treat the experts wrongly. One message for all.
+void model_require_dense(const ModelSpec& model, const std::string& consumer);
 
 // Parameter counts, exact, from the config alone.
 struct ModelParameterCounts {
   int64_t embedding = 0;     // token (+ position) embeddings
-  int64_t per_block = 0;     // one decoder block
+  int64_t per_block = 0;     // one dense decoder block (MoE models: one of moe.first_dense_layers)
+  int64_t per_moe_block = 0;         // one MoE block with every expert (0 for a dense model)
+  int64_t per_moe_block_active = 0;  // the part of it one token passes through (top-k routed experts)
   int64_t final_norm = 0;
   int64_t lm_head = 0;       // 0 when tied
   int64_t total = 0;
+  int64_t active = 0;        // parameters one token passes through: total less the experts not picked
 };
 ModelParameterCounts model_parameter_counts(const ModelSpec& model);
 
 // Matrix-multiply FLOPs per token for one sequence of `seq_len` tokens: 2 per weight of every
 // projection (LM head included, tied or not) plus QK^T and AV over the full sequence, the
-// accounting Megatron-LM uses for model FLOPs utilisation. Training = 3 x forward.
+// accounting Megatron-LM uses for model FLOPs utilisation. Training = 3 x forward. MoE blocks
+// count the router, the experts_per_token routed experts and the shared experts.
 struct ModelFlopsPerToken {
   double forward = 0;
   double training = 0;

@@ -62,9 +62,9 @@ RopeScaling rope_scaling_read(const FieldReader& model, bool hugging_face) {
 }
 
 int64_t sliding_window_read(const FieldReader& model, const std::string& model_type, bool hugging_face) {
-  if (hugging_face && model_type == "qwen2") {
+  if (hugging_face && (model_type == "qwen2" || model_type == "qwen2_moe")) {
     if (model.get_bool("use_sliding_window", false))
-      model.fail("use_sliding_window", "qwen2's sliding windows (on the layers from max_window_layers on) are not implemented",
+      model.fail("use_sliding_window", model_type + "'s sliding windows (on the layers from max_window_layers on) are not implemented",
                  "set use_sliding_window to false, as the published Qwen2 configs do");
     return 0;
   }

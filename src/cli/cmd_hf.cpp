@@ -74,6 +74,7 @@ void run_import(const ImportCommand& c) {
   if (!fs::exists(config))
     throw Error("no config.json beside the weights", {config, ""}, "pass the model's config.json as the second argument");
   const ModelSpec model = model_load(config);
+  model_require_dense(model, "`alloy import-hf`");
   std::vector<HostTensor> tensors = hf_weights_import(model, c.weights);
   if (fs::exists(c.output) && !fs::is_empty(c.output))
     throw Error("exists and is not empty: refusing to write a checkpoint into it", {c.output, ""},
@@ -100,6 +101,7 @@ ModelSpec checkpoint_model(const ExportCommand& c) {
 
 void run_export(const ExportCommand& c) {
   const ModelSpec model = checkpoint_model(c);
+  model_require_dense(model, "`alloy export-hf`");
   const CheckpointManifest manifest = checkpoint_manifest_read(c.checkpoint);
   if (manifest.fingerprint.rfind(trainer_model_fingerprint(model) + "|", 0) != 0)
     throw Error(fmt::format("the checkpoint is of \"{}\", not of model {}", manifest.fingerprint, model.name),

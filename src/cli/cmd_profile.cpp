@@ -83,6 +83,7 @@ void also_across_emulated_nodes(std::vector<Measured>* measurements) {
 
 void run_profile(const ProfileCommand& c) {
   const ModelSpec model = model_load(c.model);
+  model_require_dense(model, "`alloy profile`");
   const ClusterSpec cluster = cluster_load(c.cluster, catalog_builtin());
   TrainSpec train;
   if (!c.train_file.empty()) train = train_load(c.train_file);

@@ -262,6 +262,7 @@ void run_train(TrainCommand& c, int* exit_code) {
   if (c.model.empty() && !plan)
     throw Error("no model given", {"", "--model"}, "pass --model tiny-gpt (or a config path), or --plan with a plan file");
   const ModelSpec model = plan ? plan_model(*plan, c.model, c.plan) : model_load(c.model);
+  model_require_dense(model, "`alloy train`");
   if (c.device != "cpu" && c.device != "cuda") {
     throw Error("unknown device '" + c.device + "'", {"", "--device"}, "use cpu, or cuda for one GPU per rank");
   }

@@ -99,6 +99,7 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
 CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                      const Profile* profile)
     : model_(model), cluster_(cluster), train_(train), profile_(profile) {
+  model_require_dense(model, "the cost model");
   type_links_.resize(cluster.device_types.size());
   std::vector<bool> seen(cluster.device_types.size(), false);
   for (const NodeGroup& g : cluster.node_groups) {

@@ -76,6 +76,7 @@ double reference_cpu_seconds() {
 }  // namespace
 
 std::vector<LayerShape> layer_profile_shapes(const ModelSpec& model, const TrainSpec& train, int max_tp) {
+  model_require_dense(model, "the layer profiler");
   std::vector<int> tps;
   for (int tp = 1; tp <= max_tp; tp *= 2) {
     if (model.num_heads % tp == 0 && model.num_kv_heads % tp == 0 && model.ffn_hidden_size % tp == 0) tps.push_back(tp);

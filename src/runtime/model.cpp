@@ -14,6 +14,7 @@ namespace alloy {
 namespace {
 
 void model_check_spec(const ModelSpec& spec) {
+  model_require_dense(spec, "the runtime's model");
   const bool positive = spec.num_layers > 0 && spec.hidden_size > 0 && spec.num_heads > 0 &&
                         spec.num_kv_heads > 0 && spec.head_dim > 0 && spec.ffn_hidden_size > 0 &&
                         spec.vocab_size > 0 && spec.max_seq_len > 0;

@@ -377,6 +377,7 @@ std::string trainer_model_fingerprint(const ModelSpec& m) { return m.name + "@" 
 TrainerResult train_run(const ModelSpec& model, TrainSpec train, const Plan& plan, const ClusterSpec& cluster,
                         Communicator& comm, const TrainerOptions& o, const TrainBackend& backend,
                         const std::function<void(const StepReport&)>& on_step) {
+  model_require_dense(model, "the trainer");
   RankSetup setup = rank_setup(model, train, plan, cluster, comm, o, backend);
   // From here an error on one rank alone ends the job at once (before buffers that transfers
   // in flight still use are freed); errors every rank agrees on still return normally, and so

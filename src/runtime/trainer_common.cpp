@@ -71,6 +71,7 @@ void trainer_print_progress(const StepReport& r, int64_t total_steps) {
 
 OneStage trainer_one_stage(const ModelSpec& model, const TrainSpec& train, const TrainerOptions& o,
                            const DeviceType* device, int replicas) {
+  model_require_dense(model, "the trainer");
   trainer_check_seq_len(model, train);
   DeviceType type;
   if (device != nullptr) {

@@ -245,8 +245,8 @@ std::string moe_summary(const MixtureOfExperts& moe) {
 
 void model_require_dense(const ModelSpec& m, const std::string& consumer) {
   if (!model_is_moe(m)) return;
-  throw Error(fmt::format("Mixture-of-Experts models (model {}: {}) are not planned or trained yet: {} knows only "
-                          "dense MLP blocks and would miscount the experts",
+  throw Error(fmt::format("Mixture-of-Experts models (model {}: {}) are not planned or trained yet: {} handles "
+                          "dense MLP blocks only",
                           m.name, moe_summary(m.moe), consumer),
               {m.source_path, moe_field_name(m, MoeField::MoeField_experts)},
               fmt::format("`alloy check --model {}` counts its parameters (total and active per token); plan, "

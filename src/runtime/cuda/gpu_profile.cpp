@@ -117,6 +117,7 @@ double measure_optimizer(GpuModel& model, int repeats) {
 
 GpuProfile gpu_profile_measure(const ModelSpec& spec, const TrainSpec& train, int device, int repeats,
                                const std::function<void(const std::string&)>& progress) {
+  model_require_dense(spec, "the GPU profiler");
   GpuProfile out;
   out.device = cuda_device_open(device);
   ModelSpec two_blocks = spec;

@@ -130,6 +130,7 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 }  // namespace
 
 std::vector<HostTensor> hf_weights_import(const ModelSpec& model, const std::string& path) {
+  model_require_dense(model, "Hugging Face weight import");
   const Sources s = sources_open(path);
   const std::string prefix = prefix_of(model, s);
   std::map<std::string, Recipe> by_name;
@@ -184,6 +185,7 @@ std::vector<HostTensor> hf_weights_import(const ModelSpec& model, const std::str
 }
 
 std::vector<HostTensor> hf_weights_export(const ModelSpec& model, const std::vector<HostTensor>& alloy) {
+  model_require_dense(model, "Hugging Face weight export");
   std::map<std::string, const HostTensor*> by_name;
   for (const HostTensor& t : alloy) by_name[t.name] = &t;
   std::vector<HostTensor> out;
@@ -219,6 +221,7 @@ std::vector<HostTensor> hf_weights_export(const ModelSpec& model, const std::vec
 }
 
 std::string hf_config_json(const ModelSpec& m) {
+  model_require_dense(m, "Hugging Face config export");
   nlohmann::ordered_json c;
   if (m.family == ModelFamily::ModelFamily_gpt2) {
     c = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"n_embd", m.hidden_size},

@@ -18,11 +18,11 @@ constexpr int64_t kMaxExperts = 100000;
 constexpr int64_t kMaxExpertWidth = 10000000;
 constexpr double kMaxMoeParameters = 1e18;
 
-// MoE architectures on the Hugging Face hub whose attention or routing differs from the three
-// Alloy reads, so reading them as one of those would miscount them.
+// MoE architectures on the Hugging Face hub whose attention, routing or block layout differs
+// from the three Alloy reads, so reading them as one of those would miscount them.
 const std::vector<std::string> kUnreadMoeTypes = {"deepseek_v2", "deepseek_v3", "qwen3_moe", "dbrx", "olmoe",
                                                   "jamba", "phimoe", "granitemoe", "jetmoe", "arctic",
-                                                  "minimax", "llama4", "mixtral_moe", "switch_transformers"};
+                                                  "minimax", "llama4", "switch_transformers"};
 // Keys that give expert counts in the configs above: a dense model_type carrying one is likely a
 // mislabelled MoE config.
 const char* const kExpertCountKeys[] = {"num_local_experts", "num_experts", "n_routed_experts"};
@@ -103,7 +103,7 @@ void moe_refuse_unread_type(const FieldReader& r, const std::string& type) {
     if (type == unread)
       r.fail("model_type", fmt::format("'{}' is a Mixture-of-Experts architecture Alloy does not read", type),
              "Alloy reads the MoE model_types mixtral, qwen2_moe and deepseek (DeepSeek-MoE); others differ in "
-             "attention or routing and would be miscounted");
+             "attention, routing or block layout and would be miscounted");
   }
 }
 

@@ -42,8 +42,9 @@ ModelStateBytes model_state_bytes(int64_t parameters, Precision precision, int o
   const double n = static_cast<double>(parameters);
   ModelStateBytes b;
   b.weights = n * precision_bytes(precision);
-  b.gradients = n * precision_bytes(precision);
   b.master_weights = precision_bytes(precision) < 4 ? 4.0 * n : 0.0;
+  // Beside fp32 master weights gradients accumulate in fp32 (the cost model's gradient bytes).
+  b.gradients = 4.0 * n;
   b.optimizer_states = 4.0 * n * optimizer_states;
   return b;
 }
@@ -92,7 +93,8 @@ std::string model_describe(const ModelSpec& m, int64_t seq_len, int optimizer_st
                     fmt::format("{:g}", b.total() / static_cast<double>(counts.total))});
   }
   out += states.render();
-  out += fmt::format("  (optimizer: {} fp32 state(s) per parameter; no sharding, before activations)\n",
+  out += fmt::format("  (optimizer: {} fp32 state(s) per parameter; gradients accumulate in fp32 beside fp32 master "
+                     "weights; no sharding, before activations)\n",
                      optimizer_states);
   return out;
 }

@@ -13,7 +13,7 @@ namespace alloy {
 // Bytes of model states for one parameter count, by storage precision.
 struct ModelStateBytes {
   double weights = 0;           // parameters in that precision
-  double gradients = 0;         // gradients in that precision
+  double gradients = 0;         // accumulated in fp32 beside fp32 master weights, as Alloy's runtimes do
   double master_weights = 0;    // fp32 copy kept by mixed precision (0 for fp32)
   double optimizer_states = 0;  // fp32 optimizer moments
   double total() const { return weights + gradients + master_weights + optimizer_states; }

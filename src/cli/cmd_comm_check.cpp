@@ -1,6 +1,7 @@
 // `alloy comm-check`: runs every collective of the Communicator on the world and on split
 // groups with data each rank can verify on its own, then measures all-reduce bandwidth,
-// small-message latency and compute/communication overlap. Rank 0 prints the table.
+// small-message latency and compute/communication overlap. Rank 0 prints the table. With
+// --cluster it then surveys the links between the cluster's node groups (comm_check_links.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,6 +14,8 @@
 #include <fmt/core.h>
 
 #include "cli/commands.hpp"
+#include "cli/comm_check_links.hpp"
+#include "hw/catalog.hpp"
 #include "cli/option_checks.hpp"
 #include "runtime/bf16.hpp"
 #include "runtime/parallel/communicator.hpp"
@@ -30,6 +33,8 @@ struct CommCheckOptions {
   double timeout_seconds = 0;
   int fault_rank = -1;         // testing aid: the rank that misbehaves
   std::string fault = "stall";  // stall: never joins the first collective; corrupt: wrong input
+  std::string cluster;          // survey the links between its node groups (rank r = device r)
+  bool emulate_network = false;  // pace the survey's links to the cluster's network
 };
 
 enum class CheckOutcome : uint8_t { CheckOutcome_pass, CheckOutcome_fail, CheckOutcome_not_member };
@@ -506,6 +511,16 @@ void table_print(Communicator& comm, const CheckTable& table, const std::vector<
   }
 }
 
+// The cluster whose links --cluster surveys: one device per rank.
+ClusterSpec comm_check_cluster(const CommCheckOptions& o, int world_size) {
+  ClusterSpec cluster = cluster_load(o.cluster, catalog_builtin());
+  if (static_cast<int>(cluster.devices.size()) != world_size)
+    throw Error(fmt::format("cluster {} has {} devices but {} ranks were started", cluster.name,
+                            cluster.devices.size(), world_size),
+                {o.cluster, "nodes"}, fmt::format("launch with mpirun -np {}", cluster.devices.size()));
+  return cluster;
+}
+
 // The largest all-reduce timed: each rank holds a few buffers of this size.
 constexpr double kCommCheckMostBytes = 16.0 * (1LL << 30);
 
@@ -526,6 +541,8 @@ int comm_check_run(const CommCheckOptions& o) {
     if (o.fault_rank == rank && o.fault == "stall") {
       std::this_thread::sleep_for(std::chrono::hours(1));  // the others' timeout ends the job
     }
+    std::optional<ClusterSpec> cluster;
+    if (!o.cluster.empty()) cluster = comm_check_cluster(o, comm->world_size());
     std::vector<std::string> hosts = host_names_gather(*comm);
     CheckTable table;
     std::vector<CheckGroup> groups = check_groups(*comm);
@@ -546,6 +563,16 @@ int comm_check_run(const CommCheckOptions& o) {
                            comm->world())
         .wait();
     if (rank == 0) table_print(*comm, table, outcomes_by_rank, hosts, m, bytes);
+    if (cluster) {
+      if (o.emulate_network) {
+        std::vector<int> device_of_rank(static_cast<size_t>(comm->world_size()));
+        for (int r = 0; r < comm->world_size(); ++r) device_of_rank[static_cast<size_t>(r)] = r;
+        auto pacing = std::make_shared<const LinkPacing>(link_pacing_for_cluster(*cluster, device_of_rank));
+        comm->links_pace(pacing);
+        if (rank == 0) fmt::print("network emulated between ranks: {}\n", pacing->describe());
+      }
+      comm_links_survey(*comm, *cluster, bytes);
+    }
     bool any_failed = std::any_of(outcomes_by_rank.begin(), outcomes_by_rank.end(), [](uint8_t outcome) {
       return outcome == static_cast<uint8_t>(CheckOutcome::CheckOutcome_fail);
     });
@@ -574,6 +601,12 @@ void add_comm_check(CLI::App& app, int* exit_code) {
   cmd->add_option("--fault", options->fault, "Testing aid: stall (never joins) or corrupt (wrong input)")
       ->check(CLI::IsMember({"stall", "corrupt"}))
       ->group("");
+  CLI::Option* cluster = cmd->add_option(
+      "--cluster", options->cluster,
+      "Also measure the links between this cluster's node groups (preset or YAML; rank r is device r)");
+  cmd->add_flag("--emulate-network", options->emulate_network,
+                "Pace those links to the cluster's network first (ranks on one host emulating several nodes)")
+      ->needs(cluster);
   cmd->callback([options, exit_code]() { *exit_code = comm_check_run(*options); });
 }
 

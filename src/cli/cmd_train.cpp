@@ -318,6 +318,8 @@ void add_train(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--memory-cap", c->memory_cap, "Arena capacity, e.g. 2GiB (training fails clearly above it)");
   cmd->add_flag("--progress,!--no-progress", c->options.progress, "Per-step line on stderr (--no-progress: none)");
+  cmd->add_flag("--emulate-network", c->options.emulate_network,
+                "Pace traffic between ranks the cluster puts on different nodes to its network (ranks on one host)");
   cmd->add_option("--device", c->device,
                   "cpu, or cuda: train in bf16 on one GPU, or on one GPU per rank under mpirun (data parallel, --plan or not)")
       ->capture_default_str();

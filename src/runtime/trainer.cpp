@@ -317,6 +317,16 @@ void RankTrainer::finish(TrainerResult& result, const std::vector<RankStepStats>
   }
 }
 
+// Paces the traffic between ranks the cluster puts on different nodes to the links between them;
+// rank 0 names the paced links.
+void network_emulate(const Plan& plan, const ClusterSpec& cluster, Communicator& comm) {
+  std::vector<int> device_of_rank;
+  for (const RankInfo& info : plan_rank_map(plan)) device_of_rank.push_back(info.device_id);
+  auto pacing = std::make_shared<const LinkPacing>(link_pacing_for_cluster(cluster, device_of_rank));
+  dist_agree_on(comm, [&] { comm.links_pace(pacing); });
+  if (comm.rank() == 0) fmt::print("network emulated between ranks: {}\n", pacing->describe());
+}
+
 // Checks every rank agrees on before any allocation, then the rank's resources and readers.
 RankSetup rank_setup(const ModelSpec& model, TrainSpec& train, const Plan& plan, const ClusterSpec& cluster,
                      Communicator& comm, const TrainerOptions& o, const TrainBackend& backend) {
@@ -348,6 +358,7 @@ RankSetup rank_setup(const ModelSpec& model, TrainSpec& train, const Plan& plan,
   const NodeGroup& node_group = cluster.node_group(device);
   RankSetup setup;
   dist_agree_on(comm, [&] { setup.slowdown = device_slowdown(type, sharing, runtime_threads()); });
+  if (o.emulate_network) network_emulate(plan, cluster, comm);
   setup.resources.backend = backend.make;
   setup.resources.slowdown = setup.slowdown;
   setup.resources.memory_cap_bytes = static_cast<int64_t>(o.memory_cap_bytes > 0 ? o.memory_cap_bytes : type.memory_bytes);

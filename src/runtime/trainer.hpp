@@ -42,6 +42,7 @@ struct TrainerOptions {
   Recompute recompute = Recompute::Recompute_none;  // without a plan: for every block
   double memory_cap_bytes = 0;       // per rank; 0: the device's memory
   bool progress = true;              // progress line on stderr (rank 0)
+  bool emulate_network = false;      // pace traffic between ranks of different nodes to the cluster's links
   // Steps in a row whose loss or gradient held NaN or Inf (each skipped, the weights kept) that
   // stop the run with NonFiniteError; fewer are skipped with a warning.
   int64_t max_bad_steps = 1;

@@ -95,7 +95,7 @@ std::string units_format_bytes(double bytes) {
 }
 
 std::string units_format_bandwidth(double bytes_per_second) {
-  return scaled(bytes_per_second, {{1e12, "TB/s"}, {1e9, "GB/s"}, {1e6, "MB/s"}, {1, "B/s"}});
+  return scaled(bytes_per_second, {{1e12, "TB/s"}, {1e9, "GB/s"}, {1e6, "MB/s"}, {1e3, "kB/s"}, {1, "B/s"}});
 }
 
 std::string units_format_flops(double flops_per_second) {

@@ -11,6 +11,7 @@
 #include "spec/error.hpp"
 
 #include "cost/profile.hpp"
+#include "runtime/parallel/link_pacing.hpp"
 
 namespace alloy {
 
@@ -116,6 +117,12 @@ class Communicator {
   virtual CommHandle broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) = 0;
   // Fixed-size records from every member to every member: out has group.size() * bytes.
   virtual CommHandle all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) = 0;
+
+  // Emulated links (link_pacing.hpp): from now on every send is delivered, and every collective
+  // completes, no sooner than `pacing` says its links allow. Every rank calls it with the same
+  // table, between collectives, before the traffic it should pace. A communicator that cannot pace
+  // refuses a table that paces any link.
+  virtual void links_pace(std::shared_ptr<const LinkPacing> pacing);
 
   // Seconds the progress thread had at least one transfer in flight since the last call
   // (a measure of communication time that overlaps compute).

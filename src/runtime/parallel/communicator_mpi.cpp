@@ -79,6 +79,12 @@ MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
 template <>
 MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
 
+// Emulated links: when a send is posted and how long a collective is held (mpi_progress.hpp).
+struct LinkDelay {
+  std::optional<std::chrono::steady_clock::time_point> post_at;
+  double hold_seconds = 0;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(double timeout_seconds);
@@ -110,6 +116,7 @@ class MpiCommunicator final : public Communicator {
   void collective_timing(bool on) override { timing_on_ = on; }
   std::vector<CollectiveTiming> take_collective_timings() override { return progress_.take_collective_timings(); }
   [[noreturn]] void abort(const std::string& message, int exit_code) override;
+  void links_pace(std::shared_ptr<const LinkPacing> pacing) override;
 
  private:
   template <typename T>
@@ -122,8 +129,11 @@ class MpiCommunicator final : public Communicator {
   void collective_count(CommHandle::State& state, const CommGroup& group, std::optional<CollectiveOp> op);
   void point_check(int64_t bytes, int peer, int tag, const char* kind) const;
   std::vector<int> counts_check(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind) const;
+  // Reserves the link to `peer` for `bytes` from now or when its last transfer leaves.
+  LinkDelay send_delay(int peer, int64_t bytes);
+  LinkDelay collective_delay(PacedCollective kind, const CommHandle::State& state) const;
   CommHandle enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
-                     std::function<void()> finish = {});
+                     std::function<void()> finish = {}, LinkDelay delay = {});
   // This rank's answer to a peer's inquiry: collectives posted per group, what it waits for.
   std::string status_describe();
   // "0,2#1": group `id` as every member names it. Call with groups_mutex_ held.
@@ -143,6 +153,9 @@ class MpiCommunicator final : public Communicator {
   // (and by the constructor and destructor, before it starts and after it stops).
   std::vector<MPI_Comm> comms_;
   MPI_Comm inquiry_comm_ = MPI_COMM_NULL;  // peers ask this rank where it is (mpi_progress.hpp)
+  mutable std::mutex pacing_mutex_;
+  std::shared_ptr<const LinkPacing> pacing_;                       // none: no link is paced
+  std::vector<std::chrono::steady_clock::time_point> link_free_;  // by peer: when its link is free
   MpiProgress progress_;
 };
 
@@ -281,12 +294,48 @@ std::vector<int> MpiCommunicator::counts_check(const std::vector<int64_t>& count
   return result;
 }
 
+void MpiCommunicator::links_pace(std::shared_ptr<const LinkPacing> pacing) {
+  if (pacing && pacing->world_size() != world_size())
+    throw Error(fmt::format("link pacing for {} ranks in a world of {}", pacing->world_size(), world_size()), {},
+                "build the table from the plan's rank map");
+  std::lock_guard lock(pacing_mutex_);
+  pacing_ = pacing && pacing->paces_any() ? std::move(pacing) : nullptr;
+  link_free_.assign(static_cast<size_t>(world_size()), std::chrono::steady_clock::time_point{});
+}
+
+LinkDelay MpiCommunicator::send_delay(int peer, int64_t bytes) {
+  std::lock_guard lock(pacing_mutex_);
+  if (!pacing_ || !pacing_->link(rank_, peer).paced()) return {};
+  // The link carries one message at a time: this one leaves when the last has left, and is
+  // posted to MPI when its last byte would arrive.
+  using Seconds = std::chrono::duration<double>;
+  using Clock = std::chrono::steady_clock;
+  auto& free = link_free_[static_cast<size_t>(peer)];
+  const Clock::time_point leaves = std::max(Clock::now(), free);
+  free = leaves + std::chrono::duration_cast<Clock::duration>(Seconds(pacing_->occupy_seconds(rank_, peer, bytes)));
+  const double latency_seconds = pacing_->link(rank_, peer).latency_seconds;
+  return {free + std::chrono::duration_cast<Clock::duration>(Seconds(latency_seconds)), 0.0};
+}
+
+LinkDelay MpiCommunicator::collective_delay(PacedCollective kind, const CommHandle::State& state) const {
+  std::shared_ptr<const LinkPacing> pacing;
+  {
+    std::lock_guard lock(pacing_mutex_);
+    pacing = pacing_;
+  }
+  if (!pacing || !state.members) return {};
+  return {std::nullopt, pacing->collective_seconds(kind, *state.members, state.bytes)};
+}
+
 CommHandle MpiCommunicator::enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
-                                    std::function<void()> finish) {
+                                    std::function<void()> finish, LinkDelay delay) {
   auto op = std::make_shared<MpiOperation>();
   op->state = state;
   op->post = std::move(post);
   op->finish = std::move(finish);
+  op->post_at = delay.post_at;
+  op->hold_seconds = delay.hold_seconds;
+  op->hold_key = state->group_key;
   progress_.enqueue(std::move(op));
   return CommHandle(std::move(state));
 }
@@ -342,7 +391,7 @@ CommHandle MpiCommunicator::send(const void* data, int64_t bytes, int peer, int 
       mpi_check(MPI_Isend(base + offset, n, MPI_BYTE, peer, tag, comms_[0], &request), "MPI_Isend");
       posting.add(request);
     });
-  });
+  }, {}, send_delay(peer, bytes));
 }
 
 CommHandle MpiCommunicator::recv(void* data, int64_t bytes, int peer, int tag) {
@@ -377,7 +426,7 @@ CommHandle MpiCommunicator::all_reduce_typed(T* data, int64_t count, const CommG
                 "MPI_Iallreduce");
       posting.add(request);
     });
-  });
+  }, {}, collective_delay(PacedCollective::PacedCollective_all_reduce, *state));
 }
 
 CommHandle MpiCommunicator::reduce_scatter(float* data, const std::vector<int64_t>& counts, const CommGroup& group) {
@@ -407,7 +456,8 @@ CommHandle MpiCommunicator::reduce_scatter(float* data, const std::vector<int64_
       },
       [data, my_offset, my_count] {
         if (my_offset > 0) std::memmove(data + my_offset, data, static_cast<size_t>(my_count) * sizeof(float));
-      });
+      },
+      collective_delay(PacedCollective::PacedCollective_reduce_scatter, *state));
 }
 
 // An all-to-all of bf16 pieces: member i receives every member's piece i and sums it in fp32.
@@ -456,7 +506,8 @@ CommHandle MpiCommunicator::reduce_scatter_bf16(float* data, const std::vector<i
             sum += bf16_to_float((*received)[static_cast<size_t>(i) * static_cast<size_t>(my_count) + static_cast<size_t>(k)]);
           data[my_offset + k] = sum;
         }
-      });
+      },
+      collective_delay(PacedCollective::PacedCollective_reduce_scatter, *state));
 }
 
 CommHandle MpiCommunicator::all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) {
@@ -479,7 +530,7 @@ CommHandle MpiCommunicator::all_gather(float* data, const std::vector<int64_t>& 
                               comms_[static_cast<size_t>(id)], &request),
               "MPI_Iallgatherv");
     posting.add(request);
-  });
+  }, {}, collective_delay(PacedCollective::PacedCollective_all_gather, *state));
 }
 
 CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) {
@@ -500,7 +551,7 @@ CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root_index,
                 "MPI_Ibcast");
       posting.add(request);
     });
-  });
+  }, {}, collective_delay(PacedCollective::PacedCollective_broadcast, *state));
 }
 
 CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) {
@@ -520,7 +571,7 @@ CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t 
                              comms_[static_cast<size_t>(id)], &request),
               "MPI_Iallgather");
     posting.add(request);
-  });
+  }, {}, collective_delay(PacedCollective::PacedCollective_all_gather, *state));
 }
 
 }  // namespace

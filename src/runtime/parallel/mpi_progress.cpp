@@ -273,7 +273,49 @@ void MpiProgress::complete(MpiOperation& op) {
   op.state->finished.notify_all();
 }
 
+void MpiProgress::requests_done(const std::shared_ptr<MpiOperation>& op) {
+  if (op->hold_seconds <= 0 || !op->state->error.empty()) {
+    complete(*op);
+    return;
+  }
+  // Collectives of one group follow each other on its links: one starts when the last is through.
+  Clock::time_point& free = hold_free_[op->hold_key];
+  const Clock::time_point start = std::max(Clock::now(), free);
+  free = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(op->hold_seconds));
+  held_.emplace_back(free, op);
+}
+
+void MpiProgress::emulated_links_advance() {
+  if (!emulated_links_busy()) return;
+  const Clock::time_point now = Clock::now();
+  std::vector<std::shared_ptr<MpiOperation>> due;
+  std::erase_if(deferred_, [&](const std::shared_ptr<MpiOperation>& op) {
+    if (*op->post_at > now) return false;
+    due.push_back(op);
+    return true;
+  });
+  for (const auto& op : due) operation_start(op);
+  std::vector<std::shared_ptr<MpiOperation>> released;
+  std::erase_if(held_, [&](const auto& entry) {
+    if (entry.first > now) return false;
+    released.push_back(entry.second);
+    return true;
+  });
+  for (const auto& op : released) complete(*op);
+}
+
+Clock::time_point MpiProgress::emulated_links_next() const {
+  Clock::time_point next = Clock::time_point::max();
+  for (const auto& op : deferred_) next = std::min(next, *op->post_at);
+  for (const auto& entry : held_) next = std::min(next, entry.first);
+  return next;
+}
+
 void MpiProgress::operation_start(const std::shared_ptr<MpiOperation>& op) {
+  if (op->post_at && *op->post_at > Clock::now()) {
+    deferred_.push_back(op);
+    return;
+  }
   if (op->state->owner != nullptr) last_started_ = op->state;  // inquiries have no owner
   MpiPosting posting;
   try {
@@ -283,7 +325,7 @@ void MpiProgress::operation_start(const std::shared_ptr<MpiOperation>& op) {
   }
   op->pending = static_cast<int>(posting.requests.size());
   if (op->pending == 0) {
-    complete(*op);
+    requests_done(op);
     return;
   }
   for (size_t i = 0; i < posting.requests.size(); ++i) {
@@ -316,7 +358,7 @@ void MpiProgress::requests_test() {
         op.state->error = fmt::format("the sender sent {} bytes, {} expected", received, request_recv_bytes_[i]);
       }
     }
-    if (--op.pending == 0) complete(op);
+    if (--op.pending == 0) requests_done(request_ops_[i]);
   }
   // MPI_Testsome set completed requests to MPI_REQUEST_NULL; drop them.
   size_t kept = 0;
@@ -420,23 +462,28 @@ void MpiProgress::loop() {
     std::deque<std::shared_ptr<MpiOperation>> ready;
     {
       std::unique_lock lock(mutex_);
-      if (requests_.empty()) {
+      if (requests_.empty() && !emulated_links_busy()) {
         const auto woken = [this] { return !queue_.empty() || stopping_; };
         if (inquiry_comm_ == MPI_COMM_NULL) wake_.wait(lock, woken);
         else wake_.wait_for(lock, kInquiryPollInterval, woken);
         if (queue_.empty() && stopping_) break;  // stopping with nothing queued or in flight
       } else if (queue_.empty()) {
-        wake_.wait_for(lock, kPollInterval, [this] { return !queue_.empty(); });
+        // Nothing for MPI to progress: sleep until an emulated link's next event (or an inquiry).
+        const Clock::time_point until = requests_.empty()
+                                            ? std::min(emulated_links_next(), Clock::now() + kInquiryPollInterval)
+                                            : Clock::now() + kPollInterval;
+        wake_.wait_until(lock, until, [this] { return !queue_.empty(); });
       }
       ready.swap(queue_);
       if (stopping_ && !stop_seen) stop_seen = Clock::now();
     }
     for (const auto& op : ready) operation_start(op);
+    emulated_links_advance();
     inquiries_test();
-    busy_update(!requests_.empty());
+    busy_update(!requests_.empty() || emulated_links_busy());
     if (requests_.empty()) continue;
     requests_test();
-    busy_update(!requests_.empty());
+    busy_update(!requests_.empty() || emulated_links_busy());
     if (stop_seen && !requests_.empty() && seconds_since(*stop_seen) > timeout_seconds_) {
       owner_->abort(fmt::format("timed out after {:.1f} s finishing {} at shutdown ({} requests in flight)",
                                 timeout_seconds_, request_ops_.front()->state->describe(), requests_.size()),

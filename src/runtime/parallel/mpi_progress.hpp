@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -84,6 +85,12 @@ struct MpiOperation {
   std::function<void(MpiPosting&)> post;  // on the progress thread: issue the MPI calls
   std::function<void()> finish;           // on the progress thread once all requests completed
   int pending = 0;
+  // Emulated links (link_pacing.hpp): a send is posted no earlier than `post_at`, when its last
+  // byte would arrive on the paced link; a collective completes `hold_seconds` after MPI completes
+  // it, and after the group's previous held collective (`hold_key`: the group's key).
+  std::optional<std::chrono::steady_clock::time_point> post_at;
+  double hold_seconds = 0;
+  std::string hold_key;
 };
 
 class MpiProgress {
@@ -118,6 +125,11 @@ class MpiProgress {
   void requests_test();
   void busy_update(bool busy_now);
   void complete(MpiOperation& op);  // marks it done; keeps its timing if it has one
+  // MPI finished `op`: completes it now, or holds it for its emulated link.
+  void requests_done(const std::shared_ptr<MpiOperation>& op);
+  void emulated_links_advance();  // posts deferred sends and completes held operations now due
+  bool emulated_links_busy() const { return !deferred_.empty() || !held_.empty(); }
+  std::chrono::steady_clock::time_point emulated_links_next() const;  // the earliest of those
 
   Communicator* owner_;
   double timeout_seconds_;
@@ -145,6 +157,9 @@ class MpiProgress {
   std::vector<MPI_Request> requests_;
   std::vector<int> request_recv_bytes_;
   std::vector<std::shared_ptr<MpiOperation>> request_ops_;
+  std::vector<std::shared_ptr<MpiOperation>> deferred_;  // sends waiting for their post_at, in order
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::shared_ptr<MpiOperation>>> held_;
+  std::map<std::string, std::chrono::steady_clock::time_point> hold_free_;  // by hold_key
   std::thread thread_;
 };
 

@@ -1,0 +1,128 @@
+// Link survey of `alloy comm-check --cluster` (comm_check_links.hpp).
+#include "cli/comm_check_links.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "spec/units.hpp"
+#include "util/clock.hpp"
+
+namespace alloy::cli {
+
+namespace {
+
+constexpr int kSurveyTag = 900;
+constexpr int kLatencyRounds = 20;
+constexpr int kBandwidthTries = 3;
+
+// Two ranks whose link is surveyed, named by their node groups.
+struct SurveyPair {
+  int from_rank = 0;
+  int to_rank = 0;
+  std::string from_group;
+  std::string to_group;
+};
+
+// The first device of every node group's first node against the first of every other group's,
+// and against the first device of its own group's second node.
+std::vector<SurveyPair> survey_pairs(const ClusterSpec& cluster) {
+  std::vector<int> first(cluster.node_groups.size(), -1), second_node(cluster.node_groups.size(), -1);
+  for (const Device& d : cluster.devices) {
+    const size_t g = static_cast<size_t>(d.node_group);
+    if (first[g] < 0) first[g] = d.id;
+    else if (second_node[g] < 0 && d.node != cluster.devices[static_cast<size_t>(first[g])].node) second_node[g] = d.id;
+  }
+  std::vector<SurveyPair> pairs;
+  for (size_t g = 0; g < first.size(); ++g) {
+    const std::string& name = cluster.node_groups[g].name;
+    if (second_node[g] >= 0) pairs.push_back({first[g], second_node[g], name, name});
+    for (size_t h = g + 1; h < first.size(); ++h)
+      pairs.push_back({first[g], first[h], name, cluster.node_groups[h].name});
+  }
+  return pairs;
+}
+
+// On `from`: {median half round trip of 8 B, best bandwidth of `bytes`} to `to`, which echoes.
+std::array<double, 2> survey_measure(Communicator& comm, const SurveyPair& pair, int64_t bytes) {
+  const bool initiator = comm.rank() == pair.from_rank;
+  const int peer = initiator ? pair.to_rank : pair.from_rank;
+  int64_t word = 0;
+  std::vector<double> half_trips;
+  for (int round = 0; round < kLatencyRounds; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    if (initiator) {
+      comm.send(&word, sizeof(word), peer, kSurveyTag).wait();
+      comm.recv(&word, sizeof(word), peer, kSurveyTag).wait();
+    } else {
+      comm.recv(&word, sizeof(word), peer, kSurveyTag).wait();
+      comm.send(&word, sizeof(word), peer, kSurveyTag).wait();
+    }
+    half_trips.push_back(seconds_since(start) / 2);
+  }
+  std::nth_element(half_trips.begin(), half_trips.begin() + kLatencyRounds / 2, half_trips.end());
+  const double half_trip = half_trips[kLatencyRounds / 2];
+  std::vector<char> data(static_cast<size_t>(bytes), 1);
+  double best_seconds = 0;
+  for (int attempt = 0; attempt < kBandwidthTries; ++attempt) {
+    const auto start = std::chrono::steady_clock::now();
+    if (initiator) {
+      comm.send(data.data(), bytes, peer, kSurveyTag).wait();
+      comm.recv(&word, sizeof(word), peer, kSurveyTag).wait();
+    } else {
+      comm.recv(data.data(), bytes, peer, kSurveyTag).wait();
+      comm.send(&word, sizeof(word), peer, kSurveyTag).wait();
+    }
+    const double seconds = std::max(seconds_since(start) - 2 * half_trip, 1e-9);
+    best_seconds = attempt == 0 ? seconds : std::min(best_seconds, seconds);
+  }
+  return {half_trip, static_cast<double>(bytes) / best_seconds};
+}
+
+// What the cluster file says of the link between the nodes of two devices.
+std::string survey_stated(const ClusterSpec& cluster, int from_device, int to_device) {
+  const Device& from = cluster.devices[static_cast<size_t>(from_device)];
+  const Device& to = cluster.devices[static_cast<size_t>(to_device)];
+  const Link& link = from.node == to.node ? cluster.node_group(from).intra_node : cluster.network;
+  return fmt::format("{} {}, {}", link.kind, units_format_bandwidth(link.bandwidth_bytes_per_second),
+                     units_format_seconds(link.latency_seconds));
+}
+
+}  // namespace
+
+void comm_links_survey(Communicator& comm, const ClusterSpec& cluster, int64_t bytes) {
+  const std::vector<SurveyPair> pairs = survey_pairs(cluster);
+  if (comm.rank() == 0) {
+    fmt::print("links between node groups ({} sends, the first rank of each side):\n",
+               units_format_bytes(static_cast<double>(bytes)));
+    fmt::print("  {:<14} {:<14} {:<7} {:>12} {:>10}   {}\n", "from", "to", "ranks", "bandwidth", "latency",
+               "cluster file");
+  }
+  for (const SurveyPair& pair : pairs) {
+    std::array<double, 2> measured{0, 0};  // kept by the initiator, gathered by the maximum
+    if (comm.rank() == pair.from_rank || comm.rank() == pair.to_rank) {
+      const std::array<double, 2> got = survey_measure(comm, pair, bytes);
+      if (comm.rank() == pair.from_rank) measured = got;
+    }
+    comm.all_reduce(measured.data(), 2, comm.world(), ReduceOp::ReduceOp_max).wait();
+    if (comm.rank() != 0) continue;
+    fmt::print("  {:<14} {:<14} {:<7} {:>12} {:>10}   {}\n", pair.from_group, pair.to_group,
+               fmt::format("{}-{}", pair.from_rank, pair.to_rank), units_format_bandwidth(measured[1]),
+               units_format_seconds(measured[0]), survey_stated(cluster, pair.from_rank, pair.to_rank));
+  }
+  // One all-reduce over every rank, crossing every link the cluster's ring crosses.
+  std::vector<float> buffer(static_cast<size_t>(bytes / 4), 1.0f);
+  comm.all_reduce(buffer.data(), static_cast<int64_t>(buffer.size()), comm.world()).wait();
+  const auto start = std::chrono::steady_clock::now();
+  comm.all_reduce(buffer.data(), static_cast<int64_t>(buffer.size()), comm.world()).wait();
+  const double all_reduce_seconds = seconds_since(start);
+  if (comm.rank() == 0)
+    fmt::print("all_reduce of {} over the {} ranks: {}\n", units_format_bytes(static_cast<double>(bytes / 4 * 4)),
+               comm.world_size(), units_format_seconds(all_reduce_seconds));
+}
+
+}  // namespace alloy::cli

@@ -204,6 +204,18 @@ void plan_validate(const Plan& plan, const std::string& source) {
                        "and dp {}",
                        st.zero, st.dp),
            "set shard_gradients to false, or use zero 2 or 3 with dp >= 2");
+    if (st.ep < 1 || st.dp % st.ep != 0)
+      fail(source, stage_field(s, "ep"),
+           fmt::format("is {}; expert-parallel groups are made of data-parallel replicas, so ep divides dp {}", st.ep,
+                       st.dp),
+           "give an ep that divides the stage's dp (1: every replica holds every expert)");
+    if (!st.experts_per_member.empty() &&
+        (static_cast<int>(st.experts_per_member.size()) != st.ep ||
+         std::any_of(st.experts_per_member.begin(), st.experts_per_member.end(), [](int e) { return e < 1; })))
+      fail(source, stage_field(s, "experts_per_member"),
+           fmt::format("has {} entries for ep {}; each member of an expert-parallel group holds at least one expert",
+                       st.experts_per_member.size(), st.ep),
+           "give one positive count per member, or leave it out for an even split");
     if (st.sequence_parallel && st.tp < 2)
       fail(source, stage_field(s, "sequence_parallel"), "sequence parallelism needs tp >= 2");
     if (static_cast<int>(st.device_ids.size()) != st.tp * st.dp)
@@ -260,6 +272,30 @@ void plan_validate(const Plan& plan, const std::string& source) {
     fail(source, "stages", fmt::format("layers cover [0, {}) but the model has {}", next_layer, plan.num_layers));
 }
 
+namespace {
+
+// A stage's expert parallelism against the model: only MoE models split experts, and the split
+// covers every expert.
+void plan_check_experts(const PlanStage& st, size_t s, const ModelSpec& model, const std::string& source) {
+  if (st.ep == 1) return;
+  const int experts = static_cast<int>(model.moe.num_experts);
+  if (experts == 0)
+    fail(source, stage_field(s, "ep"), fmt::format("is {} but {} is a dense model: it has no experts to split", st.ep, model.name),
+         "set ep to 1");
+  if (st.experts_per_member.empty() && experts % st.ep != 0)
+    fail(source, stage_field(s, "ep"),
+         fmt::format("{} experts do not split evenly over ep {}", experts, st.ep),
+         "give an ep that divides the experts, or the counts per member in experts_per_member");
+  int total = 0;
+  for (int e : st.experts_per_member) total += e;
+  if (!st.experts_per_member.empty() && total != experts)
+    fail(source, stage_field(s, "experts_per_member"),
+         fmt::format("holds {} experts in all; {} has {}", total, model.name, experts),
+         "give counts that sum to the model's experts");
+}
+
+}  // namespace
+
 void plan_validate_for(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const std::string& source) {
   plan_validate(plan, source);
   if (plan.model_fingerprint != model_fingerprint(model))
@@ -276,6 +312,7 @@ void plan_validate_for(const Plan& plan, const ModelSpec& model, const ClusterSp
                                             cluster.devices.size()));
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
+    plan_check_experts(st, s, model, source);
     for (size_t i = 0; i < st.device_ids.size(); ++i) {
       const Device& d = cluster.devices[st.device_ids[i]];
       const std::string expected = st.replica(plan.micro_batch_sequences, static_cast<int>(i) / st.tp).device_type;
@@ -344,6 +381,36 @@ std::vector<int> plan_tp_group(const Plan& plan, int rank) {
   for (const RankInfo& r : map)
     if (r.stage == me.stage && r.dp_rank == me.dp_rank) group.push_back(r.rank);
   return group;
+}
+
+std::vector<int> plan_ep_group(const Plan& plan, int rank) {
+  const std::vector<RankInfo> map = plan_rank_map(plan);
+  const RankInfo& me = map.at(rank);
+  const int ep = plan.stages[static_cast<size_t>(me.stage)].ep;
+  std::vector<int> group;
+  for (const RankInfo& r : map)
+    if (r.stage == me.stage && r.tp_rank == me.tp_rank && r.dp_rank / ep == me.dp_rank / ep) group.push_back(r.rank);
+  return group;
+}
+
+std::vector<int> plan_expert_dp_group(const Plan& plan, int rank) {
+  const std::vector<RankInfo> map = plan_rank_map(plan);
+  const RankInfo& me = map.at(rank);
+  const int ep = plan.stages[static_cast<size_t>(me.stage)].ep;
+  std::vector<int> group;
+  for (const RankInfo& r : map)
+    if (r.stage == me.stage && r.tp_rank == me.tp_rank && r.dp_rank % ep == me.dp_rank % ep) group.push_back(r.rank);
+  return group;
+}
+
+std::pair<int, int> plan_expert_range(const PlanStage& stage, int num_experts, int ep_rank) {
+  if (stage.experts_per_member.empty()) {
+    const int each = num_experts / stage.ep;
+    return {ep_rank * each, (ep_rank + 1) * each};
+  }
+  int begin = 0;
+  for (int m = 0; m < ep_rank; ++m) begin += stage.experts_per_member[static_cast<size_t>(m)];
+  return {begin, begin + stage.experts_per_member[static_cast<size_t>(ep_rank)]};
 }
 
 std::vector<int> plan_dp_group(const Plan& plan, int rank) {

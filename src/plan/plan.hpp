@@ -63,6 +63,16 @@ struct PlanStage {
   // once, after the last (less communication, full gradient memory).
   bool shard_gradients = false;
   bool sequence_parallel = false;
+  // Mixture-of-Experts models: each MoE block's routed experts are split over `ep` data-parallel
+  // replicas in a row (dp ranks [g ep, (g + 1) ep) form expert-parallel group g, tokens travel to
+  // their experts' member by all-to-all); the dp / ep groups each hold every expert and sum the
+  // experts' gradients over the members at one position of every group. 1: every replica holds
+  // every expert. Divides dp.
+  int ep = 1;
+  // Routed experts of each MoE block held by each member of an expert-parallel group, in member
+  // order (expert ids follow: member 0 holds the first), summing to the model's experts; more on
+  // faster devices balances their tokens. Empty: num_experts / ep each.
+  std::vector<int> experts_per_member;
   std::vector<LayerRange> chunks;  // one per virtual chunk (1 unless interleaved)
   bool has_embedding = false;      // first stage
   bool has_head = false;           // last stage (final norm and LM head)
@@ -211,6 +221,13 @@ std::vector<RankInfo> plan_rank_map(const Plan& plan);
 // Ranks of the groups `rank` belongs to, ascending.
 std::vector<int> plan_tp_group(const Plan& plan, int rank);
 std::vector<int> plan_dp_group(const Plan& plan, int rank);
+// Mixture-of-Experts: the expert-parallel group of `rank` (its stage's ranks of its tp rank and
+// expert-parallel group, ascending), and the ranks that hold the same experts as it (one per
+// expert-parallel group: its experts' data-parallel group).
+std::vector<int> plan_ep_group(const Plan& plan, int rank);
+std::vector<int> plan_expert_dp_group(const Plan& plan, int rank);
+// Routed experts [begin, end) that member `ep_rank` of a stage's expert-parallel groups holds.
+std::pair<int, int> plan_expert_range(const PlanStage& stage, int num_experts, int ep_rank);
 
 // `train` with what the plan fixed: its sequence length, global batch and precision (a plan
 // may have chosen its batch from a range, and a run's command line may not repeat them).

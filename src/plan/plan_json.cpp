@@ -220,6 +220,8 @@ std::string plan_to_json(const Plan& plan) {
     st["zero"] = s.zero;
     st["shard_gradients"] = s.shard_gradients;
     st["sequence_parallel"] = s.sequence_parallel;
+    if (s.ep > 1) st["ep"] = s.ep;
+    if (!s.experts_per_member.empty()) st["experts_per_member"] = s.experts_per_member;
     OrderedJson chunks = OrderedJson::array();
     for (const LayerRange& r : s.chunks) chunks.push_back({r.begin, r.end});
     st["chunks"] = chunks;
@@ -330,6 +332,9 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
     s.zero = static_cast<int>(get_whole(st, "zero", 0, 3, source, prefix));
     if (st.contains("shard_gradients")) s.shard_gradients = get<bool>(st, "shard_gradients", source, prefix);
     s.sequence_parallel = get<bool>(st, "sequence_parallel", source, prefix);
+    if (st.contains("ep")) s.ep = static_cast<int>(get_whole(st, "ep", 1, kPlanJsonMostDevices, source, prefix));
+    if (st.contains("experts_per_member"))
+      s.experts_per_member = get_wholes(st, "experts_per_member", 1, 1 << 20, source, prefix);
     s.chunks = chunks_from_json(member(st, "chunks", source, prefix), source, prefix + ".chunks");
     s.has_embedding = get<bool>(st, "has_embedding", source, prefix);
     s.has_head = get<bool>(st, "has_head", source, prefix);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue #9), sized for one H200 in under 8 minutes: builds the CUDA backend (or
+# The GPU check, sized for one H200 in under 8 minutes: builds the CUDA backend (or
 # uses prebuilt binaries from ALLOY_GPU_BIN), runs the GPU tests and the kernel benchmarks,
 # profiles GPT-2 small (124M) on the GPU, plans it for one H200 with that profile, trains the
 # plan at sequence 1024 (tokens/s, model FLOPs utilisation, peak memory, predicted against

@@ -1,0 +1,102 @@
+// The runtime's Mixture-of-Experts model on one rank: its named expert views and exact parameter
+// count, the activation bytes its passes keep, the routing counts it reports, and what it still
+// refuses (tensor parallelism, Hugging Face conversion, plans beyond one CPU rank).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <numeric>
+
+#include "plan/plan.hpp"
+#include "runtime/activation_memory.hpp"
+#include "runtime/io/hf_weights.hpp"
+#include "runtime/model.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+std::vector<int32_t> moe_tokens(int count, int vocab, int salt) {
+  std::vector<int32_t> tokens(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) tokens[static_cast<size_t>(i)] = (i * 37 + salt * 11 + 5) % vocab;
+  return tokens;
+}
+
+TEST(MoeModel, ExpertsAreNamedViewsAndCountExactly) {
+  const ModelSpec spec = model_load("tiny-moe");  // 3 blocks, the first dense; 4 experts, 1 shared
+  Arena arena(int64_t{1} << 26, "host");
+  Model model(spec, arena);
+  EXPECT_EQ(model.num_parameters, model_parameter_counts(spec).total);
+  EXPECT_EQ(model_view(model, "layers.0.mlp.gate_up.weight").shape, (std::vector<int64_t>{2 * 176, 64}));
+  EXPECT_EQ(model_view(model, "layers.1.mlp.router.weight").shape, (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(model_view(model, "layers.2.mlp.experts.3.gate_up.weight").shape, (std::vector<int64_t>{2 * 96, 64}));
+  EXPECT_EQ(model_view(model, "layers.2.mlp.experts.3.down.weight").shape, (std::vector<int64_t>{64, 96}));
+  EXPECT_EQ(model_view(model, "layers.1.mlp.shared.gate_up.weight").shape, (std::vector<int64_t>{2 * 64, 64}));
+  EXPECT_EQ(model_view(model, "layers.1.mlp.shared.down.weight").shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_THROW(model_view(model, "layers.1.mlp.gate_up.weight"), Error);
+  EXPECT_THROW(model_view(model, "layers.1.mlp.shared_gate.weight"), Error);  // tiny-moe's shared expert is ungated
+  EXPECT_NE(model.weights.blocks[2].expert_down_w[3], nullptr);
+  EXPECT_EQ(model.weights.blocks[0].router_w, nullptr);
+}
+
+// The arena's bytes after a forward equal the analytic formula at every recomputation level; the
+// backward frees them all; the routing counts K picks per token in each MoE block, once.
+TEST(MoeModel, ActivationsMatchTheFormulaAndRoutingIsCounted) {
+  const ModelSpec spec = model_load("tiny-moe");
+  const int B = 2, T = 12;
+  const int64_t picks = int64_t{B} * T * spec.moe.experts_per_token;
+  for (Recompute level : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full}) {
+    Arena arena(int64_t{1} << 28, "host");
+    Model model(spec, arena);
+    model_init_weights(model, 3);
+    model.recompute.assign(model.recompute.size(), level);
+    const std::vector<int32_t> inputs = moe_tokens(B * T, 256, 1), targets = moe_tokens(B * T, 256, 2);
+    const int64_t before = arena.bytes_in_use();
+    model_forward(model, inputs.data(), targets.data(), B, T);
+    EXPECT_EQ(arena.bytes_in_use() - before,
+              model_activation_bytes(spec, B, T, std::vector<Recompute>(3, level)))
+        << recompute_name(level);
+    model_backward(model);
+    EXPECT_EQ(arena.bytes_in_use(), before) << "backward must free every activation";
+    const std::vector<int64_t>& counts = model.moe_routing.expert_tokens;
+    ASSERT_EQ(counts.size(), size_t{12});
+    EXPECT_EQ(std::accumulate(counts.begin(), counts.begin() + 4, int64_t{0}), 0) << "block 0 is dense";
+    EXPECT_EQ(std::accumulate(counts.begin() + 4, counts.begin() + 8, int64_t{0}), picks);
+    EXPECT_EQ(std::accumulate(counts.begin() + 8, counts.end(), int64_t{0}), picks) << recompute_name(level);
+    EXPECT_EQ(model.moe_routing.passes, 1);
+    EXPECT_GT(model.moe_routing.aux_loss_sum, 0.0);
+  }
+}
+
+TEST(MoeModel, TensorParallelExpertsAreRefused) {
+  const ModelSpec spec = model_load("tiny-moe");
+  Arena arena(int64_t{1} << 26, "host");
+  ModelShard shard = shard_full(spec);
+  shard.tp = 2;
+  try {
+    Model model(spec, arena, shard);
+    ADD_FAILURE() << "expected tp 2 of an MoE model to be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(e.format().find("tensor parallelism (tp 2) of Mixture-of-Experts blocks"), std::string::npos)
+        << e.format();
+  }
+}
+
+void expect_moe_refusal(const std::function<void()>& consume, const std::string& consumer) {
+  try {
+    consume();
+    ADD_FAILURE() << "expected an error from " << consumer;
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("Mixture-of-Experts models (model tiny-moe"), std::string::npos) << e.format();
+    EXPECT_NE(e.message().find(consumer), std::string::npos) << e.format();
+  }
+}
+
+TEST(MoeModel, HuggingFaceConversionRefusesMoe) {
+  const ModelSpec moe = model_load("tiny-moe");
+  expect_moe_refusal([&] { hf_weights_import(moe, "/nonexistent/model.safetensors"); }, "Hugging Face weight import");
+  expect_moe_refusal([&] { hf_weights_export(moe, {}); }, "Hugging Face weight export");
+  expect_moe_refusal([&] { hf_config_json(moe); }, "Hugging Face config export");
+}
+
+}  // namespace
+}  // namespace alloy

@@ -10,6 +10,8 @@
 #include "runtime/activation_memory.hpp"
 #include "runtime/io/hf_weights.hpp"
 #include "runtime/model.hpp"
+#include "runtime/stage_backend.hpp"
+#include "runtime/trainer.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -96,6 +98,39 @@ TEST(MoeModel, HuggingFaceConversionRefusesMoe) {
   expect_moe_refusal([&] { hf_weights_import(moe, "/nonexistent/model.safetensors"); }, "Hugging Face weight import");
   expect_moe_refusal([&] { hf_weights_export(moe, {}); }, "Hugging Face weight export");
   expect_moe_refusal([&] { hf_config_json(moe); }, "Hugging Face config export");
+}
+
+// What a plan asks beyond one CPU rank is refused in one line naming the plan's field.
+TEST(MoeModel, PlansBeyondOneCpuRankAreRefused) {
+  const ModelSpec moe = model_load("tiny-moe");
+  TrainSpec train;
+  train.seq_len = 16;
+  train.global_batch_sequences = 4;
+  const Plan one = trainer_one_stage(moe, train, TrainerOptions{}).plan;
+  EXPECT_NO_THROW(stage_backend_check_moe("cpu", moe, one, "plan.json"));
+  EXPECT_NO_THROW(stage_backend_check_moe("cuda", model_load("tiny-llama"), one, "plan.json"));
+  const auto refusal = [&](const std::string& backend, const Plan& plan) {
+    try {
+      stage_backend_check_moe(backend, moe, plan, "plan.json");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.format().find('\n'), e.format().rfind('\n')) << "two lines at most: " << e.format();
+      return e.message() + " [" + e.where().field + "]";
+    }
+    return std::string("accepted");
+  };
+  const std::string prefix = "Mixture-of-Experts model tiny-moe (4 experts, 2 per token) with ";
+  EXPECT_EQ(refusal("cuda", one), prefix + "the cuda backend is not supported [--device]");
+  const Plan dp = trainer_one_stage(moe, train, TrainerOptions{}, nullptr, 2).plan;
+  EXPECT_EQ(refusal("cpu", dp), prefix + "data parallelism (dp 2) is not supported [stages[0].dp]");
+  Plan tp = one;
+  tp.stages[0].tp = 2;
+  EXPECT_EQ(refusal("cpu", tp), prefix + "tensor parallelism (tp 2) is not supported [stages[0].tp]");
+  Plan pp = one;
+  pp.stages.push_back(pp.stages[0]);
+  EXPECT_EQ(refusal("cpu", pp), prefix + "pipeline parallelism (2 stages) is not supported [stages]");
+  Plan offload = one;
+  offload.stages[0].offload[1] = true;
+  EXPECT_EQ(refusal("cpu", offload), prefix + "weight offload to host memory is not supported [stages[0].offload]");
 }
 
 }  // namespace

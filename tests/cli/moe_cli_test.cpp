@@ -102,6 +102,26 @@ TEST(MoeCli, TrainsTinyMoeOnOneCpuRank) {
   EXPECT_EQ(block2, 4 * 32 * 2);
 }
 
+// A checkpoint holds the experts like any other weights: resuming continues bit for bit.
+TEST(MoeCli, ResumeContinuesExactly) {
+  TempDir dir;
+  const CommandResult tok = alloy("tokenize " + std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt -o " +
+                                  dir.path() + "/fsf.bin --val-fraction 0.1");
+  ASSERT_EQ(tok.exit_code, 0) << tok.output;
+  const std::string common = "train --model tiny-moe --data " + dir.path() + "/fsf_train.bin --batch 2 --seq-len 16 " +
+                             "--threads 1 --no-progress ";
+  ASSERT_EQ(alloy(common + "--steps 6 --log " + dir.path() + "/straight.jsonl").exit_code, 0);
+  ASSERT_EQ(alloy(common + "--steps 3 --checkpoint " + dir.path() + "/ckpt").exit_code, 0);
+  const CommandResult resumed =
+      alloy(common + "--steps 6 --resume --checkpoint " + dir.path() + "/ckpt --log " + dir.path() + "/resumed.jsonl");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::vector<double> straight = logged_numbers(testing::read_text(dir.path() + "/straight.jsonl"), "loss");
+  const std::vector<double> again = logged_numbers(testing::read_text(dir.path() + "/resumed.jsonl"), "loss");
+  ASSERT_EQ(straight.size(), size_t{6});
+  ASSERT_EQ(again.size(), size_t{3});
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(again[k], straight[3 + k]) << "step " << 4 + k;
+}
+
 TEST(MoeCli, TrainingElsewhereThanOneCpuRankIsRefused) {
   const CommandResult r = alloy("train --model tiny-moe --device cuda --data /no/such.bin --steps 1");
   EXPECT_EQ(r.exit_code, kExitBadInput) << r.output;

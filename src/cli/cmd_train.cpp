@@ -21,6 +21,7 @@
 #include "runtime/trainer.hpp"
 #include "search/transfer_calibration.hpp"
 #include "spec/error.hpp"
+#include "spec/moe.hpp"
 #include "spec/text_file.hpp"
 #include "spec/units.hpp"
 
@@ -262,9 +263,13 @@ void run_train(TrainCommand& c, int* exit_code) {
   if (c.model.empty() && !plan)
     throw Error("no model given", {"", "--model"}, "pass --model tiny-gpt (or a config path), or --plan with a plan file");
   const ModelSpec model = plan ? plan_model(*plan, c.model, c.plan) : model_load(c.model);
-  model_require_dense(model, "`alloy train`");
   if (c.device != "cpu" && c.device != "cuda") {
     throw Error("unknown device '" + c.device + "'", {"", "--device"}, "use cpu, or cuda for one GPU per rank");
+  }
+  if (model_is_moe(model) && c.device != "cpu") {
+    throw Error(fmt::format("Mixture-of-Experts model {} ({}) is not trained on --device {}", model.name,
+                            moe_summary(model.moe), c.device),
+                {"", "--device"}, "MoE models train on one CPU rank so far: use --device cpu");
   }
   if (c.plan.empty() && c.seq_len > model.max_seq_len) {
     throw Error(fmt::format("sequence length {} is longer than model {} allows ({})", c.seq_len, model.name,

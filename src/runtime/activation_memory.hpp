@@ -19,10 +19,12 @@ struct ActivationTensor {
   int64_t bytes = 0;  // fp32, rounded up to the arena's 64-byte alignment
 };
 
-// Tensors one decoder block keeps for micro-batch (B, T) at the given level, in allocation order.
+// Tensors decoder block `layer` keeps for micro-batch (B, T) at the given level, in allocation
+// order (the layer matters only to an MoE model: its dense and MoE blocks differ).
 std::vector<ActivationTensor> block_activation_tensors(const ModelSpec& model, int64_t B,
-                                                       int64_t T, Recompute level);
-int64_t block_activation_bytes(const ModelSpec& model, int64_t B, int64_t T, Recompute level);
+                                                       int64_t T, Recompute level, int64_t layer = 0);
+int64_t block_activation_bytes(const ModelSpec& model, int64_t B, int64_t T, Recompute level,
+                               int64_t layer = 0);
 
 // The embedding output (block 0's input), kept until the embedding's backward.
 int64_t embedding_activation_bytes(const ModelSpec& model, int64_t B, int64_t T);

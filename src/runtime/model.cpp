@@ -8,13 +8,13 @@
 
 #include "runtime/threads.hpp"
 #include "spec/error.hpp"
+#include "spec/moe.hpp"
 
 namespace alloy {
 
 namespace {
 
-void model_check_spec(const ModelSpec& spec) {
-  model_require_dense(spec, "the runtime's model");
+void model_check_spec(const ModelSpec& spec, const ModelShard& shard) {
   const bool positive = spec.num_layers > 0 && spec.hidden_size > 0 && spec.num_heads > 0 &&
                         spec.num_kv_heads > 0 && spec.head_dim > 0 && spec.ffn_hidden_size > 0 &&
                         spec.vocab_size > 0 && spec.max_seq_len > 0;
@@ -24,11 +24,33 @@ void model_check_spec(const ModelSpec& spec) {
                             spec.name, spec.num_kv_heads, spec.num_heads),
                 {spec.source_path, "num_key_value_heads"}, "fix the model config");
   }
+  if (model_is_moe(spec) && shard.tp > 1) {
+    throw Error(fmt::format("model '{}' ({}): tensor parallelism (tp {}) of Mixture-of-Experts blocks is not supported",
+                            spec.name, moe_summary(spec.moe), shard.tp),
+                {spec.source_path, "tp"}, "train MoE models with tp 1");
+  }
   if (spec.family == ModelFamily::ModelFamily_llama && spec.head_dim % 2 != 0) {
     throw Error(fmt::format("model '{}': RoPE needs an even head_dim, got {}", spec.name,
                             spec.head_dim),
                 {spec.source_path, "head_dim"}, "use an even head dimension");
   }
+}
+
+// The field of an MoE block's tensors that points at its MLP view `field` ("mlp.router.weight",
+// "mlp.experts.3.down.weight", ...), or nullptr.
+float** moe_tensor_slot(BlockTensors& b, const std::string& field) {
+  if (field == "mlp.router.weight") return &b.router_w;
+  if (field == "mlp.shared.gate_up.weight") return &b.shared_gate_up_w;
+  if (field == "mlp.shared.down.weight") return &b.shared_down_w;
+  if (field == "mlp.shared_gate.weight") return &b.shared_gate_w;
+  const std::string experts = "mlp.experts.";
+  if (field.rfind(experts, 0) != 0) return nullptr;
+  const size_t dot = field.find('.', experts.size());
+  const size_t e = static_cast<size_t>(std::stoi(field.substr(experts.size(), dot - experts.size())));
+  const std::string tensor = field.substr(dot + 1);
+  if (tensor == "gate_up.weight" && e < b.expert_gate_up_w.size()) return &b.expert_gate_up_w[e];
+  if (tensor == "down.weight" && e < b.expert_down_w.size()) return &b.expert_down_w[e];
+  return nullptr;
 }
 
 // The field of `tensors` that points at the view called `name`, or nullptr.
@@ -50,7 +72,7 @@ float** tensor_slot(const ModelSpec& spec, ModelTensors& tensors, const std::str
       {"mlp.up.bias", &b.up_b},             {"mlp.down.weight", &b.down_w},     {"mlp.down.bias", &b.down_b}};
   for (const auto& [suffix, slot] : fields)
     if (field == suffix) return slot;
-  return nullptr;
+  return moe_tensor_slot(b, field);
 }
 
 // The views' pointers into the parameters (or gradients) where they live on the device; views of
@@ -58,6 +80,12 @@ float** tensor_slot(const ModelSpec& spec, ModelTensors& tensors, const std::str
 ModelTensors model_resolve(const Model& model, bool gradients) {
   ModelTensors tensors;
   tensors.blocks.resize(static_cast<size_t>(model.spec.num_layers));
+  for (int64_t layer = 0; layer < model.spec.num_layers; ++layer) {
+    if (!model_block_is_moe(model.spec, layer)) continue;
+    BlockTensors& b = tensors.blocks[static_cast<size_t>(layer)];
+    b.expert_gate_up_w.assign(static_cast<size_t>(model.spec.moe.num_experts), nullptr);
+    b.expert_down_w.assign(static_cast<size_t>(model.spec.moe.num_experts), nullptr);
+  }
   for (const TensorView& view : model.views) {
     float** slot = tensor_slot(model.spec, tensors, view.name);
     if (slot == nullptr) continue;
@@ -126,7 +154,7 @@ class NormalRng {
 
 Model::Model(const ModelSpec& model_spec, Arena& device_arena, const ModelShard& model_shard, const HostPlacement& host)
     : spec(model_spec), shard(model_shard), arena(&device_arena), host_arena(host.arena) {
-  model_check_spec(spec);
+  model_check_spec(spec, shard);
   if (spec.family == ModelFamily::ModelFamily_llama) rope_frequencies = model_rope_inverse_frequencies(spec);
   runtime_threads();  // applies the thread policy (OpenBLAS single-threaded) if nobody has yet
   for (const ShardedTensor& t : shard_tensors(spec, shard)) {
@@ -153,6 +181,7 @@ Model::Model(const ModelSpec& model_spec, Arena& device_arena, const ModelShard&
   weights = model_resolve(*this, false);
   gradients = model_resolve(*this, true);
   recompute.assign(static_cast<size_t>(spec.num_layers), Recompute::Recompute_none);
+  model_moe_routing_reset(*this);
 }
 
 Model::~Model() {
@@ -172,7 +201,8 @@ void model_init_weights(Model& model, uint64_t seed) {
   std::vector<float> full;
   for (const ShardedTensor& t : shard_tensors(model.spec, shard_full(model.spec))) {
     const bool random = t.full_shape.size() == 2;
-    const bool residual = t.name.ends_with("attn.out.weight") || t.name.ends_with("mlp.down.weight");
+    // Residual projections: attn.out, and every MLP's down (dense, routed and shared experts).
+    const bool residual = t.name.ends_with("attn.out.weight") || t.name.ends_with("down.weight");
     const double stddev = residual ? residual_std : 0.02;
     const float constant = t.name.ends_with("norm.weight") ? 1.0f : 0.0f;
     int64_t numel = 1;
@@ -225,6 +255,12 @@ bool model_offset_on_host(const Model& model, int64_t offset) {
   for (const ParameterSegment& segment : model.segments)
     if (offset >= segment.offset && offset < segment.offset + segment.count) return segment.host_block >= 0;
   return false;
+}
+
+void model_moe_routing_reset(Model& model) {
+  model.moe_routing.expert_tokens.assign(static_cast<size_t>(model.spec.num_layers * model.spec.moe.num_experts), 0);
+  model.moe_routing.aux_loss_sum = 0;
+  model.moe_routing.passes = 0;
 }
 
 void model_zero_grad(Model& model) {

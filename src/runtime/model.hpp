@@ -41,6 +41,14 @@ struct BlockTensors {
   float* up_b = nullptr;         // (F), GPT-2 with linear_bias
   float* down_w = nullptr;       // (C, F)
   float* down_b = nullptr;       // (C)
+  // Mixture-of-Experts blocks (spec.moe, past its first_dense_layers) have these instead of
+  // up_w and down_w. Fe: an expert's width; Fs: the shared experts' widths together.
+  float* router_w = nullptr;              // mlp.router (E, C)
+  std::vector<float*> expert_gate_up_w;   // mlp.experts.e.gate_up (2 Fe, C), one per expert
+  std::vector<float*> expert_down_w;      // mlp.experts.e.down (C, Fe)
+  float* shared_gate_up_w = nullptr;      // mlp.shared.gate_up (2 Fs, C)
+  float* shared_down_w = nullptr;         // mlp.shared.down (C, Fs)
+  float* shared_gate_w = nullptr;         // mlp.shared_gate (1, C), Qwen2-MoE
 };
 
 struct ModelTensors {
@@ -67,6 +75,19 @@ struct BlockActivations {
   float* mlp_up = nullptr;     // (B, T, F) GPT-2, (B, T, 2F) LLaMA
   float* mlp_act = nullptr;    // (B, T, F)
   float* out = nullptr;        // (B, T, C)
+  // MoE blocks, N = B T tokens, K picks each; the int32 tensors live in float-sized buffers.
+  float* moe_probs = nullptr;       // (N, E) router softmax
+  float* moe_experts = nullptr;     // (N, K) int32 picked experts
+  float* moe_weights = nullptr;     // (N, K) routing weights of the picks
+  float* moe_slots = nullptr;       // (N K) int32 slot n K + k of each row, grouped by expert
+  float* moe_offsets = nullptr;     // (E + 1) int32 first row of each expert
+  float* moe_up = nullptr;          // (N K, 2 Fe) experts' gate and up projections, permuted rows
+  float* moe_act = nullptr;         // (N K, Fe)
+  float* moe_out = nullptr;         // (N K, C) experts' outputs before the weighted combine
+  float* shared_up = nullptr;       // (N, 2 Fs)
+  float* shared_act = nullptr;      // (N, Fs)
+  float* shared_out = nullptr;      // (N, C) before the shared-expert gate, when gated
+  float* shared_gate = nullptr;     // (N) sigmoid gate, when gated
 };
 
 struct HeadActivations {
@@ -149,6 +170,8 @@ struct ChunkPass {
   float* gradient = nullptr;     // (B, T, C): dL/d(hidden state) between backward pieces
   int backward_next = -1;        // blocks [block_begin, backward_next) still wait for backward
   float loss = 0.0f;             // mean loss of the micro-batch's local tokens, when heads
+                                 // (with router_aux_loss_coef x aux_loss added for MoE models)
+  float aux_loss = 0.0f;         // MoE: load-balancing loss of the chunk's MoE blocks / all MoE blocks
   bool active = false;
 };
 
@@ -174,6 +197,14 @@ struct ParameterSegment {
 struct HostPlacement {
   std::vector<bool> blocks;
   Arena* arena = nullptr;
+};
+
+// What the MoE blocks' forwards routed since the last model_moe_routing_reset (recomputation
+// excluded): for load-imbalance figures and the step log.
+struct MoeRouting {
+  std::vector<int64_t> expert_tokens;  // (num_layers x E) top-k picks of each expert; dense blocks 0
+  double aux_loss_sum = 0;             // sum of the heading passes' aux_loss
+  int64_t passes = 0;                  // heading passes counted in aux_loss_sum
 };
 
 struct Model {
@@ -206,8 +237,13 @@ struct Model {
   // (embedding, block, head): where a step's compute went, for calibration.
   std::array<double, kLayerKinds>* layer_cpu_seconds = nullptr;
 
+  MoeRouting moe_routing;  // MoE models only
+
   ChunkPass pass;  // the single-rank passes (model_forward / model_backward)
 };
+
+// Clears model.moe_routing (sized for the model's blocks and experts).
+void model_moe_routing_reset(Model& model);
 
 // GPT-2 initialisation from a seeded deterministic RNG: weights normal(0, 0.02), residual
 // projections (attn.out, mlp.down) scaled by 1 / sqrt(2 L), norm weights 1, biases 0. Every

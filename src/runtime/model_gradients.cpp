@@ -47,18 +47,20 @@ void norm_backward(Model& model, const Dims& d, float* dinp, float* const* dw, f
 void linear_backward(Model& model, float* dinp, float* const* dw, float* const* db, const float* dout, const float* inp,
                      const float* w, int N, int C, int OC) {
   GradientSink* sink = model.gradient_sink;
+  // N == 0: an MoE expert no token picked; its gradient is still announced to the sink.
   if (sink == nullptr) {
-    matmul_backward(dinp, *dw, db != nullptr ? *db : nullptr, dout, inp, w, N, C, OC);
+    if (N > 0) matmul_backward(dinp, *dw, db != nullptr ? *db : nullptr, dout, inp, w, N, C, OC);
     return;
   }
-  matmul_backward(dinp, nullptr, nullptr, dout, inp, w, N, C, OC);
+  if (N > 0) matmul_backward(dinp, nullptr, nullptr, dout, inp, w, N, C, OC);
   // The bias follows its weight in the flat order: written first.
   if (db != nullptr) {
-    if (float* db_at = sink->writing(db, 0, kAllRows)) matmul_backward_bias(db_at, dout, N, OC);
+    if (float* db_at = sink->writing(db, 0, kAllRows); db_at != nullptr && N > 0) matmul_backward_bias(db_at, dout, N, OC);
     sink->written(db, 0, kAllRows);
   }
   write_row_pieces(*sink, dw, OC, [&](int64_t begin, int64_t end, float* at) {
-    matmul_backward_weight_rows(at, nullptr, dout, inp, N, C, OC, static_cast<int>(begin), static_cast<int>(end));
+    if (N > 0)
+      matmul_backward_weight_rows(at, nullptr, dout, inp, N, C, OC, static_cast<int>(begin), static_cast<int>(end));
   });
 }
 

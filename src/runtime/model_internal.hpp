@@ -134,6 +134,20 @@ void linear_backward(Model& model, float* dinp, float* const* dw, float* const* 
 // d.vocab_begin) and the learned positions, where the model has them.
 void embedding_gradients(Model& model, const Dims& d, const float* dout, const int32_t* tokens);
 
+// Mixture-of-Experts MLP of block `layer` (model_moe.cpp), on all N rows (no tensor parallelism).
+// The activations it keeps in `a`, allocated in this order.
+void moe_allocate(const Model& model, const Dims& d, BlockActivations& a);
+// a.ln2 -> the routing and expert activations in `a`; a.out = a.residual1 + the MoE MLP's output
+// when with_output. counted: a forward (not a recomputation), whose routing is added to
+// model.moe_routing and whose load-balancing loss to counted->aux_loss.
+void moe_mlp_forward(Model& model, const Dims& d, int layer, BlockActivations& a, bool with_output, ChunkPass* counted);
+// dout: (N, C) d(block output) -> dln: (N, C) += d(a.ln2), and the block's MoE weight gradients;
+// aux_scale: d(loss) / d(this block's load-balancing loss).
+void moe_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivations& a, const float* dout, float* dln,
+                      float aux_scale);
+// Blocks of the model that are MoE blocks.
+int64_t moe_block_count(const ModelSpec& spec);
+
 // pass.inputs -> pass.input (B, T, C): token (and position) embedding, vocabulary-parallel.
 void embedding_pass_forward(Model& model, ChunkPass& pass, const Dims& d);
 // pass.gradient (B, T, C) -> embedding gradients.

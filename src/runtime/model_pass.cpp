@@ -38,11 +38,15 @@ void allocate_attention_internals(const Model& model, const Dims& d, BlockActiva
   a.context = take(model, int64_t{d.N} * d.Hq * d.D, "attn.context");
 }
 
-void allocate_mlp(const Model& model, const Dims& d, BlockActivations& a) {
+void allocate_mlp(const Model& model, const Dims& d, int layer, BlockActivations& a) {
   a.residual1 = take(model, int64_t{d.Nn} * d.C, "attn.residual");
   a.ln2 = take(model, int64_t{d.N} * d.C, "mlp_norm.out");
   if (d.gpt2) a.ln2_mean = take(model, d.Nn, "mlp_norm.mean");
   a.ln2_rstd = take(model, d.Nn, "mlp_norm.rstd");
+  if (model_block_is_moe(model.spec, layer)) {
+    moe_allocate(model, d, a);
+    return;
+  }
   a.mlp_up = take(model, int64_t{d.N} * (d.gpt2 ? d.F : 2 * d.F), "mlp.up");
   a.mlp_act = take(model, int64_t{d.N} * d.F, "mlp.act");
 }
@@ -84,10 +88,16 @@ void attention_half_forward(const Model& model, const Dims& d, const BlockTensor
   row_parallel_forward(model, d, a.residual1, a.context, w.out_w, w.out_b, d.Hq * d.D, x);
 }
 
-// a.residual1 -> ln2, mlp_up, mlp_act; and a.out = residual1 + mlp(...) when with_output.
-void mlp_half_forward(const Model& model, const Dims& d, const BlockTensors& w,
-                      BlockActivations& a, bool with_output) {
+// a.residual1 -> ln2, mlp_up, mlp_act (or the MoE MLP's activations); and a.out = residual1 +
+// mlp(...) when with_output. counted: a forward whose MoE routing the model and pass count.
+void mlp_half_forward(Model& model, const Dims& d, int layer, BlockActivations& a, bool with_output,
+                      ChunkPass* counted) {
+  const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
   norm_gathered(model, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual1, w.mlp_norm_w, w.mlp_norm_b);
+  if (model_block_is_moe(model.spec, layer)) {
+    moe_mlp_forward(model, d, layer, a, with_output, counted);
+    return;
+  }
   if (d.gpt2) {
     matmul_forward(a.mlp_up, a.ln2, w.up_w, w.up_b, d.N, d.C, d.F);
     gelu_forward(a.mlp_act, a.mlp_up, int64_t{d.N} * d.F);
@@ -101,7 +111,9 @@ void mlp_half_forward(const Model& model, const Dims& d, const BlockTensors& w,
 void release_block(Model& model, BlockActivations& a) {
   for (float** buffer : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.probs, &a.context,
                          &a.residual1, &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.mlp_up, &a.mlp_act,
-                         &a.out}) {
+                         &a.out, &a.moe_probs, &a.moe_experts, &a.moe_weights, &a.moe_slots, &a.moe_offsets,
+                         &a.moe_up, &a.moe_act, &a.moe_out, &a.shared_up, &a.shared_act, &a.shared_out,
+                         &a.shared_gate}) {
     give(model, *buffer);
   }
 }
@@ -112,10 +124,10 @@ void block_forward(Model& model, ChunkPass& pass, const Dims& d, int layer, cons
   const Recompute level = model.recompute[static_cast<size_t>(layer)];
   allocate_attention_inputs(model, d, a);
   allocate_attention_internals(model, d, a);
-  allocate_mlp(model, d, a);
+  allocate_mlp(model, d, layer, a);
   a.out = take(model, int64_t{d.Nn} * d.C, "output");
   attention_half_forward(model, d, w, x, a);
-  mlp_half_forward(model, d, w, a, true);
+  mlp_half_forward(model, d, layer, a, true, &pass);
   if (level != Recompute::Recompute_none) {
     give(model, a.probs);
     give(model, a.context);
@@ -142,9 +154,9 @@ void block_recompute(Model& model, ChunkPass& pass, const Dims& d, int layer, co
     case Recompute::Recompute_full:
       allocate_attention_inputs(model, d, a);
       allocate_attention_internals(model, d, a);
-      allocate_mlp(model, d, a);
+      allocate_mlp(model, d, layer, a);
       attention_half_forward(model, d, w, x, a);
-      mlp_half_forward(model, d, w, a, false);
+      mlp_half_forward(model, d, layer, a, false, nullptr);
       return;
   }
 }
@@ -169,16 +181,13 @@ const float* column_parallel_input_gradient(const Model& model, const Dims& d, f
   return dln + d.row_offset();
 }
 
-// dres: (Nn, C) holds dL/d(block output) on entry and dL/d(block input x) on exit.
-void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, const float* x, float* dres) {
-  block_recompute(model, pass, d, layer, x);
-  BlockActivations& a = pass.blocks[static_cast<size_t>(layer - pass.block_begin)];
+// The dense MLP's backward: dres (Nn, C) d(block output) -> returns dln (N, C) d(mlp_norm.out)
+// (this rank's part), and its weight gradients.
+float* dense_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivations& a, const float* dres,
+                          float* gathered) {
   const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
   const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
-  const int64_t NC = int64_t{d.N} * d.C;
   const int up_width = d.gpt2 ? d.F : 2 * d.F;
-  float* gathered = d.sp ? take(model, NC, "d residual, all rows") : nullptr;
-
   float* dact = take_zeroed(model, int64_t{d.N} * d.F, "d mlp.act");
   linear_backward(model, dact, &g.down_w, &g.down_b, gradient_all_rows(model, d, dres, gathered), a.mlp_act, w.down_w,
                   d.N, d.F, d.C);
@@ -189,9 +198,29 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
     swiglu_backward(dup, a.mlp_up, dact, d.N, d.F);
   }
   give(model, dact);
-  float* dln = take_zeroed(model, NC, "d norm.out");
+  float* dln = take_zeroed(model, int64_t{d.N} * d.C, "d norm.out");
   linear_backward(model, dln, &g.up_w, &g.up_b, dup, a.ln2, w.up_w, d.N, d.C, up_width);
   give(model, dup);
+  return dln;
+}
+
+// dres: (Nn, C) holds dL/d(block output) on entry and dL/d(block input x) on exit. aux_scale:
+// d(loss) / d(an MoE block's load-balancing loss).
+void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, const float* x, float* dres,
+                    float aux_scale) {
+  block_recompute(model, pass, d, layer, x);
+  BlockActivations& a = pass.blocks[static_cast<size_t>(layer - pass.block_begin)];
+  const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
+  const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
+  const int64_t NC = int64_t{d.N} * d.C;
+  float* gathered = d.sp ? take(model, NC, "d residual, all rows") : nullptr;
+  float* dln = nullptr;
+  if (model_block_is_moe(model.spec, layer)) {
+    dln = take_zeroed(model, NC, "d norm.out");
+    moe_mlp_backward(model, d, layer, a, dres, dln, aux_scale);
+  } else {
+    dln = dense_mlp_backward(model, d, layer, a, dres, gathered);
+  }
   norm_backward(model, d, dres, &g.mlp_norm_w, &g.mlp_norm_b, column_parallel_input_gradient(model, d, dln), a.residual1,
                 w.mlp_norm_w, a.ln2_mean, a.ln2_rstd);
 
@@ -252,6 +281,7 @@ void chunk_begin(Model& model, ChunkPass& pass, int block_begin, int block_end, 
   if (heads) pass.targets.assign(targets, targets + N);
   pass.blocks.assign(static_cast<size_t>(block_end - block_begin), BlockActivations{});
   pass.backward_next = block_end;
+  pass.aux_loss = 0.0f;
   pass.active = true;
   pass.input = take(model, N * model.spec.hidden_size, embeds ? "embedding output" : "stage input");
   if (model.shard.sequence_parallel && model.shard.tp > 1 && N % model.shard.tp != 0) {
@@ -299,6 +329,13 @@ const float* chunk_forward(Model& model, ChunkPass& pass) {
   UnitWeights weights(model, kUnitHead, false);
   LayerCpuTimer timer(model, LayerKind::LayerKind_head);
   pass.loss = head_pass_forward(model, pass, dims_all_rows(d), out);
+  if (model_is_moe(model.spec)) {
+    // The objective is the cross-entropy plus the weighted load-balancing loss (as Hugging Face's
+    // MoE models report it); the chunk's blocks are all the MoE blocks on the one rank that runs MoE.
+    pass.loss += static_cast<float>(model.spec.moe.router_aux_loss_coef) * pass.aux_loss;
+    model.moe_routing.aux_loss_sum += pass.aux_loss;
+    model.moe_routing.passes++;
+  }
   return nullptr;
 }
 
@@ -322,12 +359,16 @@ const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int 
   }
   if (pass.gradient == nullptr) throw Error("chunk backward started without the gradient of its output");
   float* dres = pass.gradient + (d.sp ? d.row_offset() : 0);
+  const int64_t moe_blocks = moe_block_count(model.spec);
+  const float aux_scale = moe_blocks == 0 ? 0.0f
+                                          : static_cast<float>(loss_scale * model.spec.moe.router_aux_loss_coef /
+                                                               static_cast<double>(moe_blocks));
   for (int layer = block_end - 1; layer >= block_begin; layer--) {
     UnitWeights weights(model, layer, true);
     if (model.activation_store != nullptr) model.activation_store->needed(pass, layer);
     {
       LayerCpuTimer timer(model, LayerKind::LayerKind_block);
-      block_backward(model, pass, d, layer, block_input(pass, d, layer), dres);
+      block_backward(model, pass, d, layer, block_input(pass, d, layer), dres, aux_scale);
     }
     release_block(model, pass.blocks[static_cast<size_t>(layer - pass.block_begin)]);
   }

@@ -67,6 +67,27 @@ ShardedTensor slice(const ModelSpec& spec, const std::string& name, std::vector<
   return out;
 }
 
+// An MoE block's MLP, in flat order: router, each routed expert's gate_up and down, the shared
+// experts as one SwiGLU MLP of their widths together, and Qwen2-MoE's shared-expert gate.
+// Experts are whole tensors on every tensor-parallel rank (the runtime refuses tp with MoE).
+void add_moe_mlp(std::vector<ShardedTensor>& out, const ModelSpec& spec, const std::string& p, int tp, int t) {
+  const MixtureOfExperts& moe = spec.moe;
+  const int64_t C = spec.hidden_size;
+  const int64_t Fe = moe.expert_ffn_hidden_size;
+  const int64_t Fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) { out.push_back(slice(spec, p + name, std::move(shape), tp, t)); };
+  add("mlp.router.weight", {moe.num_experts, C});
+  for (int64_t e = 0; e < moe.num_experts; ++e) {
+    add(fmt::format("mlp.experts.{}.gate_up.weight", e), {2 * Fe, C});
+    add(fmt::format("mlp.experts.{}.down.weight", e), {C, Fe});
+  }
+  if (Fs > 0) {
+    add("mlp.shared.gate_up.weight", {2 * Fs, C});
+    add("mlp.shared.down.weight", {C, Fs});
+    if (moe.shared_expert_gate) add("mlp.shared_gate.weight", {1, C});
+  }
+}
+
 void add_block(std::vector<ShardedTensor>& out, const ModelSpec& spec, int64_t i, int tp, int t) {
   const int64_t C = spec.hidden_size;
   const int64_t D = spec.head_dim;
@@ -82,6 +103,10 @@ void add_block(std::vector<ShardedTensor>& out, const ModelSpec& spec, int64_t i
   if (spec.linear_bias) add("attn.out.bias", {C});
   add("mlp_norm.weight", {C});
   if (spec.norm_bias) add("mlp_norm.bias", {C});
+  if (model_block_is_moe(spec, i)) {
+    add_moe_mlp(out, spec, p, tp, t);
+    return;
+  }
   if (spec.family == ModelFamily::ModelFamily_gpt2) {
     add("mlp.up.weight", {F, C});
     if (spec.linear_bias) add("mlp.up.bias", {F});
@@ -93,6 +118,10 @@ void add_block(std::vector<ShardedTensor>& out, const ModelSpec& spec, int64_t i
 }
 
 }  // namespace
+
+bool model_block_is_moe(const ModelSpec& spec, int64_t layer) {
+  return model_is_moe(spec) && layer >= spec.moe.first_dense_layers;
+}
 
 ModelShard shard_full(const ModelSpec& spec) {
   ModelShard shard;

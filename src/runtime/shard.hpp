@@ -21,6 +21,9 @@ struct ModelShard {
   bool sequence_parallel = false;  // norms and residuals on N / tp token rows per rank
 };
 
+// Whether block `layer` of `spec` is a Mixture-of-Experts block (past moe.first_dense_layers).
+bool model_block_is_moe(const ModelSpec& spec, int64_t layer);
+
 // The whole model on one rank.
 ModelShard shard_full(const ModelSpec& spec);
 

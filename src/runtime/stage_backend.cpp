@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "spec/error.hpp"
+#include "spec/moe.hpp"
 
 namespace alloy {
 
@@ -45,7 +46,36 @@ StageSupport cuda_supports(const Plan& plan, int s) {
   return {};
 }
 
+// What a plan asks of an MoE model beyond one CPU rank running every block.
+StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
+  const std::string why = "Mixture-of-Experts models train on one CPU rank so far: one stage, tp 1, dp 1, no offload";
+  if (name != "cpu") return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
+  if (plan.stages.size() > 1)
+    return refuse(fmt::format("pipeline parallelism ({} stages)", plan.stages.size()), "stages", why);
+  if (plan.virtual_chunks > 1)
+    return refuse(fmt::format("interleaved chunks ({})", plan.virtual_chunks), "virtual_chunks", why);
+  const PlanStage& st = plan.stages.front();
+  if (st.tp > 1) return refuse(fmt::format("tensor parallelism (tp {})", st.tp), "stages[0].tp", why);
+  if (st.dp > 1 || st.device_ids.size() > 1)
+    return refuse(fmt::format("data parallelism (dp {})", std::max<size_t>(static_cast<size_t>(st.dp), st.device_ids.size())),
+                  "stages[0].dp", why + "; run without mpirun or with a one-rank plan");
+  if (flags_any(st.offload)) return refuse("weight offload to host memory", "stages[0].offload", why);
+  if (flags_any(st.offload_activations))
+    return refuse("activation offload to host memory", "stages[0].offload_activations", why);
+  return {};
+}
+
 }  // namespace
+
+void stage_backend_check_moe(const std::string& name, const ModelSpec& model, const Plan& plan,
+                             const std::string& source) {
+  if (!model_is_moe(model) || plan.stages.empty()) return;
+  const StageSupport support = moe_plan_supported(name, plan);
+  if (support.ok) return;
+  throw Error(fmt::format("Mixture-of-Experts model {} ({}) with {} is not supported", model.name,
+                          moe_summary(model.moe), support.feature),
+              {source, support.field}, support.reason);
+}
 
 StageSupport stage_backend_supports(const std::string& name, const Plan& plan, int stage) {
   if (stage < 0 || stage >= static_cast<int>(plan.stages.size()))

@@ -198,6 +198,11 @@ StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std:
     report.peak_arena_bytes = std::max(report.peak_arena_bytes, r.peak_arena_bytes);
   }
   report.loss = loss_sum / loss_tokens;
+  Model& model = runtime_.backend().model();
+  if (model_is_moe(model_) && model.moe_routing.passes > 0) {  // one rank: the routing is all here
+    report.aux_loss = model.moe_routing.aux_loss_sum / static_cast<double>(model.moe_routing.passes);
+    report.expert_tokens = model.moe_routing.expert_tokens;
+  }
   report.tokens_per_second = static_cast<double>(plan_.global_batch_sequences * plan_.seq_len) / report.step_seconds;
   report.mfu = report.tokens_per_second * flops_per_token_ / matmul_peak_flops_;
   return report;
@@ -221,6 +226,7 @@ TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_
   for (int64_t step = result.first_step + 1; step <= train_.steps; ++step) {
     if (trainer_inject_fault(comm_.rank(), step)) runtime_.gradient_poison_next_step();
     if (setup_.loader) batch_loader_read(*setup_.loader, static_cast<uint64_t>(step - 1), inputs_.data(), targets_.data());
+    model_moe_routing_reset(runtime_.backend().model());
     RankStepStats stats = runtime_.step(inputs_.data(), targets_.data());
     stats.stop_signal = StopSignals::received();
     // An overflow the loss scale absorbed is expected now and then (not a bad step).
@@ -337,6 +343,7 @@ RankSetup rank_setup(const ModelSpec& model, TrainSpec& train, const Plan& plan,
   }
   dist_agree_on(comm, [&] {
     plan_validate_for(plan, model, cluster, o.plan_path);
+    stage_backend_check_moe(backend.name, model, plan, o.plan_path);
     stage_backend_check_plan(backend.name, plan, o.plan_path);
     trainer_check_plan(plan, model, cluster, o);
     trainer_check_numbers(train, o);
@@ -388,7 +395,6 @@ std::string trainer_model_fingerprint(const ModelSpec& m) { return m.name + "@" 
 TrainerResult train_run(const ModelSpec& model, TrainSpec train, const Plan& plan, const ClusterSpec& cluster,
                         Communicator& comm, const TrainerOptions& o, const TrainBackend& backend,
                         const std::function<void(const StepReport&)>& on_step) {
-  model_require_dense(model, "the trainer");
   RankSetup setup = rank_setup(model, train, plan, cluster, comm, o, backend);
   // From here an error on one rank alone ends the job at once (before buffers that transfers
   // in flight still use are freed); errors every rank agrees on still return normally, and so

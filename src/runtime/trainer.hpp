@@ -60,6 +60,11 @@ struct StepReport {
   double mfu = 0;                 // model FLOPs / (step time x the ranks' measured matmul peaks)
   int64_t peak_arena_bytes = 0;   // the largest of any rank
   std::optional<double> val_loss; // when this step ran a validation pass
+  // Mixture-of-Experts models (one rank): the step's load-balancing loss, unweighted, averaged
+  // over its MoE blocks and micro-batches (loss includes router_aux_loss_coef x it), and the
+  // top-k picks of each expert of each block, (num_layers x experts) row-major, dense blocks 0.
+  std::optional<double> aux_loss;
+  std::vector<int64_t> expert_tokens;
 };
 
 // One rank's figures over the run (medians of the steps after the first).

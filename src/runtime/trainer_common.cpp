@@ -44,6 +44,10 @@ void StepLog::write(const StepReport& r, const std::vector<RankStepStats>* ranks
                       {"step_seconds", r.step_seconds}, {"tokens_per_second", r.tokens_per_second},
                       {"mfu", r.mfu},         {"peak_arena_bytes", r.peak_arena_bytes}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
+  if (r.aux_loss) {
+    j["aux_loss"] = *r.aux_loss;
+    j["expert_tokens"] = r.expert_tokens;
+  }
   if (r.loss_scale != 1 || r.loss_scale_overflow) {
     j["loss_scale"] = r.loss_scale;
     j["loss_scale_overflow"] = r.loss_scale_overflow;
@@ -66,12 +70,12 @@ void trainer_print_progress(const StepReport& r, int64_t total_steps) {
                                  r.step, total_steps, r.loss, r.learning_rate, r.grad_norm, r.tokens_per_second,
                                  100.0 * r.mfu, units_format_bytes(static_cast<double>(r.peak_arena_bytes)));
   if (r.val_loss) line += fmt::format("  val {:.4f}", *r.val_loss);
+  if (r.aux_loss) line += fmt::format("  aux {:.4f}", *r.aux_loss);
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 OneStage trainer_one_stage(const ModelSpec& model, const TrainSpec& train, const TrainerOptions& o,
                            const DeviceType* device, int replicas) {
-  model_require_dense(model, "the trainer");
   trainer_check_seq_len(model, train);
   DeviceType type;
   if (device != nullptr) {

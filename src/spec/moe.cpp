@@ -245,13 +245,15 @@ std::string moe_summary(const MixtureOfExperts& moe) {
 
 void model_require_dense(const ModelSpec& m, const std::string& consumer) {
   if (!model_is_moe(m)) return;
-  throw Error(fmt::format("Mixture-of-Experts models (model {}: {}) are not planned or trained yet: {} handles "
+  const std::string name = m.name.empty() ? "<model>" : m.name;
+  throw Error(fmt::format("Mixture-of-Experts models (model {}: {}) are not supported here yet: {} handles "
                           "dense MLP blocks only",
                           m.name, moe_summary(m.moe), consumer),
               {m.source_path, moe_field_name(m, MoeField::MoeField_experts)},
-              fmt::format("`alloy check --model {}` counts its parameters (total and active per token); plan, "
-                          "simulate and train dense models for now",
-                          m.name.empty() ? "<model>" : m.name));
+              fmt::format("`alloy check --model {}` counts its parameters (total and active per token) and "
+                          "`alloy train --model {}` trains it on one CPU rank; plan, simulate and profile dense "
+                          "models for now",
+                          name, name));
 }
 
 }  // namespace alloy

@@ -1,6 +1,7 @@
-// Alloy against PyTorch (float64) on the fixtures of scripts/golden.py: logits, loss and every
-// parameter gradient within 1e-4 of the tensor's largest magnitude, and the losses of 10 AdamW
-// steps within 1e-5. Prints the largest relative difference per tensor.
+// Alloy against PyTorch (float64) on the fixtures of scripts/golden.py and, for Mixture-of-Experts
+// models, scripts/golden_moe.py: logits, loss (with the load-balancing loss) and every parameter
+// gradient within 1e-4 of the tensor's largest magnitude, and the losses of 10 AdamW steps within
+// 1e-5. Prints the largest relative difference per tensor.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -82,6 +83,18 @@ ModelSpec spec_from_fixture(const nlohmann::json& cfg, const std::string& name) 
   spec.norm_bias = cfg["norm_bias"];
   spec.norm_eps = cfg["eps"];
   spec.rope_theta = cfg["rope_theta"];
+  if (cfg.contains("moe")) {
+    const nlohmann::json& moe = cfg["moe"];
+    spec.moe.num_experts = moe["experts"];
+    spec.moe.experts_per_token = moe["experts_per_token"];
+    spec.moe.expert_ffn_hidden_size = moe["expert_ffn"];
+    spec.moe.num_shared_experts = moe["shared_experts"];
+    spec.moe.shared_expert_ffn_hidden_size = moe["shared_ffn"];
+    spec.moe.shared_expert_gate = moe["shared_gate"];
+    spec.moe.first_dense_layers = moe["first_dense_layers"];
+    spec.moe.norm_topk_prob = moe["norm_topk_prob"];
+    spec.moe.router_aux_loss_coef = moe["aux_coef"];
+  }
   return spec;
 }
 
@@ -97,8 +110,9 @@ bool ends_with(const std::string& text, const std::string& suffix) {
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The weights of golden.py's golden_weights(), element for element.
-void golden_weights_set(Model& model) {
+// The weights of golden.py's golden_weights() (golden_moe.py's, with its router scale, for MoE
+// models), element for element.
+void golden_weights_set(Model& model, double router_scale) {
   for (size_t k = 0; k < model.views.size(); k++) {
     const TensorView& view = model.views[k];
     float* data = model.params + view.offset;
@@ -107,7 +121,9 @@ void golden_weights_set(Model& model) {
       const double u = static_cast<double>(splitmix64(key) >> 40) / static_cast<double>(1 << 24);
       const double x = 2.0 * u - 1.0;
       double value = 0.05 * x;
-      if (view.shape.size() == 2) {
+      if (ends_with(view.name, "router.weight")) {
+        value = router_scale * x;
+      } else if (view.shape.size() == 2) {
         double scale = 0.08;
         if (ends_with(view.name, "attn.out.weight") || ends_with(view.name, "mlp.down.weight")) {
           scale /= std::sqrt(2.0 * static_cast<double>(model.spec.num_layers));
@@ -140,7 +156,9 @@ void check_golden(const std::string& name, Recompute level) {
   Arena arena(int64_t{1} << 30);
   Model model(spec, arena);
   model.recompute.assign(model.recompute.size(), level);
-  golden_weights_set(model);
+  const double router_scale =
+      fixture.metadata.contains("router_scale") ? fixture.metadata["router_scale"].get<double>() : 0.0;
+  golden_weights_set(model, router_scale);
   for (const TensorView& view : model.views) {
     double sum = 0.0;
     for (int64_t i = 0; i < view.numel; i++) sum += model.params[view.offset + i];
@@ -165,6 +183,12 @@ void check_golden(const std::string& name, Recompute level) {
   std::printf("  %-32s %.2e (alloy %.7f, torch %.7f)\n", "loss",
               std::fabs(loss - reference_loss), loss, reference_loss);
   EXPECT_NEAR(loss, reference_loss, 1e-5);
+  if (model_is_moe(spec)) {
+    const double reference_aux = fixture.floats["aux_loss"][0];
+    std::printf("  %-32s %.2e (alloy %.7f, torch %.7f)\n", "load-balancing loss",
+                std::fabs(model.pass.aux_loss - reference_aux), static_cast<double>(model.pass.aux_loss), reference_aux);
+    EXPECT_NEAR(model.pass.aux_loss, reference_aux, 1e-5);
+  }
 
   model_backward(model);
   for (const TensorView& view : model.views) {
@@ -191,7 +215,7 @@ void check_golden(const std::string& name, Recompute level) {
   train.seq_len = T;
   // The steps `alloy train` runs: the executor of one rank, from the same weights.
   testing::OneRank run(spec, train, B, level);
-  golden_weights_set(run.model());
+  golden_weights_set(run.model(), router_scale);
   double worst_loss = 0.0;
   float last_loss = 0.0f;
   for (size_t step = 0; step < step_losses.size(); step++) {
@@ -217,6 +241,22 @@ TEST(Golden, TinyGptWithFullRecomputationMatchesPyTorch) {
 
 TEST(Golden, TinyLlamaWithSelectiveRecomputationMatchesPyTorch) {
   check_golden("tiny_llama", Recompute::Recompute_selective);
+}
+
+// Mixture-of-Experts: renormalised top-k (Mixtral), a sigmoid-gated shared expert without
+// renormalisation (Qwen2-MoE), a leading dense block and two ungated shared experts (DeepSeek).
+TEST(Golden, TinyMoeMixtralMatchesPyTorch) { check_golden("tiny_moe_mixtral", Recompute::Recompute_none); }
+
+TEST(Golden, TinyMoeQwenMatchesPyTorch) { check_golden("tiny_moe_qwen", Recompute::Recompute_none); }
+
+TEST(Golden, TinyMoeDeepSeekMatchesPyTorch) { check_golden("tiny_moe_deepseek", Recompute::Recompute_none); }
+
+TEST(Golden, TinyMoeQwenWithFullRecomputationMatchesPyTorch) {
+  check_golden("tiny_moe_qwen", Recompute::Recompute_full);
+}
+
+TEST(Golden, TinyMoeDeepSeekWithSelectiveRecomputationMatchesPyTorch) {
+  check_golden("tiny_moe_deepseek", Recompute::Recompute_selective);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The passes' parameter-gradient writes as a GradientSink sees them (model_gradients.cpp): every
 // gradient announced before and after it is written, matrices in the row pieces the sink asks
 // for, the whole backward in the reverse of the flat order (what lets sharded gradients keep one
-// part at a time), and the same gradients as without a sink.
+// part at a time), and the same gradients as without a sink; for dense and MoE blocks alike.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,6 +30,26 @@ ModelSpec tiny(ModelFamily family) {
   spec.tied_embeddings = family == ModelFamily::ModelFamily_gpt2;
   spec.qkv_bias = spec.linear_bias = spec.norm_bias = family == ModelFamily::ModelFamily_gpt2;
   return spec;
+}
+
+// A Mixture-of-Experts LLaMA: a dense first block, then MoE blocks of eight experts (each
+// written, rows or none) with a gated shared expert.
+ModelSpec tiny_moe() {
+  ModelSpec spec = tiny(ModelFamily::ModelFamily_llama);
+  spec.name = "tiny-moe";
+  spec.moe.num_experts = 8;
+  spec.moe.experts_per_token = 2;
+  spec.moe.expert_ffn_hidden_size = 48;
+  spec.moe.num_shared_experts = 1;
+  spec.moe.shared_expert_ffn_hidden_size = 32;
+  spec.moe.shared_expert_gate = true;
+  spec.moe.first_dense_layers = 1;
+  spec.moe.router_aux_loss_coef = 0.01;
+  return spec;
+}
+
+std::vector<ModelSpec> sink_specs() {
+  return {tiny(ModelFamily::ModelFamily_llama), tiny(ModelFamily::ModelFamily_gpt2), tiny_moe()};
 }
 
 // Writes straight into the model's gradient buffer, cutting every matrix into three row pieces,
@@ -103,8 +123,7 @@ Backward backward(const ModelSpec& spec, bool with_sink) {
 }
 
 TEST(GradientSink, WritesComeInPiecesInTheReverseOfTheFlatOrder) {
-  for (ModelFamily family : {ModelFamily::ModelFamily_llama, ModelFamily::ModelFamily_gpt2}) {
-    const ModelSpec spec = tiny(family);
+  for (const ModelSpec& spec : sink_specs()) {
     const Backward got = backward(spec, true);
     ASSERT_FALSE(got.writes.empty()) << spec.name;
     // Every write closed, and every float of the model written (the tied table twice: by the
@@ -131,8 +150,7 @@ TEST(GradientSink, WritesComeInPiecesInTheReverseOfTheFlatOrder) {
 }
 
 TEST(GradientSink, PiecesGiveTheGradientsOfOneWrite) {
-  for (ModelFamily family : {ModelFamily::ModelFamily_llama, ModelFamily::ModelFamily_gpt2}) {
-    const ModelSpec spec = tiny(family);
+  for (const ModelSpec& spec : sink_specs()) {
     const Backward whole = backward(spec, false), pieces = backward(spec, true);
     ASSERT_EQ(whole.gradients.size(), pieces.gradients.size());
     double worst = 0;

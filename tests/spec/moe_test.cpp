@@ -195,7 +195,7 @@ TEST(MoeSpec, RequireDenseNamesTheModelAndItsExperts) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("Mixture-of-Experts models (model mixtral-8x7b: 8 experts, 2 per token) are not "
-                               "planned or trained yet: the cost model"),
+                               "supported here yet: the cost model"),
               std::string::npos)
         << e.format();
     EXPECT_EQ(e.where().field, "num_local_experts");

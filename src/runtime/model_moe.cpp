@@ -1,0 +1,202 @@
+// The Mixture-of-Experts MLP of a block: router, dropless top-k routing, each routed expert's
+// SwiGLU on its rows of the permuted tokens, the weighted combine, the shared experts (with
+// Qwen2-MoE's sigmoid gate) and the load-balancing loss. The backward writes the weight
+// gradients in the reverse of the flat order (shared gate, shared down and gate_up, experts
+// last to first with down before gate_up, router), as the gradient sink expects.
+#include <cstring>
+#include <vector>
+
+#include "runtime/cpu/activation.hpp"
+#include "runtime/cpu/matmul.hpp"
+#include "runtime/cpu/moe.hpp"
+#include "runtime/model_internal.hpp"
+
+namespace alloy {
+
+namespace {
+
+struct MoeDims {
+  int N, C, E, K, Fe, Fs;
+  int NK;
+  bool gated;      // a sigmoid gate on the shared experts' output
+  bool normalize;  // routing weights renormalised over the picks
+};
+
+MoeDims moe_dims(const Model& model, const Dims& d) {
+  const MixtureOfExperts& moe = model.spec.moe;
+  MoeDims m{};
+  m.N = d.N;
+  m.C = d.C;
+  m.E = static_cast<int>(moe.num_experts);
+  m.K = static_cast<int>(moe.experts_per_token);
+  m.Fe = static_cast<int>(moe.expert_ffn_hidden_size);
+  m.Fs = static_cast<int>(moe.num_shared_experts * moe.shared_expert_ffn_hidden_size);
+  m.NK = m.N * m.K;
+  m.gated = m.Fs > 0 && moe.shared_expert_gate;
+  m.normalize = moe.norm_topk_prob;
+  return m;
+}
+
+// Expert ids, slots and offsets are int32, kept in the arena's float-sized buffers.
+int32_t* moe_ints(float* buffer) { return reinterpret_cast<int32_t*>(buffer); }
+
+// xp: (N K, C) permuted rows -> a.moe_up, a.moe_act, a.moe_out, one expert's rows at a time.
+void moe_experts_forward(const MoeDims& m, const BlockTensors& w, BlockActivations& a,
+                         const float* xp) {
+  const int32_t* offsets = moe_ints(a.moe_offsets);
+  for (int e = 0; e < m.E; e++) {
+    const int64_t r0 = offsets[e];
+    const int rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    float* up = a.moe_up + r0 * 2 * m.Fe;
+    float* act = a.moe_act + r0 * m.Fe;
+    matmul_forward(up, xp + r0 * m.C, w.expert_gate_up_w[static_cast<size_t>(e)], nullptr, rows, m.C, 2 * m.Fe);
+    swiglu_forward(act, up, rows, m.Fe);
+    matmul_forward(a.moe_out + r0 * m.C, act, w.expert_down_w[static_cast<size_t>(e)], nullptr, rows, m.Fe, m.C);
+  }
+}
+
+// a.ln2 -> a.shared_up, a.shared_act, and a.shared_out and a.shared_gate when gated (an ungated
+// shared output goes straight into the block output instead).
+void moe_shared_forward(const MoeDims& m, const BlockTensors& w, BlockActivations& a) {
+  matmul_forward(a.shared_up, a.ln2, w.shared_gate_up_w, nullptr, m.N, m.C, 2 * m.Fs);
+  swiglu_forward(a.shared_act, a.shared_up, m.N, m.Fs);
+  if (!m.gated) return;
+  matmul_forward(a.shared_out, a.shared_act, w.shared_down_w, nullptr, m.N, m.Fs, m.C);
+  moe_gate_forward(a.shared_gate, a.ln2, w.shared_gate_w, m.N, m.C);
+}
+
+// a.out = a.residual1 + shared experts + the weighted combine of the routed experts.
+void moe_output_forward(const MoeDims& m, const BlockTensors& w, BlockActivations& a) {
+  const int64_t NC = int64_t{m.N} * m.C;
+  if (m.Fs > 0 && !m.gated) {
+    matmul_forward(a.out, a.shared_act, w.shared_down_w, nullptr, m.N, m.Fs, m.C);
+    residual_forward(a.out, a.out, a.residual1, NC);
+  } else {
+    std::memcpy(a.out, a.residual1, static_cast<size_t>(NC) * sizeof(float));
+  }
+  if (m.gated) moe_gated_add_forward(a.out, a.shared_out, a.shared_gate, m.N, m.C);
+  moe_combine_forward(a.out, a.moe_out, a.moe_weights, moe_ints(a.moe_slots), m.N, m.K, m.C);
+}
+
+// dout: (N, C) -> dln += the shared experts' input gradient, and their weight gradients.
+void moe_shared_backward(Model& model, const MoeDims& m, int layer, const BlockActivations& a, const float* dout,
+                         float* dln) {
+  const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
+  const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
+  float* dshared_out = nullptr;
+  if (m.gated) {
+    dshared_out = take(model, int64_t{m.N} * m.C, "d moe.shared.out");
+    float* dgate_logit = take(model, m.N, "d moe.shared.gate");
+    moe_gated_add_backward(dshared_out, dgate_logit, dout, a.shared_out, a.shared_gate, m.N, m.C);
+    linear_backward(model, dln, &g.shared_gate_w, nullptr, dgate_logit, a.ln2, w.shared_gate_w, m.N, m.C, 1);
+    give(model, dgate_logit);
+  }
+  float* dact = take_zeroed(model, int64_t{m.N} * m.Fs, "d moe.shared.act");
+  linear_backward(model, dact, &g.shared_down_w, nullptr, m.gated ? dshared_out : dout, a.shared_act, w.shared_down_w,
+                  m.N, m.Fs, m.C);
+  if (dshared_out != nullptr) give(model, dshared_out);
+  float* dup = take_zeroed(model, int64_t{m.N} * 2 * m.Fs, "d moe.shared.up");
+  swiglu_backward(dup, a.shared_up, dact, m.N, m.Fs);
+  give(model, dact);
+  linear_backward(model, dln, &g.shared_gate_up_w, nullptr, dup, a.ln2, w.shared_gate_up_w, m.N, m.C, 2 * m.Fs);
+  give(model, dup);
+}
+
+// dyp: (N K, C) d(experts' outputs) -> dln += the routed experts' input gradient (through the
+// permutation), and their weight gradients, the last expert first.
+void moe_experts_backward(Model& model, const MoeDims& m, int layer, const BlockActivations& a, const float* dyp,
+                          float* dln) {
+  const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
+  const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
+  const int32_t* offsets = moe_ints(a.moe_offsets);
+  const int32_t* slots = moe_ints(a.moe_slots);
+  float* xp = take(model, int64_t{m.NK} * m.C, "moe gathered input");
+  moe_gather(xp, a.ln2, slots, m.NK, m.K, m.C);
+  float* dxp = take_zeroed(model, int64_t{m.NK} * m.C, "d moe gathered input");
+  float* dact = take_zeroed(model, int64_t{m.NK} * m.Fe, "d moe.act");
+  float* dup = take_zeroed(model, int64_t{m.NK} * 2 * m.Fe, "d moe.up");
+  for (int e = m.E - 1; e >= 0; e--) {
+    const int64_t r0 = offsets[e];
+    const int rows = offsets[e + 1] - offsets[e];
+    const size_t k = static_cast<size_t>(e);
+    linear_backward(model, dact + r0 * m.Fe, &g.expert_down_w[k], nullptr, dyp + r0 * m.C, a.moe_act + r0 * m.Fe,
+                    w.expert_down_w[k], rows, m.Fe, m.C);
+    if (rows > 0) swiglu_backward(dup + r0 * 2 * m.Fe, a.moe_up + r0 * 2 * m.Fe, dact + r0 * m.Fe, rows, m.Fe);
+    linear_backward(model, dxp + r0 * m.C, &g.expert_gate_up_w[k], nullptr, dup + r0 * 2 * m.Fe, xp + r0 * m.C,
+                    w.expert_gate_up_w[k], rows, m.C, 2 * m.Fe);
+  }
+  moe_scatter_add(dln, dxp, slots, m.NK, m.K, m.C);
+  give(model, dup);
+  give(model, dact);
+  give(model, dxp);
+  give(model, xp);
+}
+
+}  // namespace
+
+int64_t moe_block_count(const ModelSpec& spec) {
+  return model_is_moe(spec) ? spec.num_layers - spec.moe.first_dense_layers : 0;
+}
+
+void moe_allocate(const Model& model, const Dims& d, BlockActivations& a) {
+  const MoeDims m = moe_dims(model, d);
+  a.moe_probs = take(model, int64_t{m.N} * m.E, "moe.probs");
+  a.moe_experts = take(model, m.NK, "moe.experts");
+  a.moe_weights = take(model, m.NK, "moe.weights");
+  a.moe_slots = take(model, m.NK, "moe.slots");
+  a.moe_offsets = take(model, m.E + 1, "moe.offsets");
+  a.moe_up = take(model, int64_t{m.NK} * 2 * m.Fe, "moe.up");
+  a.moe_act = take(model, int64_t{m.NK} * m.Fe, "moe.act");
+  a.moe_out = take(model, int64_t{m.NK} * m.C, "moe.out");
+  if (m.Fs == 0) return;
+  a.shared_up = take(model, int64_t{m.N} * 2 * m.Fs, "moe.shared.up");
+  a.shared_act = take(model, int64_t{m.N} * m.Fs, "moe.shared.act");
+  if (!m.gated) return;
+  a.shared_out = take(model, int64_t{m.N} * m.C, "moe.shared.out");
+  a.shared_gate = take(model, m.N, "moe.shared.gate");
+}
+
+void moe_mlp_forward(Model& model, const Dims& d, int layer, BlockActivations& a, bool with_output, ChunkPass* counted) {
+  const MoeDims m = moe_dims(model, d);
+  const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
+  float* logits = take(model, int64_t{m.N} * m.E, "moe.logits");
+  matmul_forward(logits, a.ln2, w.router_w, nullptr, m.N, m.C, m.E);
+  moe_route_forward(a.moe_probs, moe_ints(a.moe_experts), a.moe_weights, logits, m.N, m.E, m.K, m.normalize);
+  give(model, logits);
+  int64_t* counts = counted != nullptr ? model.moe_routing.expert_tokens.data() + int64_t{layer} * m.E : nullptr;
+  moe_permute(moe_ints(a.moe_offsets), moe_ints(a.moe_slots), counts, moe_ints(a.moe_experts), m.N, m.E, m.K);
+  float* xp = take(model, int64_t{m.NK} * m.C, "moe gathered input");
+  moe_gather(xp, a.ln2, moe_ints(a.moe_slots), m.NK, m.K, m.C);
+  moe_experts_forward(m, w, a, xp);
+  give(model, xp);
+  if (m.Fs > 0) moe_shared_forward(m, w, a);
+  if (counted != nullptr) {
+    const double aux = moe_aux_loss_forward(a.moe_probs, moe_ints(a.moe_offsets), m.N, m.E);
+    counted->aux_loss += static_cast<float>(aux / static_cast<double>(moe_block_count(model.spec)));
+  }
+  if (with_output) moe_output_forward(m, w, a);
+}
+
+void moe_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivations& a, const float* dout, float* dln,
+                      float aux_scale) {
+  const MoeDims m = moe_dims(model, d);
+  const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
+  const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
+  if (m.Fs > 0) moe_shared_backward(model, m, layer, a, dout, dln);
+  float* dyp = take(model, int64_t{m.NK} * m.C, "d moe.out");
+  float* dweights = take(model, m.NK, "d moe.weights");
+  moe_combine_backward(dyp, dweights, dout, a.moe_out, a.moe_weights, moe_ints(a.moe_slots), m.N, m.K, m.C);
+  moe_experts_backward(model, m, layer, a, dyp, dln);
+  give(model, dyp);
+  std::vector<float> aux_dprobs(static_cast<size_t>(m.E));
+  moe_aux_loss_backward(aux_dprobs.data(), moe_ints(a.moe_offsets), m.N, m.E, aux_scale);
+  float* dlogits = take(model, int64_t{m.N} * m.E, "d moe.logits");
+  moe_route_backward(dlogits, dweights, aux_dprobs.data(), a.moe_probs, moe_ints(a.moe_experts), a.moe_weights, m.N,
+                     m.E, m.K, m.normalize);
+  give(model, dweights);
+  linear_backward(model, dln, &g.router_w, nullptr, dlogits, a.ln2, w.router_w, m.N, m.C, m.E);
+  give(model, dlogits);
+}
+
+}  // namespace alloy

@@ -1,0 +1,137 @@
+// The runtime's Mixture-of-Experts model on one rank: its named expert views and exact parameter
+// count, the activation bytes its passes keep, the routing counts it reports, and what it still
+// refuses (tensor parallelism, Hugging Face conversion, plans beyond one CPU rank).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <numeric>
+
+#include "plan/plan.hpp"
+#include "runtime/activation_memory.hpp"
+#include "runtime/io/hf_weights.hpp"
+#include "runtime/model.hpp"
+#include "runtime/stage_backend.hpp"
+#include "runtime/trainer.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+std::vector<int32_t> moe_tokens(int count, int vocab, int salt) {
+  std::vector<int32_t> tokens(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) tokens[static_cast<size_t>(i)] = (i * 37 + salt * 11 + 5) % vocab;
+  return tokens;
+}
+
+TEST(MoeModel, ExpertsAreNamedViewsAndCountExactly) {
+  const ModelSpec spec = model_load("tiny-moe");  // 3 blocks, the first dense; 4 experts, 1 shared
+  Arena arena(int64_t{1} << 26, "host");
+  Model model(spec, arena);
+  EXPECT_EQ(model.num_parameters, model_parameter_counts(spec).total);
+  EXPECT_EQ(model_view(model, "layers.0.mlp.gate_up.weight").shape, (std::vector<int64_t>{2 * 176, 64}));
+  EXPECT_EQ(model_view(model, "layers.1.mlp.router.weight").shape, (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(model_view(model, "layers.2.mlp.experts.3.gate_up.weight").shape, (std::vector<int64_t>{2 * 96, 64}));
+  EXPECT_EQ(model_view(model, "layers.2.mlp.experts.3.down.weight").shape, (std::vector<int64_t>{64, 96}));
+  EXPECT_EQ(model_view(model, "layers.1.mlp.shared.gate_up.weight").shape, (std::vector<int64_t>{2 * 64, 64}));
+  EXPECT_EQ(model_view(model, "layers.1.mlp.shared.down.weight").shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_THROW(model_view(model, "layers.1.mlp.gate_up.weight"), Error);
+  EXPECT_THROW(model_view(model, "layers.1.mlp.shared_gate.weight"), Error);  // tiny-moe's shared expert is ungated
+  EXPECT_NE(model.weights.blocks[2].expert_down_w[3], nullptr);
+  EXPECT_EQ(model.weights.blocks[0].router_w, nullptr);
+}
+
+// The arena's bytes after a forward equal the analytic formula at every recomputation level; the
+// backward frees them all; the routing counts K picks per token in each MoE block, once.
+TEST(MoeModel, ActivationsMatchTheFormulaAndRoutingIsCounted) {
+  const ModelSpec spec = model_load("tiny-moe");
+  const int B = 2, T = 12;
+  const int64_t picks = int64_t{B} * T * spec.moe.experts_per_token;
+  for (Recompute level : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full}) {
+    Arena arena(int64_t{1} << 28, "host");
+    Model model(spec, arena);
+    model_init_weights(model, 3);
+    model.recompute.assign(model.recompute.size(), level);
+    const std::vector<int32_t> inputs = moe_tokens(B * T, 256, 1), targets = moe_tokens(B * T, 256, 2);
+    const int64_t before = arena.bytes_in_use();
+    model_forward(model, inputs.data(), targets.data(), B, T);
+    EXPECT_EQ(arena.bytes_in_use() - before,
+              model_activation_bytes(spec, B, T, std::vector<Recompute>(3, level)))
+        << recompute_name(level);
+    model_backward(model);
+    EXPECT_EQ(arena.bytes_in_use(), before) << "backward must free every activation";
+    const std::vector<int64_t>& counts = model.moe_routing.expert_tokens;
+    ASSERT_EQ(counts.size(), size_t{12});
+    EXPECT_EQ(std::accumulate(counts.begin(), counts.begin() + 4, int64_t{0}), 0) << "block 0 is dense";
+    EXPECT_EQ(std::accumulate(counts.begin() + 4, counts.begin() + 8, int64_t{0}), picks);
+    EXPECT_EQ(std::accumulate(counts.begin() + 8, counts.end(), int64_t{0}), picks) << recompute_name(level);
+    EXPECT_EQ(model.moe_routing.passes, 1);
+    EXPECT_GT(model.moe_routing.aux_loss_sum, 0.0);
+  }
+}
+
+TEST(MoeModel, TensorParallelExpertsAreRefused) {
+  const ModelSpec spec = model_load("tiny-moe");
+  Arena arena(int64_t{1} << 26, "host");
+  ModelShard shard = shard_full(spec);
+  shard.tp = 2;
+  try {
+    Model model(spec, arena, shard);
+    ADD_FAILURE() << "expected tp 2 of an MoE model to be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(e.format().find("tensor parallelism (tp 2) of Mixture-of-Experts blocks"), std::string::npos)
+        << e.format();
+  }
+}
+
+void expect_moe_refusal(const std::function<void()>& consume, const std::string& consumer) {
+  try {
+    consume();
+    ADD_FAILURE() << "expected an error from " << consumer;
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("Mixture-of-Experts models (model tiny-moe"), std::string::npos) << e.format();
+    EXPECT_NE(e.message().find(consumer), std::string::npos) << e.format();
+  }
+}
+
+TEST(MoeModel, HuggingFaceConversionRefusesMoe) {
+  const ModelSpec moe = model_load("tiny-moe");
+  expect_moe_refusal([&] { hf_weights_import(moe, "/nonexistent/model.safetensors"); }, "Hugging Face weight import");
+  expect_moe_refusal([&] { hf_weights_export(moe, {}); }, "Hugging Face weight export");
+  expect_moe_refusal([&] { hf_config_json(moe); }, "Hugging Face config export");
+}
+
+// What a plan asks beyond one CPU rank is refused in one line naming the plan's field.
+TEST(MoeModel, PlansBeyondOneCpuRankAreRefused) {
+  const ModelSpec moe = model_load("tiny-moe");
+  TrainSpec train;
+  train.seq_len = 16;
+  train.global_batch_sequences = 4;
+  const Plan one = trainer_one_stage(moe, train, TrainerOptions{}).plan;
+  EXPECT_NO_THROW(stage_backend_check_moe("cpu", moe, one, "plan.json"));
+  EXPECT_NO_THROW(stage_backend_check_moe("cuda", model_load("tiny-llama"), one, "plan.json"));
+  const auto refusal = [&](const std::string& backend, const Plan& plan) {
+    try {
+      stage_backend_check_moe(backend, moe, plan, "plan.json");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.format().find('\n'), e.format().rfind('\n')) << "two lines at most: " << e.format();
+      return e.message() + " [" + e.where().field + "]";
+    }
+    return std::string("accepted");
+  };
+  const std::string prefix = "Mixture-of-Experts model tiny-moe (4 experts, 2 per token) with ";
+  EXPECT_EQ(refusal("cuda", one), prefix + "the cuda backend is not supported [--device]");
+  const Plan dp = trainer_one_stage(moe, train, TrainerOptions{}, nullptr, 2).plan;
+  EXPECT_EQ(refusal("cpu", dp), prefix + "data parallelism (dp 2) is not supported [stages[0].dp]");
+  Plan tp = one;
+  tp.stages[0].tp = 2;
+  EXPECT_EQ(refusal("cpu", tp), prefix + "tensor parallelism (tp 2) is not supported [stages[0].tp]");
+  Plan pp = one;
+  pp.stages.push_back(pp.stages[0]);
+  EXPECT_EQ(refusal("cpu", pp), prefix + "pipeline parallelism (2 stages) is not supported [stages]");
+  Plan offload = one;
+  offload.stages[0].offload[1] = true;
+  EXPECT_EQ(refusal("cpu", offload), prefix + "weight offload to host memory is not supported [stages[0].offload]");
+}
+
+}  // namespace
+}  // namespace alloy

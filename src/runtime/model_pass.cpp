@@ -113,7 +113,7 @@ void release_block(Model& model, BlockActivations& a) {
                          &a.residual1, &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.mlp_up, &a.mlp_act,
                          &a.out, &a.moe_probs, &a.moe_experts, &a.moe_weights, &a.moe_slots, &a.moe_offsets,
                          &a.moe_up, &a.moe_act, &a.moe_out, &a.shared_up, &a.shared_act, &a.shared_out,
-                         &a.shared_gate}) {
+                         &a.shared_gate, &a.moe_aux_sums, &a.moe_ep_counts, &a.moe_ep_in}) {
     give(model, *buffer);
   }
 }

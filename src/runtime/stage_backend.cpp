@@ -46,22 +46,24 @@ StageSupport cuda_supports(const Plan& plan, int s) {
   return {};
 }
 
-// What a plan asks of an MoE model beyond one CPU rank running every block.
+// What a plan asks of an MoE model that the CPU runtime does not run: MoE blocks train on CPU
+// ranks with pipeline stages, data and expert parallelism, ZeRO 1 and recomputation.
 StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
-  const std::string why = "Mixture-of-Experts models train on one CPU rank so far: one stage, tp 1, dp 1, no offload";
+  const std::string why = "Mixture-of-Experts models train on CPU ranks with pipeline, data and expert parallelism, "
+                          "ZeRO 0-1 and recomputation so far";
   if (name != "cpu") return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
-  if (plan.stages.size() > 1)
-    return refuse(fmt::format("pipeline parallelism ({} stages)", plan.stages.size()), "stages", why);
-  if (plan.virtual_chunks > 1)
-    return refuse(fmt::format("interleaved chunks ({})", plan.virtual_chunks), "virtual_chunks", why);
-  const PlanStage& st = plan.stages.front();
-  if (st.tp > 1) return refuse(fmt::format("tensor parallelism (tp {})", st.tp), "stages[0].tp", why);
-  if (st.dp > 1 || st.device_ids.size() > 1)
-    return refuse(fmt::format("data parallelism (dp {})", std::max<size_t>(static_cast<size_t>(st.dp), st.device_ids.size())),
-                  "stages[0].dp", why + "; run without mpirun or with a one-rank plan");
-  if (flags_any(st.offload)) return refuse("weight offload to host memory", "stages[0].offload", why);
-  if (flags_any(st.offload_activations))
-    return refuse("activation offload to host memory", "stages[0].offload_activations", why);
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    if (st.tp > 1) return refuse(fmt::format("tensor parallelism (tp {})", st.tp), fmt::format("stages[{}].tp", s), why);
+    if (st.zero >= 2 && st.dp > 1)
+      return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + "; use zero 0 or 1");
+    if (flags_any(st.offload))
+      return refuse("weight offload to host memory", fmt::format("stages[{}].offload", s), why);
+    if (flags_any(st.offload_activations))
+      return refuse("activation offload to host memory", fmt::format("stages[{}].offload_activations", s), why);
+    if (!st.replicas.empty())
+      return refuse("uneven data parallelism", fmt::format("stages[{}].replicas", s), why + " with --even-dp");
+  }
   return {};
 }
 

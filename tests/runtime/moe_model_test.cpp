@@ -100,8 +100,9 @@ TEST(MoeModel, HuggingFaceConversionRefusesMoe) {
   expect_moe_refusal([&] { hf_config_json(moe); }, "Hugging Face config export");
 }
 
-// What a plan asks beyond one CPU rank is refused in one line naming the plan's field.
-TEST(MoeModel, PlansBeyondOneCpuRankAreRefused) {
+// Data, expert and pipeline parallelism run on CPU ranks (tests/parallel/moe_dist_test.cpp); what
+// they do not run is refused in one line naming the plan's field.
+TEST(MoeModel, PlansTheCpuRanksDoNotRunAreRefused) {
   const ModelSpec moe = model_load("tiny-moe");
   TrainSpec train;
   train.seq_len = 16;
@@ -120,14 +121,18 @@ TEST(MoeModel, PlansBeyondOneCpuRankAreRefused) {
   };
   const std::string prefix = "Mixture-of-Experts model tiny-moe (4 experts, 2 per token) with ";
   EXPECT_EQ(refusal("cuda", one), prefix + "the cuda backend is not supported [--device]");
-  const Plan dp = trainer_one_stage(moe, train, TrainerOptions{}, nullptr, 2).plan;
-  EXPECT_EQ(refusal("cpu", dp), prefix + "data parallelism (dp 2) is not supported [stages[0].dp]");
+  Plan dp = trainer_one_stage(moe, train, TrainerOptions{}, nullptr, 2).plan;
+  EXPECT_EQ(refusal("cpu", dp), "accepted");
+  dp.stages[0].ep = 2;
+  EXPECT_EQ(refusal("cpu", dp), "accepted");
+  dp.stages[0].zero = 2;
+  EXPECT_EQ(refusal("cpu", dp), prefix + "ZeRO stage 2 is not supported [stages[0].zero]");
   Plan tp = one;
   tp.stages[0].tp = 2;
   EXPECT_EQ(refusal("cpu", tp), prefix + "tensor parallelism (tp 2) is not supported [stages[0].tp]");
   Plan pp = one;
   pp.stages.push_back(pp.stages[0]);
-  EXPECT_EQ(refusal("cpu", pp), prefix + "pipeline parallelism (2 stages) is not supported [stages]");
+  EXPECT_EQ(refusal("cpu", pp), "accepted");
   Plan offload = one;
   offload.stages[0].offload[1] = true;
   EXPECT_EQ(refusal("cpu", offload), prefix + "weight offload to host memory is not supported [stages[0].offload]");

@@ -1,0 +1,195 @@
+// Mixture-of-Experts training on several CPU ranks against one rank: expert parallelism (each
+// member holding some experts, tokens exchanged by all-to-all), data parallelism with the
+// load-balancing loss over every replica's tokens, pipeline stages, uneven expert counts, ZeRO 1
+// and recomputation; losses and final weights must match the one-rank run of the same
+// micro-batches. Also resume, and what is refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../common/test_util.hpp"
+#include "dist_plans.hpp"
+#include "hw/catalog.hpp"
+#include "runtime/io/checkpoint_commit.hpp"
+#include "runtime/io/safetensors.hpp"
+
+namespace alloy::testing {
+namespace {
+
+constexpr int kMoeSteps = 12;
+constexpr Schedule kMoe1f1b = Schedule::Schedule_1f1b;
+
+class MoeDistTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    cluster_path_ = dir_->write("local-cpu-8.yaml", kCpu8Yaml);
+    data_ = dist_test_setup(*dir_);
+    ASSERT_FALSE(data_.empty()) << "alloy tokenize failed";
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::string model_path() { return std::string(ALLOY_SOURCE_DIR) + "/examples/models/tiny-moe.yaml"; }
+  static ModelSpec moe() { return model_load(model_path()); }
+  static ClusterSpec cluster() { return cluster_load(cluster_path_, catalog_builtin()); }
+
+  // `stages` with every stage's routed experts split over `ep` members (experts_per_member when given).
+  static Plan moe_plan(const std::vector<TestStage>& stages, int micro_batches, int ep,
+                       const std::vector<int>& experts_per_member = {}) {
+    Plan plan = test_plan(moe(), cluster(), stages, kMoe1f1b, micro_batches);
+    for (PlanStage& st : plan.stages) {
+      st.ep = ep;
+      st.experts_per_member = experts_per_member;
+    }
+    return plan;
+  }
+
+  static std::string train_command(const Plan& plan, const std::string& name, int steps, const std::string& extra) {
+    const std::string plan_path = dir_->path() + "/" + name + ".json";
+    plan_save(plan, plan_path);
+    const std::string launch = plan.num_used_devices() > 1
+                                   ? fmt::format("mpirun -np {} --oversubscribe --bind-to none ", plan.num_used_devices())
+                                   : "";
+    return fmt::format("{}{} train --model {} --data {} --train {}/dist-train.yaml --steps {} --no-progress --plan {} "
+                       "--cluster {} {}",
+                       launch, ALLOY_BINARY, model_path(), data_, dir_->path(), steps, plan_path, cluster_path_, extra);
+  }
+
+  static std::vector<double> losses(const std::string& log) {
+    std::vector<double> out;
+    std::istringstream in(read_text(log));
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+    return out;
+  }
+
+  // Runs `plan`; returns its losses, and the weights it exported in `weights`.
+  static std::vector<double> run(const Plan& plan, const std::string& name, std::string* weights) {
+    const std::string out = dir_->path() + "/" + name;
+    CommandResult r = run_command(train_command(plan, name, kMoeSteps, fmt::format("--log {0}.jsonl --export {0}.safetensors", out)), 300);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (r.exit_code != 0) return {};
+    *weights = out + ".safetensors";
+    return losses(out + ".jsonl");
+  }
+
+  // One rank running the same micro-batches.
+  static const std::pair<std::vector<double>, std::string>& reference(int micro_batches) {
+    static std::map<int, std::pair<std::vector<double>, std::string>> cache;
+    auto it = cache.find(micro_batches);
+    if (it != cache.end()) return it->second;
+    std::string weights;
+    const std::vector<double> l = run(moe_plan({{1, 1, 0, {3}}}, micro_batches, 1), fmt::format("ref-{}", micro_batches), &weights);
+    return cache[micro_batches] = {l, weights};
+  }
+
+  // Largest relative loss difference of `plan` against one rank; expects it within 1e-6 and the
+  // final weights within 1e-5 of each other.
+  static double expect_matches_one_rank(const Plan& plan, const std::string& name) {
+    const auto& [ref_losses, ref_weights] = reference(plan.num_micro_batches);
+    std::string weights;
+    const std::vector<double> got = run(plan, name, &weights);
+    EXPECT_EQ(got.size(), ref_losses.size()) << name;
+    if (got.size() != ref_losses.size() || got.empty()) return 0;
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - ref_losses[i]) / std::abs(ref_losses[i]));
+    EXPECT_LT(worst, 1e-6) << name << ": largest relative loss difference";
+    SafetensorsFile a = safetensors_open(ref_weights);
+    SafetensorsFile b = safetensors_open(weights);
+    EXPECT_EQ(a.entries().size(), b.entries().size()) << name;
+    double weight_worst = 0;
+    for (const SafetensorsEntry& ea : a.entries()) {
+      const SafetensorsEntry* eb = b.entry_find(ea.name);
+      EXPECT_NE(eb, nullptr) << name << ": " << ea.name;
+      if (eb == nullptr || ea.shape != eb->shape) return worst;
+      std::vector<float> x((ea.end_bytes - ea.begin_bytes) / 4), y(x.size());
+      a.entry_copy(ea, x.data());
+      b.entry_copy(*eb, y.data());
+      for (size_t i = 0; i < x.size(); ++i) weight_worst = std::max(weight_worst, static_cast<double>(std::abs(x[i] - y[i])));
+    }
+    EXPECT_LT(weight_worst, 1e-5) << name << ": largest weight difference";
+    std::printf("%-28s largest relative loss difference %.3g, largest weight difference %.3g\n", name.c_str(), worst,
+                weight_worst);
+    return worst;
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string cluster_path_, data_;
+};
+
+TEST_F(MoeDistTest, ExpertParallelOnTwoRanksMatchesOneRank) {
+  expect_matches_one_rank(moe_plan({{1, 2, 0, {3}}}, 2, 2), "ep2");
+}
+
+TEST_F(MoeDistTest, DataParallelWithoutExpertParallelismMatchesOneRank) {
+  expect_matches_one_rank(moe_plan({{1, 2, 0, {3}}}, 2, 1), "dp2");
+}
+
+TEST_F(MoeDistTest, FourReplicasInTwoExpertGroupsMatchOneRank) {
+  expect_matches_one_rank(moe_plan({{1, 4, 0, {3}}}, 2, 2), "dp4-ep2");
+}
+
+TEST_F(MoeDistTest, PipelineStagesWithExpertParallelismMatchOneRank) {
+  // Stage 0: the dense block and an MoE block; stage 1: an MoE block and the head.
+  expect_matches_one_rank(moe_plan({{1, 2, 0, {2}}, {1, 2, 0, {1}}}, 4, 2), "pp2-dp2-ep2");
+}
+
+TEST_F(MoeDistTest, UnevenExpertsPerMemberMatchOneRank) {
+  const Plan plan = moe_plan({{1, 2, 0, {3}}}, 2, 2, {3, 1});
+  expect_matches_one_rank(plan, "dp2-ep2-experts-3-1");
+  // Each member holds and saves only its experts: 0-2 on rank 0, 3 on rank 1 (of both MoE blocks).
+  const std::string ck = dir_->path() + "/experts-3-1-ck";
+  ASSERT_EQ(run_command(train_command(plan, "experts-3-1-ck", 1, "--checkpoint " + ck), 120).exit_code, 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    SafetensorsFile f = safetensors_open(checkpoint_rank_dir(ck, 1, rank) + "/model.safetensors");
+    for (int layer = 1; layer < 3; ++layer)
+      for (int e = 0; e < 4; ++e) {
+        const bool held = rank == 0 ? e < 3 : e == 3;
+        const std::string name = fmt::format("layers.{}.mlp.experts.{}.down.weight", layer, e);
+        EXPECT_EQ(f.entry_find(name) != nullptr, held) << "rank " << rank << ": " << name;
+      }
+    EXPECT_NE(f.entry_find("layers.1.mlp.router.weight"), nullptr) << "rank " << rank;
+  }
+}
+
+TEST_F(MoeDistTest, ZeroOneAndRecomputationWithExpertParallelismMatchOneRank) {
+  expect_matches_one_rank(moe_plan({{1, 4, 1, {3}}}, 2, 2), "dp4-ep2-zero1");
+  TestStage recomputed{1, 2, 0, {3}};
+  recomputed.recompute = {Recompute::Recompute_full, Recompute::Recompute_full, Recompute::Recompute_selective};
+  expect_matches_one_rank(moe_plan({recomputed}, 2, 2), "dp2-ep2-recompute");
+}
+
+TEST_F(MoeDistTest, ExpertParallelRunResumesExactly) {
+  const Plan plan = moe_plan({{1, 2, 0, {3}}}, 2, 2);
+  const std::string ck = dir_->path() + "/ep-ck";
+  const std::string full_log = dir_->path() + "/ep-full.jsonl", part_log = dir_->path() + "/ep-part.jsonl";
+  ASSERT_EQ(run_command(train_command(plan, "ep-full", 6, "--log " + full_log), 120).exit_code, 0);
+  ASSERT_EQ(run_command(train_command(plan, "ep-part", 3, fmt::format("--checkpoint {} --log {}", ck, part_log)), 120).exit_code, 0);
+  CommandResult resumed = run_command(train_command(plan, "ep-part", 6, fmt::format("--checkpoint {} --resume --log {}", ck, part_log)), 120);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::vector<double> full = losses(full_log), part = losses(part_log);
+  ASSERT_EQ(full.size(), 6u);
+  ASSERT_EQ(part.size(), 6u);
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_DOUBLE_EQ(full[i], part[i]) << "step " << i + 1;
+}
+
+TEST_F(MoeDistTest, UnsupportedCombinationsAreRefusedBeforeTheFirstStepNamingTheField) {
+  const std::vector<std::pair<Plan, std::string>> cases = {
+      {moe_plan({{2, 1, 0, {3}}}, 2, 1), "stages[0].tp"},
+      {moe_plan({{1, 2, 2, {3}}}, 2, 2), "stages[0].zero"},
+      {moe_plan({{1, 2, 0, {3}}}, 2, 2, {2, 1}), "experts_per_member"},  // 3 of 4 experts
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    CommandResult r = run_command(train_command(cases[i].first, fmt::format("refused-{}", i), 2, ""), 120);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(cases[i].second), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step 1"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace alloy::testing

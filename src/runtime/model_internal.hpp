@@ -163,10 +163,11 @@ MoeDims moe_dims(const Model& model, const Dims& d);
 void moe_experts_run_forward(const MoeDims& m, const BlockTensors& w, const float* x, const int64_t* offsets, int first,
                              int count, float* up, float* act, float* out);
 // dout: (rows, C) -> dx: (rows, C) += d(x), and the experts' weight gradients, the last expert
-// first with down before gate_up (the reverse of the flat order).
+// first with down before gate_up (the reverse of the flat order). capacity_rows (>= rows): the
+// size of its scratch buffers.
 void moe_experts_run_backward(Model& model, const MoeDims& m, int layer, const float* x, const float* up,
                               const float* act, const float* dout, const int64_t* offsets, int first, int count,
-                              float* dx);
+                              float* dx, int64_t capacity_rows);
 
 // Expert parallelism (model_moe_ep.cpp), for a shard whose experts are split: xp: (N K, C) the
 // block's permuted rows (a.moe_offsets) -> a.moe_out: (N K, C) their experts' outputs, computed by

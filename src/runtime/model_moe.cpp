@@ -84,7 +84,7 @@ void moe_experts_backward(Model& model, const MoeDims& m, int layer, const Block
     float* xp = take(model, int64_t{m.NK} * m.C, "moe gathered input");
     moe_gather(xp, a.ln2, slots, m.NK, m.K, m.C);
     const std::vector<int64_t> offsets = moe_offsets64(a, m.E);
-    moe_experts_run_backward(model, m, layer, xp, a.moe_up, a.moe_act, dyp, offsets.data(), 0, m.E, dxp);
+    moe_experts_run_backward(model, m, layer, xp, a.moe_up, a.moe_act, dyp, offsets.data(), 0, m.E, dxp, m.NK);
     give(model, xp);
   }
   moe_scatter_add(dln, dxp, slots, m.NK, m.K, m.C);
@@ -134,12 +134,11 @@ void moe_experts_run_forward(const MoeDims& m, const BlockTensors& w, const floa
 
 void moe_experts_run_backward(Model& model, const MoeDims& m, int layer, const float* x, const float* up,
                               const float* act, const float* dout, const int64_t* offsets, int first, int count,
-                              float* dx) {
+                              float* dx, int64_t capacity_rows) {
   const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
   const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
-  const int64_t rows_all = offsets[count] - offsets[0];
-  float* dact = take_zeroed(model, rows_all * m.Fe, "d moe.act");
-  float* dup = take_zeroed(model, rows_all * 2 * m.Fe, "d moe.up");
+  float* dact = take_zeroed(model, capacity_rows * m.Fe, "d moe.act");
+  float* dup = take_zeroed(model, capacity_rows * 2 * m.Fe, "d moe.up");
   for (int j = count - 1; j >= 0; j--) {
     const int64_t r0 = offsets[j];
     const int rows = static_cast<int>(offsets[j + 1] - offsets[j]);

@@ -3,6 +3,7 @@
 // member holding its expert (all-to-all), runs its experts on the rows it receives from every
 // member, and sends the outputs back; the backward returns the outputs' gradients to the experts'
 // member and the inputs' gradients to the token's member the same way.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -71,6 +72,14 @@ void moe_ep_reorder(float* out, const float* in, const MoeEpRoute& r, int C, boo
   }
 }
 
+// Rows to allocate for R received rows: R rounded up to an eighth of the member's own N K rows.
+// The arena reuses a released buffer only for the same size, and R changes with the routing every
+// pass: a few sizes keep the buffers reused instead of fresh memory (zeroed by the system) each time.
+int64_t moe_ep_rows_capacity(int64_t R, int NK) {
+  const int64_t step = std::max<int64_t>(1, (int64_t{NK} + 7) / 8);
+  return (R + step - 1) / step * step;
+}
+
 }  // namespace
 
 void moe_ep_forward(Model& model, const MoeDims& m, int layer, BlockActivations& a, const float* xp) {
@@ -84,13 +93,14 @@ void moe_ep_forward(Model& model, const MoeDims& m, int layer, BlockActivations&
   model.moe_exchange->members_gather(mine.data(), counts, m.E);
   const MoeEpRoute r = moe_ep_route(model, m, offsets, counts);
 
-  float* arrived = take(model, r.R * m.C, "moe.ep arrived rows");
+  const int64_t rows = moe_ep_rows_capacity(r.R, m.NK);
+  float* arrived = take(model, rows * m.C, "moe.ep arrived rows");
   model.moe_exchange->members_exchange(xp, r.send_rows, arrived, r.recv_rows, m.C);
-  a.moe_ep_in = take(model, r.R * m.C, "moe.ep in");
+  a.moe_ep_in = take(model, rows * m.C, "moe.ep in");
   moe_ep_reorder(a.moe_ep_in, arrived, r, m.C, true);
-  a.moe_up = take(model, r.R * 2 * m.Fe, "moe.up");
-  a.moe_act = take(model, r.R * m.Fe, "moe.act");
-  float* out = take(model, r.R * m.C, "moe.ep out");
+  a.moe_up = take(model, rows * 2 * m.Fe, "moe.up");
+  a.moe_act = take(model, rows * m.Fe, "moe.act");
+  float* out = take(model, rows * m.C, "moe.ep out");
   moe_experts_run_forward(m, w, a.moe_ep_in, r.expert_rows.data(), r.lo, r.hi - r.lo, a.moe_up, a.moe_act, out);
   moe_ep_reorder(arrived, out, r, m.C, false);
   give(model, out);
@@ -101,13 +111,14 @@ void moe_ep_forward(Model& model, const MoeDims& m, int layer, BlockActivations&
 void moe_ep_backward(Model& model, const MoeDims& m, int layer, const BlockActivations& a, const float* dyp, float* dxp) {
   const int32_t* offsets = reinterpret_cast<const int32_t*>(a.moe_offsets);
   const MoeEpRoute r = moe_ep_route(model, m, offsets, reinterpret_cast<const int64_t*>(a.moe_ep_counts));
-  float* arrived = take(model, r.R * m.C, "d moe.ep arrived rows");
+  const int64_t rows = moe_ep_rows_capacity(r.R, m.NK);
+  float* arrived = take(model, rows * m.C, "d moe.ep arrived rows");
   model.moe_exchange->members_exchange(dyp, r.send_rows, arrived, r.recv_rows, m.C);
-  float* dout = take(model, r.R * m.C, "d moe.ep out");
+  float* dout = take(model, rows * m.C, "d moe.ep out");
   moe_ep_reorder(dout, arrived, r, m.C, true);
-  float* din = take_zeroed(model, r.R * m.C, "d moe.ep in");
+  float* din = take_zeroed(model, rows * m.C, "d moe.ep in");
   moe_experts_run_backward(model, m, layer, a.moe_ep_in, a.moe_up, a.moe_act, dout, r.expert_rows.data(), r.lo,
-                           r.hi - r.lo, din);
+                           r.hi - r.lo, din, rows);
   moe_ep_reorder(arrived, din, r, m.C, false);
   give(model, din);
   give(model, dout);

@@ -50,7 +50,7 @@ StageSupport cuda_supports(const Plan& plan, int s) {
 // ranks with pipeline stages, data and expert parallelism, ZeRO 1 and recomputation.
 StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
   const std::string why = "Mixture-of-Experts models train on CPU ranks with pipeline, data and expert parallelism, "
-                          "ZeRO 0-1 and recomputation so far";
+                          "ZeRO 0-1, recomputation and uneven shares in one piece each so far";
   if (name != "cpu") return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
@@ -61,8 +61,11 @@ StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
       return refuse("weight offload to host memory", fmt::format("stages[{}].offload", s), why);
     if (flags_any(st.offload_activations))
       return refuse("activation offload to host memory", fmt::format("stages[{}].offload_activations", s), why);
-    if (!st.replicas.empty())
-      return refuse("uneven data parallelism", fmt::format("stages[{}].replicas", s), why + " with --even-dp");
+    // Every replica's MoE blocks meet the others' in collectives once per micro-batch.
+    const bool pieces = std::any_of(st.replicas.begin(), st.replicas.end(), [](const PlanReplica& r) { return r.pieces > 1; });
+    if (pieces)
+      return refuse("a data-parallel share run in several pieces", fmt::format("stages[{}].replicas", s),
+                    why + "; give every replica pieces: 1");
   }
   return {};
 }

@@ -34,14 +34,14 @@ class MoeDistTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  static std::string model_path() { return std::string(ALLOY_SOURCE_DIR) + "/examples/models/tiny-moe.yaml"; }
-  static ModelSpec moe() { return model_load(model_path()); }
+  static std::string tiny_moe_path() { return std::string(ALLOY_SOURCE_DIR) + "/examples/models/tiny-moe.yaml"; }
+  static ModelSpec moe() { return model_load(model_path_); }
   static ClusterSpec cluster() { return cluster_load(cluster_path_, catalog_builtin()); }
 
   // `stages` with every stage's routed experts split over `ep` members (experts_per_member when given).
   static Plan moe_plan(const std::vector<TestStage>& stages, int micro_batches, int ep,
-                       const std::vector<int>& experts_per_member = {}) {
-    Plan plan = test_plan(moe(), cluster(), stages, kMoe1f1b, micro_batches);
+                       const std::vector<int>& experts_per_member = {}, Schedule schedule = kMoe1f1b) {
+    Plan plan = test_plan(moe(), cluster(), stages, schedule, micro_batches);
     for (PlanStage& st : plan.stages) {
       st.ep = ep;
       st.experts_per_member = experts_per_member;
@@ -57,7 +57,7 @@ class MoeDistTest : public ::testing::Test {
                                    : "";
     return fmt::format("{}{} train --model {} --data {} --train {}/dist-train.yaml --steps {} --no-progress --plan {} "
                        "--cluster {} {}",
-                       launch, ALLOY_BINARY, model_path(), data_, dir_->path(), steps, plan_path, cluster_path_, extra);
+                       launch, ALLOY_BINARY, model_path_, data_, dir_->path(), steps, plan_path, cluster_path_, extra);
   }
 
   static std::vector<double> losses(const std::string& log) {
@@ -77,14 +77,17 @@ class MoeDistTest : public ::testing::Test {
     return losses(out + ".jsonl");
   }
 
-  // One rank running the same micro-batches.
+  // One rank running the same model and micro-batches.
   static const std::pair<std::vector<double>, std::string>& reference(int micro_batches) {
-    static std::map<int, std::pair<std::vector<double>, std::string>> cache;
-    auto it = cache.find(micro_batches);
+    static std::map<std::pair<std::string, int>, std::pair<std::vector<double>, std::string>> cache;
+    const std::pair<std::string, int> key{model_path_, micro_batches};
+    auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     std::string weights;
-    const std::vector<double> l = run(moe_plan({{1, 1, 0, {3}}}, micro_batches, 1), fmt::format("ref-{}", micro_batches), &weights);
-    return cache[micro_batches] = {l, weights};
+    const int layers = static_cast<int>(moe().num_layers);
+    const std::vector<double> l = run(moe_plan({{1, 1, 0, {layers}}}, micro_batches, 1),
+                                      fmt::format("ref-{}-{}", moe().name, micro_batches), &weights);
+    return cache[key] = {l, weights};
   }
 
   // Largest relative loss difference of `plan` against one rank; expects it within 1e-6 and the
@@ -119,6 +122,7 @@ class MoeDistTest : public ::testing::Test {
 
   static inline TempDir* dir_ = nullptr;
   static inline std::string cluster_path_, data_;
+  static inline std::string model_path_ = tiny_moe_path();  // the model the plans and runs use
 };
 
 TEST_F(MoeDistTest, ExpertParallelOnTwoRanksMatchesOneRank) {
@@ -138,9 +142,22 @@ TEST_F(MoeDistTest, PipelineStagesWithExpertParallelismMatchOneRank) {
   expect_matches_one_rank(moe_plan({{1, 2, 0, {2}}, {1, 2, 0, {1}}}, 4, 2), "pp2-dp2-ep2");
 }
 
+TEST_F(MoeDistTest, InterleavedChunksWithExpertParallelismMatchOneRank) {
+  // tiny-moe with four blocks: two stages of two chunks of one block each.
+  std::string yaml = read_text(tiny_moe_path());
+  yaml.replace(yaml.find("name: tiny-moe"), 14, "name: moe-4");
+  yaml.replace(yaml.find("layers: 3"), 9, "layers: 4");
+  model_path_ = dir_->write("moe-4.yaml", yaml);
+  const Plan plan = moe_plan({{1, 2, 0, {1, 1}}, {1, 2, 0, {1, 1}}}, 2, 2, {}, Schedule::Schedule_interleaved);
+  expect_matches_one_rank(plan, "interleaved-dp2-ep2");
+  model_path_ = tiny_moe_path();
+}
+
 TEST_F(MoeDistTest, UnevenExpertsPerMemberMatchOneRank) {
   const Plan plan = moe_plan({{1, 2, 0, {3}}}, 2, 2, {3, 1});
   expect_matches_one_rank(plan, "dp2-ep2-experts-3-1");
+  // Unequal shares of each micro-batch (3 and 1 of its 4 sequences): f_e and P_e still count every token once.
+  expect_matches_one_rank(with_uneven_replicas(plan, 0, {3, 1}), "dp2-ep2-shares-3-1");
   // Each member holds and saves only its experts: 0-2 on rank 0, 3 on rank 1 (of both MoE blocks).
   const std::string ck = dir_->path() + "/experts-3-1-ck";
   ASSERT_EQ(run_command(train_command(plan, "experts-3-1-ck", 1, "--checkpoint " + ck), 120).exit_code, 0);
@@ -189,6 +206,14 @@ TEST_F(MoeDistTest, UnsupportedCombinationsAreRefusedBeforeTheFirstStepNamingThe
     EXPECT_NE(r.output.find(cases[i].second), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("step 1"), std::string::npos) << r.output;
   }
+  // ep 4 does not divide six experts.
+  std::string yaml = read_text(tiny_moe_path());
+  yaml.replace(yaml.find("experts: 4"), 10, "experts: 6");
+  model_path_ = dir_->write("moe-6.yaml", yaml);
+  CommandResult r = run_command(train_command(moe_plan({{1, 4, 0, {3}}}, 2, 4), "refused-ep", 2, ""), 120);
+  model_path_ = tiny_moe_path();
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("stages[0].ep"), std::string::npos) << r.output;
 }
 
 }  // namespace

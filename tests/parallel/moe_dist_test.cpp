@@ -194,6 +194,27 @@ TEST_F(MoeDistTest, ExpertParallelRunResumesExactly) {
   for (size_t i = 0; i < full.size(); ++i) EXPECT_DOUBLE_EQ(full[i], part[i]) << "step " << i + 1;
 }
 
+TEST_F(MoeDistTest, CheckpointOfOneExpertSplitResumesUnderAnother) {
+  // ep 2 for three steps, then every expert on each replica (ep 1), then experts split 3 + 1: each
+  // resume reshards the experts' parameters and moments by name, and the run goes on as one would.
+  const Plan ep2 = moe_plan({{1, 2, 0, {3}}}, 2, 2);
+  const Plan ep1 = moe_plan({{1, 2, 0, {3}}}, 2, 1);
+  const Plan ep2_uneven = moe_plan({{1, 2, 0, {3}}}, 2, 2, {3, 1});
+  const std::string ck = dir_->path() + "/split-ck";
+  const std::string full_log = dir_->path() + "/split-full.jsonl", part_log = dir_->path() + "/split-part.jsonl";
+  ASSERT_EQ(run_command(train_command(ep2, "split-full", 9, "--log " + full_log), 120).exit_code, 0);
+  ASSERT_EQ(run_command(train_command(ep2, "split-part", 3, fmt::format("--checkpoint {} --log {}", ck, part_log)), 120).exit_code, 0);
+  const std::string resume = fmt::format("--checkpoint {} --resume --log {}", ck, part_log);
+  CommandResult r = run_command(train_command(ep1, "split-ep1", 6, resume), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command(train_command(ep2_uneven, "split-3-1", 9, resume), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> full = losses(full_log), part = losses(part_log);
+  ASSERT_EQ(full.size(), 9u);
+  ASSERT_EQ(part.size(), 9u);
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_NEAR(full[i], part[i], 1e-6 * std::abs(full[i])) << "step " << i + 1;
+}
+
 TEST_F(MoeDistTest, UnsupportedCombinationsAreRefusedBeforeTheFirstStepNamingTheField) {
   const std::vector<std::pair<Plan, std::string>> cases = {
       {moe_plan({{2, 1, 0, {3}}}, 2, 1), "stages[0].tp"},

@@ -91,6 +91,7 @@ const std::map<std::string, MemoryTermKind>& buffer_terms() {
       {"moe gathered input", K::MemoryTermKind_buffers},
       {"moe.ep arrived rows", K::MemoryTermKind_buffers},
       {"moe.ep out", K::MemoryTermKind_buffers},
+      {"moe output, all rows", K::MemoryTermKind_buffers},
       {"row-parallel partial", K::MemoryTermKind_buffers},
       {"tied embedding gradient sum", K::MemoryTermKind_buffers},
       {"sequence-parallel norm gradients", K::MemoryTermKind_buffers},

@@ -35,17 +35,35 @@ void moe_shared_forward(const MoeDims& m, const BlockTensors& w, BlockActivation
   moe_gate_forward(a.shared_gate, a.ln2, w.shared_gate_w, m.N, m.C);
 }
 
-// a.out = a.residual1 + shared experts + the weighted combine of the routed experts.
-void moe_output_forward(const MoeDims& m, const BlockTensors& w, BlockActivations& a) {
+// out: (N, C) = residual (N, C; nullptr: none) + shared experts + the weighted combine of the
+// routed experts.
+void moe_output_rows(const MoeDims& m, const BlockTensors& w, const BlockActivations& a, float* out,
+                     const float* residual) {
   const int64_t NC = int64_t{m.N} * m.C;
   if (m.Fs > 0 && !m.gated) {
-    matmul_forward(a.out, a.shared_act, w.shared_down_w, nullptr, m.N, m.Fs, m.C);
-    residual_forward(a.out, a.out, a.residual1, NC);
+    matmul_forward(out, a.shared_act, w.shared_down_w, nullptr, m.N, m.Fs, m.C);
+    if (residual != nullptr) residual_forward(out, out, residual, NC);
+  } else if (residual != nullptr) {
+    std::memcpy(out, residual, static_cast<size_t>(NC) * sizeof(float));
   } else {
-    std::memcpy(a.out, a.residual1, static_cast<size_t>(NC) * sizeof(float));
+    std::memset(out, 0, static_cast<size_t>(NC) * sizeof(float));
   }
-  if (m.gated) moe_gated_add_forward(a.out, a.shared_out, a.shared_gate, m.N, m.C);
-  moe_combine_forward(a.out, a.moe_out, a.moe_weights, moe_ints(a.moe_slots), m.N, m.K, m.C);
+  if (m.gated) moe_gated_add_forward(out, a.shared_out, a.shared_gate, m.N, m.C);
+  moe_combine_forward(out, a.moe_out, a.moe_weights, moe_ints(a.moe_slots), m.N, m.K, m.C);
+}
+
+// a.out: (Nn, C) = a.residual1 + the MoE MLP's output on this rank's rows. Under sequence
+// parallelism every tensor-parallel rank ran the whole MLP on all N rows and keeps its Nn.
+void moe_output_forward(const Model& model, const Dims& d, const MoeDims& m, const BlockTensors& w,
+                        BlockActivations& a) {
+  if (!d.sp) {
+    moe_output_rows(m, w, a, a.out, a.residual1);
+    return;
+  }
+  float* full = take(model, int64_t{m.N} * m.C, "moe output, all rows");
+  moe_output_rows(m, w, a, full, nullptr);
+  residual_forward(a.out, full + d.row_offset(), a.residual1, int64_t{d.Nn} * d.C);
+  give(model, full);
 }
 
 // dout: (N, C) -> dln += the shared experts' input gradient, and their weight gradients.
@@ -203,7 +221,7 @@ void moe_mlp_forward(Model& model, const Dims& d, int layer, BlockActivations& a
                                        : moe_aux_loss_forward(a.moe_probs, moe_ints(a.moe_offsets), m.N, m.E);
     counted->aux_loss += static_cast<float>(aux / static_cast<double>(moe_block_count(model.spec)));
   }
-  if (with_output) moe_output_forward(m, w, a);
+  if (with_output) moe_output_forward(model, d, m, w, a);
 }
 
 void moe_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivations& a, const float* dout, float* dln,

@@ -49,12 +49,11 @@ StageSupport cuda_supports(const Plan& plan, int s) {
 // What a plan asks of an MoE model that the CPU runtime does not run: MoE blocks train on CPU
 // ranks with pipeline stages, data and expert parallelism, ZeRO 1 and recomputation.
 StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
-  const std::string why = "Mixture-of-Experts models train on CPU ranks with pipeline, data and expert parallelism, "
-                          "ZeRO 0-1, recomputation and uneven shares in one piece each so far";
+  const std::string why = "Mixture-of-Experts models train on CPU ranks with pipeline, tensor, data and expert "
+                          "parallelism, ZeRO 0-1, recomputation and uneven shares in one piece each so far";
   if (name != "cpu") return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
-    if (st.tp > 1) return refuse(fmt::format("tensor parallelism (tp {})", st.tp), fmt::format("stages[{}].tp", s), why);
     if (st.zero >= 2 && st.dp > 1)
       return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + "; use zero 0 or 1");
     if (flags_any(st.offload))

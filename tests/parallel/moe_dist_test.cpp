@@ -1,7 +1,7 @@
 // Mixture-of-Experts training on several CPU ranks against one rank: expert parallelism (each
 // member holding some experts, tokens exchanged by all-to-all), data parallelism with the
-// load-balancing loss over every replica's tokens, pipeline stages, uneven expert counts, ZeRO 1
-// and recomputation; losses and final weights must match the one-rank run of the same
+// load-balancing loss over every replica's tokens, pipeline stages, tensor and sequence
+// parallelism, uneven expert counts, ZeRO 1 and recomputation; losses and final weights must match the one-rank run of the same
 // micro-batches. Also resume, and what is refused.
 #include <gtest/gtest.h>
 
@@ -180,6 +180,14 @@ TEST_F(MoeDistTest, ZeroOneAndRecomputationWithExpertParallelismMatchOneRank) {
   expect_matches_one_rank(moe_plan({recomputed}, 2, 2), "dp2-ep2-recompute");
 }
 
+TEST_F(MoeDistTest, TensorParallelismWithExpertsReplicatedOverItMatchesOneRank) {
+  expect_matches_one_rank(moe_plan({{2, 1, 0, {3}}}, 2, 1), "tp2");
+  TestStage sequence_parallel{2, 2, 0, {3}};
+  sequence_parallel.sequence_parallel = true;
+  expect_matches_one_rank(moe_plan({sequence_parallel}, 2, 2), "tp2-sp-dp2-ep2");
+
+}
+
 TEST_F(MoeDistTest, ExpertParallelRunResumesExactly) {
   const Plan plan = moe_plan({{1, 2, 0, {3}}}, 2, 2);
   const std::string ck = dir_->path() + "/ep-ck";
@@ -217,7 +225,6 @@ TEST_F(MoeDistTest, CheckpointOfOneExpertSplitResumesUnderAnother) {
 
 TEST_F(MoeDistTest, UnsupportedCombinationsAreRefusedBeforeTheFirstStepNamingTheField) {
   const std::vector<std::pair<Plan, std::string>> cases = {
-      {moe_plan({{2, 1, 0, {3}}}, 2, 1), "stages[0].tp"},
       {moe_plan({{1, 2, 2, {3}}}, 2, 2), "stages[0].zero"},
       {moe_plan({{1, 2, 0, {3}}}, 2, 2, {2, 1}), "experts_per_member"},  // 3 of 4 experts
   };

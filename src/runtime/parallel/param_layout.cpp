@@ -136,11 +136,11 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
   const bool dp_counts = layout.sharded || schedule.dp_rank == 0;
   for (const TensorView& view : model.views) {
     const FlatRange range{view.offset, view.numel};
+    if (model.shard.tp_rank != 0 && shard_split_of(view.name) == ShardSplit::ShardSplit_replicated) continue;
     if (model.shard.experts_split() && shard_is_routed_expert(view.name)) {
       if (schedule.dp_rank < stage.ep) layout.norm_ranges.push_back(range);  // the first expert-parallel group
       continue;
     }
-    if (model.shard.tp_rank != 0 && shard_split_of(view.name) == ShardSplit::ShardSplit_replicated) continue;
     if (tied_sync && view.name == "embed.token") {
       if (stage.has_embedding && schedule.dp_rank == 0) layout.norm_ranges.push_back(range);
       continue;

@@ -173,8 +173,12 @@ TEST_F(MoeDistTest, UnevenExpertsPerMemberMatchOneRank) {
   }
 }
 
-TEST_F(MoeDistTest, ZeroOneAndRecomputationWithExpertParallelismMatchOneRank) {
+TEST_F(MoeDistTest, ZeroAndRecomputationWithExpertParallelismMatchOneRank) {
   expect_matches_one_rank(moe_plan({{1, 4, 1, {3}}}, 2, 2), "dp4-ep2-zero1");
+  expect_matches_one_rank(moe_plan({{1, 4, 2, {3}}}, 2, 2), "dp4-ep2-zero2");
+  Plan sharded = moe_plan({{1, 2, 2, {3}}}, 2, 1);
+  sharded.stages[0].shard_gradients = true;
+  expect_matches_one_rank(sharded, "dp2-zero2-sharded-gradients");
   TestStage recomputed{1, 2, 0, {3}};
   recomputed.recompute = {Recompute::Recompute_full, Recompute::Recompute_full, Recompute::Recompute_selective};
   expect_matches_one_rank(moe_plan({recomputed}, 2, 2), "dp2-ep2-recompute");
@@ -189,17 +193,25 @@ TEST_F(MoeDistTest, TensorParallelismWithExpertsReplicatedOverItMatchesOneRank) 
 }
 
 TEST_F(MoeDistTest, ExpertParallelRunResumesExactly) {
-  const Plan plan = moe_plan({{1, 2, 0, {3}}}, 2, 2);
-  const std::string ck = dir_->path() + "/ep-ck";
-  const std::string full_log = dir_->path() + "/ep-full.jsonl", part_log = dir_->path() + "/ep-part.jsonl";
-  ASSERT_EQ(run_command(train_command(plan, "ep-full", 6, "--log " + full_log), 120).exit_code, 0);
-  ASSERT_EQ(run_command(train_command(plan, "ep-part", 3, fmt::format("--checkpoint {} --log {}", ck, part_log)), 120).exit_code, 0);
-  CommandResult resumed = run_command(train_command(plan, "ep-part", 6, fmt::format("--checkpoint {} --resume --log {}", ck, part_log)), 120);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  const std::vector<double> full = losses(full_log), part = losses(part_log);
-  ASSERT_EQ(full.size(), 6u);
-  ASSERT_EQ(part.size(), 6u);
-  for (size_t i = 0; i < full.size(); ++i) EXPECT_DOUBLE_EQ(full[i], part[i]) << "step " << i + 1;
+  // Each rank's experts with their moments per tensor, and under ZeRO 2 packed with its pieces.
+  const std::vector<std::pair<Plan, std::string>> plans = {{moe_plan({{1, 2, 0, {3}}}, 2, 2), "ep"},
+                                                           {moe_plan({{1, 2, 2, {3}}}, 2, 2), "ep-zero2"}};
+  for (const auto& [plan, name] : plans) {
+    const std::string ck = dir_->path() + "/" + name + "-ck";
+    const std::string full_log = dir_->path() + "/" + name + "-full.jsonl";
+    const std::string part_log = dir_->path() + "/" + name + "-part.jsonl";
+    ASSERT_EQ(run_command(train_command(plan, name + "-full", 6, "--log " + full_log), 120).exit_code, 0);
+    ASSERT_EQ(run_command(train_command(plan, name + "-part", 3, fmt::format("--checkpoint {} --log {}", ck, part_log)), 120)
+                  .exit_code,
+              0);
+    CommandResult resumed =
+        run_command(train_command(plan, name + "-part", 6, fmt::format("--checkpoint {} --resume --log {}", ck, part_log)), 120);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    const std::vector<double> full = losses(full_log), part = losses(part_log);
+    ASSERT_EQ(full.size(), 6u);
+    ASSERT_EQ(part.size(), 6u);
+    for (size_t i = 0; i < full.size(); ++i) EXPECT_DOUBLE_EQ(full[i], part[i]) << name << " step " << i + 1;
+  }
 }
 
 TEST_F(MoeDistTest, CheckpointOfOneExpertSplitResumesUnderAnother) {
@@ -225,7 +237,7 @@ TEST_F(MoeDistTest, CheckpointOfOneExpertSplitResumesUnderAnother) {
 
 TEST_F(MoeDistTest, UnsupportedCombinationsAreRefusedBeforeTheFirstStepNamingTheField) {
   const std::vector<std::pair<Plan, std::string>> cases = {
-      {moe_plan({{1, 2, 2, {3}}}, 2, 2), "stages[0].zero"},
+      {moe_plan({{1, 2, 3, {3}}}, 2, 2), "stages[0].zero"},
       {moe_plan({{1, 2, 0, {3}}}, 2, 2, {2, 1}), "experts_per_member"},  // 3 of 4 experts
   };
   for (size_t i = 0; i < cases.size(); ++i) {

@@ -136,7 +136,11 @@ TEST(MoeModel, PlansTheCpuRanksDoNotRunAreRefused) {
   dp.stages[0].ep = 2;
   EXPECT_EQ(refusal("cpu", dp), "accepted");
   dp.stages[0].zero = 2;
-  EXPECT_EQ(refusal("cpu", dp), prefix + "ZeRO stage 2 is not supported [stages[0].zero]");
+  EXPECT_EQ(refusal("cpu", dp), "accepted");
+  dp.stages[0].shard_gradients = true;
+  EXPECT_EQ(refusal("cpu", dp), prefix + "sharded gradients with expert parallelism is not supported [stages[0].shard_gradients]");
+  dp.stages[0].zero = 3;
+  EXPECT_EQ(refusal("cpu", dp), prefix + "ZeRO stage 3 is not supported [stages[0].zero]");
   Plan tp = one;
   tp.stages[0].tp = 2;
   EXPECT_EQ(refusal("cpu", tp), "accepted");

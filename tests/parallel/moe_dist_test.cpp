@@ -67,6 +67,14 @@ class MoeDistTest : public ::testing::Test {
     return out;
   }
 
+  // The first step's tokens per expert (num_layers x experts) of a run's step log.
+  static std::vector<int64_t> first_expert_tokens(const std::string& log) {
+    std::istringstream in(read_text(log));
+    std::string line;
+    std::getline(in, line);
+    return nlohmann::json::parse(line).at("expert_tokens").get<std::vector<int64_t>>();
+  }
+
   // Runs `plan`; returns its losses, and the weights it exported in `weights`.
   static std::vector<double> run(const Plan& plan, const std::string& name, std::string* weights) {
     const std::string out = dir_->path() + "/" + name;
@@ -101,6 +109,10 @@ class MoeDistTest : public ::testing::Test {
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - ref_losses[i]) / std::abs(ref_losses[i]));
     EXPECT_LT(worst, 1e-6) << name << ": largest relative loss difference";
+    // From the same weights every token picks the same experts, whichever rank routes it.
+    EXPECT_EQ(first_expert_tokens(dir_->path() + "/" + name + ".jsonl"),
+              first_expert_tokens(ref_weights.substr(0, ref_weights.size() - std::string(".safetensors").size()) + ".jsonl"))
+        << name;
     SafetensorsFile a = safetensors_open(ref_weights);
     SafetensorsFile b = safetensors_open(weights);
     EXPECT_EQ(a.entries().size(), b.entries().size()) << name;

@@ -139,8 +139,10 @@ RankGroups rank_groups_build(const Plan& plan, const ModelSpec& model, Communica
   groups.tp = comm.split(tp_groups);
   groups.dp = comm.split(dp_groups);
   groups.embedding = comm.split(embedding_groups);
-  groups.ep = comm.split(expert_groups_partition(plan, plan_ep_group));
-  groups.expert_dp = comm.split(expert_groups_partition(plan, plan_expert_dp_group));
+  if (model_is_moe(model)) {  // the same answer on every rank: all split, or none
+    groups.ep = comm.split(expert_groups_partition(plan, plan_ep_group));
+    groups.expert_dp = comm.split(expert_groups_partition(plan, plan_expert_dp_group));
+  }
   return groups;
 }
 

@@ -38,8 +38,8 @@ struct RankGroups {
   CommGroup tp;         // same stage and dp rank
   CommGroup dp;         // same stage and tp rank
   CommGroup embedding;  // tied embeddings over a pipeline: first and last stage, same tp rank
-  CommGroup ep;         // expert-parallel group (plan_ep_group): splits the routed experts
-  CommGroup expert_dp;  // the same experts' replicas (plan_expert_dp_group): sum their gradients
+  CommGroup ep;         // MoE models: expert-parallel group (plan_ep_group), splits the routed experts
+  CommGroup expert_dp;  // MoE models: the same experts' replicas (plan_expert_dp_group), sum their gradients
 };
 
 // Per step and rank: where the time went, and memory.

@@ -9,14 +9,6 @@ namespace alloy {
 
 namespace {
 
-// The dp ring of each tp rank: members tp apart.
-std::vector<std::vector<int>> network_dp_rings(const std::vector<int>& stage_ids, int tp, int dp) {
-  std::vector<std::vector<int>> rings(static_cast<size_t>(tp));
-  for (int t = 0; t < tp; ++t)
-    for (int d = 0; d < dp; ++d) rings[t].push_back(stage_ids[static_cast<size_t>(d) * tp + t]);
-  return rings;
-}
-
 // Per-ring bandwidth and per-step latency of rings whose hops are `links`: the fabric where no
 // hop leaves a node, else the slowest of the NIC (shared by the node's busy devices), the shared
 // uplinks and the fabric.
@@ -115,6 +107,13 @@ double network_side_nic_bytes_per_second(const ClusterSpec& cluster, const std::
 }
 
 }  // namespace
+
+std::vector<std::vector<int>> network_dp_rings(const std::vector<int>& stage_ids, int tp, int dp) {
+  std::vector<std::vector<int>> rings(static_cast<size_t>(tp));
+  for (int t = 0; t < tp; ++t)
+    for (int d = 0; d < dp; ++d) rings[t].push_back(stage_ids[static_cast<size_t>(d) * tp + t]);
+  return rings;
+}
 
 int network_distinct_nodes(const ClusterSpec& cluster, const std::vector<int>& ids) {
   // Stages built by the planner list devices node by node: count node changes.

@@ -14,6 +14,9 @@ namespace alloy {
 int network_distinct_nodes(const ClusterSpec& cluster, const std::vector<int>& ids);
 int network_busiest_node_count(const ClusterSpec& cluster, const std::vector<int>& ids);
 
+// The dp ring of each tp rank of a stage whose `stage_ids` run tp fastest: members tp apart.
+std::vector<std::vector<int>> network_dp_rings(const std::vector<int>& stage_ids, int tp, int dp);
+
 // The data-parallel group of a stage whose `stage_ids` run tp fastest, then dp: the dp rings of
 // all tp ranks run at once and share what they cross. `intra`: the fabric inside a node.
 GroupPlacement network_dp_group(const ClusterSpec& cluster, const std::vector<int>& stage_ids, int tp, int dp,

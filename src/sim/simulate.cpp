@@ -12,8 +12,8 @@
 #include "cost/comm.hpp"
 #include "cost/cost_model.hpp"
 #include "cost/network_paths.hpp"
-#include "spec/topology.hpp"
 #include "spec/error.hpp"
+#include "spec/topology.hpp"
 #include "spec/units.hpp"
 #include "util/table.hpp"
 

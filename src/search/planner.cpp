@@ -19,6 +19,7 @@
 #include "plan/runnable.hpp"
 #include "search/explain.hpp"
 #include "search/layouts.hpp"
+#include "search/network_notes.hpp"
 #include "search/option_cache.hpp"
 #include "search/search_checks.hpp"
 #include "search/split_bound.hpp"
@@ -617,6 +618,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     for (const std::string& note : gradient_strategy_notes(plan, cost)) plan.notes.push_back(note);
     for (const std::string& note : cost.fallback_notes()) plan.notes.push_back(note);
     for (const std::string& note : published_mfu_notes(plan, cost)) plan.notes.push_back(note);
+    for (const std::string& note : network_notes(plan, cost.cluster())) plan.notes.push_back(note);
   }
   SearchResult result;
   result.candidates = plans;

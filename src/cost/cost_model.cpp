@@ -355,8 +355,9 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
     t.backward_seconds += u.head.backward_seconds;
   }
   // Activations go forward, their gradients come back: one send each way per chunk.
-  t.forward_seconds += chunks_sent * boundary_send_seconds;
-  t.backward_seconds += chunks_sent * boundary_send_seconds;
+  t.boundary_send_seconds = chunks_sent * boundary_send_seconds;
+  t.forward_seconds += t.boundary_send_seconds;
+  t.backward_seconds += t.boundary_send_seconds;
 
   const double e = precision_bytes(train_.precision);
   const double params = stage_parameters(shape, u, c);

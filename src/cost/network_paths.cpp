@@ -214,4 +214,21 @@ BoundaryNetwork network_boundary(const ClusterSpec& cluster, const std::vector<i
   return out;
 }
 
+double network_tied_table_seconds(const ClusterSpec& cluster, const ModelSpec& model, int gradient_bytes,
+                                  const std::vector<int>& first_ids, int first_tp, const std::vector<int>& last_ids,
+                                  int last_tp) {
+  if (!model.tied_embeddings || first_ids == last_ids) return 0;
+  const bool same_rows = first_tp == last_tp;
+  std::vector<int> members = first_ids;
+  members.insert(members.end(), last_ids.begin(), last_ids.end());
+  const int tp = same_rows ? first_tp : 1;
+  const int ranks = static_cast<int>(members.size()) / tp;
+  const Link& intra = cluster.node_group(cluster.devices[static_cast<size_t>(first_ids.front())]).intra_node;
+  const GroupPlacement group = network_dp_group(cluster, members, tp, ranks, intra);
+  const double table_bytes = static_cast<double>(model.vocab_size) * static_cast<double>(model.hidden_size) /
+                             (same_rows ? first_tp : 1) * gradient_bytes;
+  return collective_seconds(CollectiveOp::CollectiveOp_all_reduce, table_bytes, group);
+}
+
 }  // namespace alloy
+

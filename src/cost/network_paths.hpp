@@ -7,6 +7,7 @@
 
 #include "cost/comm.hpp"
 #include "spec/cluster.hpp"
+#include "spec/model.hpp"
 
 namespace alloy {
 
@@ -31,5 +32,14 @@ struct BoundaryNetwork {
   std::string bottleneck;  // the link that bounds the aggregate, for people
 };
 BoundaryNetwork network_boundary(const ClusterSpec& cluster, const std::vector<int>& from, const std::vector<int>& to);
+
+// Seconds to sum the gradient of an embedding table tied between the pipeline's first and last
+// stage, as the runtime does before the optimizer step: over every replica of both stages, one ring
+// per tp rank summing that rank's rows when the two stages have the same tp, else one ring of every
+// rank summing whole tables. `gradient_bytes`: per element (Plan::gradient_bytes). 0 when the
+// model's head is not tied or the pipeline has one stage (first and last ids equal).
+double network_tied_table_seconds(const ClusterSpec& cluster, const ModelSpec& model, int gradient_bytes,
+                                  const std::vector<int>& first_ids, int first_tp, const std::vector<int>& last_ids,
+                                  int last_tp);
 
 }  // namespace alloy

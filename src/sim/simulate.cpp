@@ -77,6 +77,12 @@ class Simulator {
   void link_lane(int lane);
   double transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const;
   double collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const;
+  // The sum of a table tied between the first and last stage, before their optimizer step.
+  double tied_table_seconds(int lane) const {
+    if (lane != 0 && lane + 1 != static_cast<int>(plan_.stages.size())) return 0;
+    return network_tied_table_seconds(cluster_, model_, plan_.gradient_bytes, plan_.stages.front().device_ids,
+                                      plan_.stages.front().tp, plan_.stages.back().device_ids, plan_.stages.back().tp);
+  }
   void add_dep(int task, int on) {
     if (on < 0) return;
     tasks_[task].unmet++;
@@ -179,9 +185,11 @@ void Simulator::build_lane(int lane) {
       case OpKind::OpKind_backward:
       case OpKind::OpKind_optimizer: {
         t.stream = SimStream::SimStream_compute;
-        t.duration_seconds = op.kind == OpKind::OpKind_forward    ? st.forward_seconds * share
-                             : op.kind == OpKind::OpKind_backward ? st.backward_seconds * share
-                                                                  : st.optimizer_seconds;
+        // The stage's times include its boundary sends, which run here as transfers of their own.
+        t.duration_seconds = op.kind == OpKind::OpKind_forward ? (st.forward_seconds - st.boundary_send_seconds) * share
+                             : op.kind == OpKind::OpKind_backward
+                                 ? (st.backward_seconds - st.boundary_send_seconds) * share
+                                 : st.optimizer_seconds + tied_table_seconds(lane);
         add_dep(id, last_compute);
         for (int in : pending_inputs) add_dep(id, in);
         pending_inputs.clear();

@@ -176,6 +176,8 @@ double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, 
     notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
                               collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));
   }
+  if (runtime_traits(cluster_.device_types[device_type]).collectives_flat_ring_only)
+    return collective_seconds_with(op, bytes, group, CollectiveAlgorithm::CollectiveAlgorithm_ring);
   return collective_seconds(op, bytes, group);
 }
 

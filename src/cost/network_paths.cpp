@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "cost/runtime_traits.hpp"
 #include "spec/topology.hpp"
 
 namespace alloy {
@@ -227,6 +228,10 @@ double network_tied_table_seconds(const ClusterSpec& cluster, const ModelSpec& m
   const GroupPlacement group = network_dp_group(cluster, members, tp, ranks, intra);
   const double table_bytes = static_cast<double>(model.vocab_size) * static_cast<double>(model.hidden_size) /
                              (same_rows ? first_tp : 1) * gradient_bytes;
+  const DeviceType& type = cluster.device_type(cluster.devices[static_cast<size_t>(first_ids.front())]);
+  if (runtime_traits(type).collectives_flat_ring_only)
+    return collective_seconds_with(CollectiveOp::CollectiveOp_all_reduce, table_bytes, group,
+                                   CollectiveAlgorithm::CollectiveAlgorithm_ring);
   return collective_seconds(CollectiveOp::CollectiveOp_all_reduce, table_bytes, group);
 }
 

@@ -152,6 +152,9 @@ double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::
   const ProfiledCollective* measured =
       options_.profile ? options_.profile->find_collective(st.device_type, cop, g.ranks, network) : nullptr;
   if (measured) return measured->seconds(static_cast<double>(op.bytes));
+  if (runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)])
+          .collectives_flat_ring_only)
+    return collective_seconds_with(cop, static_cast<double>(op.bytes), g, CollectiveAlgorithm::CollectiveAlgorithm_ring);
   return collective_seconds(cop, static_cast<double>(op.bytes), g);
 }
 

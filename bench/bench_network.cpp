@@ -70,8 +70,6 @@ nodes:
   - {name: right, count: 2, device: cpu, devices_per_node: 1, host_memory: 8GiB}
 )";
 
-void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
-
 struct Layout {
   std::string name;
   std::string pins;     // alloy plan flags; empty: the planner's own choice
@@ -146,20 +144,14 @@ bool measure(const std::string& alloy, const std::string& dir, Layout& layout, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 5, rounds = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
-    if (flag == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
-  }
+  const auto [steps, rounds] = alloy::bench::steps_and_rounds(argc, argv, 5, 2);
   alloy::bench::mpi_environment_set();
   const std::string alloy = alloy::bench::alloy_next_to_self();
-  const std::string dir = std::filesystem::temp_directory_path() / fmt::format("alloy-network-{}", getpid());
-  std::filesystem::create_directories(dir);
-  write(dir + "/model.yaml", kModelYaml);
-  write(dir + "/train.yaml", kTrainYaml);
-  write(dir + "/racks.yaml", kRacksYaml);
-  write(dir + "/uniform.yaml", kUniformYaml);
+  const std::string dir = alloy::bench::bench_folder("alloy-network");
+  alloy::bench::write_file(dir + "/model.yaml", kModelYaml);
+  alloy::bench::write_file(dir + "/train.yaml", kTrainYaml);
+  alloy::bench::write_file(dir + "/racks.yaml", kRacksYaml);
+  alloy::bench::write_file(dir + "/uniform.yaml", kUniformYaml);
   if (run(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}/data.bin > /dev/null", alloy, ALLOY_SOURCE_DIR,
                       dir)) != 0 ||
       run(fmt::format("{} profile --model {}/model.yaml --cluster {}/racks.yaml --train {}/train.yaml -o "

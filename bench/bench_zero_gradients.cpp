@@ -74,8 +74,6 @@ struct Measured {
   bool ok = true;
 };
 
-void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
-
 // The planner's dp 4 layout with `zero`, 4 micro-batches, then shard_gradients set as asked.
 std::string plan_for(const std::string& alloy, const std::string& dir, int zero, bool shard) {
   const std::string base = fmt::format("{}/zero{}-base.json", dir, zero);
@@ -134,19 +132,13 @@ std::string mib(double bytes) { return fmt::format("{:.2f}", bytes / 1048576.0);
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 6, rounds = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
-    if (flag == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
-  }
+  const auto [steps, rounds] = alloy::bench::steps_and_rounds(argc, argv, 6, 3);
   alloy::bench::mpi_environment_set();
   const std::string alloy = alloy::bench::alloy_next_to_self();
-  const std::string dir = std::filesystem::temp_directory_path() / fmt::format("alloy-zero-gradients-{}", getpid());
-  std::filesystem::create_directories(dir);
-  write(dir + "/model.yaml", kModelYaml);
-  write(dir + "/train.yaml", kTrainYaml);
-  write(dir + "/cluster.yaml", kClusterYaml);
+  const std::string dir = alloy::bench::bench_folder("alloy-zero-gradients");
+  alloy::bench::write_file(dir + "/model.yaml", kModelYaml);
+  alloy::bench::write_file(dir + "/train.yaml", kTrainYaml);
+  alloy::bench::write_file(dir + "/cluster.yaml", kClusterYaml);
   if (run(fmt::format("{} tokenize {}/examples/data/fsf_licenses.txt -o {}/data.bin > /dev/null", alloy, ALLOY_SOURCE_DIR, dir)) != 0)
     return 1;
 

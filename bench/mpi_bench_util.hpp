@@ -41,6 +41,29 @@ inline void mpi_environment_set() {
   }
 }
 
+inline void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// --steps N (at least 3) and --rounds N (at least 1) from the command line, else the defaults.
+struct StepsAndRounds {
+  int steps = 0;
+  int rounds = 0;
+};
+inline StepsAndRounds steps_and_rounds(int argc, char** argv, int steps, int rounds) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--steps") steps = std::max(3, std::atoi(argv[i + 1]));
+    if (flag == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
+  }
+  return {steps, rounds};
+}
+
+// A fresh folder under the temporary directory for this process's files: prefix-PID.
+inline std::string bench_folder(const std::string& prefix) {
+  const std::string dir = std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

@@ -9,6 +9,7 @@
 #include "hw/catalog.hpp"
 #include "spec/describe.hpp"
 #include "spec/error.hpp"
+#include "spec/topology.hpp"
 
 namespace alloy::cli {
 
@@ -52,6 +53,7 @@ void run_check(const CheckOptions& o) {
   if (!o.cluster.empty()) {
     cluster = cluster_load(o.cluster, catalog_builtin());
     fmt::print("{}\n", cluster_describe(*cluster));
+    fmt::print("{}\n", topology_describe(*cluster));
   }
   if (!o.train.empty()) fmt::print("{}", train_describe(train));
   if (cluster) fmt::print("{}", precision_describe(*cluster, train.precision));

@@ -14,7 +14,8 @@ void flat_link(const GroupPlacement& g, double* bw, double* alpha) {
     *alpha = g.intra_node.latency_seconds;
     return;
   }
-  const double net = g.network.bandwidth_bytes_per_second / std::max(1, g.concurrent_per_node);
+  double net = g.network.bandwidth_bytes_per_second / std::max(1, g.concurrent_per_node);
+  if (g.shared_bytes_per_second > 0) net = std::min(net, g.shared_bytes_per_second);
   *bw = std::min(net, g.intra_node.bandwidth_bytes_per_second > 0 ? g.intra_node.bandwidth_bytes_per_second : net);
   *alpha = std::max(g.network.latency_seconds, g.intra_node.latency_seconds);
 }
@@ -34,6 +35,27 @@ double tree_seconds(CollectiveOp op, double bytes, int n, double bw, double alph
   return passes * (depth * alpha + bytes / bw);
 }
 
+// `ranks` members of a ring, each hop at `bytes_per_second` with `latency_seconds` per step.
+struct RingTier {
+  int ranks = 1;
+  double bytes_per_second = 0;
+  double latency_seconds = 0;
+};
+
+// Reduce-scatter inside each of the inner rings, the op across on 1/inner of the data (inner
+// rings at once), all-gather inside.
+double two_level_seconds(CollectiveOp op, double bytes, const RingTier& inner, const RingTier& across) {
+  const bool reduces = op != CollectiveOp::CollectiveOp_all_gather;
+  const bool gathers = op != CollectiveOp::CollectiveOp_reduce_scatter;
+  double t = 0;
+  if (reduces)
+    t += ring_seconds(CollectiveOp::CollectiveOp_reduce_scatter, bytes, inner.ranks, inner.bytes_per_second, inner.latency_seconds);
+  t += ring_seconds(op, bytes / inner.ranks, across.ranks, across.bytes_per_second, across.latency_seconds);
+  if (gathers)
+    t += ring_seconds(CollectiveOp::CollectiveOp_all_gather, bytes, inner.ranks, inner.bytes_per_second, inner.latency_seconds);
+  return t;
+}
+
 }  // namespace
 
 const char* collective_algorithm_name(CollectiveAlgorithm a) {
@@ -41,6 +63,7 @@ const char* collective_algorithm_name(CollectiveAlgorithm a) {
     case CollectiveAlgorithm::CollectiveAlgorithm_ring: return "ring";
     case CollectiveAlgorithm::CollectiveAlgorithm_tree: return "tree";
     case CollectiveAlgorithm::CollectiveAlgorithm_hierarchical: return "hierarchical";
+    case CollectiveAlgorithm::CollectiveAlgorithm_domains: return "hierarchical-domains";
   }
   return "?";
 }
@@ -54,19 +77,16 @@ double collective_seconds_with(CollectiveOp op, double bytes, const GroupPlaceme
     case CollectiveAlgorithm::CollectiveAlgorithm_ring: return ring_seconds(op, bytes, g.ranks, bw, alpha);
     case CollectiveAlgorithm::CollectiveAlgorithm_tree: return tree_seconds(op, bytes, g.ranks, bw, alpha);
     case CollectiveAlgorithm::CollectiveAlgorithm_hierarchical: {
-      // Reduce-scatter inside each node, the op across nodes on 1/r of the data, all-gather inside.
       const int per_node = std::max(1, g.ranks / std::max(1, g.nodes));
-      const double intra_bw = g.intra_node.bandwidth_bytes_per_second;
-      const double intra_alpha = g.intra_node.latency_seconds;
-      const double net_bw = g.network.bandwidth_bytes_per_second / std::max(1, g.concurrent_per_node);
-      double t = 0;
-      const bool reduces = op != CollectiveOp::CollectiveOp_all_gather;
-      const bool gathers = op != CollectiveOp::CollectiveOp_reduce_scatter;
-      if (reduces) t += ring_seconds(CollectiveOp::CollectiveOp_reduce_scatter, bytes, per_node, intra_bw, intra_alpha);
-      t += ring_seconds(op, bytes / per_node, g.nodes, net_bw, g.network.latency_seconds);
-      if (gathers) t += ring_seconds(CollectiveOp::CollectiveOp_all_gather, bytes, per_node, intra_bw, intra_alpha);
-      return t;
+      double net_bw = g.network.bandwidth_bytes_per_second / std::max(1, g.concurrent_per_node);
+      if (g.shared_across_nodes_bytes_per_second > 0) net_bw = std::min(net_bw, g.shared_across_nodes_bytes_per_second);
+      return two_level_seconds(op, bytes, {per_node, g.intra_node.bandwidth_bytes_per_second, g.intra_node.latency_seconds},
+                               {g.nodes, net_bw, g.network.latency_seconds});
     }
+    case CollectiveAlgorithm::CollectiveAlgorithm_domains:
+      if (g.domains <= 1) return collective_seconds_with(op, bytes, g, CollectiveAlgorithm::CollectiveAlgorithm_ring);
+      return two_level_seconds(op, bytes, {g.ranks_per_domain, g.inside_bytes_per_second, g.inside_latency_seconds},
+                               {g.domains, g.across_bytes_per_second, g.across_latency_seconds});
   }
   return 0;
 }
@@ -83,6 +103,7 @@ double collective_seconds(CollectiveOp op, double bytes, const GroupPlacement& g
   };
   if (op == CollectiveOp::CollectiveOp_all_reduce) consider(CollectiveAlgorithm::CollectiveAlgorithm_tree);
   if (g.nodes > 1 && g.ranks > g.nodes) consider(CollectiveAlgorithm::CollectiveAlgorithm_hierarchical);
+  if (g.domains > 1 && g.ranks_per_domain > 1) consider(CollectiveAlgorithm::CollectiveAlgorithm_domains);
   if (chosen) *chosen = best;
   return best_seconds;
 }

@@ -9,7 +9,14 @@
 
 namespace alloy {
 
-enum class CollectiveAlgorithm { CollectiveAlgorithm_ring, CollectiveAlgorithm_tree, CollectiveAlgorithm_hierarchical };
+// hierarchical: reduce-scatter inside each node, the op across nodes, all-gather inside;
+// domains: the same with fast domains (racks, sites, node groups behind unequal NICs) for nodes.
+enum class CollectiveAlgorithm {
+  CollectiveAlgorithm_ring,
+  CollectiveAlgorithm_tree,
+  CollectiveAlgorithm_hierarchical,
+  CollectiveAlgorithm_domains,
+};
 const char* collective_algorithm_name(CollectiveAlgorithm a);
 
 // Where the members of one communication group sit.
@@ -18,7 +25,21 @@ struct GroupPlacement {
   int nodes = 1;                  // distinct nodes holding members
   int concurrent_per_node = 1;    // devices of a node using the network at the same time
   Link intra_node;                // fabric between members on one node
-  Link network;                   // between nodes; bandwidth per node
+  Link network;                   // between nodes: the slowest NIC a hop crosses (bandwidth per
+                                  // node), latency of the longest path between two members
+  // Only on clusters with racks, sites or unequal NICs (src/cost/network_paths.hpp); 0: none.
+  // A ring's share of the narrowest rack uplink or WAN port it crosses, the rings of the other
+  // tp ranks crossing it at the same time: flat, and in the hierarchical step across nodes.
+  double shared_bytes_per_second = 0;
+  double shared_across_nodes_bytes_per_second = 0;
+  // Fast domains the members span (1: none): a ring inside the slowest domain, and one of the
+  // ranks_per_domain rings across domains, each as bandwidth per ring and latency per step.
+  int domains = 1;
+  int ranks_per_domain = 1;
+  double inside_bytes_per_second = 0;
+  double inside_latency_seconds = 0;
+  double across_bytes_per_second = 0;
+  double across_latency_seconds = 0;
 };
 
 // Seconds for one collective on `buffer_bytes` (all-reduce: the tensor; all-gather: the
@@ -37,7 +58,8 @@ struct BoundaryLink {
   int lanes = 1;
   Link intra_node;                        // when both stages share one node
   Link network;
-  double aggregate_network_bytes_per_second = 0;  // nodes on the narrower side x per-node bandwidth
+  double aggregate_network_bytes_per_second = 0;  // nodes on the narrower side x per-node bandwidth,
+                                                  // and no more than the rack uplinks or WAN carry
   double host_link_from_bytes_per_second = 0;     // host-staged only
   double host_link_to_bytes_per_second = 0;
   double extra_seconds = 0;  // per transfer, beyond the link (the sender's calibrated profile)

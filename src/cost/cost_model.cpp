@@ -1,4 +1,6 @@
 #include "cost/cost_model.hpp"
+#include "cost/network_paths.hpp"
+#include "spec/topology.hpp"
 #include "spec/units.hpp"
 
 #include <algorithm>
@@ -29,41 +31,6 @@ double weights_backward_link_seconds(const StageUnitCosts& u, const StageChoice&
   const double m = std::max(1, c.micro_batches);
   const double fetch_in = u.offload_weights_seconds + u.offload_gradients_seconds * (m - 1.0) / m;
   return c.prefetch_depth <= 1 ? fetch_in + u.offload_gradients_seconds : std::max(fetch_in, u.offload_gradients_seconds);
-}
-
-int distinct_nodes(const ClusterSpec& cluster, const std::vector<int>& ids) {
-  // Stages built by the planner list devices node by node: count node changes.
-  bool ordered = true;
-  int changes = ids.empty() ? 0 : 1;
-  for (size_t i = 1; i < ids.size() && ordered; ++i) {
-    const int a = cluster.devices[ids[i - 1]].node;
-    const int b = cluster.devices[ids[i]].node;
-    ordered = a <= b;
-    changes += a != b;
-  }
-  if (ordered) return changes;
-  std::vector<int> nodes;
-  for (int id : ids) nodes.push_back(cluster.devices[id].node);
-  std::sort(nodes.begin(), nodes.end());
-  return static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
-}
-
-int busiest_node_count(const ClusterSpec& cluster, const std::vector<int>& ids) {
-  bool ordered = true;
-  int run = 0;
-  int longest = 0;
-  for (size_t i = 0; i < ids.size() && ordered; ++i) {
-    const int node = cluster.devices[ids[i]].node;
-    const int previous = i > 0 ? cluster.devices[ids[i - 1]].node : node;
-    ordered = previous <= node;
-    run = (i > 0 && previous == node) ? run + 1 : 1;
-    longest = std::max(longest, run);
-  }
-  if (ordered) return longest;
-  std::map<int, int> per_node;
-  int best = 0;
-  for (int id : ids) best = std::max(best, ++per_node[cluster.devices[id].node]);
-  return best;
 }
 
 }  // namespace
@@ -152,13 +119,7 @@ StageShape CostModel::stage_shape(const std::vector<int>& ids, int tp, int dp, i
   s.tp_group.concurrent_per_node = tp;
   s.tp_group.intra_node = link;
   s.tp_group.network = cluster_.network;
-  std::vector<int> dp_members;
-  for (int d = 0; d < dp; ++d) dp_members.push_back(ids[static_cast<size_t>(d) * tp]);
-  s.dp_group.ranks = dp;
-  s.dp_group.nodes = distinct_nodes(cluster_, dp_members);
-  s.dp_group.concurrent_per_node = busiest_node_count(cluster_, ids);
-  s.dp_group.intra_node = link;
-  s.dp_group.network = cluster_.network;
+  s.dp_group = network_dp_group(cluster_, ids, tp, dp, link);
   return s;
 }
 
@@ -168,11 +129,16 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
   const Device& a = cluster_.devices[from.front()];
   const Device& z = cluster_.devices[to.front()];
   b.intra_node = type_links_[a.device_type_index];
-  b.network = cluster_.network;
+  const BoundaryNetwork net = network_boundary(cluster_, from, to);
+  b.network = net.network;
   boundary_link_apply_profile(&b, profile_, cluster_.device_type(a).name);
-  const int from_nodes = distinct_nodes(cluster_, from);
-  const int to_nodes = distinct_nodes(cluster_, to);
-  b.aggregate_network_bytes_per_second = std::min(from_nodes, to_nodes) * b.network.bandwidth_bytes_per_second;
+  const int from_nodes = network_distinct_nodes(cluster_, from);
+  const int to_nodes = network_distinct_nodes(cluster_, to);
+  // On a flat cluster a profile's measured network link sets the aggregate; on a tiered one the
+  // cluster file's NICs and uplinks do (a profile measures one link per device type, not per path).
+  b.aggregate_network_bytes_per_second = topology_is_flat(cluster_)
+                                             ? std::min(from_nodes, to_nodes) * b.network.bandwidth_bytes_per_second
+                                             : net.aggregate_bytes_per_second;
   if (from_nodes == 1 && to_nodes == 1 && a.node == z.node) {
     b.path = P2pPath::P2pPath_intra_node;
   } else if (cluster_.device_type(a).vendor != cluster_.device_type(z).vendor) {
@@ -210,6 +176,8 @@ double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, 
     notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
                               collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));
   }
+  if (runtime_traits(cluster_.device_types[device_type]).collectives_flat_ring_only)
+    return collective_seconds_with(op, bytes, group, CollectiveAlgorithm::CollectiveAlgorithm_ring);
   return collective_seconds(op, bytes, group);
 }
 
@@ -389,8 +357,9 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
     t.backward_seconds += u.head.backward_seconds;
   }
   // Activations go forward, their gradients come back: one send each way per chunk.
-  t.forward_seconds += chunks_sent * boundary_send_seconds;
-  t.backward_seconds += chunks_sent * boundary_send_seconds;
+  t.boundary_send_seconds = chunks_sent * boundary_send_seconds;
+  t.forward_seconds += t.boundary_send_seconds;
+  t.backward_seconds += t.boundary_send_seconds;
 
   const double e = precision_bytes(train_.precision);
   const double params = stage_parameters(shape, u, c);

@@ -102,6 +102,7 @@ struct StageTiming {
   double optimizer_seconds = 0;      // per step
   double offload_forward_seconds = 0;   // per micro-batch, host copies not hidden (in forward_seconds)
   double offload_backward_seconds = 0;  // per micro-batch, host copies not hidden (in backward_seconds)
+  double boundary_send_seconds = 0;     // per micro-batch, in forward_seconds and again in backward_seconds
   double step_overhead_seconds() const { return gradient_sync_seconds + optimizer_seconds; }
   double per_micro_batch_seconds() const { return forward_seconds + backward_seconds; }
 };

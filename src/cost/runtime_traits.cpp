@@ -23,6 +23,8 @@ constexpr RuntimeTraits kGpuRuntime = {
     .elementwise_kernels_separate = true,
     .memory_bandwidth_scales_with_speed = false,
     .collectives_share_compute_cores = false,
+    // NCCL picks rings, trees or levels by node.
+    .collectives_flat_ring_only = false,
     // It fuses attention, keeping a log-sum-exp per query row.
     .attention_memory = AttentionMemory::AttentionMemory_fused,
     .backward_workspace = BackwardWorkspace::BackwardWorkspace_fused,
@@ -47,6 +49,9 @@ constexpr RuntimeTraits kCpuRuntime = {
     // A prefetched ZeRO-3 gather copies on the same cores and adds its whole time
     // (docs/profile-format.md, Calibration).
     .collectives_share_compute_cores = true,
+    // MPI's non-blocking collectives, one ring over the members in rank order (as the emulated
+    // links price them, docs/runtime-distributed.md).
+    .collectives_flat_ring_only = true,
     // It stores the softmax scores.
     .attention_memory = AttentionMemory::AttentionMemory_scores,
     .backward_workspace = BackwardWorkspace::BackwardWorkspace_mlp_peak,

@@ -30,6 +30,9 @@ struct RuntimeTraits {
   bool memory_bandwidth_scales_with_speed = false;
   // Collectives copy on the cores that compute, so a prefetched ZeRO-3 gather hides nothing.
   bool collectives_share_compute_cores = false;
+  // Collectives run as one flat ring over their members (MPI's non-blocking collectives), never
+  // as trees or in levels by node, rack or site (NCCL's).
+  bool collectives_flat_ring_only = false;
   AttentionMemory attention_memory = AttentionMemory::AttentionMemory_fused;
   BackwardWorkspace backward_workspace = BackwardWorkspace::BackwardWorkspace_fused;
   // Under sequence parallelism the embedding's output, a chunk's received input and its output

@@ -171,6 +171,16 @@ std::string cluster_fingerprint(const ClusterSpec& c) {
   for (const NodeGroup& g : c.node_groups)
     text += fmt::format("group {} {} {} {} {}|", g.count, g.devices_per_node, g.device_type_index,
                         g.intra_node.bandwidth_bytes_per_second, g.host_link_bytes_per_second);
+  // The network tiers, added only where a cluster has them, so the others keep their fingerprints.
+  bool tiered = !c.racks.empty() || !c.sites.empty();
+  for (const NodeGroup& g : c.node_groups) tiered = tiered || g.network.bandwidth_bytes_per_second > 0;
+  if (!tiered) return fnv1a_hex(text);
+  for (const NodeGroup& g : c.node_groups)
+    text += fmt::format("place {} {} {} {}|", g.rack, g.site, g.network.bandwidth_bytes_per_second, g.network.latency_seconds);
+  for (const Rack& r : c.racks)
+    text += fmt::format("rack {} {} {} {} {}|", r.name, r.site, r.uplink_bytes_per_second, r.oversubscription, r.latency_seconds);
+  for (const Site& site : c.sites) text += fmt::format("site {}|", site.name);
+  text += fmt::format("wan {} {}|", c.wan.bandwidth_bytes_per_second, c.wan.latency_seconds);
   return fnv1a_hex(text);
 }
 

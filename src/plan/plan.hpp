@@ -93,6 +93,9 @@ struct PlanStage {
   double gradient_sync_seconds = 0;  // per step, exposed part
   double optimizer_seconds = 0;      // per step
   double offload_exposed_seconds = 0;  // per micro-batch: host copies not hidden (in fwd + bwd)
+  // Per micro-batch, in forward_seconds and again in backward_seconds: the stage's sends to the
+  // next stage (its activations forward, the gradients it waits for backward).
+  double boundary_send_seconds = 0;
   double micro_batches_in_flight = 0;
   std::vector<MemoryTerm> memory;    // per device
   double memory_capacity_bytes = 0;

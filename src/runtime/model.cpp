@@ -24,6 +24,13 @@ void model_check_spec(const ModelSpec& spec, const ModelShard& shard) {
                             spec.name, spec.num_kv_heads, spec.num_heads),
                 {spec.source_path, "num_key_value_heads"}, "fix the model config");
   }
+  if (model_is_moe(spec) && spec.moe.aux_per_sequence && spec.moe.router_aux_loss_coef > 0) {
+    throw Error(fmt::format("model '{}': a load-balancing loss over each sequence's routing (seq_aux) is not "
+                            "implemented; Alloy balances over each micro-batch's tokens",
+                            spec.name),
+                {spec.source_path, spec.source_path.ends_with(".json") ? "seq_aux" : "moe.aux_per_sequence"},
+                "set it to false to balance over the micro-batch, or the loss weight to 0");
+  }
   if (spec.family == ModelFamily::ModelFamily_llama && spec.head_dim % 2 != 0) {
     throw Error(fmt::format("model '{}': RoPE needs an even head_dim, got {}", spec.name,
                             spec.head_dim),

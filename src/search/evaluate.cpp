@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "cost/network_paths.hpp"
 #include "search/planner.hpp"
 #include "spec/error.hpp"
 
@@ -182,6 +183,7 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
         st.forward_seconds = r.timing.forward_seconds;
         st.backward_seconds = r.timing.backward_seconds;
         st.offload_exposed_seconds = r.timing.offload_forward_seconds + r.timing.offload_backward_seconds;
+        st.boundary_send_seconds = r.timing.boundary_send_seconds;
         per_micro_batch[s] = r.timing.per_micro_batch_seconds();
       }
       if (r.timing.step_overhead_seconds() > slowest_overhead) {
@@ -202,6 +204,16 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
     }
     without_copies[s] = per_micro_batch[s] - st.offload_exposed_seconds;
     for (int id : st.device_ids) price_per_second += cluster.node_group(cluster.devices[id]).price_per_device_hour / 3600.0;
+  }
+  // A table tied between the first and last stage is summed between them before the optimizer
+  // step: both stages' step overhead grows by it.
+  const double tied_seconds = network_tied_table_seconds(
+      cluster, model, plan->gradient_bytes, plan->stages.front().device_ids, plan->stages.front().tp,
+      plan->stages.back().device_ids, plan->stages.back().tp);
+  for (int s : {0, p - 1}) {
+    if (tied_seconds <= 0) break;
+    overhead[s] += tied_seconds;
+    plan->stages[s].gradient_sync_seconds += tied_seconds;
   }
   plan->step_seconds = pipeline_step_seconds(per_micro_batch, overhead, m, v);
   plan->offload_step_seconds = plan->step_seconds - pipeline_step_seconds(without_copies, overhead, m, v);

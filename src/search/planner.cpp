@@ -16,9 +16,11 @@
 
 #include <fmt/format.h>
 
+#include "cost/network_paths.hpp"
 #include "plan/runnable.hpp"
 #include "search/explain.hpp"
 #include "search/layouts.hpp"
+#include "search/network_notes.hpp"
 #include "search/option_cache.hpp"
 #include "search/search_checks.hpp"
 #include "search/split_bound.hpp"
@@ -100,6 +102,19 @@ class Searcher {
     return it->second;
   }
 
+  // Summing a table tied between the first and last stage, by their placements (0 when untied).
+  double tied_table(const SlotInfo& first, const SlotInfo& last) {
+    const std::pair<int64_t, int64_t> key{first.placement, last.placement};
+    auto it = tied_tables_.find(key);
+    if (it == tied_tables_.end())
+      it = tied_tables_
+               .emplace(key, network_tied_table_seconds(cost_.cluster(), cost_.model(),
+                                                        static_cast<int>(cost_.gradient_wire_bytes(0)), ids_of(first),
+                                                        first.slot.shape.tp, ids_of(last), last.slot.shape.tp))
+               .first;
+    return it->second;
+  }
+
   std::vector<SlotInfo> slots(const Structure& s, const std::vector<TypePool>& pools) {
     const int p = s.num_stages();
     const int64_t micro = s.micro_batch_sequences();
@@ -151,6 +166,7 @@ class Searcher {
       }
       if (p > 1) slot.chunks_received = i > 0 ? s.virtual_chunks : s.virtual_chunks - 1;
     }
+    if (p > 1) out[0].slot.tied_table_seconds = out[p - 1].slot.tied_table_seconds = tied_table(out[0], out[p - 1]);
     return out;
   }
 
@@ -192,7 +208,7 @@ class Searcher {
         }
         const StageOption* found = nullptr;
         for (const StageOption& o : *cached)
-          if (a * o.t + o.u <= cap) {
+          if (a * o.t + o.u + slot_infos[st].slot.tied_table_seconds <= cap) {
             found = &o;
             break;
           }
@@ -277,7 +293,8 @@ class Searcher {
       double sum = 0;
       if (!split_min_sum(s, slot_infos, cap, k_limit, &blocks, &chosen, &sum)) break;
       double bottleneck = 0;
-      for (const StageOption& o : chosen) bottleneck = std::max(bottleneck, a * o.t + o.u);
+      for (size_t st = 0; st < chosen.size(); ++st)
+        bottleneck = std::max(bottleneck, a * chosen[st].t + chosen[st].u + slot_infos[st].slot.tied_table_seconds);
       const double step = sum / v + bottleneck;
       if (!best || step < best->step_seconds) {
         best = Solution{s.index, step, step, blocks, chosen};
@@ -322,7 +339,9 @@ class Searcher {
           k_end[st] = k;
           break;
         }
-        for (const StageOption& o : *set) fastest[st * width + k] = std::min(fastest[st * width + k], a * o.t + o.u);
+        for (const StageOption& o : *set)
+          fastest[st * width + k] =
+              std::min(fastest[st * width + k], a * o.t + o.u + slot_infos[st].slot.tied_table_seconds);
       }
     std::vector<double>& worst = scratch_.worst;
     worst.assign((p + 1) * width, kInfinity);
@@ -412,6 +431,7 @@ class Searcher {
   std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
   std::unordered_map<int64_t, StageShape> shapes_;  // placement of (first device, tp, dp)
   std::map<std::pair<int64_t, int64_t>, BoundaryLink> boundaries_;  // by the two stages' placements
+  std::map<std::pair<int64_t, int64_t>, double> tied_tables_;       // by the first and last placements
   std::unordered_map<SlotKey, SlotOptionSets, KeyHash> option_sets_;
   std::vector<const std::vector<StageOption>*> option_table_;  // (stage, units) of the structure in solve()
   // Tables of split_min_sum, kept between calls to save allocations.
@@ -617,6 +637,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     for (const std::string& note : gradient_strategy_notes(plan, cost)) plan.notes.push_back(note);
     for (const std::string& note : cost.fallback_notes()) plan.notes.push_back(note);
     for (const std::string& note : published_mfu_notes(plan, cost)) plan.notes.push_back(note);
+    for (const std::string& note : network_notes(plan, cost.cluster())) plan.notes.push_back(note);
   }
   SearchResult result;
   result.candidates = plans;

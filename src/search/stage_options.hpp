@@ -19,6 +19,7 @@ struct StageSlot {
   double boundary_seconds = 0;    // one send to the next stage
   int chunks_sent = 0;
   int chunks_received = 0;        // chunks of a micro-batch whose input comes from another stage
+  double tied_table_seconds = 0;  // per step, first and last stage: summing the table tied between them
   bool has_embedding = false;
   bool has_head = false;
   bool head_holds_lm_matrix = true;

@@ -11,7 +11,9 @@
 
 #include "cost/comm.hpp"
 #include "cost/cost_model.hpp"
+#include "cost/network_paths.hpp"
 #include "spec/error.hpp"
+#include "spec/topology.hpp"
 #include "spec/units.hpp"
 #include "util/table.hpp"
 
@@ -63,20 +65,6 @@ double memory_term(const PlanStage& st, const char* name) {
   return 0;
 }
 
-int distinct_nodes(const ClusterSpec& cluster, const std::vector<int>& ids) {
-  std::vector<int> nodes;
-  for (int id : ids) nodes.push_back(cluster.devices[id].node);
-  std::sort(nodes.begin(), nodes.end());
-  return static_cast<int>(std::unique(nodes.begin(), nodes.end()) - nodes.begin());
-}
-
-int busiest_node_count(const ClusterSpec& cluster, const std::vector<int>& ids) {
-  std::map<int, int> per_node;
-  int best = 0;
-  for (int id : ids) best = std::max(best, ++per_node[cluster.devices[id].node]);
-  return best;
-}
-
 class Simulator {
  public:
   Simulator(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options)
@@ -89,6 +77,12 @@ class Simulator {
   void link_lane(int lane);
   double transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const;
   double collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const;
+  // The sum of a table tied between the first and last stage, before their optimizer step.
+  double tied_table_seconds(int lane) const {
+    if (lane != 0 && lane + 1 != static_cast<int>(plan_.stages.size())) return 0;
+    return network_tied_table_seconds(cluster_, model_, plan_.gradient_bytes, plan_.stages.front().device_ids,
+                                      plan_.stages.front().tp, plan_.stages.back().device_ids, plan_.stages.back().tp);
+  }
   void add_dep(int task, int on) {
     if (on < 0) return;
     tasks_[task].unmet++;
@@ -118,15 +112,25 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
   const int peer_lane = peer.stage;
   BoundaryLink link;
   link.intra_node = cluster_.node_group(a).intra_node;
-  link.network = cluster_.network;
+  const bool flat = topology_is_flat(cluster_);
+  link.network = flat || a.node == b.node ? cluster_.network : topology_hops(cluster_, {{a.id, b.id}}).front().nic;
   boundary_link_apply_profile(&link, options_.profile, cluster_.device_type(a).name);
   if (a.node == b.node) {
     link.path = P2pPath::P2pPath_intra_node;
     resources->assign({lane * kNumResources + kIntraTx, peer_lane * kNumResources + kIntraRx});
   } else {
-    // Every device of the stage on this node sends at the same time, sharing the node's network.
-    const int concurrent = busiest_node_count(cluster_, from.device_ids);
-    link.aggregate_network_bytes_per_second = link.network.bandwidth_bytes_per_second / concurrent;
+    // Every device of the stage on this node sends at the same time, sharing the node's network;
+    // on a tiered cluster the lanes also share the NICs on the way and any rack uplink or WAN.
+    const int concurrent = network_busiest_node_count(cluster_, from.device_ids);
+    if (!flat) {
+      const std::vector<int>& to_ids = plan_.stages[peer_lane].device_ids;
+      const BoundaryNetwork net = network_boundary(cluster_, from.device_ids, to_ids);
+      const double lanes = static_cast<double>(std::max(from.device_ids.size(), to_ids.size()));
+      link.aggregate_network_bytes_per_second =
+          std::min(link.network.bandwidth_bytes_per_second / concurrent, net.aggregate_bytes_per_second / lanes);
+    } else {
+      link.aggregate_network_bytes_per_second = link.network.bandwidth_bytes_per_second / concurrent;
+    }
     link.path = cluster_.device_type(a).vendor == cluster_.device_type(b).vendor ? P2pPath::P2pPath_network
                                                                                  : P2pPath::P2pPath_host_staged;
     link.host_link_from_bytes_per_second = cluster_.node_group(a).host_link_bytes_per_second;
@@ -138,14 +142,8 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
 
 double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const {
   const PlanStage& st = plan_.stages[lane];
-  std::vector<int> group;
-  for (int d = 0; d < st.dp; ++d) group.push_back(st.device_ids[static_cast<size_t>(d) * st.tp]);
-  GroupPlacement g;
-  g.ranks = st.dp;
-  g.nodes = distinct_nodes(cluster_, group);
-  g.concurrent_per_node = busiest_node_count(cluster_, st.device_ids);
-  g.intra_node = cluster_.node_group(cluster_.devices[lanes_[lane].device_id]).intra_node;
-  g.network = cluster_.network;
+  const GroupPlacement g = network_dp_group(cluster_, st.device_ids, st.tp, st.dp,
+                                            cluster_.node_group(cluster_.devices[lanes_[lane].device_id]).intra_node);
   const bool network = g.nodes > 1;
   resources->assign({lane * kNumResources + (network ? kNetTx : kIntraTx), lane * kNumResources + (network ? kNetRx : kIntraRx)});
   const CollectiveOp cop = op.kind == OpKind::OpKind_all_reduce       ? CollectiveOp::CollectiveOp_all_reduce
@@ -154,6 +152,9 @@ double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::
   const ProfiledCollective* measured =
       options_.profile ? options_.profile->find_collective(st.device_type, cop, g.ranks, network) : nullptr;
   if (measured) return measured->seconds(static_cast<double>(op.bytes));
+  if (runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)])
+          .collectives_flat_ring_only)
+    return collective_seconds_with(cop, static_cast<double>(op.bytes), g, CollectiveAlgorithm::CollectiveAlgorithm_ring);
   return collective_seconds(cop, static_cast<double>(op.bytes), g);
 }
 
@@ -187,9 +188,11 @@ void Simulator::build_lane(int lane) {
       case OpKind::OpKind_backward:
       case OpKind::OpKind_optimizer: {
         t.stream = SimStream::SimStream_compute;
-        t.duration_seconds = op.kind == OpKind::OpKind_forward    ? st.forward_seconds * share
-                             : op.kind == OpKind::OpKind_backward ? st.backward_seconds * share
-                                                                  : st.optimizer_seconds;
+        // The stage's times include its boundary sends, which run here as transfers of their own.
+        t.duration_seconds = op.kind == OpKind::OpKind_forward ? (st.forward_seconds - st.boundary_send_seconds) * share
+                             : op.kind == OpKind::OpKind_backward
+                                 ? (st.backward_seconds - st.boundary_send_seconds) * share
+                                 : st.optimizer_seconds + tied_table_seconds(lane);
         add_dep(id, last_compute);
         for (int in : pending_inputs) add_dep(id, in);
         pending_inputs.clear();

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include <fmt/format.h>
+
 #include "spec/error.hpp"
 #include "spec/field_reader.hpp"
 #include "spec/presets.hpp"
@@ -44,6 +46,23 @@ Link link_from_device(const DeviceType& type) {
   return link;
 }
 
+// A link below 1 Mb/s or slower to answer than 10 s is a typo in its unit, not a network.
+constexpr double kMinLinkBytesPerSecond = 1e6 / 8;
+constexpr double kMaxLinkLatencySeconds = 10;
+
+void link_check_bandwidth(const FieldReader& r, const std::string& key, double bytes_per_second) {
+  if (bytes_per_second <= 0) r.fail(key, "bandwidth must be positive", "write e.g. `" + key + ": 25GB/s`");
+  if (bytes_per_second < kMinLinkBytesPerSecond)
+    r.fail(key, "a link slower than 1 Mb/s (got " + units_format_bandwidth(bytes_per_second) + ")",
+           "check the unit: `100Mb/s` is megabits, `100MB/s` megabytes per second");
+}
+
+void link_check_latency(const FieldReader& r, const std::string& key, double latency_seconds) {
+  if (latency_seconds > kMaxLinkLatencySeconds)
+    r.fail(key, "a latency above 10 s (got " + units_format_seconds(latency_seconds) + ")",
+           "check the unit: write e.g. `latency: 5us` or `latency: 30ms`");
+}
+
 Link read_link(const FieldReader& r, const Link& fallback) {
   r.reject_unknown({"kind", "bandwidth", "latency"});
   Link link;
@@ -54,8 +73,91 @@ Link read_link(const FieldReader& r, const Link& fallback) {
                                        ? std::optional<double>(fallback.bandwidth_bytes_per_second)
                                        : std::nullopt);
   link.latency_seconds = r.get_seconds("latency", fallback.latency_seconds);
-  if (link.bandwidth_bytes_per_second <= 0) r.fail("bandwidth", "bandwidth must be positive", "write e.g. `bandwidth: 25GB/s`");
+  link_check_bandwidth(r, "bandwidth", link.bandwidth_bytes_per_second);
+  link_check_latency(r, "latency", link.latency_seconds);
   return link;
+}
+
+// Index of `name` among `items` (racks or sites), or a failure at `key` listing the names there are.
+template <typename Item>
+int hierarchy_index(const FieldReader& r, const std::string& key, const std::vector<Item>& items, const char* what) {
+  const std::string name = r.get_string(key);
+  std::string names;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].name == name) return static_cast<int>(i);
+    names += (names.empty() ? "" : ", ") + items[i].name;
+  }
+  if (items.empty())
+    r.fail(key, std::string("unknown ") + what + " '" + name + "': the cluster defines no " + what + "s",
+           std::string("add `") + what + "s:` with an entry named '" + name + "', or remove `" + key + "`");
+  r.fail(key, std::string("unknown ") + what + " '" + name + "'", std::string("name one of the ") + what + "s: " + names);
+}
+
+std::vector<Site> read_sites(const FieldReader& r) {
+  std::vector<Site> sites;
+  for (const FieldReader& item : r.list("sites")) {
+    item.reject_unknown({"name"});
+    Site site;
+    site.name = item.get_string("name");
+    for (const Site& other : sites)
+      if (other.name == site.name) item.fail("name", "two sites are named '" + site.name + "'", "give each site its own name");
+    sites.push_back(site);
+  }
+  return sites;
+}
+
+Rack read_rack(const FieldReader& r, const std::vector<Site>& sites) {
+  r.reject_unknown({"name", "site", "uplink", "oversubscription", "latency"});
+  Rack rack;
+  rack.name = r.get_string("name");
+  if (r.has("site")) rack.site = hierarchy_index(r, "site", sites, "site");
+  else if (!sites.empty())
+    r.fail("site", "rack '" + rack.name + "' names no site, but the cluster has sites", "add `site: " + sites.front().name + "` (or another site)");
+  if (r.has("uplink") && r.has("oversubscription"))
+    r.fail("oversubscription", "rack '" + rack.name + "' gives both `uplink` and `oversubscription`, which may disagree",
+           "keep one: `uplink: 400Gb/s` (the uplink itself) or `oversubscription: 2` (nodes' bandwidth : uplink)");
+  rack.uplink_bytes_per_second = r.get_bandwidth("uplink", 0.0);
+  if (r.has("uplink")) link_check_bandwidth(r, "uplink", rack.uplink_bytes_per_second);
+  rack.oversubscription = r.get_double("oversubscription", 1.0);
+  if (!(rack.oversubscription >= 1 && rack.oversubscription <= 1000))
+    r.fail("oversubscription", fmt::format("an oversubscription ratio must be in [1, 1000], got {:g}", rack.oversubscription),
+           "write e.g. `oversubscription: 2` for 2:1 (nodes can send twice what the uplink carries)");
+  rack.latency_seconds = r.get_seconds("latency", 0.0);
+  link_check_latency(r, "latency", rack.latency_seconds);
+  return rack;
+}
+
+std::vector<Rack> read_racks(const FieldReader& r, const std::vector<Site>& sites) {
+  std::vector<Rack> racks;
+  for (const FieldReader& item : r.list("racks")) {
+    racks.push_back(read_rack(item, sites));
+    for (size_t i = 0; i + 1 < racks.size(); ++i)
+      if (racks[i].name == racks.back().name)
+        item.fail("name", "two racks are named '" + racks.back().name + "'", "give each rack its own name");
+  }
+  return racks;
+}
+
+// The node group's rack and site: named, and consistent with the hierarchy around them.
+void read_group_place(const FieldReader& r, const ClusterSpec& cluster, NodeGroup* g) {
+  if (r.has("rack")) {
+    g->rack = hierarchy_index(r, "rack", cluster.racks, "rack");
+    g->site = cluster.racks[g->rack].site;
+  } else if (!cluster.racks.empty()) {
+    r.fail("rack", "node group '" + g->name + "' names no rack, but the cluster has racks",
+           "add `rack: " + cluster.racks.front().name + "` (or another rack)");
+  }
+  if (r.has("site")) {
+    const int site = hierarchy_index(r, "site", cluster.sites, "site");
+    if (g->rack >= 0 && site != g->site)
+      r.fail("site", "node group '" + g->name + "' names site '" + cluster.sites[site].name + "' but its rack '" +
+                         cluster.racks[g->rack].name + "' is in another",
+             "remove the group's `site` (it follows its rack) or move the rack");
+    g->site = site;
+  } else if (!cluster.sites.empty() && g->site < 0) {
+    r.fail("site", "node group '" + g->name + "' names no site, but the cluster has sites",
+           "add `site: " + cluster.sites.front().name + "` (or put it in a rack of a site)");
+  }
 }
 
 const DeviceType& lookup_type(const FieldReader& r, const std::string& key, const std::string& name,
@@ -123,7 +225,7 @@ int type_index_for(ClusterSpec* cluster, const DeviceType& type) {
 
 NodeGroup read_node_group(const FieldReader& r, ClusterSpec* cluster, const DeviceCatalog& catalog) {
   r.reject_unknown({"name", "count", "device", "devices_per_node", "host_memory", "host_link", "intra_node",
-                    "price_per_device_hour"});
+                    "price_per_device_hour", "network", "rack", "site"});
   NodeGroup g;
   std::string device_name = r.get_string("device");
   const DeviceType& type = lookup_type(r, "device", device_name, catalog);
@@ -150,6 +252,7 @@ NodeGroup read_node_group(const FieldReader& r, ClusterSpec* cluster, const Devi
   if (g.price_per_device_hour < 0) r.fail("price_per_device_hour", "price must not be negative", "remove it or give a price >= 0");
   if (g.host_memory_bytes <= 0) r.fail("host_memory", "host memory must be positive", "write e.g. `host_memory: 1TiB`");
   if (g.host_link_bytes_per_second <= 0) r.fail("host_link", "host link bandwidth must be positive", "write e.g. `host_link: 25GB/s`");
+  read_group_place(r, *cluster, &g);
   return g;
 }
 
@@ -173,10 +276,40 @@ void inline_type_add(const FieldReader& types, const std::string& name, std::map
   (*state)[name] = 2;
 }
 
+// What needs the cluster's default network: the node groups' own networks and the WAN; and
+// racks and sites that hold no node.
+void read_network_tiers(const FieldReader& r, ClusterSpec* cluster) {
+  const std::vector<FieldReader> items = r.list("nodes");
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].has("network")) cluster->node_groups[i].network = read_link(items[i].child("network"), cluster->network);
+  if (cluster->sites.size() >= 2 && !r.has("wan"))
+    r.fail("wan", "the cluster has " + std::to_string(cluster->sites.size()) + " sites but no `wan` joining them",
+           "add `wan: {kind: ethernet, bandwidth: 10Gb/s, latency: 20ms}` (per site, per direction)");
+  if (r.has("wan")) {
+    if (cluster->sites.size() < 2)
+      r.fail("wan", "a `wan` joins sites, and the cluster has fewer than two", "remove `wan`, or add `sites:` and name them in the node groups");
+    cluster->wan = read_link(r.child("wan"), Link{"ethernet", 0, 0});
+  }
+  for (size_t k = 0; k < cluster->racks.size(); ++k) {
+    const bool used = std::any_of(cluster->node_groups.begin(), cluster->node_groups.end(),
+                                  [&](const NodeGroup& g) { return g.rack == static_cast<int>(k); });
+    if (!used) r.list("racks")[k].fail("name", "rack '" + cluster->racks[k].name + "' holds no node group",
+                                       "name it in a node group's `rack:`, or remove it");
+  }
+  for (size_t k = 0; k < cluster->sites.size(); ++k) {
+    const bool used = std::any_of(cluster->node_groups.begin(), cluster->node_groups.end(),
+                                  [&](const NodeGroup& g) { return g.site == static_cast<int>(k); });
+    if (!used) r.list("sites")[k].fail("name", "site '" + cluster->sites[k].name + "' holds no node group",
+                                       "name it in a node group's or rack's `site:`, or remove it");
+  }
+}
+
 ClusterSpec cluster_read(const FieldReader& r, const DeviceCatalog& base_catalog) {
-  r.reject_unknown({"name", "description", "network", "device_types", "nodes"});
+  r.reject_unknown({"name", "description", "network", "device_types", "nodes", "racks", "sites", "wan"});
   ClusterSpec cluster;
   cluster.name = r.get_string("name", "");
+  if (r.has("sites")) cluster.sites = read_sites(r);
+  if (r.has("racks")) cluster.racks = read_racks(r, cluster.sites);
   DeviceCatalog catalog = base_catalog;
   if (r.has("device_types")) {
     FieldReader types = r.child("device_types");
@@ -199,6 +332,7 @@ ClusterSpec cluster_read(const FieldReader& r, const DeviceCatalog& base_catalog
   } else {
     cluster.network = shm;
   }
+  read_network_tiers(r, &cluster);
   return cluster;
 }
 

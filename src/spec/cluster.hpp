@@ -25,6 +25,25 @@ struct NodeGroup {
   double host_link_bytes_per_second = 0;     // host <-> device, per device, per direction
   Link intra_node;                           // fabric between the node's devices
   double price_per_device_hour = 0;          // 0 when not given
+  // Between this group's nodes and any other node: the NIC per node. Bandwidth 0: the cluster's
+  // `network` (src/spec/topology.hpp resolves it).
+  Link network;
+  int rack = -1;                             // into ClusterSpec::racks; -1 without racks
+  int site = -1;                             // into ClusterSpec::sites; -1 without sites
+};
+
+// Nodes behind one switch whose uplink to the spine may carry less than its nodes can send.
+struct Rack {
+  std::string name;
+  int site = -1;                             // into ClusterSpec::sites; -1 without sites
+  double uplink_bytes_per_second = 0;        // per direction; 0: set by oversubscription
+  double oversubscription = 1;               // nodes' NIC bandwidth : uplink (1: not oversubscribed)
+  double latency_seconds = 0;                // added to a path that leaves the rack (the spine)
+};
+
+// A place of its own; sites reach each other over ClusterSpec::wan.
+struct Site {
+  std::string name;
 };
 
 struct Device {
@@ -42,6 +61,9 @@ struct ClusterSpec {
   std::vector<DeviceType> device_types;  // only the types this cluster uses, resolved
   std::vector<NodeGroup> node_groups;
   Link network;                          // between nodes; bandwidth is per node
+  std::vector<Rack> racks;               // optional: empty, or every node group names one
+  std::vector<Site> sites;               // optional: empty, or every node group sits in one
+  Link wan;                              // between sites (each site's port, per direction)
   std::vector<Device> devices;           // expanded from node_groups
   int num_nodes = 0;
 

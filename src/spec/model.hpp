@@ -40,7 +40,8 @@ struct MixtureOfExperts {
   bool shared_expert_gate = false;            // Qwen2-MoE: a sigmoid gate (hidden x 1) scales the shared output
   int64_t first_dense_layers = 0;             // leading blocks with a dense MLP of ffn_hidden_size (DeepSeek)
   bool norm_topk_prob = true;                 // the top-k routing weights are renormalised to sum to 1
-  double router_aux_loss_coef = 0;            // weight of the load-balancing loss
+  double router_aux_loss_coef = 0;            // weight of the load-balancing loss (mean over MoE blocks)
+  bool aux_per_sequence = false;              // DeepSeek's seq_aux: balance statistics per sequence
 };
 
 struct ModelSpec {

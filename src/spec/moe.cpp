@@ -125,6 +125,9 @@ MixtureOfExperts moe_read_hf(const FieldReader& r, const std::string& type) {
     moe.expert_ffn_hidden_size = r.get_int("intermediate_size");
     moe.norm_topk_prob = true;  // Mixtral's softmax over the top-k logits is the renormalised top-k
     moe.router_aux_loss_coef = r.get_double("router_aux_loss_coef", 0.001);
+    if (r.get_double("router_jitter_noise", 0.0) != 0)
+      r.fail("router_jitter_noise", "router jitter (multiplicative noise on the router's input) is not implemented",
+             "set router_jitter_noise to 0 (Mixtral's published configs do)");
   } else if (type == "qwen2_moe") {
     moe.num_experts = r.get_int("num_experts");
     moe.expert_ffn_hidden_size = r.get_int("moe_intermediate_size");
@@ -141,7 +144,15 @@ MixtureOfExperts moe_read_hf(const FieldReader& r, const std::string& type) {
     moe.shared_expert_ffn_hidden_size = moe.expert_ffn_hidden_size;
     moe.first_dense_layers = r.get_int("first_k_dense_replace", 0);
     moe.norm_topk_prob = r.get_bool("norm_topk_prob", false);
-    moe.router_aux_loss_coef = r.get_double("aux_loss_alpha", 0.001);
+    // DeepSeek adds alpha x sum_e f_e P_e per MoE block with f_e scaled by experts / top-k, which
+    // is alpha / top-k times Alloy's per-block term; summed over the blocks, Alloy's mean over
+    // them takes alpha x blocks / top-k.
+    const double alpha = r.get_double("aux_loss_alpha", 0.001);
+    const int64_t moe_blocks = r.get_int("num_hidden_layers") - moe.first_dense_layers;
+    moe.router_aux_loss_coef = moe.experts_per_token > 0 ? alpha * static_cast<double>(moe_blocks) /
+                                                               static_cast<double>(moe.experts_per_token)
+                                                         : alpha;
+    moe.aux_per_sequence = r.get_bool("seq_aux", false);
   }
   // No experts would make the config silently dense.
   const char* experts_key = type == "mixtral"     ? "num_local_experts"
@@ -159,7 +170,7 @@ MixtureOfExperts moe_read_yaml(const FieldReader& model) {
   const FieldReader r = model.child("moe");
   r.reject_unknown({"experts", "experts_per_token", "expert_ffn_hidden_size", "shared_experts",
                     "shared_expert_ffn_hidden_size", "shared_expert_gate", "first_dense_layers", "norm_topk_prob",
-                    "router_aux_loss_coef"});
+                    "router_aux_loss_coef", "aux_per_sequence"});
   moe.num_experts = r.get_int("experts");
   moe.experts_per_token = r.get_int("experts_per_token");
   moe.expert_ffn_hidden_size = r.get_int("expert_ffn_hidden_size");
@@ -169,6 +180,7 @@ MixtureOfExperts moe_read_yaml(const FieldReader& model) {
   moe.first_dense_layers = r.get_int("first_dense_layers", 0);
   moe.norm_topk_prob = r.get_bool("norm_topk_prob", true);
   moe.router_aux_loss_coef = r.get_double("router_aux_loss_coef", 0.001);
+  moe.aux_per_sequence = r.get_bool("aux_per_sequence", false);
   // A section that names no experts would silently describe a dense model.
   if (moe.num_experts <= 0) r.fail("experts", "must be a positive whole number", "remove the moe section for a dense model");
   return moe;
@@ -179,10 +191,10 @@ std::string moe_yaml(const MixtureOfExperts& moe) {
   return fmt::format(
       "moe: {{experts: {}, experts_per_token: {}, expert_ffn_hidden_size: {}, shared_experts: {}, "
       "shared_expert_ffn_hidden_size: {}, shared_expert_gate: {}, first_dense_layers: {}, norm_topk_prob: {}, "
-      "router_aux_loss_coef: {}}}\n",
+      "router_aux_loss_coef: {}{}}}\n",
       moe.num_experts, moe.experts_per_token, moe.expert_ffn_hidden_size, moe.num_shared_experts,
       moe.shared_expert_ffn_hidden_size, moe.shared_expert_gate, moe.first_dense_layers, moe.norm_topk_prob,
-      moe.router_aux_loss_coef);
+      moe.router_aux_loss_coef, moe.aux_per_sequence ? ", aux_per_sequence: true" : "");
 }
 
 void moe_validate(const ModelSpec& m) {
@@ -205,6 +217,9 @@ void moe_validate(const ModelSpec& m) {
   require_count(m, F::MoeField_shared_experts, moe.num_shared_experts, 0, kMaxExperts);
   if (moe.num_shared_experts > 0)
     require_count(m, F::MoeField_shared_width, moe.shared_expert_ffn_hidden_size, 1, kMaxExpertWidth);
+  if (moe.shared_expert_gate && moe.num_shared_experts == 0)
+    throw Error("a shared-expert gate needs shared experts to scale", {m.source_path, "moe.shared_expert_gate"},
+                "set shared_experts to 1 or more, or shared_expert_gate to false");
   require_count(m, F::MoeField_first_dense_layers, moe.first_dense_layers, 0, kMaxExperts);
   if (moe.first_dense_layers >= m.num_layers) {
     throw Error(fmt::format("{} leading dense blocks leave none of the {} blocks MoE", moe.first_dense_layers,

@@ -107,6 +107,22 @@ TEST(Cli, BadClusterInputExitsTwoWithMessage) {
   }
 }
 
+// The topology tree with each level's bottleneck, and a bad rack refused with exit 2.
+TEST(Cli, CheckPrintsTheNetworkTopology) {
+  CommandResult r = alloy("check --cluster racks-two-sites");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"site east", "rack r2: uplink 1.6 Tb/s, 2:1 oversubscribed -> 400 Gb/s per node",
+                           "a100-west: 2 nodes x 8 a100-80gb-sxm", "wan between sites: ethernet 100 Gb/s per site"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  TempDir dir;
+  const std::string path = dir.write("c.yaml", "network: {kind: infiniband, bandwidth: 100Gb/s}\nracks: [{name: r1}]\n"
+                                               "nodes:\n  - {count: 2, device: a100-80gb-sxm, devices_per_node: 8, rack: r2}\n");
+  CommandResult bad = alloy("check --cluster " + path);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("nodes[0].rack"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("unknown rack 'r2'"), std::string::npos) << bad.output;
+}
+
 TEST(Cli, MissingFileAndUnknownPreset) {
   CommandResult missing = alloy("check --model /no/such/config.json");
   EXPECT_EQ(missing.exit_code, 2);

@@ -109,6 +109,29 @@ nodes:
   EXPECT_EQ(pacing.describe(), "0 <-> 1-2 at 25 GB/s, 5 us");
 }
 
+TEST(LinkPacing, EachPairIsPacedToThePathBetweenItsNodes) {
+  // Group "fast" on 100 MB/s NICs, group "slow" on 10 MB/s ones; sites joined by a 5 MB/s WAN.
+  const ClusterSpec cluster = cluster_load_text(R"(name: paths
+network: {kind: ethernet, bandwidth: 100MB/s, latency: 1ms}
+sites:
+  - {name: here}
+  - {name: there}
+wan: {kind: ethernet, bandwidth: 5MB/s, latency: 20ms}
+nodes:
+  - {name: fast, count: 2, device: cpu, devices_per_node: 1, host_memory: 8GiB, site: here}
+  - {name: slow, count: 1, device: cpu, devices_per_node: 1, host_memory: 8GiB, site: here,
+     network: {kind: ethernet, bandwidth: 10MB/s, latency: 2ms}}
+  - {name: far, count: 1, device: cpu, devices_per_node: 1, host_memory: 8GiB, site: there}
+)",
+                                                "paths.yaml", "", catalog_builtin());
+  const LinkPacing pacing = link_pacing_for_cluster(cluster, {0, 1, 2, 3});
+  EXPECT_DOUBLE_EQ(pacing.link(0, 1).bytes_per_second, 100e6);  // fast <-> fast
+  EXPECT_DOUBLE_EQ(pacing.link(0, 2).bytes_per_second, 10e6);   // the slower NIC
+  EXPECT_DOUBLE_EQ(pacing.link(2, 0).latency_seconds, 2e-3);
+  EXPECT_DOUBLE_EQ(pacing.link(1, 3).bytes_per_second, 5e6);    // the WAN
+  EXPECT_DOUBLE_EQ(pacing.link(1, 3).latency_seconds, 21e-3);   // NIC, then the WAN
+}
+
 // The survey's bandwidth (MB/s) of the line "  FROM  TO  RANKS  X MB/s ..."; -1 when absent.
 double survey_megabytes_per_second(const std::string& output, const std::string& ranks) {
   const size_t at = output.find(" " + ranks + " ");
@@ -135,11 +158,12 @@ TEST(LinkPacingMpi, EmulatedLinksMeasureAsTheClusterFileSays) {
     EXPECT_LT(measured, 20 * 1.1) << ranks << "\n" << paced.output;
   }
   // A ring all-reduce of 1 MiB over 4 ranks: 6 steps of 256 KiB at 20 MB/s plus 2 ms each, 90.6 ms.
-  const size_t at = paced.output.find("all_reduce of 1 MiB over the 4 ranks: ");
+  const std::string all_reduce_line = "all_reduce of 1 MiB over the 4 ranks (best of 3): ";
+  const size_t at = paced.output.find(all_reduce_line);
   ASSERT_NE(at, std::string::npos) << paced.output;
-  const double all_reduce_ms = std::atof(paced.output.c_str() + at + 38);
+  const double all_reduce_ms = std::atof(paced.output.c_str() + at + all_reduce_line.size());
   EXPECT_GT(all_reduce_ms, 90.6 * 0.95) << paced.output;
-  EXPECT_LT(all_reduce_ms, 90.6 * 1.5) << paced.output;
+  EXPECT_LT(all_reduce_ms, 90.6 * 2) << paced.output;  // a second hold would double it
 
   const CommandResult free = run_command(command, 120);
   ASSERT_EQ(free.exit_code, 0) << free.output;

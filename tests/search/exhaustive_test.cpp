@@ -12,6 +12,7 @@
 #include <set>
 
 #include "../support/specs.hpp"
+#include "cost/network_paths.hpp"
 #include "plan/runnable.hpp"
 #include "search/planner.hpp"
 #include "search/zero_settings.hpp"
@@ -147,10 +148,19 @@ class Exhaustive {
           fronts[i] = stage_front(stage_ids, *stage_group[i], i, p, m, sched, v, micro, split[i] * v);
           if (fronts[i].empty()) return;
         }
+        // A table tied between the first and last stage is summed between them every step.
+        const double tied = network_tied_table_seconds(
+            cost_.cluster(), cost_.model(), static_cast<int>(cost_.gradient_wire_bytes(0)), stage_ids.front(),
+            stage_group.front()->tp, stage_ids[p - 1], stage_group[p - 1]->tp);
         std::vector<double> t(p), u(p);
         std::function<void(int)> combine = [&](int i) {
           if (i == p) {
-            best = std::min(best, pipeline_step_seconds(t, u, m, v));
+            std::vector<double> with_tied = u;
+            if (p > 1) {
+              with_tied.front() += tied;
+              with_tied.back() += tied;
+            }
+            best = std::min(best, pipeline_step_seconds(t, with_tied, m, v));
             return;
           }
           for (const Point& pt : fronts[i]) {

@@ -6,6 +6,7 @@
 
 #include "../support/specs.hpp"
 #include "cost/cost_model.hpp"
+#include "cost/network_paths.hpp"
 #include "plan/schedule.hpp"
 #include "search/planner.hpp"
 #include "sim/simulate.hpp"
@@ -49,6 +50,33 @@ TEST(PlannerAgreement, PlannerPlansCheckAndPeakWhereTheCostModelSays) {
     }
     EXPECT_NO_THROW(sim_check_memory(r, p.plan));
   }
+}
+
+// Two one-node stages joined by a slow network, a GPT whose head is tied to its embedding: the
+// boundary sends and the tied table's sum between the stages dominate the step. The stage times
+// include the sends the simulator runs as transfers of their own, and both price the table's sum
+// before the optimizer step, so simulation and cost model agree.
+TEST(PlannerAgreement, ASlowPipelineBoundaryIsCountedOnceAndTheTiedTableSumIsPriced) {
+  const ModelSpec model = testing::gpt2("tied-gpt", 4, 512, 8, 2048, 1024);
+  const ClusterSpec cluster = testing::cluster("slow-pair", {testing::a100_80()}, {{0, 2, 1}}, 50e6, 1e-3);
+  CostModel cost(model, cluster, testing::train(512, 8));
+  SearchOptions options;
+  options.pp = 2;
+  options.num_micro_batches = 4;
+  const Plan plan = plan_search(cost, options).plan;
+  ASSERT_EQ(plan.stages.size(), 2u);
+  // The table's gradient (V x C fp32) summed by a ring of the two stages' devices: two steps of
+  // half of it over 50 MB/s, plus 1 ms each.
+  const double table_bytes = 2048.0 * 512 * 4;  // vocabulary 2048, width 512
+  const double tied = 2 * (table_bytes / 2 / 50e6 + 1e-3);
+  EXPECT_NEAR(network_tied_table_seconds(cluster, model, 4, plan.stages[0].device_ids, 1, plan.stages[1].device_ids, 1),
+              tied, 1e-9);
+  EXPECT_GE(plan.stages[0].gradient_sync_seconds, tied * 0.999);
+  EXPECT_GT(plan.stages[0].boundary_send_seconds, 0.0);
+  const SimResult r = simulate(plan, model, cluster);
+  std::printf("slow boundary: simulated %.5f s, cost model %.5f s, difference %+.2f%%\n", r.step_seconds,
+              plan.step_seconds, 100.0 * (r.step_seconds / plan.step_seconds - 1));
+  EXPECT_NEAR(r.step_seconds / plan.step_seconds, 1.0, 0.05);
 }
 
 TEST(PlannerAgreement, RefusesPlansForAnotherModelAndPlansOverMemory) {

@@ -266,6 +266,30 @@ TEST(MoeSpecErrors, AlloyYamlSection) {
                    "leave none of the 2 blocks MoE");
   expect_moe_error("m.yaml", kTinyMoeYaml + std::string("  router_aux_loss_coef: -1\n"), "moe.router_aux_loss_coef",
                    "zero or a positive number");
+  // A gate with nothing to scale would be counted but never built.
+  expect_moe_error("m.yaml", kTinyMoeYaml + std::string("  shared_expert_gate: true\n"), "moe.shared_expert_gate",
+                   "needs shared experts");
+}
+
+TEST(MoeSpecErrors, RouterNoiseIsRefused) {
+  const std::string mixtral = R"({
+  "model_type": "mixtral", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+  "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 128,
+  "vocab_size": 1000, "num_local_experts": 4, "num_experts_per_tok": 2, "router_jitter_noise": 0.1
+})";
+  expect_moe_error("mixtral.json", mixtral, "router_jitter_noise", "not implemented");
+}
+
+// DeepSeek weighs every MoE block's term by aux_loss_alpha with expert fractions scaled by
+// experts / top-k: in Alloy's mean over blocks that is alpha x MoE blocks / top-k.
+TEST(MoeSpec, DeepseekAuxLossAlphaBecomesTheWeightOfTheMeanOverBlocks) {
+  TempDir dir;
+  const std::string config = moe_edited(kSmallDeepseekMoe, "\"scoring_func\": \"softmax\"",
+                                        "\"scoring_func\": \"softmax\", \"aux_loss_alpha\": 0.003, \"seq_aux\": true");
+  const ModelSpec m = model_load_file(dir.write("deepseek.json", config));
+  EXPECT_DOUBLE_EQ(m.moe.router_aux_loss_coef, 0.003 * 2 / 3);  // 3 layers, 1 dense, top-3
+  EXPECT_TRUE(m.moe.aux_per_sequence);
+  EXPECT_NEAR(model_load("deepseek-moe-16b").moe.router_aux_loss_coef, 0.001 * 27 / 6, 1e-15);
 }
 
 }  // namespace

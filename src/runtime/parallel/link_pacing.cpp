@@ -11,6 +11,7 @@
 
 #include "runtime/parallel/communicator.hpp"
 #include "spec/cluster.hpp"
+#include "spec/topology.hpp"
 #include "spec/error.hpp"
 #include "spec/units.hpp"
 
@@ -155,10 +156,15 @@ LinkPacing link_pacing_for_cluster(const ClusterSpec& cluster, const std::vector
   std::vector<std::vector<PacedLink>> links(n, std::vector<PacedLink>(n));
   for (size_t a = 0; a < n; ++a)
     for (size_t b = 0; b < n; ++b) {
-      const Device& from = cluster.devices.at(static_cast<size_t>(device_of_rank[a]));
-      const Device& to = cluster.devices.at(static_cast<size_t>(device_of_rank[b]));
-      if (from.node == to.node) continue;
-      links[a][b] = {cluster.network.bandwidth_bytes_per_second, cluster.network.latency_seconds};
+      const int from = device_of_rank[a];
+      const int to = device_of_rank[b];
+      if (cluster.devices.at(static_cast<size_t>(from)).node == cluster.devices.at(static_cast<size_t>(to)).node)
+        continue;
+      // The path alone: the slower NIC of the two ends, no more than a rack uplink or the WAN
+      // gives one stream, and the latency of every link on the way.
+      const HopLinks path = topology_hops(cluster, {{from, to}}).front();
+      links[a][b] = {std::min(path.nic.bandwidth_bytes_per_second, path.shared_bytes_per_second),
+                     path.nic.latency_seconds};
     }
   return LinkPacing(std::move(links));
 }

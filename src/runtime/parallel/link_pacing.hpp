@@ -66,8 +66,10 @@ class LinkPacing {
 };
 
 // The links a cluster file gives between the devices of `device_of_rank` (world rank -> device
-// id): ranks on different nodes are paced to the network between them, ranks on one node are not
-// (the host's own transfers stand for the node's fabric). Every pair of ranks gets the link's
+// id): ranks on different nodes are paced to the path between them (spec/topology.hpp: the slower
+// of the two node groups' networks, capped by a rack uplink or the WAN it crosses, with the
+// latency of the whole path); ranks on one node are not (the host's own transfers stand for the
+// node's fabric). Every pair of ranks gets the link's
 // whole bandwidth: emulate one device per node where ranks of a node would share its network.
 LinkPacing link_pacing_for_cluster(const ClusterSpec& cluster, const std::vector<int>& device_of_rank);
 

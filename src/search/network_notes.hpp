@@ -1,0 +1,16 @@
+// The plan's note on a cluster with more than one network: the slowest link the layout crosses
+// and what it puts across it (pipeline boundaries, data-parallel reductions).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "plan/plan.hpp"
+#include "spec/cluster.hpp"
+
+namespace alloy {
+
+// Empty on a flat cluster (one network), else one line.
+std::vector<std::string> network_notes(const Plan& plan, const ClusterSpec& cluster);
+
+}  // namespace alloy

@@ -1,0 +1,82 @@
+// The network of a cluster as the links between its devices: the intra-node fabric, each node
+// group's NIC, rack uplinks (oversubscribed or not) and the WAN between sites. Answers from the
+// cluster spec alone which links a transfer or a ring crosses; the cost model prices them.
+#pragma once
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "spec/cluster.hpp"
+
+namespace alloy {
+
+inline constexpr double kUnlimitedBytesPerSecond = std::numeric_limits<double>::infinity();
+
+// The highest link a path between two devices crosses.
+enum class TopologyLevel {
+  TopologyLevel_node,     // the same node: the intra-node fabric
+  TopologyLevel_network,  // two nodes of one rack (or of a cluster without racks): their NICs
+  TopologyLevel_rack,     // two racks of one site: their NICs and both racks' uplinks
+  TopologyLevel_site,     // two sites: all of that and the WAN
+};
+const char* topology_level_name(TopologyLevel level);
+
+// True when every node reaches every other over the cluster's one `network`: no node group has a
+// network of its own that differs, and there are no racks or sites. Such a cluster prices as it
+// always has.
+bool topology_is_flat(const ClusterSpec& cluster);
+
+// The NIC of a group's nodes: the group's own `network`, else the cluster's.
+Link topology_group_network(const ClusterSpec& cluster, int node_group);
+int topology_rack_nodes(const ClusterSpec& cluster, int rack);
+// A rack's uplink per direction: as given, or its nodes' NIC bandwidth over the oversubscription
+// ratio; kUnlimitedBytesPerSecond for a rack that is neither.
+double topology_rack_uplink_bytes_per_second(const ClusterSpec& cluster, int rack);
+// What one node of the rack gets when all of them send out of the rack at once.
+double topology_rack_per_node_bytes_per_second(const ClusterSpec& cluster, int rack);
+
+TopologyLevel topology_level_between(const ClusterSpec& cluster, int device_a, int device_b);
+
+// A transfer from one device to another, alone or among others running at the same time.
+struct TopologyHop {
+  int from_device = 0;
+  int to_device = 0;
+};
+
+// The links one hop crosses and its share of them.
+struct HopLinks {
+  TopologyLevel level = TopologyLevel::TopologyLevel_node;
+  Link nic;                      // between nodes: the slower NIC of the two ends (bandwidth per
+                                 // node, not divided), latency of the whole path; else empty
+  double shared_bytes_per_second = kUnlimitedBytesPerSecond;  // the hop's share of the narrowest
+                                 // rack uplink or WAN port it crosses (divided among the hops
+                                 // crossing it at once)
+  std::string shared_name;       // that link for people: "rack r1 uplink", "wan"
+  int shared_hops = 0;           // hops crossing that link in the same direction at once
+};
+
+// Every hop's links when all of `hops` run at once.
+std::vector<HopLinks> topology_hops(const ClusterSpec& cluster, const std::vector<TopologyHop>& hops);
+
+// The slowest of a set of concurrent rings: each ring lists its devices in ring order.
+struct RingLinks {
+  TopologyLevel level = TopologyLevel::TopologyLevel_node;  // the highest any hop crosses
+  Link nic;                      // the slowest NIC a hop between nodes crosses; latency: the
+                                 // longest such hop's; empty when no hop leaves a node
+  double shared_bytes_per_second = kUnlimitedBytesPerSecond;  // the narrowest share a hop gets
+  std::string shared_name;
+  int rings_on_shared = 0;       // hops crossing that shared link in one direction at once
+};
+RingLinks topology_rings(const ClusterSpec& cluster, const std::vector<std::vector<int>>& rings);
+
+// Which domain of the level just below `level` a device sits in: its site for
+// TopologyLevel_site, its rack for TopologyLevel_rack, its node group for TopologyLevel_network
+// (nodes behind different NICs), its node for TopologyLevel_node.
+int topology_domain(const ClusterSpec& cluster, int device, TopologyLevel level);
+
+// The tree `alloy check` prints: sites > racks > node groups > nodes x devices, with each
+// level's bottleneck.
+std::string topology_describe(const ClusterSpec& cluster);
+
+}  // namespace alloy

@@ -13,6 +13,7 @@
 
 #include <fmt/core.h>
 
+#include "cli/comm_check_all_to_all.hpp"
 #include "cli/commands.hpp"
 #include "cli/comm_check_links.hpp"
 #include "hw/catalog.hpp"
@@ -288,6 +289,7 @@ void group_checks_run(Communicator& comm, CheckTable& table, const CheckGroup& g
   check_run(table, g, "all_gather uneven", rank, [&] { return all_gather_check(comm, group); });
   check_run(table, g, "broadcast", rank, [&] { return broadcast_check(comm, group); });
   check_run(table, g, "all_gather_bytes", rank, [&] { return all_gather_bytes_check(comm, group); });
+  check_run(table, g, "all_to_all uneven", rank, [&] { return comm_check_all_to_all(comm, group); });
   check_run(table, g, "ring send/recv", rank, [&] { return ring_check(comm, group, tag); });
   check_run(table, g, "two all_reduce in flight", rank, [&] { return two_in_flight_check(comm, group); });
 }

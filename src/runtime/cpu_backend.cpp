@@ -49,7 +49,14 @@ class CpuBackend final : public StageBackend {
   const void* pass_forward(StagePass& pass) override {
     ChunkPass& chunk = cpu_pass(pass).chunk;
     const float* output = chunk_forward(model_, chunk);
-    if (chunk.heads) loss_sum_ += static_cast<double>(chunk.loss) * (static_cast<double>(chunk.B) * chunk.T);
+    // The head's chunk holds the loss (with its own MoE blocks' load-balancing loss); a pipeline
+    // chunk without it adds its MoE blocks' weighted load-balancing loss for every token.
+    const double tokens = static_cast<double>(chunk.B) * chunk.T;
+    if (chunk.heads) {
+      loss_sum_ += static_cast<double>(chunk.loss) * tokens;
+    } else if (model_is_moe(model_.spec)) {
+      loss_sum_ += model_.spec.moe.router_aux_loss_coef * static_cast<double>(chunk.aux_loss) * tokens;
+    }
     return output;
   }
   void* pass_output_gradient(StagePass& pass) override { return chunk_output_gradient(model_, cpu_pass(pass).chunk); }

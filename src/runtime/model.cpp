@@ -24,11 +24,6 @@ void model_check_spec(const ModelSpec& spec, const ModelShard& shard) {
                             spec.name, spec.num_kv_heads, spec.num_heads),
                 {spec.source_path, "num_key_value_heads"}, "fix the model config");
   }
-  if (model_is_moe(spec) && shard.tp > 1) {
-    throw Error(fmt::format("model '{}' ({}): tensor parallelism (tp {}) of Mixture-of-Experts blocks is not supported",
-                            spec.name, moe_summary(spec.moe), shard.tp),
-                {spec.source_path, "tp"}, "train MoE models with tp 1");
-  }
   if (model_is_moe(spec) && spec.moe.aux_per_sequence && spec.moe.router_aux_loss_coef > 0) {
     throw Error(fmt::format("model '{}': a load-balancing loss over each sequence's routing (seq_aux) is not "
                             "implemented; Alloy balances over each micro-batch's tokens",

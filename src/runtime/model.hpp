@@ -88,6 +88,13 @@ struct BlockActivations {
   float* shared_act = nullptr;      // (N, Fs)
   float* shared_out = nullptr;      // (N, C) before the shared-expert gate, when gated
   float* shared_gate = nullptr;     // (N) sigmoid gate, when gated
+  // With an MoeExchange (Model::moe_exchange): the load-balancing loss's sums over every
+  // replica's tokens, (2 E + 1) doubles in float-sized buffers (moe_aux_sums); under expert
+  // parallelism, the rows each member routes to each expert, (G x E) int64, and this member's
+  // experts' R received rows, expert after expert (moe_up, moe_act then hold R rows).
+  float* moe_aux_sums = nullptr;
+  float* moe_ep_counts = nullptr;
+  float* moe_ep_in = nullptr;       // (R, C)
 };
 
 struct HeadActivations {
@@ -108,6 +115,22 @@ class TensorParallelOps {
   // data: (tp * piece) floats; rank t's piece at [t * piece, (t + 1) * piece).
   virtual void all_gather(float* data, int64_t piece) = 0;      // every piece to every rank
   virtual void reduce_scatter(float* data, int64_t piece) = 0;  // piece t summed over ranks, on rank t
+};
+
+// Collectives of the MoE blocks across data-parallel replicas (blocking): the load-balancing
+// loss's sums over the tokens of every replica's share of the micro-batch, and expert
+// parallelism's exchange of token rows within the expert-parallel group (model.shard's members).
+class MoeExchange {
+ public:
+  virtual ~MoeExchange() = default;
+  // data: (count) summed in place over the stage's data-parallel replicas.
+  virtual void replicas_sum(double* data, int64_t count) = 0;
+  // mine: (count) -> all: (members x count), every expert-parallel member's record in order.
+  virtual void members_gather(const int64_t* mine, int64_t* all, int64_t count) = 0;
+  // send: send_rows[j] rows of `width` floats for member j, member after member -> recv:
+  // recv_rows[j] rows from member j the same way.
+  virtual void members_exchange(const float* send, const std::vector<int64_t>& send_rows, float* recv,
+                                const std::vector<int64_t>& recv_rows, int64_t width) = 0;
 };
 
 // Where the passes get weights that are not resident (ZeRO 3): acquire makes the weights of a
@@ -229,6 +252,7 @@ struct Model {
   ModelTensors gradients;   // the same views into grads
   std::vector<Recompute> recompute;  // one per global block, Recompute_none by default
   TensorParallelOps* tp_ops = nullptr;  // set when shard.tp > 1
+  MoeExchange* moe_exchange = nullptr;  // set for MoE models with data or expert parallelism
   ParameterSource* parameter_source = nullptr;  // set when the weights are gathered for each use
   ActivationStore* activation_store = nullptr;  // set when saved activations may leave the device
   GradientSink* gradient_sink = nullptr;        // set when gradients are held a part at a time

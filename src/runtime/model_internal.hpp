@@ -148,6 +148,35 @@ void moe_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivat
 // Blocks of the model that are MoE blocks.
 int64_t moe_block_count(const ModelSpec& spec);
 
+// An MoE block's sizes for N token rows: E experts, K picks, Fe an expert's width, Fs the shared
+// experts' widths together.
+struct MoeDims {
+  int N, C, E, K, Fe, Fs;
+  int NK;
+  bool gated;      // a sigmoid gate on the shared experts' output
+  bool normalize;  // routing weights renormalised over the picks
+};
+MoeDims moe_dims(const Model& model, const Dims& d);
+
+// Experts [first, first + count) of block `layer` on x: (rows, C) grouped by expert, expert
+// first + j on rows [offsets[j], offsets[j + 1]) -> up: (rows, 2 Fe), act: (rows, Fe), out: (rows, C).
+void moe_experts_run_forward(const MoeDims& m, const BlockTensors& w, const float* x, const int64_t* offsets, int first,
+                             int count, float* up, float* act, float* out);
+// dout: (rows, C) -> dx: (rows, C) += d(x), and the experts' weight gradients, the last expert
+// first with down before gate_up (the reverse of the flat order). capacity_rows (>= rows): the
+// size of its scratch buffers.
+void moe_experts_run_backward(Model& model, const MoeDims& m, int layer, const float* x, const float* up,
+                              const float* act, const float* dout, const int64_t* offsets, int first, int count,
+                              float* dx, int64_t capacity_rows);
+
+// Expert parallelism (model_moe_ep.cpp), for a shard whose experts are split: xp: (N K, C) the
+// block's permuted rows (a.moe_offsets) -> a.moe_out: (N K, C) their experts' outputs, computed by
+// the experts' members; keeps a.moe_ep_counts, a.moe_ep_in, a.moe_up and a.moe_act.
+void moe_ep_forward(Model& model, const MoeDims& m, int layer, BlockActivations& a, const float* xp);
+// dyp: (N K, C) d(a.moe_out) -> dxp: (N K, C) += d(xp), and this member's experts' weight gradients
+// from every member's rows.
+void moe_ep_backward(Model& model, const MoeDims& m, int layer, const BlockActivations& a, const float* dyp, float* dxp);
+
 // pass.inputs -> pass.input (B, T, C): token (and position) embedding, vocabulary-parallel.
 void embedding_pass_forward(Model& model, ChunkPass& pass, const Dims& d);
 // pass.gradient (B, T, C) -> embedding gradients.

@@ -3,6 +3,7 @@
 // Qwen2-MoE's sigmoid gate) and the load-balancing loss. The backward writes the weight
 // gradients in the reverse of the flat order (shared gate, shared down and gate_up, experts
 // last to first with down before gate_up, router), as the gradient sink expects.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -15,45 +16,13 @@ namespace alloy {
 
 namespace {
 
-struct MoeDims {
-  int N, C, E, K, Fe, Fs;
-  int NK;
-  bool gated;      // a sigmoid gate on the shared experts' output
-  bool normalize;  // routing weights renormalised over the picks
-};
-
-MoeDims moe_dims(const Model& model, const Dims& d) {
-  const MixtureOfExperts& moe = model.spec.moe;
-  MoeDims m{};
-  m.N = d.N;
-  m.C = d.C;
-  m.E = static_cast<int>(moe.num_experts);
-  m.K = static_cast<int>(moe.experts_per_token);
-  m.Fe = static_cast<int>(moe.expert_ffn_hidden_size);
-  m.Fs = static_cast<int>(moe.num_shared_experts * moe.shared_expert_ffn_hidden_size);
-  m.NK = m.N * m.K;
-  m.gated = m.Fs > 0 && moe.shared_expert_gate;
-  m.normalize = moe.norm_topk_prob;
-  return m;
-}
-
 // Expert ids, slots and offsets are int32, kept in the arena's float-sized buffers.
 int32_t* moe_ints(float* buffer) { return reinterpret_cast<int32_t*>(buffer); }
 
-// xp: (N K, C) permuted rows -> a.moe_up, a.moe_act, a.moe_out, one expert's rows at a time.
-void moe_experts_forward(const MoeDims& m, const BlockTensors& w, BlockActivations& a,
-                         const float* xp) {
+// Offsets (E + 1) of the permutation as int64, for the expert loops.
+std::vector<int64_t> moe_offsets64(const BlockActivations& a, int E) {
   const int32_t* offsets = moe_ints(a.moe_offsets);
-  for (int e = 0; e < m.E; e++) {
-    const int64_t r0 = offsets[e];
-    const int rows = offsets[e + 1] - offsets[e];
-    if (rows == 0) continue;
-    float* up = a.moe_up + r0 * 2 * m.Fe;
-    float* act = a.moe_act + r0 * m.Fe;
-    matmul_forward(up, xp + r0 * m.C, w.expert_gate_up_w[static_cast<size_t>(e)], nullptr, rows, m.C, 2 * m.Fe);
-    swiglu_forward(act, up, rows, m.Fe);
-    matmul_forward(a.moe_out + r0 * m.C, act, w.expert_down_w[static_cast<size_t>(e)], nullptr, rows, m.Fe, m.C);
-  }
+  return std::vector<int64_t>(offsets, offsets + E + 1);
 }
 
 // a.ln2 -> a.shared_up, a.shared_act, and a.shared_out and a.shared_gate when gated (an ungated
@@ -66,17 +35,35 @@ void moe_shared_forward(const MoeDims& m, const BlockTensors& w, BlockActivation
   moe_gate_forward(a.shared_gate, a.ln2, w.shared_gate_w, m.N, m.C);
 }
 
-// a.out = a.residual1 + shared experts + the weighted combine of the routed experts.
-void moe_output_forward(const MoeDims& m, const BlockTensors& w, BlockActivations& a) {
+// out: (N, C) = residual (N, C; nullptr: none) + shared experts + the weighted combine of the
+// routed experts.
+void moe_output_rows(const MoeDims& m, const BlockTensors& w, const BlockActivations& a, float* out,
+                     const float* residual) {
   const int64_t NC = int64_t{m.N} * m.C;
   if (m.Fs > 0 && !m.gated) {
-    matmul_forward(a.out, a.shared_act, w.shared_down_w, nullptr, m.N, m.Fs, m.C);
-    residual_forward(a.out, a.out, a.residual1, NC);
+    matmul_forward(out, a.shared_act, w.shared_down_w, nullptr, m.N, m.Fs, m.C);
+    if (residual != nullptr) residual_forward(out, out, residual, NC);
+  } else if (residual != nullptr) {
+    std::memcpy(out, residual, static_cast<size_t>(NC) * sizeof(float));
   } else {
-    std::memcpy(a.out, a.residual1, static_cast<size_t>(NC) * sizeof(float));
+    std::memset(out, 0, static_cast<size_t>(NC) * sizeof(float));
   }
-  if (m.gated) moe_gated_add_forward(a.out, a.shared_out, a.shared_gate, m.N, m.C);
-  moe_combine_forward(a.out, a.moe_out, a.moe_weights, moe_ints(a.moe_slots), m.N, m.K, m.C);
+  if (m.gated) moe_gated_add_forward(out, a.shared_out, a.shared_gate, m.N, m.C);
+  moe_combine_forward(out, a.moe_out, a.moe_weights, moe_ints(a.moe_slots), m.N, m.K, m.C);
+}
+
+// a.out: (Nn, C) = a.residual1 + the MoE MLP's output on this rank's rows. Under sequence
+// parallelism every tensor-parallel rank ran the whole MLP on all N rows and keeps its Nn.
+void moe_output_forward(const Model& model, const Dims& d, const MoeDims& m, const BlockTensors& w,
+                        BlockActivations& a) {
+  if (!d.sp) {
+    moe_output_rows(m, w, a, a.out, a.residual1);
+    return;
+  }
+  float* full = take(model, int64_t{m.N} * m.C, "moe output, all rows");
+  moe_output_rows(m, w, a, full, nullptr);
+  residual_forward(a.out, full + d.row_offset(), a.residual1, int64_t{d.Nn} * d.C);
+  give(model, full);
 }
 
 // dout: (N, C) -> dln += the shared experts' input gradient, and their weight gradients.
@@ -104,36 +91,85 @@ void moe_shared_backward(Model& model, const MoeDims& m, int layer, const BlockA
 }
 
 // dyp: (N K, C) d(experts' outputs) -> dln += the routed experts' input gradient (through the
-// permutation), and their weight gradients, the last expert first.
+// permutation), and their weight gradients: on this rank, or by the experts' members.
 void moe_experts_backward(Model& model, const MoeDims& m, int layer, const BlockActivations& a, const float* dyp,
                           float* dln) {
-  const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
-  const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
-  const int32_t* offsets = moe_ints(a.moe_offsets);
   const int32_t* slots = moe_ints(a.moe_slots);
-  float* xp = take(model, int64_t{m.NK} * m.C, "moe gathered input");
-  moe_gather(xp, a.ln2, slots, m.NK, m.K, m.C);
   float* dxp = take_zeroed(model, int64_t{m.NK} * m.C, "d moe gathered input");
-  float* dact = take_zeroed(model, int64_t{m.NK} * m.Fe, "d moe.act");
-  float* dup = take_zeroed(model, int64_t{m.NK} * 2 * m.Fe, "d moe.up");
-  for (int e = m.E - 1; e >= 0; e--) {
-    const int64_t r0 = offsets[e];
-    const int rows = offsets[e + 1] - offsets[e];
-    const size_t k = static_cast<size_t>(e);
-    linear_backward(model, dact + r0 * m.Fe, &g.expert_down_w[k], nullptr, dyp + r0 * m.C, a.moe_act + r0 * m.Fe,
-                    w.expert_down_w[k], rows, m.Fe, m.C);
-    if (rows > 0) swiglu_backward(dup + r0 * 2 * m.Fe, a.moe_up + r0 * 2 * m.Fe, dact + r0 * m.Fe, rows, m.Fe);
-    linear_backward(model, dxp + r0 * m.C, &g.expert_gate_up_w[k], nullptr, dup + r0 * 2 * m.Fe, xp + r0 * m.C,
-                    w.expert_gate_up_w[k], rows, m.C, 2 * m.Fe);
+  if (model.shard.experts_split()) {
+    moe_ep_backward(model, m, layer, a, dyp, dxp);
+  } else {
+    float* xp = take(model, int64_t{m.NK} * m.C, "moe gathered input");
+    moe_gather(xp, a.ln2, slots, m.NK, m.K, m.C);
+    const std::vector<int64_t> offsets = moe_offsets64(a, m.E);
+    moe_experts_run_backward(model, m, layer, xp, a.moe_up, a.moe_act, dyp, offsets.data(), 0, m.E, dxp, m.NK);
+    give(model, xp);
   }
   moe_scatter_add(dln, dxp, slots, m.NK, m.K, m.C);
-  give(model, dup);
-  give(model, dact);
   give(model, dxp);
-  give(model, xp);
+}
+
+// The load-balancing loss's sums over every replica's tokens into a.moe_aux_sums: (2 E) picks and
+// probability sums, then the tokens counted.
+void moe_aux_sums_gather(Model& model, const MoeDims& m, BlockActivations& a) {
+  a.moe_aux_sums = take(model, 2 * (2 * int64_t{m.E} + 1), "moe.aux sums");
+  double* sums = reinterpret_cast<double*>(a.moe_aux_sums);
+  std::fill(sums, sums + 2 * m.E + 1, 0.0);
+  moe_aux_sums_add(sums, a.moe_probs, moe_ints(a.moe_offsets), m.N, m.E);
+  sums[2 * m.E] = m.N;
+  model.moe_exchange->replicas_sum(sums, 2 * int64_t{m.E} + 1);
 }
 
 }  // namespace
+
+MoeDims moe_dims(const Model& model, const Dims& d) {
+  const MixtureOfExperts& moe = model.spec.moe;
+  MoeDims m{};
+  m.N = d.N;
+  m.C = d.C;
+  m.E = static_cast<int>(moe.num_experts);
+  m.K = static_cast<int>(moe.experts_per_token);
+  m.Fe = static_cast<int>(moe.expert_ffn_hidden_size);
+  m.Fs = static_cast<int>(moe.num_shared_experts * moe.shared_expert_ffn_hidden_size);
+  m.NK = m.N * m.K;
+  m.gated = m.Fs > 0 && moe.shared_expert_gate;
+  m.normalize = moe.norm_topk_prob;
+  return m;
+}
+
+void moe_experts_run_forward(const MoeDims& m, const BlockTensors& w, const float* x, const int64_t* offsets, int first,
+                             int count, float* up, float* act, float* out) {
+  for (int j = 0; j < count; j++) {
+    const int64_t r0 = offsets[j];
+    const int rows = static_cast<int>(offsets[j + 1] - offsets[j]);
+    if (rows == 0) continue;
+    const size_t e = static_cast<size_t>(first + j);
+    matmul_forward(up + r0 * 2 * m.Fe, x + r0 * m.C, w.expert_gate_up_w[e], nullptr, rows, m.C, 2 * m.Fe);
+    swiglu_forward(act + r0 * m.Fe, up + r0 * 2 * m.Fe, rows, m.Fe);
+    matmul_forward(out + r0 * m.C, act + r0 * m.Fe, w.expert_down_w[e], nullptr, rows, m.Fe, m.C);
+  }
+}
+
+void moe_experts_run_backward(Model& model, const MoeDims& m, int layer, const float* x, const float* up,
+                              const float* act, const float* dout, const int64_t* offsets, int first, int count,
+                              float* dx, int64_t capacity_rows) {
+  const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
+  const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
+  float* dact = take_zeroed(model, capacity_rows * m.Fe, "d moe.act");
+  float* dup = take_zeroed(model, capacity_rows * 2 * m.Fe, "d moe.up");
+  for (int j = count - 1; j >= 0; j--) {
+    const int64_t r0 = offsets[j];
+    const int rows = static_cast<int>(offsets[j + 1] - offsets[j]);
+    const size_t e = static_cast<size_t>(first + j);
+    linear_backward(model, dact + r0 * m.Fe, &g.expert_down_w[e], nullptr, dout + r0 * m.C, act + r0 * m.Fe,
+                    w.expert_down_w[e], rows, m.Fe, m.C);
+    if (rows > 0) swiglu_backward(dup + r0 * 2 * m.Fe, up + r0 * 2 * m.Fe, dact + r0 * m.Fe, rows, m.Fe);
+    linear_backward(model, dx + r0 * m.C, &g.expert_gate_up_w[e], nullptr, dup + r0 * 2 * m.Fe, x + r0 * m.C,
+                    w.expert_gate_up_w[e], rows, m.C, 2 * m.Fe);
+  }
+  give(model, dup);
+  give(model, dact);
+}
 
 int64_t moe_block_count(const ModelSpec& spec) {
   return model_is_moe(spec) ? spec.num_layers - spec.moe.first_dense_layers : 0;
@@ -146,8 +182,10 @@ void moe_allocate(const Model& model, const Dims& d, BlockActivations& a) {
   a.moe_weights = take(model, m.NK, "moe.weights");
   a.moe_slots = take(model, m.NK, "moe.slots");
   a.moe_offsets = take(model, m.E + 1, "moe.offsets");
-  a.moe_up = take(model, int64_t{m.NK} * 2 * m.Fe, "moe.up");
-  a.moe_act = take(model, int64_t{m.NK} * m.Fe, "moe.act");
+  if (!model.shard.experts_split()) {  // else sized by the rows the member receives (moe_ep_forward)
+    a.moe_up = take(model, int64_t{m.NK} * 2 * m.Fe, "moe.up");
+    a.moe_act = take(model, int64_t{m.NK} * m.Fe, "moe.act");
+  }
   a.moe_out = take(model, int64_t{m.NK} * m.C, "moe.out");
   if (m.Fs == 0) return;
   a.shared_up = take(model, int64_t{m.N} * 2 * m.Fs, "moe.shared.up");
@@ -168,14 +206,22 @@ void moe_mlp_forward(Model& model, const Dims& d, int layer, BlockActivations& a
   moe_permute(moe_ints(a.moe_offsets), moe_ints(a.moe_slots), counts, moe_ints(a.moe_experts), m.N, m.E, m.K);
   float* xp = take(model, int64_t{m.NK} * m.C, "moe gathered input");
   moe_gather(xp, a.ln2, moe_ints(a.moe_slots), m.NK, m.K, m.C);
-  moe_experts_forward(m, w, a, xp);
+  if (model.shard.experts_split()) {
+    moe_ep_forward(model, m, layer, a, xp);
+  } else {
+    const std::vector<int64_t> offsets = moe_offsets64(a, m.E);
+    moe_experts_run_forward(m, w, xp, offsets.data(), 0, m.E, a.moe_up, a.moe_act, a.moe_out);
+  }
   give(model, xp);
   if (m.Fs > 0) moe_shared_forward(m, w, a);
+  if (model.moe_exchange != nullptr) moe_aux_sums_gather(model, m, a);  // every forward: the backward needs them
   if (counted != nullptr) {
-    const double aux = moe_aux_loss_forward(a.moe_probs, moe_ints(a.moe_offsets), m.N, m.E);
+    const double* sums = reinterpret_cast<const double*>(a.moe_aux_sums);
+    const double aux = sums != nullptr ? moe_aux_loss_from_sums(sums, sums[2 * m.E], m.E)
+                                       : moe_aux_loss_forward(a.moe_probs, moe_ints(a.moe_offsets), m.N, m.E);
     counted->aux_loss += static_cast<float>(aux / static_cast<double>(moe_block_count(model.spec)));
   }
-  if (with_output) moe_output_forward(m, w, a);
+  if (with_output) moe_output_forward(model, d, m, w, a);
 }
 
 void moe_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivations& a, const float* dout, float* dln,
@@ -190,7 +236,12 @@ void moe_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivat
   moe_experts_backward(model, m, layer, a, dyp, dln);
   give(model, dyp);
   std::vector<float> aux_dprobs(static_cast<size_t>(m.E));
-  moe_aux_loss_backward(aux_dprobs.data(), moe_ints(a.moe_offsets), m.N, m.E, aux_scale);
+  if (a.moe_aux_sums != nullptr) {
+    const double* sums = reinterpret_cast<const double*>(a.moe_aux_sums);
+    moe_aux_backward_from_sums(aux_dprobs.data(), sums, sums[2 * m.E], m.N, m.E, aux_scale);
+  } else {
+    moe_aux_loss_backward(aux_dprobs.data(), moe_ints(a.moe_offsets), m.N, m.E, aux_scale);
+  }
   float* dlogits = take(model, int64_t{m.N} * m.E, "d moe.logits");
   moe_route_backward(dlogits, dweights, aux_dprobs.data(), a.moe_probs, moe_ints(a.moe_experts), a.moe_weights, m.N,
                      m.E, m.K, m.normalize);

@@ -113,7 +113,7 @@ void release_block(Model& model, BlockActivations& a) {
                          &a.residual1, &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.mlp_up, &a.mlp_act,
                          &a.out, &a.moe_probs, &a.moe_experts, &a.moe_weights, &a.moe_slots, &a.moe_offsets,
                          &a.moe_up, &a.moe_act, &a.moe_out, &a.shared_up, &a.shared_act, &a.shared_out,
-                         &a.shared_gate}) {
+                         &a.shared_gate, &a.moe_aux_sums, &a.moe_ep_counts, &a.moe_ep_in}) {
     give(model, *buffer);
   }
 }
@@ -215,14 +215,19 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
   const int64_t NC = int64_t{d.N} * d.C;
   float* gathered = d.sp ? take(model, NC, "d residual, all rows") : nullptr;
   float* dln = nullptr;
+  const float* dnorm_out = nullptr;  // this rank's rows of d(mlp_norm.out), summed over tp
   if (model_block_is_moe(model.spec, layer)) {
+    // Every tensor-parallel rank ran the whole MoE MLP on all rows: its input gradient is complete
+    // on each rank, not a partial sum.
     dln = take_zeroed(model, NC, "d norm.out");
-    moe_mlp_backward(model, d, layer, a, dres, dln, aux_scale);
+    moe_mlp_backward(model, d, layer, a, gradient_all_rows(model, d, dres, gathered), dln, aux_scale);
+    dnorm_out = dln + (d.sp ? d.row_offset() : 0);
   } else {
     dln = dense_mlp_backward(model, d, layer, a, dres, gathered);
+    dnorm_out = column_parallel_input_gradient(model, d, dln);
   }
-  norm_backward(model, d, dres, &g.mlp_norm_w, &g.mlp_norm_b, column_parallel_input_gradient(model, d, dln), a.residual1,
-                w.mlp_norm_w, a.ln2_mean, a.ln2_rstd);
+  norm_backward(model, d, dres, &g.mlp_norm_w, &g.mlp_norm_b, dnorm_out, a.residual1, w.mlp_norm_w, a.ln2_mean,
+                a.ln2_rstd);
 
   float* dcontext = take_zeroed(model, int64_t{d.N} * d.Hq * d.D, "d attn.context");
   linear_backward(model, dcontext, &g.out_w, &g.out_b, gradient_all_rows(model, d, dres, gathered), a.context, w.out_w,

@@ -70,14 +70,26 @@ ShardedTensor slice(const ModelSpec& spec, const std::string& name, std::vector<
 // An MoE block's MLP, in flat order: router, each routed expert's gate_up and down, the shared
 // experts as one SwiGLU MLP of their widths together, and Qwen2-MoE's shared-expert gate.
 // Experts are whole tensors on every tensor-parallel rank (the runtime refuses tp with MoE).
-void add_moe_mlp(std::vector<ShardedTensor>& out, const ModelSpec& spec, const std::string& p, int tp, int t) {
+// Routed experts [first, last) of block `layer`'s MoE MLP.
+void add_routed_experts(std::vector<ShardedTensor>& out, const ModelSpec& spec, int64_t layer, int first, int last) {
+  const int64_t C = spec.hidden_size;
+  const int64_t Fe = spec.moe.expert_ffn_hidden_size;
+  const std::string p = fmt::format("layers.{}.", layer);
+  for (int e = first; e < last; ++e) {
+    out.push_back(slice(spec, p + fmt::format("mlp.experts.{}.gate_up.weight", e), {2 * Fe, C}, 1, 0));
+    out.push_back(slice(spec, p + fmt::format("mlp.experts.{}.down.weight", e), {C, Fe}, 1, 0));
+  }
+}
+
+void add_moe_mlp(std::vector<ShardedTensor>& out, const ModelSpec& spec, const std::string& p, int tp, int t,
+                 bool with_experts) {
   const MixtureOfExperts& moe = spec.moe;
   const int64_t C = spec.hidden_size;
   const int64_t Fe = moe.expert_ffn_hidden_size;
   const int64_t Fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size;
   auto add = [&](const std::string& name, std::vector<int64_t> shape) { out.push_back(slice(spec, p + name, std::move(shape), tp, t)); };
   add("mlp.router.weight", {moe.num_experts, C});
-  for (int64_t e = 0; e < moe.num_experts; ++e) {
+  for (int64_t e = 0; with_experts && e < moe.num_experts; ++e) {
     add(fmt::format("mlp.experts.{}.gate_up.weight", e), {2 * Fe, C});
     add(fmt::format("mlp.experts.{}.down.weight", e), {C, Fe});
   }
@@ -88,7 +100,7 @@ void add_moe_mlp(std::vector<ShardedTensor>& out, const ModelSpec& spec, const s
   }
 }
 
-void add_block(std::vector<ShardedTensor>& out, const ModelSpec& spec, int64_t i, int tp, int t) {
+void add_block(std::vector<ShardedTensor>& out, const ModelSpec& spec, int64_t i, int tp, int t, bool with_experts) {
   const int64_t C = spec.hidden_size;
   const int64_t D = spec.head_dim;
   const int64_t qkv_rows = (spec.num_heads + 2 * spec.num_kv_heads) * D;
@@ -104,7 +116,7 @@ void add_block(std::vector<ShardedTensor>& out, const ModelSpec& spec, int64_t i
   add("mlp_norm.weight", {C});
   if (spec.norm_bias) add("mlp_norm.bias", {C});
   if (model_block_is_moe(spec, i)) {
-    add_moe_mlp(out, spec, p, tp, t);
+    add_moe_mlp(out, spec, p, tp, t, with_experts);
     return;
   }
   if (spec.family == ModelFamily::ModelFamily_gpt2) {
@@ -127,6 +139,19 @@ ModelShard shard_full(const ModelSpec& spec) {
   ModelShard shard;
   shard.block_ranges = {{0, static_cast<int>(spec.num_layers)}};
   return shard;
+}
+
+std::pair<int, int> shard_expert_range(const ModelSpec& spec, const ModelShard& shard, int member) {
+  const int experts = static_cast<int>(spec.moe.num_experts);
+  if (!shard.experts_split()) return {0, experts};
+  if (shard.experts_per_member.empty()) return {member * experts / shard.ep, (member + 1) * experts / shard.ep};
+  int first = 0;
+  for (int m = 0; m < member; ++m) first += shard.experts_per_member[static_cast<size_t>(m)];
+  return {first, first + shard.experts_per_member[static_cast<size_t>(member)]};
+}
+
+bool shard_is_routed_expert(const std::string& name) {
+  return name.rfind("layers.", 0) == 0 && name.find(".mlp.experts.") != std::string::npos;
 }
 
 ShardSplit shard_split_of(const std::string& name) {
@@ -164,7 +189,7 @@ std::vector<ShardedTensor> shard_tensors(const ModelSpec& spec, const ModelShard
     if (spec.family == ModelFamily::ModelFamily_gpt2) out.push_back(slice(spec, "embed.position", {spec.max_seq_len, C}, tp, t));
   }
   for (const auto& [first, last] : shard.block_ranges)
-    for (int64_t i = first; i < last; ++i) add_block(out, spec, i, tp, t);
+    for (int64_t i = first; i < last; ++i) add_block(out, spec, i, tp, t, !shard.experts_split());
   if (shard.has_head) {
     out.push_back(slice(spec, "final_norm.weight", {C}, tp, t));
     if (spec.norm_bias) out.push_back(slice(spec, "final_norm.bias", {C}, tp, t));
@@ -173,6 +198,12 @@ std::vector<ShardedTensor> shard_tensors(const ModelSpec& spec, const ModelShard
     } else if (!shard.has_embedding) {
       out.push_back(slice(spec, "embed.token", {spec.vocab_size, C}, tp, t));  // the tied head's own copy
     }
+  }
+  if (shard.experts_split()) {
+    const auto [first_expert, last_expert] = shard_expert_range(spec, shard, shard.ep_rank);
+    for (const auto& [first, last] : shard.block_ranges)
+      for (int64_t i = first; i < last; ++i)
+        if (model_block_is_moe(spec, i)) add_routed_experts(out, spec, i, first_expert, last_expert);
   }
   return out;
 }

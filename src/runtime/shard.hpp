@@ -19,7 +19,22 @@ struct ModelShard {
   int tp = 1;                  // tensor-parallel degree
   int tp_rank = 0;
   bool sequence_parallel = false;  // norms and residuals on N / tp token rows per rank
+  // Expert parallelism: every MoE block's routed experts split over the ep members of an
+  // expert-parallel group, member m holding experts_per_member[m] consecutive ids (empty: the
+  // same number each); this rank is member ep_rank. A split shard keeps its routed experts after
+  // all other tensors (block by block), out of the data-parallel gradient buckets.
+  int ep = 1;
+  int ep_rank = 0;
+  std::vector<int> experts_per_member;
+  bool experts_split() const { return ep > 1; }
 };
+
+// The routed experts [first, second) of every MoE block that expert-parallel member `member` of
+// `shard`'s group holds (all of them when the experts are not split).
+std::pair<int, int> shard_expert_range(const ModelSpec& spec, const ModelShard& shard, int member);
+
+// Whether `name` is a routed expert's tensor ("layers.L.mlp.experts.e.*").
+bool shard_is_routed_expert(const std::string& name);
 
 // Whether block `layer` of `spec` is a Mixture-of-Experts block (past moe.first_dense_layers).
 bool model_block_is_moe(const ModelSpec& spec, int64_t layer);

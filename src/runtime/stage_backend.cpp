@@ -46,22 +46,30 @@ StageSupport cuda_supports(const Plan& plan, int s) {
   return {};
 }
 
-// What a plan asks of an MoE model beyond one CPU rank running every block.
+// What a plan asks of an MoE model that the CPU runtime does not run: MoE blocks train on CPU
+// ranks with pipeline stages, data and expert parallelism, ZeRO 1 and recomputation.
 StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
-  const std::string why = "Mixture-of-Experts models train on one CPU rank so far: one stage, tp 1, dp 1, no offload";
+  const std::string why = "Mixture-of-Experts models train on CPU ranks with pipeline, tensor, data and expert "
+                          "parallelism, ZeRO 0-2, recomputation and uneven shares in one piece each so far";
   if (name != "cpu") return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
-  if (plan.stages.size() > 1)
-    return refuse(fmt::format("pipeline parallelism ({} stages)", plan.stages.size()), "stages", why);
-  if (plan.virtual_chunks > 1)
-    return refuse(fmt::format("interleaved chunks ({})", plan.virtual_chunks), "virtual_chunks", why);
-  const PlanStage& st = plan.stages.front();
-  if (st.tp > 1) return refuse(fmt::format("tensor parallelism (tp {})", st.tp), "stages[0].tp", why);
-  if (st.dp > 1 || st.device_ids.size() > 1)
-    return refuse(fmt::format("data parallelism (dp {})", std::max<size_t>(static_cast<size_t>(st.dp), st.device_ids.size())),
-                  "stages[0].dp", why + "; run without mpirun or with a one-rank plan");
-  if (flags_any(st.offload)) return refuse("weight offload to host memory", "stages[0].offload", why);
-  if (flags_any(st.offload_activations))
-    return refuse("activation offload to host memory", "stages[0].offload_activations", why);
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    if (st.zero >= 3 && st.dp > 1)
+      return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + "; use zero 0-2");
+    // A member's routed experts lie outside the buckets whose gradient shards it keeps.
+    if (st.ep > 1 && st.gradients_sharded())
+      return refuse("sharded gradients with expert parallelism", fmt::format("stages[{}].shard_gradients", s),
+                    why + "; set shard_gradients to false on that stage");
+    if (flags_any(st.offload))
+      return refuse("weight offload to host memory", fmt::format("stages[{}].offload", s), why);
+    if (flags_any(st.offload_activations))
+      return refuse("activation offload to host memory", fmt::format("stages[{}].offload_activations", s), why);
+    // Every replica's MoE blocks meet the others' in collectives once per micro-batch.
+    const bool pieces = std::any_of(st.replicas.begin(), st.replicas.end(), [](const PlanReplica& r) { return r.pieces > 1; });
+    if (pieces)
+      return refuse("a data-parallel share run in several pieces", fmt::format("stages[{}].replicas", s),
+                    why + "; give every replica pieces: 1");
+  }
   return {};
 }
 

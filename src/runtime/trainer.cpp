@@ -199,9 +199,20 @@ StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std:
   }
   report.loss = loss_sum / loss_tokens;
   Model& model = runtime_.backend().model();
-  if (model_is_moe(model_) && model.moe_routing.passes > 0) {  // one rank: the routing is all here
-    report.aux_loss = model.moe_routing.aux_loss_sum / static_cast<double>(model.moe_routing.passes);
+  if (model_is_moe(model_)) {
+    // The aux loss of rank 0's heading passes: every MoE block's when it holds them all (its f_e
+    // and P_e are summed over the replicas); tokens per expert summed over the ranks (each token
+    // counted by its replica's first tensor-parallel rank, each block by its stage).
+    if (model.moe_routing.passes > 0 && plan_.stages.size() == 1)
+      report.aux_loss = model.moe_routing.aux_loss_sum / static_cast<double>(model.moe_routing.passes);
     report.expert_tokens = model.moe_routing.expert_tokens;
+    if (comm_.world_size() > 1) {
+      std::vector<double> tokens(report.expert_tokens.size(), 0.0);
+      if (runtime_.schedule().tp_rank == 0)
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<double>(report.expert_tokens[i]);
+      comm_.all_reduce(tokens.data(), static_cast<int64_t>(tokens.size()), comm_.world()).wait();
+      for (size_t i = 0; i < tokens.size(); ++i) report.expert_tokens[i] = static_cast<int64_t>(tokens[i]);
+    }
   }
   report.tokens_per_second = static_cast<double>(plan_.global_batch_sequences * plan_.seq_len) / report.step_seconds;
   report.mfu = report.tokens_per_second * flops_per_token_ / matmul_peak_flops_;

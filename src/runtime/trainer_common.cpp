@@ -44,10 +44,8 @@ void StepLog::write(const StepReport& r, const std::vector<RankStepStats>* ranks
                       {"step_seconds", r.step_seconds}, {"tokens_per_second", r.tokens_per_second},
                       {"mfu", r.mfu},         {"peak_arena_bytes", r.peak_arena_bytes}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
-  if (r.aux_loss) {
-    j["aux_loss"] = *r.aux_loss;
-    j["expert_tokens"] = r.expert_tokens;
-  }
+  if (r.aux_loss) j["aux_loss"] = *r.aux_loss;
+  if (!r.expert_tokens.empty()) j["expert_tokens"] = r.expert_tokens;
   if (r.loss_scale != 1 || r.loss_scale_overflow) {
     j["loss_scale"] = r.loss_scale;
     j["loss_scale_overflow"] = r.loss_scale_overflow;

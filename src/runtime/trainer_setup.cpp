@@ -14,6 +14,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "plan/runnable.hpp"
 #include "spec/error.hpp"
@@ -207,6 +208,8 @@ std::string plan_layout_fingerprint(const Plan& plan) {
     if (st.zero >= 1)
       for (const PlanReplica& r : st.replicas) text += fmt::format(" s{}", r.sequences);
     if (st.zero >= 1 && st.dp > 1) text += fmt::format(" b{}/{}", plan.gradient_bucket_bytes, plan.gradient_bytes);
+    // Expert parallelism sets which routed experts each replica stores.
+    if (st.ep > 1) text += fmt::format(" ep{}:{}", st.ep, fmt::join(st.experts_per_member, ","));
   }
   return fmt::format("{:016x}", std::hash<std::string>{}(text));
 }

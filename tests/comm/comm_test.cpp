@@ -41,12 +41,12 @@ void expect_all_pass(const CommandResult& r, int ranks) {
   EXPECT_NE(r.output.find("world size " + std::to_string(ranks)), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("checks passed"), std::string::npos) << r.output;
-  // Eleven collective checks per group; the world also has the invalid-call, timing and overlap checks.
-  EXPECT_EQ(pass_lines(r.output, "world"), 14) << r.output;
+  // Twelve collective checks per group; the world also has the invalid-call, timing and overlap checks.
+  EXPECT_EQ(pass_lines(r.output, "world"), 15) << r.output;
   EXPECT_NE(r.output.find("collective timing            world      pass"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("reduce_scatter bf16 wire"), std::string::npos) << r.output;
-  EXPECT_EQ(pass_lines(r.output, "even/odd"), 11) << r.output;
-  EXPECT_EQ(pass_lines(r.output, "first n-1"), ranks >= 2 ? 11 : 0) << r.output;
+  EXPECT_EQ(pass_lines(r.output, "even/odd"), 12) << r.output;
+  EXPECT_EQ(pass_lines(r.output, "first n-1"), ranks >= 2 ? 12 : 0) << r.output;
   EXPECT_NE(r.output.find("overlap all_reduce+compute   world      pass"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("bus bandwidth"), std::string::npos) << r.output;
 }

@@ -43,6 +43,28 @@ TEST(LinkPacing, TransfersTakeBytesOverBandwidthPlusLatency) {
   EXPECT_FALSE(LinkPacing(std::vector<std::vector<PacedLink>>(3, std::vector<PacedLink>(3))).paces_any());
 }
 
+TEST(LinkPacing, AllToAllTakesPairwiseRoundsEachAsLongAsItsSlowestTransfer) {
+  const LinkPacing pacing = one_slow_hop();
+  const std::vector<int> all = {0, 1, 2, 3};
+  // bytes[i][j] from member i to member j. Round 1 (i -> i+1): 1 -> 2 carries 2 MB at 10 MB/s,
+  // 0.201 s; 3 -> 0 carries 4 MB at 40 MB/s, 0.103 s: the round takes 0.201 s. Round 2 (i -> i+2)
+  // crosses no paced link: 0. Round 3 (i -> i-1): 2 -> 1 carries 1 MB, 0.101 s.
+  std::vector<std::vector<int64_t>> bytes(4, std::vector<int64_t>(4, 0));
+  bytes[1][2] = 2'000'000;
+  bytes[3][0] = 4'000'000;
+  bytes[2][1] = 1'000'000;
+  bytes[0][2] = 9'000'000;  // round 2, unpaced
+  EXPECT_NEAR(pacing.all_to_all_seconds(all, bytes), 0.201 + 0.0 + 0.101, 1e-12);
+  // A paced link with nothing to carry still pays its latency in its round.
+  bytes[2][1] = 0;
+  EXPECT_NEAR(pacing.all_to_all_seconds(all, bytes), 0.201 + 0.001, 1e-12);
+  // collective_seconds splits the bytes evenly: 16 MB over 16 pairs, 1 MB each. Round 1: 1 -> 2
+  // 0.101 s, 3 -> 0 0.028 s; round 2: nothing paced; round 3: 2 -> 1 0.101 s.
+  EXPECT_NEAR(pacing.collective_seconds(PacedCollective::PacedCollective_all_to_all, all, 16'000'000), 0.202, 1e-12);
+  EXPECT_EQ(pacing.collective_seconds(PacedCollective::PacedCollective_all_to_all, {0, 1}, 16'000'000), 0.0);
+  EXPECT_THROW(pacing.all_to_all_seconds(all, std::vector<std::vector<int64_t>>(3)), Error);
+}
+
 TEST(LinkPacing, RingCollectivesRunAtTheSlowestHopAndTheLongestLatency) {
   const LinkPacing pacing = one_slow_hop();
   // Ring 0 -> 1 -> 2 -> 3 -> 0: slowest hop 10 MB/s, longest latency 3 ms; 8 MB in all, 4 members:

@@ -1,6 +1,7 @@
 // The runtime's Mixture-of-Experts model on one rank: its named expert views and exact parameter
-// count, the activation bytes its passes keep, the routing counts it reports, and what it still
-// refuses (tensor parallelism, Hugging Face conversion, plans beyond one CPU rank).
+// count, its shards under tensor and expert parallelism, the activation bytes its passes keep, the
+// routing counts it reports, and what it still refuses (Hugging Face conversion, plans the CPU
+// ranks do not run).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -69,18 +70,27 @@ TEST(MoeModel, ActivationsMatchTheFormulaAndRoutingIsCounted) {
   }
 }
 
-TEST(MoeModel, TensorParallelExpertsAreRefused) {
+// Under tensor parallelism every rank holds the MoE MLP whole (it runs it on all token rows), and
+// under expert parallelism a member holds only its experts, after its other tensors.
+TEST(MoeModel, TensorParallelShardsHoldTheExpertsWholeAndExpertParallelOnesTheirOwn) {
   const ModelSpec spec = model_load("tiny-moe");
   Arena arena(int64_t{1} << 26, "host");
   ModelShard shard = shard_full(spec);
   shard.tp = 2;
-  try {
-    Model model(spec, arena, shard);
-    ADD_FAILURE() << "expected tp 2 of an MoE model to be refused";
-  } catch (const Error& e) {
-    EXPECT_NE(e.format().find("tensor parallelism (tp 2) of Mixture-of-Experts blocks"), std::string::npos)
-        << e.format();
-  }
+  shard.tp_rank = 1;
+  Model tp(spec, arena, shard);
+  EXPECT_EQ(model_view(tp, "layers.1.mlp.experts.3.gate_up.weight").shape, (std::vector<int64_t>{2 * 96, 64}));
+  EXPECT_EQ(model_view(tp, "layers.1.mlp.router.weight").shape, (std::vector<int64_t>{4, 64}));
+  ModelShard split = shard_full(spec);
+  split.ep = 2;
+  split.ep_rank = 1;
+  split.experts_per_member = {3, 1};
+  Model member(spec, arena, split);
+  EXPECT_THROW(model_view(member, "layers.1.mlp.experts.2.down.weight"), Error);
+  const TensorView& last = model_view(member, "layers.2.mlp.experts.3.down.weight");
+  EXPECT_EQ(last.offset + last.numel, member.num_parameters);
+  EXPECT_EQ(shard_expert_range(spec, split, 0), (std::pair<int, int>{0, 3}));
+  EXPECT_EQ(shard_expert_range(spec, split, 1), (std::pair<int, int>{3, 4}));
 }
 
 void expect_moe_refusal(const std::function<void()>& consume, const std::string& consumer) {
@@ -100,8 +110,9 @@ TEST(MoeModel, HuggingFaceConversionRefusesMoe) {
   expect_moe_refusal([&] { hf_config_json(moe); }, "Hugging Face config export");
 }
 
-// What a plan asks beyond one CPU rank is refused in one line naming the plan's field.
-TEST(MoeModel, PlansBeyondOneCpuRankAreRefused) {
+// Data, expert and pipeline parallelism run on CPU ranks (tests/parallel/moe_dist_test.cpp); what
+// they do not run is refused in one line naming the plan's field.
+TEST(MoeModel, PlansTheCpuRanksDoNotRunAreRefused) {
   const ModelSpec moe = model_load("tiny-moe");
   TrainSpec train;
   train.seq_len = 16;
@@ -120,14 +131,22 @@ TEST(MoeModel, PlansBeyondOneCpuRankAreRefused) {
   };
   const std::string prefix = "Mixture-of-Experts model tiny-moe (4 experts, 2 per token) with ";
   EXPECT_EQ(refusal("cuda", one), prefix + "the cuda backend is not supported [--device]");
-  const Plan dp = trainer_one_stage(moe, train, TrainerOptions{}, nullptr, 2).plan;
-  EXPECT_EQ(refusal("cpu", dp), prefix + "data parallelism (dp 2) is not supported [stages[0].dp]");
+  Plan dp = trainer_one_stage(moe, train, TrainerOptions{}, nullptr, 2).plan;
+  EXPECT_EQ(refusal("cpu", dp), "accepted");
+  dp.stages[0].ep = 2;
+  EXPECT_EQ(refusal("cpu", dp), "accepted");
+  dp.stages[0].zero = 2;
+  EXPECT_EQ(refusal("cpu", dp), "accepted");
+  dp.stages[0].shard_gradients = true;
+  EXPECT_EQ(refusal("cpu", dp), prefix + "sharded gradients with expert parallelism is not supported [stages[0].shard_gradients]");
+  dp.stages[0].zero = 3;
+  EXPECT_EQ(refusal("cpu", dp), prefix + "ZeRO stage 3 is not supported [stages[0].zero]");
   Plan tp = one;
   tp.stages[0].tp = 2;
-  EXPECT_EQ(refusal("cpu", tp), prefix + "tensor parallelism (tp 2) is not supported [stages[0].tp]");
+  EXPECT_EQ(refusal("cpu", tp), "accepted");
   Plan pp = one;
   pp.stages.push_back(pp.stages[0]);
-  EXPECT_EQ(refusal("cpu", pp), prefix + "pipeline parallelism (2 stages) is not supported [stages]");
+  EXPECT_EQ(refusal("cpu", pp), "accepted");
   Plan offload = one;
   offload.stages[0].offload[1] = true;
   EXPECT_EQ(refusal("cpu", offload), prefix + "weight offload to host memory is not supported [stages[0].offload]");

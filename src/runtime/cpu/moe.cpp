@@ -165,6 +165,23 @@ void moe_aux_loss_backward(float* aux_dprobs, const int32_t* offsets, int N, int
   }
 }
 
+void moe_aux_sums_add(double* sums, const float* probs, const int32_t* offsets, int N, int E) {
+  for (int e = 0; e < E; e++) sums[e] += static_cast<double>(offsets[e + 1] - offsets[e]);
+  for (int n = 0; n < N; n++)
+    for (int e = 0; e < E; e++) sums[E + e] += probs[int64_t{n} * E + e];
+}
+
+double moe_aux_loss_from_sums(const double* sums, double N_total, int E) {
+  double sum = 0;
+  for (int e = 0; e < E; e++) sum += sums[e] / N_total * sums[E + e] / N_total;
+  return E * sum;
+}
+
+void moe_aux_backward_from_sums(float* aux_dprobs, const double* sums, double N_total, int N_local, int E, float daux) {
+  for (int e = 0; e < E; e++)
+    aux_dprobs[e] = static_cast<float>(static_cast<double>(daux) * E * (sums[e] / N_total) / N_local);
+}
+
 void moe_gate_forward(float* gate, const float* x, const float* w, int N, int C) {
 #pragma omp parallel for
   for (int n = 0; n < N; n++) {

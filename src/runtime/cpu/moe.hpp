@@ -46,6 +46,14 @@ double moe_aux_loss_forward(const float* probs, const int32_t* offsets, int N, i
 // token n (f_e is constant, as the top-k choice is).
 void moe_aux_loss_backward(float* aux_dprobs, const int32_t* offsets, int N, int E, float daux);
 
+// The same loss over tokens of several replicas: sums: (2 E) += the top-k picks of each expert,
+// then its probabilities summed over this replica's N tokens; the loss of the summed sums over
+// N_total tokens; and d(loss)/d(probs[n, e]) = daux E f_e / N_local for this replica's tokens
+// (its gradients are summed with the other replicas', each scaled by its share of the batch).
+void moe_aux_sums_add(double* sums, const float* probs, const int32_t* offsets, int N, int E);
+double moe_aux_loss_from_sums(const double* sums, double N_total, int E);
+void moe_aux_backward_from_sums(float* aux_dprobs, const double* sums, double N_total, int N_local, int E, float daux);
+
 // x: (N, C), w: (C) -> gate: (N) = sigmoid(x w) (Qwen2-MoE's shared-expert gate).
 void moe_gate_forward(float* gate, const float* x, const float* w, int N, int C);
 // ys: (N, C), gate: (N) -> out: (N, C) += gate * ys.

@@ -118,6 +118,13 @@ class Communicator {
   // Fixed-size records from every member to every member: out has group.size() * bytes.
   virtual CommHandle all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) = 0;
 
+  // Variable counts from every member to every member: send holds send_counts[j] floats for member
+  // j, one piece after another in member order; recv gets recv_counts[j] floats from member j the
+  // same way. recv_counts[j] here must equal member j's send_counts[my_index]. Expert parallelism's
+  // dispatch and combine. Communicators without it refuse (the GPU ones so far).
+  virtual CommHandle all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                                const std::vector<int64_t>& recv_counts, const CommGroup& group);
+
   // Emulated links (link_pacing.hpp): from now on every send is delivered, and every collective
   // completes, no sooner than `pacing` says its links allow. Every rank calls it with the same
   // table, between collectives, before the traffic it should pace. A communicator that cannot pace

@@ -71,6 +71,15 @@ class LocalCommunicator final : public Communicator {
     std::memmove(out, in, static_cast<size_t>(bytes));
     return completed();
   }
+  // One member: its own piece, from send to recv.
+  CommHandle all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                        const std::vector<int64_t>& recv_counts, const CommGroup&) override {
+    if (send_counts.size() != 1 || recv_counts.size() != 1 || send_counts[0] != recv_counts[0])
+      throw Error(fmt::format("all_to_all over one rank given {} send and {} receive counts that differ",
+                              send_counts.size(), recv_counts.size()));
+    std::memmove(recv, send, static_cast<size_t>(send_counts[0]) * sizeof(float));
+    return completed();
+  }
   double take_busy_seconds() override { return 0; }
 
   [[noreturn]] void abort(const std::string& message, int exit_code) override {
@@ -90,6 +99,12 @@ class LocalCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+CommHandle Communicator::all_to_all(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&,
+                                    const CommGroup&) {
+  throw Error("this communicator has no all-to-all, which expert parallelism needs", {"", "stages[].ep"},
+              "set ep 1 on every stage, or run the plan on CPU ranks under mpirun");
+}
 
 std::unique_ptr<Communicator> communicator_local() { return std::make_unique<LocalCommunicator>(); }
 

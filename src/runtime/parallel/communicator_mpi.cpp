@@ -112,6 +112,8 @@ class MpiCommunicator final : public Communicator {
   CommHandle all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) override;
   CommHandle broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) override;
   CommHandle all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) override;
+  CommHandle all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                        const std::vector<int64_t>& recv_counts, const CommGroup& group) override;
   double take_busy_seconds() override { return progress_.take_busy_seconds(); }
   void collective_timing(bool on) override { timing_on_ = on; }
   std::vector<CollectiveTiming> take_collective_timings() override { return progress_.take_collective_timings(); }
@@ -572,6 +574,45 @@ CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t 
               "MPI_Iallgather");
     posting.add(request);
   }, {}, collective_delay(PacedCollective::PacedCollective_all_gather, *state));
+}
+
+// Held for the pairwise rounds this member takes part in: its own row and column of the byte matrix
+// (the rest is the other members' business, and each holds for its own).
+CommHandle MpiCommunicator::all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                                       const std::vector<int64_t>& recv_counts, const CommGroup& group) {
+  const char* kind = "all_to_all";
+  auto members = group_members(group, kind);
+  auto sends = std::make_shared<std::vector<int>>(counts_check(send_counts, group, kind));
+  auto receives = std::make_shared<std::vector<int>>(counts_check(recv_counts, group, kind));
+  auto send_offsets = std::make_shared<std::vector<int>>();
+  auto receive_offsets = std::make_shared<std::vector<int>>();
+  int sent = 0, received = 0;
+  const size_t n = static_cast<size_t>(group.size());
+  std::vector<std::vector<int64_t>> bytes(n, std::vector<int64_t>(n, 0));
+  for (size_t j = 0; j < n; ++j) {
+    send_offsets->push_back(sent);
+    receive_offsets->push_back(received);
+    sent += (*sends)[j];
+    received += (*receives)[j];
+    bytes[static_cast<size_t>(group.my_index)][j] = send_counts[j] * static_cast<int64_t>(sizeof(float));
+    bytes[j][static_cast<size_t>(group.my_index)] = recv_counts[j] * static_cast<int64_t>(sizeof(float));
+  }
+  auto state = state_make(kind, (int64_t{sent} + received) * static_cast<int64_t>(sizeof(float)));
+  state->members = members;
+  collective_count(*state, group, std::nullopt);
+  LinkDelay delay;
+  {
+    std::lock_guard lock(pacing_mutex_);
+    if (pacing_) delay.hold_seconds = pacing_->all_to_all_seconds(*members, bytes);
+  }
+  const int id = group.id;
+  return enqueue(state, [this, send, recv, sends, receives, send_offsets, receive_offsets, id](MpiPosting& posting) {
+    MPI_Request request;
+    mpi_check(MPI_Ialltoallv(send, sends->data(), send_offsets->data(), MPI_FLOAT, recv, receives->data(),
+                             receive_offsets->data(), MPI_FLOAT, comms_[static_cast<size_t>(id)], &request),
+              "MPI_Ialltoallv");
+    posting.add(request);
+  }, {}, delay);
 }
 
 }  // namespace

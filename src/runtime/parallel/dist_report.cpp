@@ -166,12 +166,13 @@ void dist_export_weights(RankRuntime& runtime, const Plan& plan, Communicator& c
   std::map<std::string, std::vector<float>> full;
   std::vector<ShardedTensor> order = shard_tensors(spec, shard_full(spec));
   for (int r = 0; r < comm.world_size(); ++r) {
-    if (ranks[r].dp_rank != 0) continue;
+    // The first replica of each stage, or its first expert-parallel group (each member its experts).
+    if (ranks[r].dp_rank >= plan.stages[ranks[r].stage].ep) continue;
     const std::vector<float> params = gather_records_on_root(comm, mine, r);
     if (comm.rank() != 0) continue;
     const PlanStage& st = plan.stages[ranks[r].stage];
     int64_t offset = 0;
-    for (const ShardedTensor& t : shard_tensors(spec, rank_shard(plan, ranks[r].stage, ranks[r].tp_rank))) {
+    for (const ShardedTensor& t : shard_tensors(spec, rank_shard(plan, ranks[r].stage, ranks[r].tp_rank, ranks[r].dp_rank))) {
       const bool copy_of_embedding = t.name == "embed.token" && !st.has_embedding;
       std::vector<float>& out = full[t.name];
       int64_t numel = 1;

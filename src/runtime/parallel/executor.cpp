@@ -11,6 +11,7 @@
 
 #include "runtime/cpu/optimizer.hpp"
 #include "runtime/device_speed.hpp"
+#include "runtime/parallel/expert_parallel.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -89,7 +90,7 @@ double clock_seconds() {
 
 }  // namespace
 
-ModelShard rank_shard(const Plan& plan, int stage_index, int tp_rank) {
+ModelShard rank_shard(const Plan& plan, int stage_index, int tp_rank, int dp_rank) {
   const PlanStage& stage = plan.stages[stage_index];
   ModelShard shard;
   for (const LayerRange& c : stage.chunks) shard.block_ranges.push_back({c.begin, c.end});
@@ -99,6 +100,9 @@ ModelShard rank_shard(const Plan& plan, int stage_index, int tp_rank) {
   shard.tp = stage.tp;
   shard.tp_rank = tp_rank;
   shard.sequence_parallel = stage.sequence_parallel;
+  shard.ep = stage.ep;
+  shard.ep_rank = dp_rank % stage.ep;
+  shard.experts_per_member = stage.experts_per_member;
   return shard;
 }
 
@@ -135,6 +139,10 @@ RankGroups rank_groups_build(const Plan& plan, const ModelSpec& model, Communica
   groups.tp = comm.split(tp_groups);
   groups.dp = comm.split(dp_groups);
   groups.embedding = comm.split(embedding_groups);
+  if (model_is_moe(model)) {  // the same answer on every rank: all split, or none
+    groups.ep = comm.split(expert_groups_partition(plan, plan_ep_group));
+    groups.expert_dp = comm.split(expert_groups_partition(plan, plan_expert_dp_group));
+  }
   return groups;
 }
 
@@ -163,7 +171,7 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   }
   StageRequest request;
   request.model = &spec;
-  request.shard = rank_shard(plan, schedule_.stage, schedule_.tp_rank);
+  request.shard = rank_shard(plan, schedule_.stage, schedule_.tp_rank, schedule_.dp_rank);
   request.host = host;
   request.memory_cap_bytes = resources.memory_cap_bytes;
   request.device_name = stage.device_type;
@@ -175,6 +183,10 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   if (stage.tp > 1) {
     tp_ops_ = std::make_unique<CommTensorParallel>(comm, groups_.tp);
     model.tp_ops = tp_ops_.get();
+  }
+  if (model_is_moe(spec) && stage.dp > 1) {
+    moe_exchange_ = std::make_unique<CommMoeExchange>(comm, groups_.dp, groups_.ep);
+    model.moe_exchange = moe_exchange_.get();
   }
   int local = 0;
   for (const LayerRange& c : stage.chunks)
@@ -377,7 +389,8 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
                              (zero3_ ? zero3_->take_wait_seconds() : 0.0) +
                              (offload_ ? offload_->take_wait_seconds() : 0.0) +
                              (activation_offload_ ? activation_offload_->take_wait_seconds() : 0.0) +
-                             (sharded_ ? sharded_->take_wait_seconds() : 0.0);
+                             (sharded_ ? sharded_->take_wait_seconds() : 0.0) +
+                             (moe_exchange_ ? moe_exchange_->take_wait_seconds() : 0.0);
       stretch.finish();
       const double end = now();
       stats.compute_seconds += end - compute_start - tp_wait;

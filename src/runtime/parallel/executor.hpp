@@ -32,11 +32,14 @@
 namespace alloy {
 
 class CommTensorParallel;
+class CommMoeExchange;
 
 struct RankGroups {
   CommGroup tp;         // same stage and dp rank
   CommGroup dp;         // same stage and tp rank
   CommGroup embedding;  // tied embeddings over a pipeline: first and last stage, same tp rank
+  CommGroup ep;         // MoE models: expert-parallel group (plan_ep_group), splits the routed experts
+  CommGroup expert_dp;  // MoE models: the same experts' replicas (plan_expert_dp_group), sum their gradients
 };
 
 // Per step and rank: where the time went, and memory.
@@ -175,6 +178,7 @@ class RankRuntime {
   void gradient_poison();
   void sum_sequence_parallel_norms(RankStepStats& stats);
   void sum_tied_embedding(RankStepStats& stats);
+  void sum_expert_gradients(RankStepStats& stats);
   void wait(const CommHandle& handle, RankStepStats& stats);
   void record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end);
   void reap_finished_passes(bool wait_all, RankStepStats& stats);
@@ -206,6 +210,7 @@ class RankRuntime {
   RankGroups groups_;
   std::unique_ptr<Arena> host_arena_;       // offloaded blocks' parameters, gradients and moments
   std::unique_ptr<CommTensorParallel> tp_ops_;
+  std::unique_ptr<CommMoeExchange> moe_exchange_;  // MoE models with dp > 1
   std::unique_ptr<StageBackend> backend_;
   std::array<double, kLayerKinds> layer_cpu_seconds_ = {0, 0, 0};  // this step's passes, by LayerKind
   ParamLayout layout_;
@@ -238,8 +243,9 @@ class RankRuntime {
   double step_start_ = 0;
 };
 
-// The parameters a rank of `stage` at tensor-parallel position `tp_rank` holds.
-ModelShard rank_shard(const Plan& plan, int stage, int tp_rank);
+// The parameters a rank of `stage` at tensor-parallel position `tp_rank` and data-parallel
+// position `dp_rank` holds (the latter picks its routed experts under expert parallelism).
+ModelShard rank_shard(const Plan& plan, int stage, int tp_rank, int dp_rank = 0);
 
 // Groups of every rank of the plan, built collectively (each rank gets its own).
 RankGroups rank_groups_build(const Plan& plan, const ModelSpec& model, Communicator& comm);

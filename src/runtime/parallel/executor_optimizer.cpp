@@ -37,6 +37,7 @@ double RankRuntime::gradient_square_sum() {
 
 void RankRuntime::optimizer(RankStepStats& stats) {
   if (layout_.tied_embedding.count > 0) sum_tied_embedding(stats);
+  if (layout_.experts.count > 0 && groups_.expert_dp.size() > 1) sum_expert_gradients(stats);
   const Model& model = backend_->model();
   if (model.shard.sequence_parallel && model.shard.tp > 1) sum_sequence_parallel_norms(stats);
   if (poison_gradient_) gradient_poison();
@@ -125,6 +126,13 @@ void RankRuntime::sum_tied_embedding(RankStepStats& stats) {
   wait(comm_.all_reduce(table, table_floats, groups_.embedding), stats);
   backend_->copy(grads, table + begin * C, rows_bytes);
   backend_->arena().release(table);
+}
+
+// Under expert parallelism each member's routed experts sit outside the data-parallel buckets:
+// their gradients (from every member's tokens) are summed over the replicas of the same experts.
+void RankRuntime::sum_expert_gradients(RankStepStats& stats) {
+  float* grads = gradients_at(layout_.experts.offset, layout_.experts.count);
+  wait(comm_.all_reduce(grads, layout_.experts.count, groups_.expert_dp), stats);
 }
 
 // Under sequence parallelism each rank's block norms saw only its rows: their gradients are

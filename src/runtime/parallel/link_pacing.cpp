@@ -84,6 +84,11 @@ double LinkPacing::transfer_seconds(int from, int to, int64_t bytes) const {
 double LinkPacing::collective_seconds(PacedCollective kind, const std::vector<int>& members, int64_t bytes) const {
   const double n = static_cast<double>(members.size());
   if (members.size() < 2) return 0.0;
+  if (kind == PacedCollective::PacedCollective_all_to_all) {
+    const int64_t pair_bytes = bytes / static_cast<int64_t>(members.size() * members.size());
+    return all_to_all_seconds(members, std::vector<std::vector<int64_t>>(
+                                           members.size(), std::vector<int64_t>(members.size(), pair_bytes)));
+  }
   const PacedLink hop = pacing_ring_bottleneck(*this, members);
   if (!hop.paced()) return 0.0;
   const double per_step_seconds = static_cast<double>(bytes) / n / hop.bytes_per_second;
@@ -95,8 +100,29 @@ double LinkPacing::collective_seconds(PacedCollective kind, const std::vector<in
       return (n - 1) * (per_step_seconds + hop.latency_seconds);
     case PacedCollective::PacedCollective_broadcast:  // pipelined along the ring
       return static_cast<double>(bytes) / hop.bytes_per_second + (n - 1) * hop.latency_seconds;
+    case PacedCollective::PacedCollective_all_to_all:  // priced above
+      break;
   }
   return 0.0;
+}
+
+double LinkPacing::all_to_all_seconds(const std::vector<int>& members,
+                                      const std::vector<std::vector<int64_t>>& bytes) const {
+  const size_t n = members.size();
+  if (bytes.size() != n)
+    throw Error(fmt::format("all-to-all pricing given {} rows of bytes for {} members", bytes.size(), n));
+  double seconds = 0;
+  for (size_t r = 1; r < n; ++r) {
+    double round_seconds = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t j = (i + r) % n;
+      if (bytes[i].size() != n)
+        throw Error(fmt::format("all-to-all pricing given {} columns of bytes for {} members", bytes[i].size(), n));
+      round_seconds = std::max(round_seconds, transfer_seconds(members[i], members[j], bytes[i][j]));
+    }
+    seconds += round_seconds;
+  }
+  return seconds;
 }
 
 std::string LinkPacing::describe() const {

@@ -24,6 +24,7 @@ enum class PacedCollective {
   PacedCollective_reduce_scatter,
   PacedCollective_all_gather,
   PacedCollective_broadcast,
+  PacedCollective_all_to_all,  // pairwise rounds (LinkPacing::all_to_all_seconds)
 };
 
 // Links between every pair of world ranks, and the times transfers take on them. Collectives are
@@ -49,6 +50,13 @@ class LinkPacing {
   // Seconds of a collective over `members` (world ranks, ascending) moving `bytes` in all (the
   // whole buffer: every member's piece); 0 when no hop of its ring is paced.
   double collective_seconds(PacedCollective kind, const std::vector<int>& members, int64_t bytes) const;
+
+  // Seconds of an all-to-all over `members` (world ranks, ascending) where bytes[i][j] go from
+  // member i to member j: n - 1 pairwise rounds (in round r member i sends to member (i + r) mod n),
+  // each as long as its slowest transfer, bytes / bandwidth + latency (0 on an unpaced link):
+  //   sum_{r=1}^{n-1} max_i transfer_seconds(m_i, m_{(i+r) mod n}, bytes[i][(i+r) mod n]).
+  // collective_seconds prices PacedCollective_all_to_all with the bytes split evenly over the pairs.
+  double all_to_all_seconds(const std::vector<int>& members, const std::vector<std::vector<int64_t>>& bytes) const;
 
   // "ranks 0-1 <-> 2-3: 12.5 MB/s, 2 ms": the paced links, for a run's first lines.
   std::string describe() const;

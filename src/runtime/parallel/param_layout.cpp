@@ -20,6 +20,7 @@ FlatRange bucket_range(const Model& model, const PlanStage& stage, const Schedul
     const bool inside = (owner >= op.block_begin && owner < op.block_end) ||
                         (owner == kUnitEmbedding && with_embedding) || (owner == kUnitHead && with_head);
     if (!inside || (tied_sync && view.name == "embed.token")) continue;
+    if (model.shard.experts_split() && shard_is_routed_expert(view.name)) continue;
     begin = begin < 0 ? view.offset : std::min(begin, view.offset);
     end = std::max(end, view.offset + view.numel);
     total += view.numel;
@@ -50,6 +51,21 @@ std::vector<FlatRange> ranges_by_place(const Model& model, const FlatRange& rang
     if (begin < end) out.push_back({begin, end - begin});
   }
   return out;
+}
+
+// The routed experts' views of a shard that splits them: one range after every other tensor.
+FlatRange experts_range(const Model& model) {
+  if (!model.shard.experts_split()) return {};
+  int64_t begin = -1, end = -1;
+  for (const TensorView& view : model.views) {
+    if (!shard_is_routed_expert(view.name)) continue;
+    if (begin < 0) begin = view.offset;
+    end = view.offset + view.numel;
+  }
+  if (begin < 0) return {};
+  if (end != model.num_parameters)
+    throw Error("the routed experts of an expert-parallel shard must come after its other parameters");
+  return {begin, end - begin};
 }
 
 }  // namespace
@@ -102,12 +118,14 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
     }
   }
   if (tied_sync) layout.tied_embedding = {model_view(model, "embed.token").offset, model_view(model, "embed.token").numel};
+  layout.experts = experts_range(model);
 
   // Ranges this rank reduces as a data-parallel member: its pieces when sharded, else all.
   std::vector<FlatRange> mine;
   if (layout.sharded) {
     for (const GradientBucket& b : layout.buckets) mine.push_back(b.owned);
     if (layout.tied_embedding.count > 0) mine.push_back(layout.tied_embedding);
+    if (layout.experts.count > 0) mine.push_back(layout.experts);
     std::sort(mine.begin(), mine.end(), [](const FlatRange& a, const FlatRange& b) { return a.offset < b.offset; });
     layout.optimizer_ranges = mine;
   } else {
@@ -119,6 +137,10 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
   for (const TensorView& view : model.views) {
     const FlatRange range{view.offset, view.numel};
     if (model.shard.tp_rank != 0 && shard_split_of(view.name) == ShardSplit::ShardSplit_replicated) continue;
+    if (model.shard.experts_split() && shard_is_routed_expert(view.name)) {
+      if (schedule.dp_rank < stage.ep) layout.norm_ranges.push_back(range);  // the first expert-parallel group
+      continue;
+    }
     if (tied_sync && view.name == "embed.token") {
       if (stage.has_embedding && schedule.dp_rank == 0) layout.norm_ranges.push_back(range);
       continue;

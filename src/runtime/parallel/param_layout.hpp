@@ -30,6 +30,9 @@ struct ParamLayout {
   std::vector<GradientBucket> buckets;
   bool sharded = false;                    // ZeRO 1-3 with dp > 1: each member updates its pieces
   FlatRange tied_embedding;                // summed over the embedding group at the optimizer (count 0: none)
+  FlatRange experts;                       // routed experts of a shard that splits them (expert
+                                           // parallelism): summed over the expert-dp group at the
+                                           // optimizer, updated whole by each member (count 0: none)
   std::vector<FlatRange> optimizer_ranges; // updated by this rank, ascending
   std::vector<FlatRange> norm_ranges;      // counted by this rank in the global norm, ascending
   int64_t optimizer_floats() const;        // total of optimizer_ranges

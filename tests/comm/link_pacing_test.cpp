@@ -168,7 +168,8 @@ TEST(LinkPacingMpi, EmulatedLinksMeasureAsTheClusterFileSays) {
   const CommandResult free = run_command(command, 120);
   ASSERT_EQ(free.exit_code, 0) << free.output;
   EXPECT_EQ(free.output.find("network emulated"), std::string::npos) << free.output;
-  EXPECT_GT(survey_megabytes_per_second(free.output, "0-2"), 100.0) << free.output;
+  // Unpaced, the host moves it faster than the emulated link would (by far, unless heavily loaded).
+  EXPECT_GT(survey_megabytes_per_second(free.output, "0-2"), 40.0) << free.output;
 }
 
 TEST(LinkPacingMpi, ClusterOfOtherSizeOrEmulationWithoutClusterIsRefused) {

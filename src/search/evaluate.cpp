@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "cost/moe_cost.hpp"
 #include "cost/network_paths.hpp"
 #include "search/planner.hpp"
 #include "spec/error.hpp"
@@ -73,6 +74,15 @@ ReplicaCosts pass_costs(const Plan& plan, int s, int dp_rank, int64_t b, const S
   StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, b);
   shape.device_type = cost.cluster().devices[st.device_ids[static_cast<size_t>(dp_rank) * st.tp]].device_type_index;
   shape.zero_share = st.zero_share(plan.micro_batch_sequences, dp_rank);
+  if (model_is_moe(cost.model())) {
+    // The member's experts run the rows its whole expert-parallel group routes to them.
+    const int ep = std::max(1, st.ep);
+    const int first = dp_rank / ep * ep;
+    double group_sequences = 0;
+    for (int d = first; d < first + ep; ++d) group_sequences += static_cast<double>(st.replica_sequences(plan.micro_batch_sequences, d));
+    const std::pair<int, int> held = plan_expert_range(st, static_cast<int>(cost.model().moe.num_experts), dp_rank % ep);
+    moe_shape_set(cost, &shape, st.device_ids, ep, held.second - held.first, dp_rank, group_sequences);
+  }
   const StageUnitCosts unit = cost.unit_costs(shape, st.sequence_parallel);
   double send_seconds = 0;
   if (choice.chunks_sent > 0)
@@ -162,11 +172,14 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
     // parallelism can be another replica's (a slow device updates as many weights in its shard).
     // Its memory is the replica's nearest its capacity.
     double slowest_passes = -1, slowest_overhead = -1, fullest = -1;
-    std::map<std::tuple<int, int64_t, int>, ReplicaCosts> alike;  // replicas of one type, share and pieces
-    for (int d = 0; d < (st.replicas.empty() ? 1 : st.dp); ++d) {
+    // replicas of one type, share, pieces and held experts
+    std::map<std::tuple<int, int64_t, int, int>, ReplicaCosts> alike;
+    const bool uneven_experts = !st.experts_per_member.empty();
+    for (int d = 0; d < (st.replicas.empty() && !uneven_experts ? 1 : st.dp); ++d) {
       const int type = cluster.devices[st.device_ids[static_cast<size_t>(d) * st.tp]].device_type_index;
+      const int held = uneven_experts ? st.experts_per_member[static_cast<size_t>(d % std::max(1, st.ep))] : 0;
       const auto key = std::make_tuple(type, st.replica_sequences(plan->micro_batch_sequences, d),
-                                       st.replicas.empty() ? 1 : st.replicas[static_cast<size_t>(d)].pieces);
+                                       st.replicas.empty() ? 1 : st.replicas[static_cast<size_t>(d)].pieces, held);
       auto known = alike.find(key);
       if (known == alike.end()) known = alike.emplace(key, replica_costs(*plan, s, d, choice, cost)).first;
       const ReplicaCosts& r = known->second;
@@ -198,7 +211,7 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
         st.memory = memory_terms(r.memory);
         st.memory_capacity_bytes = r.capacity_bytes;
       }
-      const int devices = st.replicas.empty() ? static_cast<int>(st.device_ids.size()) : st.tp;
+      const int devices = st.replicas.empty() && !uneven_experts ? static_cast<int>(st.device_ids.size()) : st.tp;
       peak_flops += r.peak_flops * devices;
       recompute_flops += r.recompute_flops * devices;
     }

@@ -18,6 +18,9 @@
 
 #include "cost/network_paths.hpp"
 #include "plan/runnable.hpp"
+#include "cost/moe_cost.hpp"
+#include "search/expert_options.hpp"
+#include "search/expert_placement.hpp"
 #include "search/explain.hpp"
 #include "search/layouts.hpp"
 #include "search/network_notes.hpp"
@@ -43,6 +46,13 @@ struct SlotInfo {
   UnitKey unit_key;  // sp = 0
   std::span<const int> device_ids;  // into the type's pool
   int64_t placement = 0;            // first device, tp and dp: identifies the stage's placement
+  // MoE models: the slot at each expert-parallel degree it may take (empty for dense models).
+  struct AtEp {
+    int ep = 1;
+    StageShape shape;
+    const StageUnitCosts* unit[2] = {nullptr, nullptr};
+  };
+  std::vector<AtEp> at_ep;
 };
 
 struct Solution {
@@ -86,10 +96,44 @@ class Searcher {
     std::vector<StageOption>& set = sets.sets[blocks];
     if (!sets.computed[blocks]) {
       ++stats.stage_option_sets;
-      stage_options(cost_, info.slot, blocks, pins_, &set);
+      if (!model_is_moe(cost_.model())) {
+        stage_options(cost_, info.slot, blocks, pins_, &set);
+      } else if (info.at_ep.empty()) {
+        set.clear();  // a pinned ep this stage's dp does not allow
+      } else {
+        std::vector<int> degrees;
+        for (const SlotInfo::AtEp& a : info.at_ep) degrees.push_back(a.ep);
+        stage_options_over_ep(degrees, [&](int ep, std::vector<StageOption>* out) {
+          StageSlot at = info.slot;
+          for (const SlotInfo::AtEp& a : info.at_ep)
+            if (a.ep == ep) {
+              at.shape = a.shape;
+              at.unit[0] = a.unit[0];
+              at.unit[1] = a.unit[1];
+            }
+          stage_options(cost_, at, blocks, pins_, out);
+        }, &set);
+      }
       sets.computed[blocks] = 1;
     }
     return set;
+  }
+
+  // The slot at each expert-parallel degree its dp allows (ep 1 is the slot itself).
+  void add_expert_degrees(SlotInfo* info, int dp, bool plain_allowed, bool sp_allowed) {
+    const int experts = static_cast<int>(cost_.model().moe.num_experts);
+    for (int ep : stage_ep_degrees(dp, experts, options_.ep)) {
+      SlotInfo::AtEp a;
+      a.ep = ep;
+      a.shape = info->slot.shape;
+      moe_shape_set(cost_, &a.shape, ids_of(*info), ep, static_cast<double>(experts) / ep, 0, 0);
+      UnitKey k = info->unit_key;
+      k.ep = ep;
+      if (plain_allowed) a.unit[0] = unit(a.shape, k);
+      k.sp = 1;
+      if (sp_allowed) a.unit[1] = unit(a.shape, k);
+      info->at_ep.push_back(std::move(a));
+    }
   }
 
   static std::vector<int> ids_of(const SlotInfo& info) { return {info.device_ids.begin(), info.device_ids.end()}; }
@@ -137,7 +181,7 @@ class Searcher {
         slot.shape = cached->second;
         slot.shape.micro_batch = micro / g.dp;
         info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
-                         0, micro / g.dp};
+                         0, micro / g.dp, 1};
         const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0 &&
                                 group_sequence_parallel_runnable(g, micro, cost_.train().seq_len);
         const bool plain_allowed = pins_.sequence_parallel != 1 || g.tp == 1;
@@ -145,6 +189,7 @@ class Searcher {
         if (plain_allowed) slot.unit[0] = unit(slot.shape, k);
         k.sp = 1;
         if (sp_allowed) slot.unit[1] = unit(slot.shape, k);
+        if (model_is_moe(cost_.model())) add_expert_degrees(&info, g.dp, plain_allowed, sp_allowed);
         slot.capacity_bytes = cost_.device_memory_bytes(g.device_type);
         slot.host_capacity_bytes = cost_.host_memory_share_bytes(g.device_type);
         out.push_back(std::move(info));
@@ -638,6 +683,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     for (const std::string& note : cost.fallback_notes()) plan.notes.push_back(note);
     for (const std::string& note : published_mfu_notes(plan, cost)) plan.notes.push_back(note);
     for (const std::string& note : network_notes(plan, cost.cluster())) plan.notes.push_back(note);
+    for (const std::string& note : expert_placement_notes(cost, plan)) plan.notes.push_back(note);
   }
   SearchResult result;
   result.candidates = plans;

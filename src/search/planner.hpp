@@ -24,6 +24,7 @@ struct SearchOptions {
   int tp = 0;                          // every stage's tp; 0: free
   int pp = 0;                          // number of stages; 0: free
   int dp = 0;                          // every stage's dp; 0: free
+  int ep = 0;                          // MoE: every stage's expert-parallel degree; 0: free
   int64_t micro_batch_sequences = 0;   // one micro-batch across a stage's replicas; 0: free
   int num_micro_batches = 0;           // 0: free
   std::optional<Schedule> schedule;

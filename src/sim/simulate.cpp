@@ -454,7 +454,6 @@ SimResult Simulator::run() {
 
 
 SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options) {
-  model_require_dense(model, "the simulator");
   Simulator sim(plan, model, cluster, options);
   return sim.run();
 }

@@ -1,0 +1,140 @@
+#include "search/expert_placement.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "search/expert_options.hpp"
+
+namespace alloy {
+
+namespace {
+
+double placement_score(const Plan& plan, const SearchOptions& options) {
+  const double over = plan_memory_ratio(plan) > 1 ? 1e6 * plan_memory_ratio(plan) : 0;
+  return over + (options.objective == Objective::Objective_cost ? plan.price_per_million_tokens
+                                                                : 1.0 / plan.tokens_per_second);
+}
+
+// Whether the members of one expert-parallel group of `st` are of more than one speed.
+bool placement_group_mixed(const std::vector<double>& speeds) {
+  return std::any_of(speeds.begin(), speeds.end(), [&](double v) { return v != speeds.front(); });
+}
+
+}  // namespace
+
+std::vector<int> expert_counts_by_speed(const std::vector<double>& speeds, int num_experts) {
+  const int n = static_cast<int>(speeds.size());
+  std::vector<int> counts(static_cast<size_t>(n), 1);
+  const double total = std::accumulate(speeds.begin(), speeds.end(), 0.0);
+  if (n == 0 || total <= 0) return counts;
+  // One each first, then the rest by each member's ideal count beyond what it has.
+  std::vector<double> ideal(static_cast<size_t>(n));
+  int given = n;
+  for (int m = 0; m < n; ++m) {
+    ideal[static_cast<size_t>(m)] = num_experts * speeds[static_cast<size_t>(m)] / total;
+    const int floor_count = std::max(1, static_cast<int>(std::floor(ideal[static_cast<size_t>(m)])));
+    given += floor_count - 1;
+    counts[static_cast<size_t>(m)] = floor_count;
+  }
+  while (given > num_experts) {  // floors of 1 pushed the sum over: take from the largest
+    const auto most = std::max_element(counts.begin(), counts.end());
+    --*most;
+    --given;
+  }
+  while (given < num_experts) {
+    int best = 0;
+    double best_gap = -1e300;
+    for (int m = 0; m < n; ++m) {
+      const double gap = ideal[static_cast<size_t>(m)] - counts[static_cast<size_t>(m)];
+      if (gap > best_gap) {
+        best_gap = gap;
+        best = m;
+      }
+    }
+    ++counts[static_cast<size_t>(best)];
+    ++given;
+  }
+  return counts;
+}
+
+std::vector<double> expert_member_speeds(const CostModel& cost, const PlanStage& st, Precision precision) {
+  const int ep = std::max(1, st.ep);
+  std::vector<double> speeds(static_cast<size_t>(ep), 0.0);
+  const ClusterSpec& cluster = cost.cluster();
+  for (int d = 0; d < st.dp; ++d) {
+    const DeviceType& type = cluster.device_types[cluster.devices[st.device_ids[static_cast<size_t>(d) * st.tp]].device_type_index];
+    speeds[static_cast<size_t>(d % ep)] += type.peak_flops(precision_run_on(type, precision)) * ep / st.dp;
+  }
+  return speeds;
+}
+
+void expert_placement_choose(const CostModel& cost, const SearchOptions& options, Plan* plan) {
+  if (!model_is_moe(cost.model()) || plan->stages.size() != 1) return;
+  const int experts = static_cast<int>(cost.model().moe.num_experts);
+  Plan best = *plan;
+  double best_score = placement_score(best, options);
+  for (int ep : stage_ep_degrees(plan->stages[0].dp, experts, options.ep)) {
+    Plan candidate = *plan;
+    PlanStage& st = candidate.stages[0];
+    st.ep = ep;
+    st.experts_per_member.clear();
+    const std::vector<double> speeds = expert_member_speeds(cost, st, candidate.precision);
+    if (placement_group_mixed(speeds)) st.experts_per_member = expert_counts_by_speed(speeds, experts);
+    plan_evaluate(&candidate, cost);
+    const double score = placement_score(candidate, options);
+    if (score < best_score) {
+      best_score = score;
+      best = std::move(candidate);
+    }
+  }
+  *plan = std::move(best);
+}
+
+std::vector<std::string> expert_placement_notes(const CostModel& cost, const Plan& plan) {
+  std::vector<std::string> notes;
+  if (!model_is_moe(cost.model())) return notes;
+  const ClusterSpec& cluster = cost.cluster();
+  const int experts = static_cast<int>(cost.model().moe.num_experts);
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    // Experts held per device type (the counts of each member, by its type).
+    std::map<std::string, std::vector<int>> by_type;
+    for (int d = 0; d < st.dp; ++d) {
+      const std::pair<int, int> range = plan_expert_range(st, experts, d % std::max(1, st.ep));
+      const std::string& type = cluster.device_type(cluster.devices[st.device_ids[static_cast<size_t>(d) * st.tp]]).name;
+      std::vector<int>& counts = by_type[type];
+      if (std::find(counts.begin(), counts.end(), range.second - range.first) == counts.end())
+        counts.push_back(range.second - range.first);
+    }
+    std::string held;
+    for (const auto& [type, counts] : by_type)
+      held += fmt::format("{}{} {} expert{}", held.empty() ? "" : ", ", type, fmt::join(counts, "/"),
+                          counts.size() == 1 && counts.front() == 1 ? "" : "s");
+    std::string line = fmt::format("stage {} expert placement: ep {} ({} experts per MoE block), {} per member", s,
+                                   st.ep, experts, held);
+    if (st.experts_per_member.empty()) {
+      const std::vector<double> speeds = expert_member_speeds(cost, st, plan.precision);
+      line += placement_group_mixed(speeds) ? "; even split over members of unequal speed"
+                                            : "; even (each expert-parallel group is of one speed, so even is proportional)";
+      notes.push_back(line);
+      continue;
+    }
+    Plan even = plan;
+    even.runner_ups.clear();
+    even.stages[s].experts_per_member.clear();
+    const bool divides = experts % std::max(1, st.ep) == 0;
+    if (divides) plan_evaluate(&even, cost);
+    line += divides ? fmt::format("; by speed: step {:.3f} s against {:.3f} s with an even placement ({:+.1f}%)",
+                                  plan.step_seconds, even.step_seconds,
+                                  100.0 * (plan.step_seconds / even.step_seconds - 1.0))
+                    : "; by speed (the experts do not divide evenly over the members)";
+    notes.push_back(line);
+  }
+  return notes;
+}
+
+}  // namespace alloy

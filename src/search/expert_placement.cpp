@@ -99,6 +99,11 @@ std::vector<std::string> expert_placement_notes(const CostModel& cost, const Pla
   if (!model_is_moe(cost.model())) return notes;
   const ClusterSpec& cluster = cost.cluster();
   const int experts = static_cast<int>(cost.model().moe.num_experts);
+  if (cost.model().moe.first_dense_layers > 0)
+    notes.push_back(fmt::format("the cost model prices {}'s {} leading dense block{} as MoE blocks (an approximation: "
+                                "every block of a stage is priced alike)",
+                                cost.model().name, cost.model().moe.first_dense_layers,
+                                cost.model().moe.first_dense_layers == 1 ? "" : "s"));
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
     // Experts held per device type (the counts of each member, by its type).

@@ -1,0 +1,43 @@
+// Expert parallelism in the planner: Mixtral-8x7B on a node of H100s and a node of A100s needs
+// its experts split to fit well, and the plan says where they go.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "hw/catalog.hpp"
+#include "search/planner.hpp"
+
+namespace alloy {
+namespace {
+
+bool notes_contain(const Plan& plan, const std::string& text) {
+  for (const std::string& note : plan.notes)
+    if (note.find(text) != std::string::npos) return true;
+  return false;
+}
+
+TEST(MoeSearch, MixtralSplitsItsExpertsAndNamesThePlacement) {
+  const CostModel cost(model_load("mixtral-8x7b"), cluster_load("h100-a100", catalog_builtin()), TrainSpec{});
+  const auto started = std::chrono::steady_clock::now();
+  const SearchResult r = plan_search(cost, SearchOptions{});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 1.0);
+  for (const PlanStage& st : r.plan.stages) {
+    EXPECT_GT(st.ep, 1) << "every stage splits its experts";
+    EXPECT_EQ(st.dp % st.ep, 0);
+  }
+  EXPECT_LE(plan_memory_ratio(r.plan), 1.0);
+  EXPECT_TRUE(notes_contain(r.plan, "stage 0 expert placement: ep ")) << r.plan.notes.size();
+}
+
+TEST(MoeSearch, PinnedEpOneIsSlowerForMixtral) {
+  const CostModel cost(model_load("mixtral-8x7b"), cluster_load("h100-a100", catalog_builtin()), TrainSpec{});
+  SearchOptions one;
+  one.ep = 1;
+  const SearchResult pinned = plan_search(cost, one);
+  const SearchResult free = plan_search(cost, SearchOptions{});
+  EXPECT_LT(free.plan.step_seconds, pinned.plan.step_seconds);
+  for (const PlanStage& st : pinned.plan.stages) EXPECT_EQ(st.ep, 1);
+}
+
+}  // namespace
+}  // namespace alloy

@@ -74,15 +74,7 @@ ReplicaCosts pass_costs(const Plan& plan, int s, int dp_rank, int64_t b, const S
   StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, b);
   shape.device_type = cost.cluster().devices[st.device_ids[static_cast<size_t>(dp_rank) * st.tp]].device_type_index;
   shape.zero_share = st.zero_share(plan.micro_batch_sequences, dp_rank);
-  if (model_is_moe(cost.model())) {
-    // The member's experts run the rows its whole expert-parallel group routes to them.
-    const int ep = std::max(1, st.ep);
-    const int first = dp_rank / ep * ep;
-    double group_sequences = 0;
-    for (int d = first; d < first + ep; ++d) group_sequences += static_cast<double>(st.replica_sequences(plan.micro_batch_sequences, d));
-    const std::pair<int, int> held = plan_expert_range(st, static_cast<int>(cost.model().moe.num_experts), dp_rank % ep);
-    moe_shape_set(cost, &shape, st.device_ids, ep, held.second - held.first, dp_rank, group_sequences);
-  }
+  plan_stage_set_experts(cost, plan, s, dp_rank, &shape);
   const StageUnitCosts unit = cost.unit_costs(shape, st.sequence_parallel);
   double send_seconds = 0;
   if (choice.chunks_sent > 0)
@@ -123,6 +115,19 @@ ReplicaCosts replica_costs(const Plan& plan, int s, int dp_rank, const StageChoi
 }
 
 }  // namespace
+
+void plan_stage_set_experts(const CostModel& cost, const Plan& plan, int s, int dp_rank, StageShape* shape) {
+  if (!model_is_moe(cost.model())) return;
+  // The member's experts run the rows its whole expert-parallel group routes to them.
+  const PlanStage& st = plan.stages[static_cast<size_t>(s)];
+  const int ep = std::max(1, st.ep);
+  const int first = dp_rank / ep * ep;
+  double group_sequences = 0;
+  for (int d = first; d < first + ep; ++d)
+    group_sequences += static_cast<double>(st.replica_sequences(plan.micro_batch_sequences, d));
+  const std::pair<int, int> held = plan_expert_range(st, static_cast<int>(cost.model().moe.num_experts), dp_rank % ep);
+  moe_shape_set(cost, shape, st.device_ids, ep, held.second - held.first, dp_rank, group_sequences);
+}
 
 const char* objective_name(Objective objective) {
   return objective == Objective::Objective_cost ? "cost" : "throughput";

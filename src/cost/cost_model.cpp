@@ -68,6 +68,7 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
                      const Profile* profile)
     : model_(model), cluster_(cluster), train_(train), profile_(profile) {
   dense_part_ = model_is_moe(model) ? moe_dense_part(model) : model;
+  expert_shares_ = moe_expert_shares(model, train.expert_tokens);
   type_links_.resize(cluster.device_types.size());
   std::vector<bool> seen(cluster.device_types.size(), false);
   for (const NodeGroup& g : cluster.node_groups) {

@@ -171,6 +171,9 @@ class CostModel {
   const ClusterSpec& cluster() const { return cluster_; }
   const TrainSpec& train() const { return train_; }
   const Profile* profile() const { return profile_; }  // null without --profile
+  // MoE: each routed expert's measured share of the picks (TrainSpec::expert_tokens); empty:
+  // uniform routing.
+  const std::vector<double>& expert_token_shares() const { return expert_shares_; }
 
   // The stage's groups from the device ids it uses (ranks ordered tp fastest, then dp).
   StageShape stage_shape(const std::vector<int>& device_ids, int tp, int dp, int64_t micro_batch) const;
@@ -239,6 +242,7 @@ class CostModel {
   const Profile* profile_;  // not owned; must outlive the cost model
   std::vector<Link> type_links_;
   ModelSpec dense_part_;  // MoE models: the blocks without their routed experts (moe_cost.hpp)
+  std::vector<double> expert_shares_;
   mutable std::mutex notes_mutex_;
   mutable std::set<std::string> notes_;
 };

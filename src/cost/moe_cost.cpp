@@ -5,6 +5,9 @@
 
 #include "cost/cost_model.hpp"
 #include "cost/network_paths.hpp"
+#include "spec/error.hpp"
+
+#include <fmt/format.h>
 
 namespace alloy {
 
@@ -40,6 +43,38 @@ int64_t moe_expert_parameters(const ModelSpec& model) {
 
 int64_t moe_router_parameters(const ModelSpec& model) {
   return model.hidden_size * model.moe.num_experts + (model.moe.shared_expert_gate ? model.hidden_size : 0);
+}
+
+std::vector<double> moe_expert_shares(const ModelSpec& model, const std::vector<double>& expert_tokens) {
+  const size_t experts = static_cast<size_t>(model.moe.num_experts);
+  if (expert_tokens.empty() || experts == 0) return {};
+  if (expert_tokens.size() % experts != 0)
+    throw Error(fmt::format("expert_tokens has {} values; {} has {} routed experts per MoE block", expert_tokens.size(),
+                            model.name, experts),
+                {"", "expert_tokens"}, "give one count per expert, or layers x experts as alloy train's step log writes them");
+  std::vector<double> shares(experts, 0.0);
+  double total = 0;
+  for (size_t i = 0; i < expert_tokens.size(); ++i) {
+    shares[i % experts] += expert_tokens[i];
+    total += expert_tokens[i];
+  }
+  for (double& share : shares) share /= total;
+  return shares;
+}
+
+double moe_routing_skew(const std::vector<double>& shares, int begin, int end) {
+  if (shares.empty() || end <= begin) return 1.0;
+  double load = 0;
+  for (int e = begin; e < end; ++e) load += shares[static_cast<size_t>(e)];
+  return load * static_cast<double>(shares.size()) / (end - begin);
+}
+
+double moe_even_split_skew(const std::vector<double>& shares, int ep) {
+  if (shares.empty() || ep <= 1) return 1.0;
+  const int each = static_cast<int>(shares.size()) / ep;
+  double worst = 0;
+  for (int m = 0; m < ep; ++m) worst = std::max(worst, moe_routing_skew(shares, m * each, (m + 1) * each));
+  return worst;
 }
 
 double expected_max_standard_normal(int n) {
@@ -112,7 +147,7 @@ double all_to_all_seconds(double bytes_per_member, const GroupPlacement& g) {
 }
 
 void moe_shape_set(const CostModel& cost, StageShape* shape, const std::vector<int>& stage_ids, int ep,
-                   double held_experts, int dp_rank, double group_sequences) {
+                   double held_experts, int dp_rank, double group_sequences, double routing_skew) {
   const ModelSpec& model = cost.model();
   if (!model_is_moe(model)) return;
   ep = std::max(1, ep);
@@ -125,7 +160,7 @@ void moe_shape_set(const CostModel& cost, StageShape* shape, const std::vector<i
   shape->expert_group_sequences = group_sequences;
   const double group = group_sequences > 0 ? group_sequences : static_cast<double>(shape->micro_batch) * ep;
   const double picks = group * static_cast<double>(cost.train().seq_len) * static_cast<double>(model.moe.experts_per_token);
-  shape->expert_load_factor = moe_expected_imbalance(picks, shape->held_experts / experts, ep);
+  shape->expert_load_factor = routing_skew * moe_expected_imbalance(picks, shape->held_experts / experts, ep);
   shape->expert_zero_share = std::min(1.0, static_cast<double>(ep) / dp);
   const int first = dp_rank / ep * ep;
   std::vector<int> group_ranks, same_experts;

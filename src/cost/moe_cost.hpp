@@ -34,6 +34,15 @@ double moe_expected_imbalance(double picks, double expert_share, int members);
 // z(n): the expected largest of n independent standard normals, Blom: Phi^-1((n - 0.375) / (n + 0.25)).
 double expected_max_standard_normal(int n);
 
+// Each routed expert's share of the top-k picks from measured counts (TrainSpec::expert_tokens:
+// E values, or layers x E summed per expert); empty when none are given. Throws alloy::Error
+// when the count does not fit the model's experts.
+std::vector<double> moe_expert_shares(const ModelSpec& model, const std::vector<double>& expert_tokens);
+// Load of the experts [begin, end) over their even share (1 for uniform routing: `shares` empty).
+double moe_routing_skew(const std::vector<double>& shares, int begin, int end);
+// The largest such skew over ep members holding even ranges of the experts.
+double moe_even_split_skew(const std::vector<double>& shares, int ep);
+
 // The routed part of one MoE block on one member for one micro-batch: the router over the
 // member's own tokens and its experts over the rows routed to them by the whole group.
 struct MoeRoutedWork {
@@ -53,8 +62,9 @@ double all_to_all_seconds(double bytes_per_member, const GroupPlacement& group);
 
 // Sets the MoE fields of `shape` (a stage over `stage_ids`, tp fastest, then dp) for member
 // `dp_rank` holding `held_experts` routed experts in expert-parallel groups of `ep`;
-// `group_sequences`: sequences of each micro-batch its group routes (0: micro_batch x ep).
+// `group_sequences`: sequences of each micro-batch its group routes (0: micro_batch x ep);
+// `routing_skew`: its experts' measured load over their even share (moe_routing_skew).
 void moe_shape_set(const CostModel& cost, StageShape* shape, const std::vector<int>& stage_ids, int ep,
-                   double held_experts, int dp_rank, double group_sequences);
+                   double held_experts, int dp_rank, double group_sequences, double routing_skew = 1.0);
 
 }  // namespace alloy

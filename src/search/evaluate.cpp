@@ -126,7 +126,11 @@ void plan_stage_set_experts(const CostModel& cost, const Plan& plan, int s, int 
   for (int d = first; d < first + ep; ++d)
     group_sequences += static_cast<double>(st.replica_sequences(plan.micro_batch_sequences, d));
   const std::pair<int, int> held = plan_expert_range(st, static_cast<int>(cost.model().moe.num_experts), dp_rank % ep);
-  moe_shape_set(cost, shape, st.device_ids, ep, held.second - held.first, dp_rank, group_sequences);
+  // A stage of even replicas is priced by one member: the one whose experts are most popular.
+  const std::vector<double>& shares = cost.expert_token_shares();
+  const double skew = st.experts_per_member.empty() && st.replicas.empty() ? moe_even_split_skew(shares, ep)
+                                                    : moe_routing_skew(shares, held.first, held.second);
+  moe_shape_set(cost, shape, st.device_ids, ep, held.second - held.first, dp_rank, group_sequences, skew);
 }
 
 const char* objective_name(Objective objective) {

@@ -12,15 +12,18 @@ std::vector<int> stage_ep_degrees(int dp, int num_experts, int pinned) {
   return out;
 }
 
-void stage_options_over_ep(const std::vector<int>& degrees,
-                           const std::function<void(int ep, std::vector<StageOption>* out)>& options_at,
-                           std::vector<StageOption>* out) {
+void stage_options_over_ep(const CostModel& cost, const StageSlot& slot, const std::vector<SlotAtEp>& at_ep, int blocks,
+                           const OptionPins& pins, std::vector<StageOption>* out) {
   out->clear();
   std::vector<StageOption> at;
-  for (int ep : degrees) {
-    options_at(ep, &at);
+  for (const SlotAtEp& a : at_ep) {
+    StageSlot with = slot;
+    with.shape = a.shape;
+    with.unit[0] = a.unit[0];
+    with.unit[1] = a.unit[1];
+    stage_options(cost, with, blocks, pins, &at);
     for (StageOption o : at) {
-      o.ep = ep;
+      o.ep = a.ep;
       out->push_back(o);
     }
   }

@@ -2,7 +2,6 @@
 // stage may take and the Pareto set of stage options over them.
 #pragma once
 
-#include <functional>
 #include <vector>
 
 #include "search/stage_options.hpp"
@@ -14,10 +13,17 @@ namespace alloy {
 // `pinned` > 0 keeps only that one. {1} for a dense model.
 std::vector<int> stage_ep_degrees(int dp, int num_experts, int pinned);
 
-// Options of a slot at each degree, each set filled by `options_at(ep, out)`, merged into one
-// Pareto set (t ascending, u strictly descending) with each option's ep.
-void stage_options_over_ep(const std::vector<int>& degrees,
-                           const std::function<void(int ep, std::vector<StageOption>* out)>& options_at,
-                           std::vector<StageOption>* out);
+// A stage slot's shape and per-layer costs at one expert-parallel degree.
+struct SlotAtEp {
+  int ep = 1;
+  StageShape shape;
+  const StageUnitCosts* unit[2] = {nullptr, nullptr};  // by sequence parallelism, as StageSlot's
+};
+
+// Options of `slot` at each degree of `at_ep`, merged into one Pareto set (t ascending, u
+// strictly descending) with each option's ep; empty without degrees (a pinned ep the stage's dp
+// does not allow).
+void stage_options_over_ep(const CostModel& cost, const StageSlot& slot, const std::vector<SlotAtEp>& at_ep, int blocks,
+                           const OptionPins& pins, std::vector<StageOption>* out);
 
 }  // namespace alloy

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "cost/moe_cost.hpp"
 #include "search/expert_options.hpp"
 
 namespace alloy {
@@ -22,6 +23,17 @@ double placement_score(const Plan& plan, const SearchOptions& options) {
 // Whether the members of one expert-parallel group of `st` are of more than one speed.
 bool placement_group_mixed(const std::vector<double>& speeds) {
   return std::any_of(speeds.begin(), speeds.end(), [&](double v) { return v != speeds.front(); });
+}
+
+// The placement of a stage by its members' speeds and its experts' measured loads; empty (even)
+// where neither differs.
+std::vector<int> expert_placement_counts(const CostModel& cost, const PlanStage& st, Precision precision) {
+  const std::vector<double> speeds = expert_member_speeds(cost, st, precision);
+  const std::vector<double>& shares = cost.expert_token_shares();
+  if (st.ep <= 1) return {};
+  if (!shares.empty()) return expert_counts_by_load(speeds, shares);
+  if (placement_group_mixed(speeds)) return expert_counts_by_speed(speeds, static_cast<int>(cost.model().moe.num_experts));
+  return {};
 }
 
 }  // namespace
@@ -61,6 +73,51 @@ std::vector<int> expert_counts_by_speed(const std::vector<double>& speeds, int n
   return counts;
 }
 
+std::vector<int> expert_counts_by_load(const std::vector<double>& speeds, const std::vector<double>& shares) {
+  const int n = static_cast<int>(speeds.size());
+  const int experts = static_cast<int>(shares.size());
+  const double total_speed = std::accumulate(speeds.begin(), speeds.end(), 0.0);
+  const double total_load = std::accumulate(shares.begin(), shares.end(), 0.0);
+  std::vector<int> counts;
+  int begin = 0;
+  double target = 0, load = 0;
+  for (int m = 0; m < n - 1; ++m) {
+    target += speeds[static_cast<size_t>(m)] / total_speed * total_load;
+    // The end that brings the cumulative load nearest the target, leaving one expert per later member.
+    int best_end = begin + 1;
+    double cumulative = load + shares[static_cast<size_t>(begin)];
+    double best_gap = std::abs(cumulative - target), best_load = cumulative;
+    for (int end = begin + 2; end <= experts - (n - 1 - m); ++end) {
+      cumulative += shares[static_cast<size_t>(end - 1)];
+      if (std::abs(cumulative - target) < best_gap) {
+        best_gap = std::abs(cumulative - target);
+        best_end = end;
+        best_load = cumulative;
+      }
+    }
+    counts.push_back(best_end - begin);
+    begin = best_end;
+    load = best_load;
+  }
+  counts.push_back(experts - begin);
+  return counts;
+}
+
+double expert_placed_skew(const std::vector<double>& shares, int ep) {
+  const double even = moe_even_split_skew(shares, ep);
+  if (shares.empty() || ep <= 1) return even;
+  const std::vector<int> counts = expert_counts_by_load(std::vector<double>(static_cast<size_t>(ep), 1.0), shares);
+  double most = 0;
+  int begin = 0;
+  for (int count : counts) {
+    double load = 0;
+    for (int e = begin; e < begin + count; ++e) load += shares[static_cast<size_t>(e)];
+    most = std::max(most, load);
+    begin += count;
+  }
+  return std::min(even, most * ep);
+}
+
 std::vector<double> expert_member_speeds(const CostModel& cost, const PlanStage& st, Precision precision) {
   const int ep = std::max(1, st.ep);
   std::vector<double> speeds(static_cast<size_t>(ep), 0.0);
@@ -82,8 +139,7 @@ void expert_placement_choose(const CostModel& cost, const SearchOptions& options
     PlanStage& st = candidate.stages[0];
     st.ep = ep;
     st.experts_per_member.clear();
-    const std::vector<double> speeds = expert_member_speeds(cost, st, candidate.precision);
-    if (placement_group_mixed(speeds)) st.experts_per_member = expert_counts_by_speed(speeds, experts);
+    st.experts_per_member = expert_placement_counts(cost, st, candidate.precision);
     plan_evaluate(&candidate, cost);
     const double score = placement_score(candidate, options);
     if (score < best_score) {
@@ -94,11 +150,31 @@ void expert_placement_choose(const CostModel& cost, const SearchOptions& options
   *plan = std::move(best);
 }
 
+void expert_placement_refine(const CostModel& cost, Plan* plan) {
+  if (!model_is_moe(cost.model())) return;
+  for (size_t s = 0; s < plan->stages.size(); ++s) {
+    const std::vector<int> counts = expert_placement_counts(cost, plan->stages[s], plan->precision);
+    if (counts.empty() || counts == plan->stages[s].experts_per_member) continue;
+    Plan placed = *plan;
+    placed.stages[s].experts_per_member = counts;
+    plan_evaluate(&placed, cost);
+    if (placed.step_seconds < plan->step_seconds && plan_memory_ratio(placed) <= 1) *plan = std::move(placed);
+  }
+}
+
 std::vector<std::string> expert_placement_notes(const CostModel& cost, const Plan& plan) {
   std::vector<std::string> notes;
   if (!model_is_moe(cost.model())) return notes;
   const ClusterSpec& cluster = cost.cluster();
   const int experts = static_cast<int>(cost.model().moe.num_experts);
+  notes.push_back(cost.expert_token_shares().empty()
+                      ? std::string("expert load: uniform routing assumed (a training file's expert_tokens, e.g. from "
+                                    "alloy train's step log, prices a measured one)")
+                      : fmt::format("expert load: measured routing, the most popular expert takes {:.1f}% of the picks "
+                                    "(even: {:.1f}%)",
+                                    100.0 * *std::max_element(cost.expert_token_shares().begin(),
+                                                              cost.expert_token_shares().end()),
+                                    100.0 / static_cast<double>(experts)));
   if (cost.model().moe.first_dense_layers > 0)
     notes.push_back(fmt::format("the cost model prices {}'s {} leading dense block{} as MoE blocks (an approximation: "
                                 "every block of a stage is priced alike)",
@@ -123,8 +199,14 @@ std::vector<std::string> expert_placement_notes(const CostModel& cost, const Pla
                                    st.ep, experts, held);
     if (st.experts_per_member.empty()) {
       const std::vector<double> speeds = expert_member_speeds(cost, st, plan.precision);
-      line += placement_group_mixed(speeds) ? "; even split over members of unequal speed"
-                                            : "; even (each expert-parallel group is of one speed, so even is proportional)";
+      if (!cost.expert_token_shares().empty() && st.ep > 1)
+        line += "; even (a placement by measured routing load would not shorten the step)";
+      else if (placement_group_mixed(speeds))
+        line += "; even split over members of unequal speed";
+      else if (st.ep > 1)
+        line += "; even (each expert-parallel group is of one speed, so even is proportional)";
+      else
+        line += "; every member holds every expert";
       notes.push_back(line);
       continue;
     }
@@ -133,10 +215,11 @@ std::vector<std::string> expert_placement_notes(const CostModel& cost, const Pla
     even.stages[s].experts_per_member.clear();
     const bool divides = experts % std::max(1, st.ep) == 0;
     if (divides) plan_evaluate(&even, cost);
-    line += divides ? fmt::format("; by speed: step {:.3f} s against {:.3f} s with an even placement ({:+.1f}%)",
+    const char* by = cost.expert_token_shares().empty() ? "by speed" : "by speed and measured routing load";
+    line += divides ? fmt::format("; {}: step {:.3f} s against {:.3f} s with an even placement ({:.1f}% shorter)", by,
                                   plan.step_seconds, even.step_seconds,
-                                  100.0 * (plan.step_seconds / even.step_seconds - 1.0))
-                    : "; by speed (the experts do not divide evenly over the members)";
+                                  100.0 * (1.0 - plan.step_seconds / even.step_seconds))
+                    : fmt::format("; {} (the experts do not divide evenly over the members)", by);
     notes.push_back(line);
   }
   return notes;

@@ -46,13 +46,7 @@ struct SlotInfo {
   UnitKey unit_key;  // sp = 0
   std::span<const int> device_ids;  // into the type's pool
   int64_t placement = 0;            // first device, tp and dp: identifies the stage's placement
-  // MoE models: the slot at each expert-parallel degree it may take (empty for dense models).
-  struct AtEp {
-    int ep = 1;
-    StageShape shape;
-    const StageUnitCosts* unit[2] = {nullptr, nullptr};
-  };
-  std::vector<AtEp> at_ep;
+  std::vector<SlotAtEp> at_ep;  // MoE models: the slot at each ep it may take (empty for dense models)
 };
 
 struct Solution {
@@ -96,24 +90,8 @@ class Searcher {
     std::vector<StageOption>& set = sets.sets[blocks];
     if (!sets.computed[blocks]) {
       ++stats.stage_option_sets;
-      if (!model_is_moe(cost_.model())) {
-        stage_options(cost_, info.slot, blocks, pins_, &set);
-      } else if (info.at_ep.empty()) {
-        set.clear();  // a pinned ep this stage's dp does not allow
-      } else {
-        std::vector<int> degrees;
-        for (const SlotInfo::AtEp& a : info.at_ep) degrees.push_back(a.ep);
-        stage_options_over_ep(degrees, [&](int ep, std::vector<StageOption>* out) {
-          StageSlot at = info.slot;
-          for (const SlotInfo::AtEp& a : info.at_ep)
-            if (a.ep == ep) {
-              at.shape = a.shape;
-              at.unit[0] = a.unit[0];
-              at.unit[1] = a.unit[1];
-            }
-          stage_options(cost_, at, blocks, pins_, out);
-        }, &set);
-      }
+      if (model_is_moe(cost_.model())) stage_options_over_ep(cost_, info.slot, info.at_ep, blocks, pins_, &set);
+      else stage_options(cost_, info.slot, blocks, pins_, &set);
       sets.computed[blocks] = 1;
     }
     return set;
@@ -123,10 +101,11 @@ class Searcher {
   void add_expert_degrees(SlotInfo* info, int dp, bool plain_allowed, bool sp_allowed) {
     const int experts = static_cast<int>(cost_.model().moe.num_experts);
     for (int ep : stage_ep_degrees(dp, experts, options_.ep)) {
-      SlotInfo::AtEp a;
+      SlotAtEp a;
       a.ep = ep;
       a.shape = info->slot.shape;
-      moe_shape_set(cost_, &a.shape, ids_of(*info), ep, static_cast<double>(experts) / ep, 0, 0);
+      moe_shape_set(cost_, &a.shape, ids_of(*info), ep, static_cast<double>(experts) / ep, 0, 0,
+                    expert_placed_skew(cost_.expert_token_shares(), ep));
       UnitKey k = info->unit_key;
       k.ep = ep;
       if (plain_allowed) a.unit[0] = unit(a.shape, k);
@@ -668,9 +647,12 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     std::vector<std::vector<int>> device_ids;
     for (const SlotInfo& info : searchers.front()->slots(s, pools)) device_ids.emplace_back(info.device_ids.begin(), info.device_ids.end());
     plans.push_back(plan_build(cost, s, device_ids, sol.blocks, sol.options, options.objective));
+    expert_placement_refine(cost, &plans.back());
   }
+  const auto score = [&](const Plan& p) { return by_cost ? p.price_per_million_tokens : 1.0 / p.tokens_per_second; };
+  // A placement by measured routing load may have moved a plan ahead of another.
+  std::stable_sort(plans.begin(), plans.end(), [&](const Plan& a, const Plan& b) { return score(a) < score(b); });
   if (uneven) {
-    const auto score = [&](const Plan& p) { return by_cost ? p.price_per_million_tokens : 1.0 / p.tokens_per_second; };
     auto at = std::find_if(plans.begin(), plans.end(), [&](const Plan& p) { return score(*uneven) < score(p); });
     plans.insert(at, std::move(*uneven));
     if (plans.size() > keep) plans.pop_back();

@@ -8,6 +8,7 @@
 #include "cost/moe_cost.hpp"
 #include "hw/catalog.hpp"
 #include "search/expert_placement.hpp"
+#include "spec/error.hpp"
 
 namespace alloy {
 namespace {
@@ -92,6 +93,33 @@ TEST(MoeCost, ExpertParallelismCutsExpertMemoryAndAddsAllToAll) {
   // ZeRO shards the experts over the 2 members holding the same ones, the rest over all 16.
   EXPECT_NEAR(m8.optimizer_states_bytes,
               32 * 8.0 * ((u8.block_parameters - u8.block_expert_parameters) / 16 + u8.block_expert_parameters / 2), 1);
+}
+
+TEST(MoeCost, MeasuredRoutingSharesAndSkew) {
+  const ModelSpec model = model_load("tiny-moe");
+  // Three layers x 4 experts as the step log writes them (the dense block's row is 0).
+  const std::vector<double> shares = moe_expert_shares(model, {0, 0, 0, 0, 10, 20, 30, 40, 30, 20, 10, 40});
+  ASSERT_EQ(shares.size(), size_t{4});
+  EXPECT_DOUBLE_EQ(shares[0], 0.2);
+  EXPECT_DOUBLE_EQ(shares[3], 0.4);
+  EXPECT_DOUBLE_EQ(moe_routing_skew(shares, 0, 2), 0.8);  // 40% of the picks on half the experts
+  EXPECT_DOUBLE_EQ(moe_even_split_skew(shares, 2), 1.2);
+  EXPECT_DOUBLE_EQ(moe_routing_skew({}, 0, 2), 1.0);
+  EXPECT_THROW(moe_expert_shares(model, {1, 2, 3}), Error);
+  TrainSpec train;
+  train.expert_tokens = {1, 2, 3};
+  EXPECT_THROW(CostModel(model, cluster_load("local-cpu-2", catalog_builtin()), train), Error);
+}
+
+TEST(MoePlacement, ExpertsByMeasuredLoad) {
+  // Equal members: loads as near halves as whole experts allow.
+  EXPECT_EQ(expert_counts_by_load({1, 1}, {0.4, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05}), (std::vector<int>{2, 6}));
+  // A member three times as fast takes about three quarters of the load.
+  EXPECT_EQ(expert_counts_by_load({3, 1}, {0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125}),
+            (std::vector<int>{6, 2}));
+  EXPECT_EQ(expert_counts_by_load({1, 1, 1}, {0.9, 0.05, 0.05}), (std::vector<int>{1, 1, 1}));  // at least one each
+  EXPECT_DOUBLE_EQ(expert_placed_skew({}, 4), 1.0);
+  EXPECT_DOUBLE_EQ(expert_placed_skew({0.4, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05}, 2), 1.0);
 }
 
 TEST(MoePlacement, ExpertsInProportionToSpeed) {

@@ -39,5 +39,27 @@ TEST(MoeSearch, PinnedEpOneIsSlowerForMixtral) {
   for (const PlanStage& st : pinned.plan.stages) EXPECT_EQ(st.ep, 1);
 }
 
+// With a measured, skewed routing the plan places the experts by load where that shortens the
+// step, and says by how much against an even placement priced beside it.
+TEST(MoeSearch, MeasuredRoutingPlacesExpertsByLoad) {
+  TrainSpec train;
+  train.expert_tokens = {1800, 1500, 1200, 1000, 900, 800, 700, 600};
+  const CostModel cost(model_load("mixtral-8x7b"), cluster_load("h100-a100", catalog_builtin()), train);
+  SearchOptions options;
+  options.ep = 4;
+  const SearchResult r = plan_search(cost, options);
+  EXPECT_TRUE(notes_contain(r.plan, "expert load: measured routing, the most popular expert takes 21.2%"));
+  bool placed = false;
+  for (const PlanStage& st : r.plan.stages) {
+    if (st.experts_per_member.empty()) continue;
+    placed = true;
+    ASSERT_EQ(st.experts_per_member.size(), size_t{4});
+    EXPECT_GT(st.experts_per_member.back(), st.experts_per_member.front());  // fewer of the popular ones
+  }
+  EXPECT_TRUE(placed);
+  EXPECT_TRUE(notes_contain(r.plan, "by speed and measured routing load: step "));
+  EXPECT_TRUE(notes_contain(r.plan, "with an even placement ("));
+}
+
 }  // namespace
 }  // namespace alloy

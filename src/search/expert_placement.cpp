@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -31,9 +32,27 @@ std::vector<int> expert_placement_counts(const CostModel& cost, const PlanStage&
   const std::vector<double> speeds = expert_member_speeds(cost, st, precision);
   const std::vector<double>& shares = cost.expert_token_shares();
   if (st.ep <= 1) return {};
-  if (!shares.empty()) return expert_counts_by_load(speeds, shares);
-  if (placement_group_mixed(speeds)) return expert_counts_by_speed(speeds, static_cast<int>(cost.model().moe.num_experts));
-  return {};
+  std::vector<int> counts;
+  if (!shares.empty()) counts = expert_counts_by_load(speeds, shares);
+  else if (placement_group_mixed(speeds)) counts = expert_counts_by_speed(speeds, static_cast<int>(cost.model().moe.num_experts));
+  // The same count everywhere is the even placement.
+  if (std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts.front(); })) counts.clear();
+  return counts;
+}
+
+// Why a stage of members of unequal speed kept an even placement: what the placement by speed
+// would take.
+std::string placement_by_speed_outcome(const CostModel& cost, const Plan& plan, size_t s) {
+  Plan placed = plan;
+  placed.runner_ups.clear();
+  placed.stages[s].experts_per_member = expert_placement_counts(cost, placed.stages[s], plan.precision);
+  if (placed.stages[s].experts_per_member.empty()) return "";
+  plan_evaluate(&placed, cost);
+  if (plan_memory_ratio(placed) > 1)
+    return fmt::format(" (by speed, {} experts per member, would need {:.0f}% of a device's memory)",
+                       fmt::join(placed.stages[s].experts_per_member, "/"), 100.0 * plan_memory_ratio(placed));
+  return fmt::format(" (by speed, {} experts per member, would take {:.3f} s)",
+                     fmt::join(placed.stages[s].experts_per_member, "/"), placed.step_seconds);
 }
 
 }  // namespace
@@ -133,18 +152,24 @@ void expert_placement_choose(const CostModel& cost, const SearchOptions& options
   if (!model_is_moe(cost.model()) || plan->stages.size() != 1) return;
   const int experts = static_cast<int>(cost.model().moe.num_experts);
   Plan best = *plan;
-  double best_score = placement_score(best, options);
+  // A pinned ep replaces the plan's (ep 1) whatever it scores.
+  double best_score = options.ep > 1 ? std::numeric_limits<double>::infinity() : placement_score(best, options);
+  // Each degree evenly and by speed and load: more experts on a fast device may not fit its memory.
   for (int ep : stage_ep_degrees(plan->stages[0].dp, experts, options.ep)) {
     Plan candidate = *plan;
-    PlanStage& st = candidate.stages[0];
-    st.ep = ep;
-    st.experts_per_member.clear();
-    st.experts_per_member = expert_placement_counts(cost, st, candidate.precision);
-    plan_evaluate(&candidate, cost);
-    const double score = placement_score(candidate, options);
-    if (score < best_score) {
-      best_score = score;
-      best = std::move(candidate);
+    candidate.stages[0].ep = ep;
+    candidate.stages[0].experts_per_member.clear();
+    const std::vector<int> placed = expert_placement_counts(cost, candidate.stages[0], candidate.precision);
+    std::vector<std::vector<int>> placements = {{}};
+    if (!placed.empty()) placements.push_back(placed);
+    for (const std::vector<int>& counts : placements) {
+      candidate.stages[0].experts_per_member = counts;
+      plan_evaluate(&candidate, cost);
+      const double score = placement_score(candidate, options);
+      if (score < best_score) {
+        best_score = score;
+        best = candidate;
+      }
     }
   }
   *plan = std::move(best);
@@ -202,7 +227,7 @@ std::vector<std::string> expert_placement_notes(const CostModel& cost, const Pla
       if (!cost.expert_token_shares().empty() && st.ep > 1)
         line += "; even (a placement by measured routing load would not shorten the step)";
       else if (placement_group_mixed(speeds))
-        line += "; even split over members of unequal speed";
+        line += "; even split over members of unequal speed" + placement_by_speed_outcome(cost, plan, s);
       else if (st.ep > 1)
         line += "; even (each expert-parallel group is of one speed, so even is proportional)";
       else

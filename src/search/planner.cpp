@@ -634,6 +634,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
       hint += ", drop --gradients shard (layers are offloaded only with gradients accumulated in full)";
     if (options.micro_batch_sequences > 1 || options.num_micro_batches > 0) hint += ", use a smaller micro-batch";
     if (options.tp > 0 || options.pp > 0 || options.dp > 0) hint += ", unpin tp/pp/dp";
+    if (options.ep > 1) hint += fmt::format(", leave --ep {} out (a stage whose dp it does not divide has no layout)", options.ep);
     if (options.every_device) hint += ", drop --all-devices (a device too small for any share can then sit out)";
     throw Error(fmt::format("nothing fits in device memory: the most frugal layout needs {} per {} device, "
                             "which has {}",

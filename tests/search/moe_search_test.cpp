@@ -61,5 +61,25 @@ TEST(MoeSearch, MeasuredRoutingPlacesExpertsByLoad) {
   EXPECT_TRUE(notes_contain(r.plan, "with an even placement ("));
 }
 
+// Under uneven data parallelism an expert-parallel group of H200s and A100s mixes speeds: the
+// plan names what each type holds and what a placement by speed would do.
+TEST(MoeSearch, MixedGroupNamesThePlacementBySpeed) {
+  const std::string yaml =
+      "name: h200-a100-quad\nnetwork: {kind: roce, bandwidth: 400Gb/s, latency: 8us}\nnodes:\n"
+      "  - {name: h200-node, count: 1, device: h200-sxm, devices_per_node: 2, host_memory: 512GiB, host_link: 50GB/s}\n"
+      "  - {name: a100-node, count: 1, device: a100-80gb-sxm, devices_per_node: 2, host_memory: 512GiB, host_link: 25GB/s}\n";
+  const CostModel cost(model_load("qwen1.5-moe-a2.7b"), cluster_load_text(yaml, "quad.yaml", "quad", catalog_builtin()),
+                       TrainSpec{});
+  SearchOptions options;
+  options.ep = 4;
+  const SearchResult r = plan_search(cost, options);
+  ASSERT_EQ(r.plan.stages.size(), size_t{1});
+  EXPECT_EQ(r.plan.stages[0].ep, 4);
+  EXPECT_FALSE(r.plan.stages[0].replicas.empty());
+  EXPECT_TRUE(notes_contain(r.plan, "stage 0 expert placement: ep 4 (60 experts per MoE block), a100-80gb-sxm "));
+  EXPECT_TRUE(notes_contain(r.plan, "(by speed, 23/23/7/7 experts per member") ||
+              notes_contain(r.plan, "by speed: step "));
+}
+
 }  // namespace
 }  // namespace alloy

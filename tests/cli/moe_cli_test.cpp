@@ -53,6 +53,11 @@ TEST(MoeCli, PlanNamesTheExpertPlacement) {
   EXPECT_NE(r.output.find("1 leading dense block as MoE blocks"), std::string::npos) << r.output;
   const CommandResult sim = alloy("simulate --plan " + dir.path() + "/plan.json");
   EXPECT_EQ(sim.exit_code, 0) << sim.output;
+  // Stages that split their experts show the degree in the stage table.
+  const CommandResult mixtral = alloy("plan --model mixtral-8x7b --cluster h100-a100 --no-simulate");
+  ASSERT_EQ(mixtral.exit_code, 0) << mixtral.output;
+  EXPECT_NE(mixtral.output.find(" tp dp ep "), std::string::npos) << mixtral.output;
+  EXPECT_NE(mixtral.output.find("stage 1 expert placement: ep 4"), std::string::npos) << mixtral.output;
 }
 
 // A pinned expert-parallel degree that cannot be: one line naming it, exit 2.

@@ -51,6 +51,7 @@ std::vector<Case> speed_cases() {
                    shipped("a100-40-v100-16-128"), train(2048, 256), 0.1});
   cases.push_back({"llama-3-70b, hetero-1024", model_load("llama-3-70b"), shipped("hetero-1024"), train(4096, 1024),
                    1.0});
+  cases.push_back({"mixtral-8x7b, h100-a100", model_load("mixtral-8x7b"), shipped("h100-a100"), train(4096, 64), 1.0});
   ModelSpec eighty = model_load("llama-3-70b");
   eighty.name = "80-layer";
   // Not shipped: 4096 GPUs of four types, 128 nodes of 8 each, built here from the catalog.

@@ -35,7 +35,6 @@ struct PlanCommand {
 
 void run_plan(PlanCommand& c) {
   ModelSpec model = model_load(c.model);
-  model_require_dense(model, "`alloy plan`");
   ClusterSpec cluster = cluster_load(c.cluster, catalog_builtin());
   TrainSpec train;
   if (!c.train.empty()) train = train_load(c.train);

@@ -55,6 +55,8 @@ void search_flags_add(CLI::App* cmd, SearchFlags& c) {
   cmd->add_option("--tp", c.search.tp, "Pin the tensor-parallel degree of every stage")->check(option_whole_in(1, kPlanMostDevices));
   cmd->add_option("--pp", c.search.pp, "Pin the number of pipeline stages")->check(option_whole_in(1, kPlanMostDevices));
   cmd->add_option("--dp", c.search.dp, "Pin the data-parallel degree of every stage")->check(option_whole_in(1, kPlanMostDevices));
+  cmd->add_option("--ep", c.search.ep, "Pin the expert-parallel degree of every stage (Mixture-of-Experts models)")
+      ->check(option_whole_in(1, kPlanMostDevices));
   cmd->add_option("--micro-batch", c.search.micro_batch_sequences, "Pin the micro-batch size (sequences)")
       ->check(option_whole_in(1, kOptionMostSequences));
   cmd->add_option("--num-micro-batches", c.search.num_micro_batches, "Pin the number of micro-batches")

@@ -1,4 +1,5 @@
 #include "cost/cost_model.hpp"
+#include "cost/moe_cost.hpp"
 #include "cost/network_paths.hpp"
 #include "spec/topology.hpp"
 #include "spec/units.hpp"
@@ -66,7 +67,8 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
 CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                      const Profile* profile)
     : model_(model), cluster_(cluster), train_(train), profile_(profile) {
-  model_require_dense(model, "the cost model");
+  dense_part_ = model_is_moe(model) ? moe_dense_part(model) : model;
+  expert_shares_ = moe_expert_shares(model, train.expert_tokens);
   type_links_.resize(cluster.device_types.size());
   std::vector<bool> seen(cluster.device_types.size(), false);
   for (const NodeGroup& g : cluster.node_groups) {
@@ -120,6 +122,9 @@ StageShape CostModel::stage_shape(const std::vector<int>& ids, int tp, int dp, i
   s.tp_group.intra_node = link;
   s.tp_group.network = cluster_.network;
   s.dp_group = network_dp_group(cluster_, ids, tp, dp, link);
+  s.held_experts = static_cast<double>(model_.moe.num_experts);
+  s.expert_zero_share = s.zero_share;
+  s.expert_dp_group = s.dp_group;
   return s;
 }
 
@@ -196,7 +201,9 @@ LayerSecondsBound CostModel::layer_seconds_bound(int device_type, int tp, int64_
 }
 
 StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
-  const ModelSpec& m = model_;
+  // MoE models: the dense arithmetic prices attention and shared experts; the router, the
+  // routed experts and their all-to-alls are added below.
+  const ModelSpec& m = dense_part_;
   const Precision p = train_.precision;
   const int64_t b = shape.micro_batch;
   const int64_t s = train_.seq_len;
@@ -229,6 +236,21 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
       compute_only.forward_seconds * recompute_forward_share(block, Recompute::Recompute_full) + recompute_collectives;
 
   u.block_parameters = static_cast<double>(block_parameters(m)) / tp;
+  MoeRoutedWork routed;
+  if (model_is_moe(model_)) {
+    routed = moe_routed_work(model_, shape, s, p);
+    const DeviceType& type = cluster_.device_types[shape.device_type];
+    const double routed_forward = compute_seconds(type, p, routed.work, false);
+    // Dispatch and combine in forward, their gradients' in backward: none hidden by compute
+    // (the experts wait for their rows, the next layer for the combined output).
+    u.expert_all_to_all_seconds = all_to_all_seconds(routed.dispatch_bytes, shape.ep_group);
+    u.block.forward_seconds += routed_forward + 2.0 * u.expert_all_to_all_seconds;
+    u.block.backward_seconds += compute_seconds(type, p, routed.work, true) + 2.0 * u.expert_all_to_all_seconds;
+    // Full recomputation runs the routed part's forward again, dispatch and combine included.
+    u.recompute_full_seconds += routed_forward + 2.0 * u.expert_all_to_all_seconds;
+    u.block_expert_parameters = shape.held_experts * static_cast<double>(moe_expert_parameters(model_)) / tp;
+    u.block_parameters += u.block_expert_parameters + static_cast<double>(moe_router_parameters(model_)) / tp;
+  }
   double host_link = 0;
   for (const NodeGroup& g : cluster_.node_groups)
     if (g.device_type_index == shape.device_type && (host_link == 0 || g.host_link_bytes_per_second < host_link))
@@ -262,11 +284,13 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
   const AttentionMemory attention = runtime.attention_memory;
   for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
-    u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, attention);
+    u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, attention) +
+                                                     (r == Recompute::Recompute_full ? 0 : routed.activation_bytes);
   u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, attention);
   u.backward_workspace_bytes = runtime.backward_workspace == BackwardWorkspace::BackwardWorkspace_fused
                                    ? block_backward_workspace_bytes(m, b, s, tp, p)
                                    : cpu_block_backward_workspace_bytes(m, b, s, tp, sp, p);
+  u.backward_workspace_bytes = std::max(u.backward_workspace_bytes, routed.workspace_bytes);
   u.boundary_bytes = hidden_state_bytes(m, b * shape.dp, s, p);
   u.block_output_bytes = hidden_state_bytes(m, b, s, p) / (sp ? tp : 1);
   const bool keeps_whole = runtime.sequence_parallel_keeps_whole_hidden_states;
@@ -375,7 +399,10 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   const double host_seconds_per_parameter = runtime_traits(type).host_is_device
                                                 ? device_seconds_per_parameter
                                                 : bytes_per_update / kHostOptimizerBytesPerSecond;
-  t.optimizer_seconds = (params - offloaded_params) * share * device_seconds_per_parameter +
+  // ZeRO shards the routed experts over the dp / ep members holding them.
+  const double expert_params = (c.blocks - c.offloaded) * u.block_expert_parameters;
+  const double expert_extra = c.zero >= 1 ? expert_params * (shape.expert_zero_share - share) : 0;
+  t.optimizer_seconds = ((params - offloaded_params) * share + expert_extra) * device_seconds_per_parameter +
                         offloaded_params * share * host_seconds_per_parameter;
   // The optimizer waits for the last block's gradients to reach host memory.
   if (c.offloaded > 0) t.optimizer_seconds += u.offload_gradients_seconds;
@@ -399,7 +426,11 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const bool tied_across_stages = model_.tied_embeddings && !(c.has_embedding && c.has_head) &&
                                   (c.has_embedding || (c.has_head && c.head_holds_lm_matrix));
   const double whole = tied_across_stages ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
-  const auto sharded = [&](bool by_zero) { return (params - whole) * (by_zero ? shape.zero_share : 1.0) + whole; };
+  // The routed experts shard over the members holding the same ones (dp / ep of them).
+  const double experts = resident_blocks * u.block_expert_parameters;
+  const auto sharded = [&](bool by_zero) {
+    return by_zero ? (params - whole - experts) * shape.zero_share + experts * shape.expert_zero_share + whole : params;
+  };
   mem.parameters_bytes = sharded(c.zero >= 3) * e;
   // With fp32 master weights gradients accumulate in fp32, as Alloy's GPU runtime and
   // Megatron-LM's do.

@@ -37,6 +37,18 @@ struct StageShape {
                                  // unless uneven data parallelism shards by batch share)
   GroupPlacement tp_group;       // always inside one node
   GroupPlacement dp_group;
+  // Mixture-of-Experts models (src/cost/moe_cost.hpp; ignored for dense ones): the member's
+  // expert-parallel degree, the routed experts of each MoE block it holds, the sequences of each
+  // micro-batch whose tokens its group routes (0: micro_batch x ep), its routed token load over
+  // the even share of its experts (the expected imbalance) and its share of what ZeRO shards of
+  // the experts (over the dp / ep members holding the same ones).
+  int ep = 1;
+  double held_experts = 0;
+  double expert_group_sequences = 0;
+  double expert_load_factor = 1.0;
+  double expert_zero_share = 1.0;
+  GroupPlacement ep_group;
+  GroupPlacement expert_dp_group;
 };
 
 // Seconds of one layer for one micro-batch on one device, collectives included.
@@ -58,6 +70,8 @@ struct StageUnitCosts {
   double zero3_forward_seconds = 0;        // exposed per-micro-batch gathers of one block
   double zero3_backward_seconds = 0;
   double block_parameters = 0;             // per device (divided by tp)
+  double block_expert_parameters = 0;      // of those, the routed experts' (MoE models)
+  double expert_all_to_all_seconds = 0;    // one dispatch or combine of one MoE block (in block times)
   double embedding_parameters = 0;
   double head_parameters = 0;
   double block_activation_bytes[3] = {0, 0, 0};  // by Recompute
@@ -157,6 +171,9 @@ class CostModel {
   const ClusterSpec& cluster() const { return cluster_; }
   const TrainSpec& train() const { return train_; }
   const Profile* profile() const { return profile_; }  // null without --profile
+  // MoE: each routed expert's measured share of the picks (TrainSpec::expert_tokens); empty:
+  // uniform routing.
+  const std::vector<double>& expert_token_shares() const { return expert_shares_; }
 
   // The stage's groups from the device ids it uses (ranks ordered tp fastest, then dp).
   StageShape stage_shape(const std::vector<int>& device_ids, int tp, int dp, int64_t micro_batch) const;
@@ -224,6 +241,8 @@ class CostModel {
   TrainSpec train_;
   const Profile* profile_;  // not owned; must outlive the cost model
   std::vector<Link> type_links_;
+  ModelSpec dense_part_;  // MoE models: the blocks without their routed experts (moe_cost.hpp)
+  std::vector<double> expert_shares_;
   mutable std::mutex notes_mutex_;
   mutable std::set<std::string> notes_;
 };

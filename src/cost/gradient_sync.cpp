@@ -104,7 +104,10 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
   const double wire = gradient_wire_bytes(c.zero);
   const double grad_bytes = params * wire;
   const CollectiveOp op = c.zero <= 1 ? CollectiveOp::CollectiveOp_all_reduce : CollectiveOp::CollectiveOp_reduce_scatter;
-  const double reduce = group_seconds(shape.device_type, op, grad_bytes, shape.dp_group);
+  // MoE: the routed experts' gradients reduce over the members holding the same experts.
+  const double expert_bytes = c.blocks * u.block_expert_parameters * wire;
+  const double reduce = group_seconds(shape.device_type, op, grad_bytes - expert_bytes, shape.dp_group) +
+                        group_seconds(shape.device_type, op, expert_bytes, shape.expert_dp_group);
   const double last_bytes = stage_gradient_buckets(shape, u, c).last_bytes * wire / accumulated;
   const double last_bucket =
       last_bytes >= grad_bytes ? reduce : group_seconds(shape.device_type, op, last_bytes, shape.dp_group);
@@ -120,7 +123,10 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
   if (stage_gradients_sharded(shape, c) && c.micro_batches > 1)
     sync += (c.micro_batches - 1) * earlier_reduce_scatter_seconds(shape, u, c, reduce, last_bucket);
   if (c.zero == 1 || c.zero == 2)
-    sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, params * e, shape.dp_group);
+    sync += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, (params - expert_bytes / wire) * e,
+                          shape.dp_group) +
+            group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, expert_bytes / wire * e,
+                          shape.expert_dp_group);
   return sync;
 }
 

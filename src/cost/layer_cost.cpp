@@ -119,6 +119,8 @@ double recompute_forward_share(const LayerWork& block, Recompute recompute) {
 }
 
 double model_flops_per_sequence(const ModelSpec& m, int64_t seq_len) {
+  // MoE: the router, the top-k routed and the shared experts a token passes through.
+  if (model_is_moe(m)) return model_flops_per_token(m, seq_len).training * static_cast<double>(seq_len);
   const double s = static_cast<double>(seq_len);
   const double per_block = 2.0 * s * static_cast<double>(block_matmul_parameters(m)) +
                            4.0 * s * s * static_cast<double>(query_width(m));

@@ -143,8 +143,20 @@ std::string plan_render_text(const Plan& plan, const RenderOptions& options) {
                     fmt::format("{:.1f} / {:.1f}", total / kGiB, st.memory_capacity_bytes / kGiB),
                     st.memory_capacity_bytes > 0 ? fmt::format("{:.0f}%", 100 * total / st.memory_capacity_bytes) : "-"});
   }
+  // Mixture-of-Experts plans: each stage's expert-parallel degree (and uneven expert counts).
+  const bool experts = std::any_of(plan.stages.begin(), plan.stages.end(),
+                                   [](const PlanStage& st) { return st.ep > 1 || !st.experts_per_member.empty(); });
+  if (experts) {
+    rows[0].insert(rows[0].begin() + 6, "ep");
+    for (size_t s = 0; s < plan.stages.size(); ++s) {
+      const PlanStage& st = plan.stages[s];
+      rows[s + 1].insert(rows[s + 1].begin() + 6, st.experts_per_member.empty()
+                                                      ? fmt::format("{}", st.ep)
+                                                      : fmt::format("{} ({})", st.ep, fmt::join(st.experts_per_member, "/")));
+    }
+  }
   if (!priced)  // the choices only: no predicted times or memory
-    for (std::vector<std::string>& row : rows) row.resize(11);
+    for (std::vector<std::string>& row : rows) row.resize(experts ? 12 : 11);
   out += table(rows);
   if (priced) out += replicas_table(plan);
 

@@ -10,7 +10,15 @@
 
 namespace alloy {
 
-enum class SimStream { SimStream_compute, SimStream_send, SimStream_recv, SimStream_collective, SimStream_copy };
+// all_to_all: Mixture-of-Experts dispatch and combine of a forward or backward operation's blocks.
+enum class SimStream {
+  SimStream_compute,
+  SimStream_send,
+  SimStream_recv,
+  SimStream_collective,
+  SimStream_copy,
+  SimStream_all_to_all,
+};
 const char* sim_stream_name(SimStream stream);
 
 struct SimInterval {

@@ -17,6 +17,7 @@ const char* sim_stream_name(SimStream stream) {
     case SimStream::SimStream_recv: return "recv";
     case SimStream::SimStream_collective: return "collective";
     case SimStream::SimStream_copy: return "copy";
+    case SimStream::SimStream_all_to_all: return "all_to_all";
   }
   return "?";
 }
@@ -25,10 +26,12 @@ const char* sim_stream_name(SimStream stream) {
 namespace {
 
 constexpr SimStream kStreams[] = {SimStream::SimStream_compute, SimStream::SimStream_send, SimStream::SimStream_recv,
-                                  SimStream::SimStream_collective, SimStream::SimStream_copy};
+                                  SimStream::SimStream_collective, SimStream::SimStream_copy,
+                                  SimStream::SimStream_all_to_all};
 
 std::string event_name(const SimInterval& iv) {
   std::string name = op_kind_name(iv.kind);
+  if (iv.stream == SimStream::SimStream_all_to_all) name = "all-to-all " + name;
   if (iv.micro_batch >= 0) name += fmt::format(" mb {}", iv.micro_batch);
   if (iv.kind != OpKind::OpKind_optimizer) name += fmt::format(" c{}", iv.chunk);
   return name;

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "cost/moe_cost.hpp"
 #include "cost/network_paths.hpp"
 #include "search/planner.hpp"
 #include "spec/error.hpp"
@@ -73,6 +74,7 @@ ReplicaCosts pass_costs(const Plan& plan, int s, int dp_rank, int64_t b, const S
   StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, b);
   shape.device_type = cost.cluster().devices[st.device_ids[static_cast<size_t>(dp_rank) * st.tp]].device_type_index;
   shape.zero_share = st.zero_share(plan.micro_batch_sequences, dp_rank);
+  plan_stage_set_experts(cost, plan, s, dp_rank, &shape);
   const StageUnitCosts unit = cost.unit_costs(shape, st.sequence_parallel);
   double send_seconds = 0;
   if (choice.chunks_sent > 0)
@@ -113,6 +115,23 @@ ReplicaCosts replica_costs(const Plan& plan, int s, int dp_rank, const StageChoi
 }
 
 }  // namespace
+
+void plan_stage_set_experts(const CostModel& cost, const Plan& plan, int s, int dp_rank, StageShape* shape) {
+  if (!model_is_moe(cost.model())) return;
+  // The member's experts run the rows its whole expert-parallel group routes to them.
+  const PlanStage& st = plan.stages[static_cast<size_t>(s)];
+  const int ep = std::max(1, st.ep);
+  const int first = dp_rank / ep * ep;
+  double group_sequences = 0;
+  for (int d = first; d < first + ep; ++d)
+    group_sequences += static_cast<double>(st.replica_sequences(plan.micro_batch_sequences, d));
+  const std::pair<int, int> held = plan_expert_range(st, static_cast<int>(cost.model().moe.num_experts), dp_rank % ep);
+  // A stage of even replicas is priced by one member: the one whose experts are most popular.
+  const std::vector<double>& shares = cost.expert_token_shares();
+  const double skew = st.experts_per_member.empty() && st.replicas.empty() ? moe_even_split_skew(shares, ep)
+                                                    : moe_routing_skew(shares, held.first, held.second);
+  moe_shape_set(cost, shape, st.device_ids, ep, held.second - held.first, dp_rank, group_sequences, skew);
+}
 
 const char* objective_name(Objective objective) {
   return objective == Objective::Objective_cost ? "cost" : "throughput";
@@ -162,11 +181,14 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
     // parallelism can be another replica's (a slow device updates as many weights in its shard).
     // Its memory is the replica's nearest its capacity.
     double slowest_passes = -1, slowest_overhead = -1, fullest = -1;
-    std::map<std::tuple<int, int64_t, int>, ReplicaCosts> alike;  // replicas of one type, share and pieces
-    for (int d = 0; d < (st.replicas.empty() ? 1 : st.dp); ++d) {
+    // replicas of one type, share, pieces and held experts
+    std::map<std::tuple<int, int64_t, int, int>, ReplicaCosts> alike;
+    const bool uneven_experts = !st.experts_per_member.empty();
+    for (int d = 0; d < (st.replicas.empty() && !uneven_experts ? 1 : st.dp); ++d) {
       const int type = cluster.devices[st.device_ids[static_cast<size_t>(d) * st.tp]].device_type_index;
+      const int held = uneven_experts ? st.experts_per_member[static_cast<size_t>(d % std::max(1, st.ep))] : 0;
       const auto key = std::make_tuple(type, st.replica_sequences(plan->micro_batch_sequences, d),
-                                       st.replicas.empty() ? 1 : st.replicas[static_cast<size_t>(d)].pieces);
+                                       st.replicas.empty() ? 1 : st.replicas[static_cast<size_t>(d)].pieces, held);
       auto known = alike.find(key);
       if (known == alike.end()) known = alike.emplace(key, replica_costs(*plan, s, d, choice, cost)).first;
       const ReplicaCosts& r = known->second;
@@ -198,7 +220,7 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
         st.memory = memory_terms(r.memory);
         st.memory_capacity_bytes = r.capacity_bytes;
       }
-      const int devices = st.replicas.empty() ? static_cast<int>(st.device_ids.size()) : st.tp;
+      const int devices = st.replicas.empty() && !uneven_experts ? static_cast<int>(st.device_ids.size()) : st.tp;
       peak_flops += r.peak_flops * devices;
       recompute_flops += r.recompute_flops * devices;
     }

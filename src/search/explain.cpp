@@ -184,6 +184,7 @@ Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std
       st.zero = o.zero;
       st.shard_gradients = o.shard_gradients;
       st.sequence_parallel = o.sequence_parallel;
+      st.ep = o.ep;
       st.offload_prefetch_depth = o.prefetch_depth;
       st.has_embedding = stage == 0;
       st.has_head = static_cast<int>(stage) == p - 1;

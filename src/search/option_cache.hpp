@@ -13,6 +13,7 @@ namespace alloy {
 struct UnitKey {
   int type, tp, dp, dp_nodes, concurrent, sp;
   int64_t micro_batch;
+  int ep = 1;
   bool operator==(const UnitKey&) const = default;
 };
 
@@ -42,7 +43,7 @@ struct KeyHash {
   size_t operator()(const UnitKey& k) const {
     size_t h = 0;
     for (int64_t v : {int64_t(k.type), int64_t(k.tp), int64_t(k.dp), int64_t(k.dp_nodes), int64_t(k.concurrent),
-                      int64_t(k.sp), k.micro_batch})
+                      int64_t(k.sp), k.micro_batch, int64_t(k.ep)})
       h = mix(h, static_cast<uint64_t>(v));
     return h;
   }

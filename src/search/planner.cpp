@@ -18,6 +18,9 @@
 
 #include "cost/network_paths.hpp"
 #include "plan/runnable.hpp"
+#include "cost/moe_cost.hpp"
+#include "search/expert_options.hpp"
+#include "search/expert_placement.hpp"
 #include "search/explain.hpp"
 #include "search/layouts.hpp"
 #include "search/network_notes.hpp"
@@ -43,6 +46,7 @@ struct SlotInfo {
   UnitKey unit_key;  // sp = 0
   std::span<const int> device_ids;  // into the type's pool
   int64_t placement = 0;            // first device, tp and dp: identifies the stage's placement
+  std::vector<SlotAtEp> at_ep;  // MoE models: the slot at each ep it may take (empty for dense models)
 };
 
 struct Solution {
@@ -86,10 +90,29 @@ class Searcher {
     std::vector<StageOption>& set = sets.sets[blocks];
     if (!sets.computed[blocks]) {
       ++stats.stage_option_sets;
-      stage_options(cost_, info.slot, blocks, pins_, &set);
+      if (model_is_moe(cost_.model())) stage_options_over_ep(cost_, info.slot, info.at_ep, blocks, pins_, &set);
+      else stage_options(cost_, info.slot, blocks, pins_, &set);
       sets.computed[blocks] = 1;
     }
     return set;
+  }
+
+  // The slot at each expert-parallel degree its dp allows (ep 1 is the slot itself).
+  void add_expert_degrees(SlotInfo* info, int dp, bool plain_allowed, bool sp_allowed) {
+    const int experts = static_cast<int>(cost_.model().moe.num_experts);
+    for (int ep : stage_ep_degrees(dp, experts, options_.ep)) {
+      SlotAtEp a;
+      a.ep = ep;
+      a.shape = info->slot.shape;
+      moe_shape_set(cost_, &a.shape, ids_of(*info), ep, static_cast<double>(experts) / ep, 0, 0,
+                    expert_placed_skew(cost_.expert_token_shares(), ep));
+      UnitKey k = info->unit_key;
+      k.ep = ep;
+      if (plain_allowed) a.unit[0] = unit(a.shape, k);
+      k.sp = 1;
+      if (sp_allowed) a.unit[1] = unit(a.shape, k);
+      info->at_ep.push_back(std::move(a));
+    }
   }
 
   static std::vector<int> ids_of(const SlotInfo& info) { return {info.device_ids.begin(), info.device_ids.end()}; }
@@ -137,7 +160,7 @@ class Searcher {
         slot.shape = cached->second;
         slot.shape.micro_batch = micro / g.dp;
         info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
-                         0, micro / g.dp};
+                         0, micro / g.dp, 1};
         const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0 &&
                                 group_sequence_parallel_runnable(g, micro, cost_.train().seq_len);
         const bool plain_allowed = pins_.sequence_parallel != 1 || g.tp == 1;
@@ -145,6 +168,7 @@ class Searcher {
         if (plain_allowed) slot.unit[0] = unit(slot.shape, k);
         k.sp = 1;
         if (sp_allowed) slot.unit[1] = unit(slot.shape, k);
+        if (model_is_moe(cost_.model())) add_expert_degrees(&info, g.dp, plain_allowed, sp_allowed);
         slot.capacity_bytes = cost_.device_memory_bytes(g.device_type);
         slot.host_capacity_bytes = cost_.host_memory_share_bytes(g.device_type);
         out.push_back(std::move(info));
@@ -610,6 +634,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
       hint += ", drop --gradients shard (layers are offloaded only with gradients accumulated in full)";
     if (options.micro_batch_sequences > 1 || options.num_micro_batches > 0) hint += ", use a smaller micro-batch";
     if (options.tp > 0 || options.pp > 0 || options.dp > 0) hint += ", unpin tp/pp/dp";
+    if (options.ep > 1) hint += fmt::format(", leave --ep {} out (a stage whose dp it does not divide has no layout)", options.ep);
     if (options.every_device) hint += ", drop --all-devices (a device too small for any share can then sit out)";
     throw Error(fmt::format("nothing fits in device memory: the most frugal layout needs {} per {} device, "
                             "which has {}",
@@ -623,9 +648,12 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     std::vector<std::vector<int>> device_ids;
     for (const SlotInfo& info : searchers.front()->slots(s, pools)) device_ids.emplace_back(info.device_ids.begin(), info.device_ids.end());
     plans.push_back(plan_build(cost, s, device_ids, sol.blocks, sol.options, options.objective));
+    expert_placement_refine(cost, &plans.back());
   }
+  const auto score = [&](const Plan& p) { return by_cost ? p.price_per_million_tokens : 1.0 / p.tokens_per_second; };
+  // A placement by measured routing load may have moved a plan ahead of another.
+  std::stable_sort(plans.begin(), plans.end(), [&](const Plan& a, const Plan& b) { return score(a) < score(b); });
   if (uneven) {
-    const auto score = [&](const Plan& p) { return by_cost ? p.price_per_million_tokens : 1.0 / p.tokens_per_second; };
     auto at = std::find_if(plans.begin(), plans.end(), [&](const Plan& p) { return score(*uneven) < score(p); });
     plans.insert(at, std::move(*uneven));
     if (plans.size() > keep) plans.pop_back();
@@ -638,6 +666,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     for (const std::string& note : cost.fallback_notes()) plan.notes.push_back(note);
     for (const std::string& note : published_mfu_notes(plan, cost)) plan.notes.push_back(note);
     for (const std::string& note : network_notes(plan, cost.cluster())) plan.notes.push_back(note);
+    for (const std::string& note : expert_placement_notes(cost, plan)) plan.notes.push_back(note);
   }
   SearchResult result;
   result.candidates = plans;

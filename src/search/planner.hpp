@@ -24,6 +24,7 @@ struct SearchOptions {
   int tp = 0;                          // every stage's tp; 0: free
   int pp = 0;                          // number of stages; 0: free
   int dp = 0;                          // every stage's dp; 0: free
+  int ep = 0;                          // MoE: every stage's expert-parallel degree; 0: free
   int64_t micro_batch_sequences = 0;   // one micro-batch across a stage's replicas; 0: free
   int num_micro_batches = 0;           // 0: free
   std::optional<Schedule> schedule;
@@ -71,6 +72,9 @@ void plan_set_identity(Plan* plan, const CostModel& cost, Objective objective);
 // Fills every prediction of a plan (per stage and whole) from the cost model. The plan must
 // pass plan_validate_for.
 void plan_evaluate(Plan* plan, const CostModel& cost);
+// Mixture-of-Experts: sets the expert fields of `shape` (stage `s`, replica `dp_rank`) from the
+// plan's ep and expert placement; nothing for a dense model.
+void plan_stage_set_experts(const CostModel& cost, const Plan& plan, int s, int dp_rank, StageShape* shape);
 // Largest memory use over capacity among the plan's stages (after plan_evaluate); <= 1 fits.
 double plan_memory_ratio(const Plan& plan);
 

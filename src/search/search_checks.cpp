@@ -81,6 +81,20 @@ std::vector<std::string> published_mfu_notes(const Plan& plan, const CostModel& 
                                      : "`alloy profile` measures the devices")};
 }
 
+void search_check_expert_parallelism(const ModelSpec& model, const SearchOptions& o) {
+  if (o.ep <= 0) return;
+  if (!model_is_moe(model))
+    throw Error(fmt::format("--ep {} splits experts, but {} has none", o.ep, model.name), {"", "ep"},
+                "leave --ep out for a dense model");
+  const int64_t experts = model.moe.num_experts;
+  if (experts % o.ep != 0)
+    throw Error(fmt::format("--ep {} does not divide the {} experts of {}", o.ep, experts, model.name), {"", "ep"},
+                "pin an expert-parallel degree that divides the experts, or leave --ep out");
+  if (o.dp > 0 && o.dp % o.ep != 0)
+    throw Error(fmt::format("--ep {} does not divide --dp {}: expert-parallel groups are made of dp replicas", o.ep, o.dp),
+                {"", "ep"}, "pin an expert-parallel degree that divides dp, or leave --ep out");
+}
+
 void search_options_validate(const CostModel& cost, const SearchOptions& o) {
   const ClusterSpec& cluster = cost.cluster();
   const TrainSpec& train = cost.train();
@@ -89,6 +103,7 @@ void search_options_validate(const CostModel& cost, const SearchOptions& o) {
     throw Error("the cluster has no devices", {cluster.source_path, "nodes"}, "add at least one node with devices");
   if (layers <= 0) throw Error("the model has no layers", {cost.model().source_path, "num_layers"});
   if (o.threads < 1 || o.threads > 2) throw Error("threads must be 1 or 2", {"", "threads"});
+  search_check_expert_parallelism(cost.model(), o);
   if (train.global_batch_sequences <= 0)
     throw Error("global batch must be positive", {train.source_path, "global_batch"});
   if (o.objective == Objective::Objective_cost) {

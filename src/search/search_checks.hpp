@@ -20,6 +20,9 @@ struct HostShortfall {
 
 // Throws alloy::Error for pins that contradict each other or the specs.
 void search_options_validate(const CostModel& cost, const SearchOptions& options);
+// A pinned expert-parallel degree: refused for a dense model, or one that does not divide the
+// experts or a pinned dp (alloy::Error, field "ep").
+void search_check_expert_parallelism(const ModelSpec& model, const SearchOptions& options);
 
 // A pinned ZeRO stage (1-3) on a stage of the plan with one replica, which has nothing to shard
 // over and runs as ZeRO 0: one line per such stage saying so.

@@ -40,6 +40,7 @@ struct StageOption {
   int prefetch_depth = 1;  // offloaded blocks fetched ahead (1 when none is offloaded, unless pinned)
   int parked = 0;          // blocks whose saved activations wait in host memory: the first ones
                            // not under full recomputation
+  int ep = 1;              // expert-parallel degree (MoE models)
 };
 
 struct OptionPins {

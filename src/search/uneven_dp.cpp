@@ -1,4 +1,5 @@
 #include "search/uneven_dp.hpp"
+#include "search/expert_placement.hpp"
 #include "search/zero_settings.hpp"
 
 #include <algorithm>
@@ -118,6 +119,7 @@ Plan uneven_plan(const CostModel& cost, const SearchOptions& o, const std::vecto
   st.device_type = st.replicas.front().device_type;
   plan.stages.push_back(std::move(st));
   plan_evaluate(&plan, cost);
+  expert_placement_choose(cost, o, &plan);
   return plan;
 }
 

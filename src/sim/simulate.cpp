@@ -12,6 +12,7 @@
 #include "cost/comm.hpp"
 #include "cost/cost_model.hpp"
 #include "cost/network_paths.hpp"
+#include "search/planner.hpp"
 #include "spec/error.hpp"
 #include "spec/topology.hpp"
 #include "spec/units.hpp"
@@ -102,7 +103,25 @@ class Simulator {
   // (lane, tag, recv kind) -> sends of that lane with the tag
   std::map<std::tuple<int, int, int>, std::vector<int>> sends_by_tag_;
   std::vector<double> static_bytes_;
+  std::vector<std::vector<int>> op_task_;        // per lane and schedule op: its (first) task
+  std::vector<double> all_to_all_block_seconds_;  // per lane: one MoE block's dispatch + combine
 };
+
+// Per stage: one MoE block's dispatch and combine for a whole micro-batch of replica 0, as the
+// cost model prices them (0 for dense models and stages that hold every expert).
+std::vector<double> sim_all_to_all_block_seconds(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster) {
+  std::vector<double> out(plan.stages.size(), 0.0);
+  if (!model_is_moe(model)) return out;
+  const CostModel cost(model, cluster, plan_train_spec(TrainSpec{}, plan));
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    if (st.ep <= 1) continue;
+    StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, st.replica_sequences(plan.micro_batch_sequences, 0));
+    plan_stage_set_experts(cost, plan, static_cast<int>(s), 0, &shape);
+    out[s] = 2.0 * cost.unit_costs(shape, st.sequence_parallel).expert_all_to_all_seconds;
+  }
+  return out;
+}
 
 double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const {
   const PlanStage& from = plan_.stages[lane];
@@ -173,6 +192,8 @@ void Simulator::build_lane(int lane) {
   for (size_t i = 0; i < rs.ops.size(); ++i) {
     const ScheduleOp& op = rs.ops[i];
     const int id = static_cast<int>(tasks_.size());
+    op_task_[lane].push_back(id);
+    double all_to_all_seconds = 0;
     tasks_.emplace_back();
     Task& t = tasks_.back();
     t.lane = lane;
@@ -193,6 +214,10 @@ void Simulator::build_lane(int lane) {
                              : op.kind == OpKind::OpKind_backward
                                  ? (st.backward_seconds - st.boundary_send_seconds) * share
                                  : st.optimizer_seconds + tied_table_seconds(lane);
+        // MoE blocks dispatch and combine their tokens inside the pass: shown apart, after it.
+        if (op.kind != OpKind::OpKind_optimizer)
+          all_to_all_seconds = std::min(t.duration_seconds, all_to_all_block_seconds_[lane] * share * blocks);
+        t.duration_seconds -= all_to_all_seconds;
         add_dep(id, last_compute);
         for (int in : pending_inputs) add_dep(id, in);
         pending_inputs.clear();
@@ -257,6 +282,18 @@ void Simulator::build_lane(int lane) {
         break;
     }
     tasks_[id].remaining_seconds = tasks_[id].duration_seconds;
+    if (all_to_all_seconds > 0) {
+      const int exchange = static_cast<int>(tasks_.size());
+      tasks_.emplace_back();
+      Task& x = tasks_.back();
+      x.lane = lane;
+      x.op_index = static_cast<int>(i);
+      x.kind = op.kind;
+      x.stream = SimStream::SimStream_all_to_all;
+      x.duration_seconds = x.remaining_seconds = all_to_all_seconds;
+      add_dep(exchange, id);
+      last_compute = exchange;  // the next pass and the sends wait for the combined output
+    }
   }
   // Model states, buffers and context stay resident (the ZeRO-3 gather buffer and the offload
   // window are reused by every gather and prefetch, as the cost model counts them); activations
@@ -278,7 +315,7 @@ void Simulator::link_lane(int lane) {
     if (it == sends_by_tag_.end())
       throw Error(fmt::format("stage {} receives tag {} that stage {} never sends", lane, op.tag, from_lane),
                   {"", fmt::format("stages[{}]", lane)}, "run schedule_check on the full schedule");
-    for (int send : it->second) add_dep(lane_first_task_[lane] + static_cast<int>(i), send);
+    for (int send : it->second) add_dep(op_task_[lane][i], send);
   }
 }
 
@@ -376,7 +413,7 @@ void Simulator::finish(SimResult* out) {
       const Task& t = tasks_[id];
       if (t.stream == SimStream::SimStream_compute) lane.busy_seconds += t.end - t.start;
       if (t.stream == SimStream::SimStream_send || t.stream == SimStream::SimStream_collective ||
-          t.stream == SimStream::SimStream_copy)
+          t.stream == SimStream::SimStream_copy || t.stream == SimStream::SimStream_all_to_all)
         lane.communication_seconds += t.end - t.start;
       if (t.alloc_bytes > 0) changes.emplace_back(t.start, t.alloc_bytes);
       for (const auto& [by, bytes] : t.frees) changes.emplace_back(tasks_[by].end, -bytes);
@@ -438,6 +475,8 @@ SimResult Simulator::run() {
     first += plan_.stages[s].tp * plan_.stages[s].dp;
   }
   static_bytes_.assign(num_lanes, 0);
+  op_task_.assign(num_lanes, {});
+  all_to_all_block_seconds_ = sim_all_to_all_block_seconds(plan_, model_, cluster_);
   for (int l = 0; l < num_lanes; ++l) {
     lane_first_task_.push_back(static_cast<int>(tasks_.size()));
     build_lane(l);
@@ -454,7 +493,6 @@ SimResult Simulator::run() {
 
 
 SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options) {
-  model_require_dense(model, "the simulator");
   Simulator sim(plan, model, cluster, options);
   return sim.run();
 }

@@ -30,15 +30,35 @@ const char* loss_scaling_name(LossScaling scaling) {
   return "?";
 }
 
+namespace {
+
+// `expert_tokens: [n0, n1, ...]`: numbers, each >= 0.
+std::vector<double> train_expert_tokens(const YAML::Node& node, const FieldReader& r) {
+  const char* hint = "write the top-k picks of each routed expert, e.g. `expert_tokens: [5120, 4410, 3800, 3054]` "
+                     "(alloy train's step log field expert_tokens)";
+  if (!node.IsSequence() || node.size() == 0) r.fail("expert_tokens", "expert_tokens must be a list of numbers", hint);
+  std::vector<double> out;
+  for (const YAML::Node& item : node) {
+    double value = -1;
+    if (!item.IsScalar() || !YAML::convert<double>::decode(item, value) || !(value >= 0) || !std::isfinite(value))
+      r.fail("expert_tokens", "expert_tokens must be numbers >= 0", hint);
+    out.push_back(value);
+  }
+  return out;
+}
+
+}  // namespace
+
 TrainSpec train_load(const std::string& path) { return train_load_text(spec_file_text(path), path); }
 
 TrainSpec train_load_text(const std::string& text, const std::string& path) {
-  FieldReader r(spec_text_parse(text, path, false), path);
+  const YAML::Node root = spec_text_parse(text, path, false);
+  FieldReader r(root, path);
   r.reject_unknown({"seq_len", "global_batch", "global_batch_tokens", "min_global_batch", "max_global_batch",
                     "precision", "master_weights_fp32", "optimizer", "steps", "learning_rate",
                     "min_learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "adam_eps",
                     "grad_clip", "seed", "gradient_bucket_mib", "gradient_communication", "loss_scaling",
-                    "initial_loss_scale", "loss_scale_growth_interval"});
+                    "initial_loss_scale", "loss_scale_growth_interval", "expert_tokens"});
   TrainSpec t;
   t.source_path = path;
   t.seq_len = r.get_int("seq_len", t.seq_len);
@@ -92,6 +112,7 @@ TrainSpec train_load_text(const std::string& text, const std::string& path) {
   if (seed < 0)
     throw Error(fmt::format("seed {} is negative", seed), {t.source_path, "seed"}, "write a whole number >= 0, e.g. `seed: 1234`");
   t.seed = static_cast<uint64_t>(seed);
+  if (r.has("expert_tokens")) t.expert_tokens = train_expert_tokens(root["expert_tokens"], r);
   train_validate(t);
   return t;
 }
@@ -110,6 +131,7 @@ std::string train_to_yaml(const TrainSpec& t) {
       t.warmup_steps, t.weight_decay, t.beta1, t.beta2, t.adam_eps, t.grad_clip, t.gradient_bucket_mib,
       precision_name(t.gradient_communication), loss_scaling_name(t.loss_scaling), t.initial_loss_scale,
       t.loss_scale_growth_interval, t.seed);
+  if (!t.expert_tokens.empty()) out += fmt::format("expert_tokens: [{}]\n", fmt::join(t.expert_tokens, ", "));
   return out;
 }
 
@@ -161,6 +183,11 @@ void train_validate(const TrainSpec& t) {
     bad("loss_scale_growth_interval",
         fmt::format("the loss scale growth interval must be from 1 to {} steps", kTrainMostSteps),
         "write e.g. `loss_scale_growth_interval: 2000`");
+  double picks = 0;
+  for (double n : t.expert_tokens) picks += n >= 0 ? n : -1e300;
+  if (!t.expert_tokens.empty() && !(picks > 0))
+    bad("expert_tokens", "expert_tokens must be numbers >= 0, not all 0",
+        "write the top-k picks of each routed expert (alloy train's step log field expert_tokens)");
   if (!(t.grad_clip >= 0) || !std::isfinite(t.grad_clip))
     bad("grad_clip", "grad_clip must be a finite number >= 0 (0 disables clipping)", "write e.g. `grad_clip: 1.0`");
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "spec/device_type.hpp"
 
@@ -47,6 +48,10 @@ struct TrainSpec {
   double initial_loss_scale = 65536;        // 2^16, as PyTorch's GradScaler
   int64_t loss_scale_growth_interval = 2000;  // good steps before the scale doubles
   uint64_t seed = 1234;
+  // Mixture-of-Experts routing as measured: top-k picks of each routed expert (E values, or
+  // layers x E as `alloy train`'s step log writes `expert_tokens`, summed per expert), for the
+  // planner's expert load and placement. Empty: uniform routing is assumed.
+  std::vector<double> expert_tokens;
 };
 
 // Number of optimizer state tensors per parameter (Adam: 2 moments; SGD: 1 momentum).

@@ -1,6 +1,6 @@
 // Mixture-of-Experts models at the command line: `alloy check` prints their exact totals, `alloy
-// train` trains one on a CPU rank, and every command that would plan, simulate, profile or
-// convert one (or train it elsewhere) refuses it by name.
+// train` trains one on a CPU rank, `alloy plan` and `alloy simulate` price its experts, and every
+// command that would profile or convert one (or train it elsewhere) refuses it by name.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -40,10 +40,36 @@ void expect_moe_refused(const std::string& args) {
   EXPECT_EQ(r.output.find("internal error"), std::string::npos) << args << "\n" << r.output;
 }
 
-TEST(MoeCli, PlanAndProfileRefuseMoe) {
+TEST(MoeCli, ProfileRefusesMoe) {
   TempDir dir;
-  expect_moe_refused("plan --model tiny-moe --cluster local-cpu-1 -o " + dir.path() + "/plan.json");
   expect_moe_refused("profile --model tiny-moe --cluster local-cpu-1 -o " + dir.path() + "/profile.json");
+}
+
+TEST(MoeCli, PlanNamesTheExpertPlacement) {
+  TempDir dir;
+  const CommandResult r = alloy("plan --model tiny-moe --cluster local-cpu-2 -o " + dir.path() + "/plan.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("expert placement: ep "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 leading dense block as MoE blocks"), std::string::npos) << r.output;
+  const CommandResult sim = alloy("simulate --plan " + dir.path() + "/plan.json");
+  EXPECT_EQ(sim.exit_code, 0) << sim.output;
+  // Stages that split their experts show the degree in the stage table.
+  const CommandResult mixtral = alloy("plan --model mixtral-8x7b --cluster h100-a100 --no-simulate");
+  ASSERT_EQ(mixtral.exit_code, 0) << mixtral.output;
+  EXPECT_NE(mixtral.output.find(" tp dp ep "), std::string::npos) << mixtral.output;
+  EXPECT_NE(mixtral.output.find("stage 1 expert placement: ep 4"), std::string::npos) << mixtral.output;
+}
+
+// A pinned expert-parallel degree that cannot be: one line naming it, exit 2.
+TEST(MoeCli, PinnedEpThatDoesNotDivideIsRefused) {
+  const CommandResult experts = alloy("plan --model tiny-moe --cluster local-cpu-2 --ep 3");
+  EXPECT_EQ(experts.exit_code, kExitBadInput) << experts.output;
+  EXPECT_NE(experts.output.find("--ep 3 does not divide the 4 experts of tiny-moe"), std::string::npos) << experts.output;
+  const CommandResult dp = alloy("plan --model tiny-moe --cluster local-cpu-2 --ep 2 --dp 1 --pp 2");
+  EXPECT_EQ(dp.exit_code, kExitBadInput) << dp.output;
+  EXPECT_NE(dp.output.find("--ep 2 does not divide --dp 1"), std::string::npos) << dp.output;
+  const CommandResult dense = alloy("plan --model tiny-llama --cluster local-cpu-2 --ep 2");
+  EXPECT_EQ(dense.exit_code, kExitBadInput) << dense.output;
 }
 
 // A key's numbers in each line of a JSON-lines log, as written.

@@ -49,6 +49,7 @@ std::vector<SurveyPair> survey_pairs(const ClusterSpec& cluster) {
 }
 
 // On `from`: {median half round trip of 8 B, best bandwidth of `bytes`} to `to`, which echoes.
+// A send's time is its round trip with the 8-byte answer, less the fastest round trip of 8 bytes.
 std::array<double, 2> survey_measure(Communicator& comm, const SurveyPair& pair, int64_t bytes) {
   const bool initiator = comm.rank() == pair.from_rank;
   const int peer = initiator ? pair.to_rank : pair.from_rank;
@@ -65,8 +66,11 @@ std::array<double, 2> survey_measure(Communicator& comm, const SurveyPair& pair,
     }
     half_trips.push_back(seconds_since(start) / 2);
   }
-  std::nth_element(half_trips.begin(), half_trips.begin() + kLatencyRounds / 2, half_trips.end());
+  std::sort(half_trips.begin(), half_trips.end());
   const double half_trip = half_trips[kLatencyRounds / 2];
+  // The bulk sends' best try is set against the fastest round trip: a median taken while the
+  // host was busy could exceed it.
+  const double fastest_half_trip = half_trips.front();
   std::vector<char> data(static_cast<size_t>(bytes), 1);
   double best_seconds = 0;
   for (int attempt = 0; attempt < kBandwidthTries; ++attempt) {
@@ -78,7 +82,8 @@ std::array<double, 2> survey_measure(Communicator& comm, const SurveyPair& pair,
       comm.recv(data.data(), bytes, peer, kSurveyTag).wait();
       comm.send(&word, sizeof(word), peer, kSurveyTag).wait();
     }
-    const double seconds = std::max(seconds_since(start) - 2 * half_trip, 1e-9);
+    const double elapsed = seconds_since(start);
+    const double seconds = elapsed > 2 * fastest_half_trip ? elapsed - 2 * fastest_half_trip : elapsed;
     best_seconds = attempt == 0 ? seconds : std::min(best_seconds, seconds);
   }
   return {half_trip, static_cast<double>(bytes) / best_seconds};

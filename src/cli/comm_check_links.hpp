@@ -10,7 +10,7 @@
 namespace alloy::cli {
 
 // Between the first ranks of every two node groups (and of two nodes of one group): the median
-// half round trip of 8 B and the best bandwidth of a `bytes` send (less two half round trips) over
+// half round trip of 8 B and the best bandwidth of a `bytes` send (less the fastest 8-byte round trip) over
 // three tries. World rank r stands for device r of `cluster`. Rank 0 prints the table; every rank
 // takes part.
 void comm_links_survey(Communicator& comm, const ClusterSpec& cluster, int64_t bytes);

@@ -6,6 +6,7 @@
 
 #include "hw/catalog.hpp"
 #include "search/planner.hpp"
+#include "spec/error.hpp"
 
 namespace alloy {
 namespace {
@@ -27,6 +28,30 @@ TEST(MoeSearch, MixtralSplitsItsExpertsAndNamesThePlacement) {
   }
   EXPECT_LE(plan_memory_ratio(r.plan), 1.0);
   EXPECT_TRUE(notes_contain(r.plan, "stage 0 expert placement: ep ")) << r.plan.notes.size();
+}
+
+// The planner offers MoE models only what the runtime trains: ZeRO 0-2, no offload, and
+// gradients accumulated in full where experts are split; a pinned ZeRO 3 is refused.
+TEST(MoeSearch, PlansStayInsideWhatTheRuntimeTrains) {
+  TrainSpec train;
+  train.global_batch_sequences = 64;
+  const std::pair<const char*, const char*> problems[] = {{"mixtral-8x7b", "h100-a100"}, {"qwen1.5-moe-a2.7b", "a100-8"}};
+  for (const auto& [model, cluster] : problems) {
+    const CostModel cost(model_load(model), cluster_load(cluster, catalog_builtin()), train);
+    for (int ep : {0, 1}) {
+      SearchOptions options;
+      options.ep = ep;
+      const SearchResult r = plan_search(cost, options);
+      for (const PlanStage& st : r.plan.stages) {
+        EXPECT_LE(st.zero, 2) << cluster;
+        EXPECT_FALSE(flags_any(st.offload)) << cluster;
+        EXPECT_FALSE(st.ep > 1 && st.gradients_sharded()) << cluster;
+      }
+    }
+    SearchOptions zero3;
+    zero3.zero = 3;
+    EXPECT_THROW(plan_search(cost, zero3), Error) << cluster;
+  }
 }
 
 TEST(MoeSearch, PinnedEpOneIsSlowerForMixtral) {

@@ -171,12 +171,16 @@ LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool 
   return {compute_seconds(type, train_.precision, work, false), compute_seconds(type, train_.precision, work, true)};
 }
 
-double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const {
+double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group,
+                                bool note_fallback) const {
   if (group.ranks <= 1 || bytes <= 0) return 0;
   if (profile_) {
     const std::string& name = cluster_.device_types[device_type].name;
     const ProfiledCollective* measured = profile_->find_collective(name, op, group.ranks, group.nodes > 1);
     if (measured) return measured->seconds(bytes);
+  }
+  if (profile_ && note_fallback) {
+    const std::string& name = cluster_.device_types[device_type].name;
     std::lock_guard<std::mutex> lock(notes_mutex_);
     notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
                               collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));

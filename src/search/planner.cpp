@@ -41,7 +41,7 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
   search_options_validate(cost, options);
   const ClusterSpec& cluster = cost.cluster();
   const std::vector<TypePool> pools = type_pools(cluster);
-  StructureBounds structure_bounds(cost, options);
+  StructureBounds structure_bounds(cost, options, pools);
   std::vector<Structure> structures = structures_enumerate(cost, pools, options, structure_bounds);
   // One stage over devices of several types (e.g. a pinned dp that spans them) is no structure.
   std::optional<Plan> uneven = uneven_dp_best(cost, options);
@@ -111,14 +111,14 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     Outcome out;
     const double factor = score_factor(s);
     std::vector<SlotInfo> slots = searcher.slots(s, pools);
-    double slowest_stage_bound = 0;
-    const double refined = searcher.refined_lower_bound(s, slots, &slowest_stage_bound);
+    double bottleneck_bound = 0;
+    const double refined = searcher.refined_lower_bound(s, slots, &bottleneck_bound);
     if (refined * factor >= threshold) {
       out.refined_pruned = true;
       return out;
     }
     bool limited = false;
-    out.solution = searcher.solve(s, slots, threshold / factor, refined, slowest_stage_bound, &limited);
+    out.solution = searcher.solve(s, slots, threshold / factor, refined, bottleneck_bound, &limited);
     if (out.solution) out.solution->score = out.solution->step_seconds * factor;
     else if (limited) out.refined_pruned = true;
     else out.frugal_ratio = searcher.frugal_memory_ratio(s, slots, &out.frugal_bytes, &out.frugal_type, &out.host);

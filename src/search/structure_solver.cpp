@@ -19,6 +19,20 @@ namespace {
 
 constexpr double kUnbounded = std::numeric_limits<double>::infinity();
 
+// Most units a stage may take when its steady state and per-step overhead together may take
+// `room` seconds: a (fixed + k unit) + max(floor, fixed' + k unit') <= room (a small slack keeps
+// counts at the edge).
+double stage_most_units(const StageRate& rate, const OverheadRate& overhead, double a, double room) {
+  constexpr double kEdge = 1 + 1e-9;
+  double most = std::numeric_limits<double>::infinity();
+  const double steady = a * rate.unit_seconds;
+  if (steady > 0) most = std::floor((room - overhead.floor_seconds - a * rate.fixed_seconds) / steady * kEdge);
+  const double together = steady + overhead.unit_seconds;
+  if (together > 0)
+    most = std::min(most, std::floor((room - overhead.fixed_seconds - a * rate.fixed_seconds) / together * kEdge));
+  return most;
+}
+
 }  // namespace
 
 StructureSolver::StructureSolver(const CostModel& cost, const SearchOptions& options) : cost_(cost), options_(options) {
@@ -115,9 +129,14 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
       // identify the placement.
       info.placement = (static_cast<int64_t>(info.device_ids.front()) * 4096 + g.tp) * 65536 + g.dp;
       auto cached = shapes_.find(info.placement);
-      if (cached == shapes_.end())
-        cached = shapes_.emplace(info.placement, cost_.stage_shape(slot_device_ids(info), g.tp, g.dp, 1)).first;
-      slot.shape = cached->second;
+      if (cached == shapes_.end()) {
+        PlacedShape placed;
+        placed.shape = cost_.stage_shape(slot_device_ids(info), g.tp, g.dp, 1);
+        placed.reduce = cost_.stage_gradient_reduce_bound(placed.shape);
+        cached = shapes_.emplace(info.placement, std::move(placed)).first;
+      }
+      slot.shape = cached->second.shape;
+      info.reduce = cached->second.reduce;
       slot.shape.micro_batch = micro / g.dp;
       info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
                        0, micro / g.dp, 1};
@@ -234,23 +253,21 @@ bool StructureSolver::split_min_sum(const Structure& s, std::vector<SlotInfo>& s
   return true;
 }
 
-std::optional<Solution> StructureSolver::solve(const Structure& s, std::vector<SlotInfo>& slot_infos, double threshold_seconds, double bound, double slowest_stage_bound, bool* limited) {
+std::optional<Solution> StructureSolver::solve(const Structure& s, std::vector<SlotInfo>& slot_infos,
+                                               double threshold_seconds, double bound, double bottleneck_bound,
+                                               bool* limited) {
   option_table_.clear();
   const int v = s.virtual_chunks;
   const double a = s.micro_batches - 1.0 / v;
-  double bottleneck_bound = a * slowest_stage_bound;
-  // A split whose stage st takes k units has a step of at least the bound's sum part plus
-  // a (fixed + k unit) for that stage: counts past the threshold are never priced.
   const int p = static_cast<int>(slot_infos.size());
   const int units = static_cast<int>(cost_.model().num_layers) / v;
   std::vector<int>& k_limit = scratch_.k_limit;
   k_limit.assign(p, units);
   *limited = false;
   if (threshold_seconds < kUnbounded) {
-    const double room = (threshold_seconds - (bound - bottleneck_bound)) / a;
+    const double room = threshold_seconds - (bound - bottleneck_bound);  // for the slowest stage
     for (int st = 0; st < p; ++st) {
-      const StageRate& r = scratch_.stage_rates[st];
-      const double most = std::floor((room - r.fixed_seconds) / r.unit_seconds * (1 + 1e-9));
+      const double most = stage_most_units(scratch_.stage_rates[st], scratch_.overheads[st], a, room);
       if (most < units) {
         k_limit[st] = static_cast<int>(std::max(0.0, most));
         *limited = true;
@@ -332,18 +349,22 @@ double StructureSolver::min_bottleneck(const Structure& s, const std::vector<Slo
   return worst[p * width + units];
 }
 
-double StructureSolver::refined_lower_bound(const Structure& s, const std::vector<SlotInfo>& slot_infos, double* bottleneck) {
+double StructureSolver::refined_lower_bound(const Structure& s, const std::vector<SlotInfo>& slot_infos,
+                                            double* bottleneck) {
   const int v = s.virtual_chunks;
   const int layers = static_cast<int>(cost_.model().num_layers);
   const int units = layers / v;
   const int p = static_cast<int>(slot_infos.size());
   std::vector<StageRate>& stages = scratch_.stage_rates;
+  std::vector<OverheadRate>& overheads = scratch_.overheads;
   stages.assign(p, StageRate{1, kUnbounded, kUnbounded});
+  overheads.assign(p, OverheadRate{kUnbounded, kUnbounded, kUnbounded});
   double fixed_sum = 0;
   double fastest = kUnbounded;
   for (int i = 0; i < p; ++i) {
     const StageSlot& slot = slot_infos[i].slot;
     double per_block = kUnbounded;
+    OverheadRate& overhead = overheads[i];
     for (const StageUnitCosts* u : slot.unit) {
       if (!u) continue;
       per_block = std::min(per_block, u->block.forward_seconds + u->block.backward_seconds);
@@ -351,15 +372,21 @@ double StructureSolver::refined_lower_bound(const Structure& s, const std::vecto
       if (slot.has_embedding) f += u->embedding.forward_seconds + u->embedding.backward_seconds;
       if (slot.has_head) f += u->head.forward_seconds + u->head.backward_seconds;
       stages[i].fixed_seconds = std::min(stages[i].fixed_seconds, f);
+      const OverheadRate sync = sync_overhead_per_unit(
+          cost_.stage_gradient_sync_bound(slot_infos[i].reduce, *u, slot.has_embedding, slot.has_head), v);
+      overhead = {std::min(overhead.floor_seconds, sync.floor_seconds), std::min(overhead.fixed_seconds, sync.fixed_seconds),
+                  std::min(overhead.unit_seconds, sync.unit_seconds)};
     }
+    // The first and last stage also sum the table tied between them, every step.
+    overhead.floor_seconds += slot.tied_table_seconds;
+    overhead.fixed_seconds += slot.tied_table_seconds;
     stages[i].unit_seconds = v * per_block;
     fixed_sum += stages[i].fixed_seconds + v * per_block;
     fastest = std::min(fastest, per_block);
   }
-  const double lo = split_bottleneck_bound(stages, units);
-  *bottleneck = lo;
+  *bottleneck = split_step_bottleneck_bound(stages, overheads, s.micro_batches - 1.0 / v, units);
   const double sum = fixed_sum + (layers - p * v) * fastest;
-  return sum / v + (s.micro_batches - 1.0 / v) * lo;
+  return sum / v + *bottleneck;
 }
 
 double StructureSolver::frugal_memory_ratio(const Structure& s, std::vector<SlotInfo>& slot_infos, double* bytes, int* type, HostShortfall* host) {

@@ -31,6 +31,7 @@ struct SlotInfo {
   std::span<const int> device_ids;  // into the type's pool
   int64_t placement = 0;            // first device, tp and dp: identifies the stage's placement
   std::vector<SlotAtEp> at_ep;  // MoE models: the slot at each ep it may take (empty for dense models)
+  GradientReduceBound reduce;   // the least its gradient reduction takes
 };
 
 std::vector<int> slot_device_ids(const SlotInfo& info);
@@ -51,18 +52,19 @@ class StructureSolver {
   // The structure's stages in pipeline order, placed on consecutive devices of each type's pool.
   std::vector<SlotInfo> slots(const Structure& s, const std::vector<TypePool>& pools);
 
-  // A lower bound on the step time from the placed stages: each stage's time is at least its
-  // blocks' time plus its fixed part (boundary sends, embedding, head). Returns the bound and
-  // sets the matching bound on the slowest stage (per micro-batch).
+  // A lower bound on the step time from the placed stages: each stage's time per micro-batch
+  // is at least its blocks' time plus its fixed part (boundary sends, embedding, head), its
+  // per-step overhead at least the gradient sync its placement must pay. Returns the bound and
+  // sets its part for the slowest stage ((m - 1/v) x time per micro-batch + overhead).
   double refined_lower_bound(const Structure& s, const std::vector<SlotInfo>& slot_infos, double* bottleneck);
 
   // Exact best split for a structure: walk the bottleneck cap down from infinity, each time
   // solving the min-sum split under the cap; stop when no smaller cap can win.
-  // `bound` and `slowest_stage_bound`: refined_lower_bound's answers for this structure, the
-  // last structure it was given. `*limited`: no split was found below the threshold, though
-  // some might fit.
+  // `bound` and `bottleneck_bound`: refined_lower_bound's answers for this structure, the last
+  // structure it was given. `*limited`: no split was found below the threshold, though some
+  // might fit.
   std::optional<Solution> solve(const Structure& s, std::vector<SlotInfo>& slot_infos, double threshold_seconds,
-                                double bound, double slowest_stage_bound, bool* limited);
+                                double bound, double bottleneck_bound, bool* limited);
 
   // Memory the most frugal even split of a structure needs, as a multiple of capacity; and,
   // when every stage would fit device memory by offloading more than host memory holds, the
@@ -96,7 +98,13 @@ class StructureSolver {
   const SearchOptions& options_;
   OptionPins pins_;
   std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
-  std::unordered_map<int64_t, StageShape> shapes_;  // placement of (first device, tp, dp)
+  // By placement of (first device, tp, dp): the stage's shape and the least its gradient
+  // reduction takes.
+  struct PlacedShape {
+    StageShape shape;
+    GradientReduceBound reduce;
+  };
+  std::unordered_map<int64_t, PlacedShape> shapes_;
   std::map<std::pair<int64_t, int64_t>, BoundaryLink> boundaries_;  // by the two stages' placements
   std::map<std::pair<int64_t, int64_t>, double> tied_tables_;       // by the first and last placements
   std::unordered_map<SlotKey, SlotOptionSets, KeyHash> option_sets_;
@@ -111,6 +119,7 @@ class StructureSolver {
     std::vector<int> k_end;
     std::vector<double> worst;
     std::vector<StageRate> stage_rates;  // of the structure last given to refined_lower_bound
+    std::vector<OverheadRate> overheads;  // of the same stages
     std::vector<int> k_limit;
   } scratch_;
 };

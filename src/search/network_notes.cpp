@@ -110,8 +110,9 @@ std::string network_measured_note(const Plan& plan, const ClusterSpec& cluster) 
                          units_format_seconds(file.nic.latency_seconds));
   }
   if (links.empty()) return "";
-  return fmt::format("network: links measured between node groups ({}) replace the cluster file's: {}",
-                     cluster.measured_links_source, links);
+  const std::string& source = cluster.measured_links_source;
+  return fmt::format("network: links measured between node groups{} replace the cluster file's: {}",
+                     source.empty() ? "" : " (" + source + ")", links);
 }
 
 }  // namespace

@@ -66,7 +66,10 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
 
 CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                      const Profile* profile)
-    : model_(model), cluster_(cluster), train_(train), profile_(profile) {
+    : model_(model),
+      cluster_(profile && !profile->links.empty() ? profile_apply_links(*profile, cluster) : cluster),
+      train_(train),
+      profile_(profile) {
   dense_part_ = model_is_moe(model) ? moe_dense_part(model) : model;
   expert_shares_ = moe_expert_shares(model, train.expert_tokens);
   type_links_.resize(cluster.device_types.size());
@@ -136,11 +139,12 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
   b.intra_node = type_links_[a.device_type_index];
   const BoundaryNetwork net = network_boundary(cluster_, from, to);
   b.network = net.network;
-  boundary_link_apply_profile(&b, profile_, cluster_.device_type(a).name);
+  boundary_link_apply_profile(&b, profile_, cluster_.device_type(a).name, net.measured);
   const int from_nodes = network_distinct_nodes(cluster_, from);
   const int to_nodes = network_distinct_nodes(cluster_, to);
   // On a flat cluster a profile's measured network link sets the aggregate; on a tiered one the
-  // cluster file's NICs and uplinks do (a profile measures one link per device type, not per path).
+  // cluster file's NICs and uplinks do (a profile's point_to_point is one link per device type,
+  // not per path), or the links measured between node groups where the profile has them.
   b.aggregate_network_bytes_per_second = topology_is_flat(cluster_)
                                              ? std::min(from_nodes, to_nodes) * b.network.bandwidth_bytes_per_second
                                              : net.aggregate_bytes_per_second;
@@ -158,7 +162,7 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
 
 LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const {
   const DeviceType& type = cluster_.device_types[shape.device_type];
-  if (profile_) {
+  if (profile_ && !profile_->device_types.empty()) {  // a profile of links alone measures no layer
     if (profile_->model_name == model_.name) {
       const std::optional<ProfiledLayer> measured = profile_->layer_at(
           type.name, kind, static_cast<int>(shape.micro_batch), static_cast<int>(train_.seq_len), shape.tp, sp);
@@ -173,7 +177,9 @@ LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool 
 
 double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const {
   if (group.ranks <= 1 || bytes <= 0) return 0;
-  if (profile_) {
+  // Over links measured between node groups the links price the group: a profile's collectives
+  // were timed on a path it does not name.
+  if (profile_ && !profile_->device_types.empty() && !group.crosses_measured_link) {
     const std::string& name = cluster_.device_types[device_type].name;
     const ProfiledCollective* measured = profile_->find_collective(name, op, group.ranks, group.nodes > 1);
     if (measured) return measured->seconds(bytes);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <queue>
 
 #include <fmt/format.h>
@@ -132,8 +133,10 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
   BoundaryLink link;
   link.intra_node = cluster_.node_group(a).intra_node;
   const bool flat = topology_is_flat(cluster_);
-  link.network = flat || a.node == b.node ? cluster_.network : topology_hops(cluster_, {{a.id, b.id}}).front().nic;
-  boundary_link_apply_profile(&link, options_.profile, cluster_.device_type(a).name);
+  const bool own_path = !flat && a.node != b.node;
+  const HopLinks path = own_path ? topology_hops(cluster_, {{a.id, b.id}}).front() : HopLinks{};
+  link.network = own_path ? path.nic : cluster_.network;
+  boundary_link_apply_profile(&link, options_.profile, cluster_.device_type(a).name, path.measured);
   if (a.node == b.node) {
     link.path = P2pPath::P2pPath_intra_node;
     resources->assign({lane * kNumResources + kIntraTx, peer_lane * kNumResources + kIntraRx});
@@ -168,8 +171,9 @@ double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::
   const CollectiveOp cop = op.kind == OpKind::OpKind_all_reduce       ? CollectiveOp::CollectiveOp_all_reduce
                            : op.kind == OpKind::OpKind_reduce_scatter ? CollectiveOp::CollectiveOp_reduce_scatter
                                                                       : CollectiveOp::CollectiveOp_all_gather;
-  const ProfiledCollective* measured =
-      options_.profile ? options_.profile->find_collective(st.device_type, cop, g.ranks, network) : nullptr;
+  const ProfiledCollective* measured = options_.profile && !g.crosses_measured_link
+                                           ? options_.profile->find_collective(st.device_type, cop, g.ranks, network)
+                                           : nullptr;
   if (measured) return measured->seconds(static_cast<double>(op.bytes));
   if (runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)])
           .collectives_flat_ring_only)
@@ -493,7 +497,9 @@ SimResult Simulator::run() {
 
 
 SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options) {
-  Simulator sim(plan, model, cluster, options);
+  std::optional<ClusterSpec> measured;  // the cluster with the profile's links between node groups
+  if (options.profile && !options.profile->links.empty()) measured = profile_apply_links(*options.profile, cluster);
+  Simulator sim(plan, model, measured ? *measured : cluster, options);
   return sim.run();
 }
 

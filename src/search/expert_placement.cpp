@@ -200,11 +200,6 @@ std::vector<std::string> expert_placement_notes(const CostModel& cost, const Pla
                                     100.0 * *std::max_element(cost.expert_token_shares().begin(),
                                                               cost.expert_token_shares().end()),
                                     100.0 / static_cast<double>(experts)));
-  if (cost.model().moe.first_dense_layers > 0)
-    notes.push_back(fmt::format("the cost model prices {}'s {} leading dense block{} as MoE blocks (an approximation: "
-                                "every block of a stage is priced alike)",
-                                cost.model().name, cost.model().moe.first_dense_layers,
-                                cost.model().moe.first_dense_layers == 1 ? "" : "s"));
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
     // Experts held per device type (the counts of each member, by its type).

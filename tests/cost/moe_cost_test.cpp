@@ -96,6 +96,45 @@ TEST(MoeCost, ExpertParallelismCutsExpertMemoryAndAddsAllToAll) {
               32 * 8.0 * ((u8.block_parameters - u8.block_expert_parameters) / 16 + u8.block_expert_parameters), 1);
 }
 
+// DeepSeek-MoE-16B's first block (first_k_dense_replace 1) has the dense MLP of intermediate_size,
+// not experts: the cost model prices it as the dense block it is, in parameters, memory and time.
+TEST(MoeCost, LeadingDenseBlocksArePricedAsDenseBlocks) {
+  const ModelSpec model = model_load("deepseek-moe-16b");
+  const ModelParameterCounts counts = model_parameter_counts(model);
+  const CostModel cost(model, cluster_load("h100-a100", catalog_builtin()), TrainSpec{});
+  const StageShape shape = cost.stage_shape({0}, 1, 1, 1);
+  const StageUnitCosts u = cost.unit_costs(shape, false);
+  EXPECT_DOUBLE_EQ(u.dense_block.parameters, static_cast<double>(counts.per_block));
+  EXPECT_DOUBLE_EQ(u.block_parameters, static_cast<double>(counts.per_moe_block));
+  // One stage holding the whole model holds exactly its parameters.
+  StageChoice whole;
+  whole.blocks = 28;
+  whole.has_embedding = whole.has_head = true;
+  stage_choice_set_dense_blocks(&whole, 1);
+  const double e = precision_bytes(TrainSpec{}.precision);
+  EXPECT_DOUBLE_EQ(cost.stage_memory(shape, u, whole, 1, false).parameters_bytes / e, static_cast<double>(counts.total));
+  // The dense block alone: its MLP's work (no router, no experts), its activations.
+  StageChoice first;
+  first.blocks = 1;
+  stage_choice_set_dense_blocks(&first, 1);
+  const StageTiming dense = cost.stage_timing(shape, u, first, 0, 0);
+  EXPECT_DOUBLE_EQ(dense.forward_seconds, u.dense_block.times.forward_seconds);
+  EXPECT_NE(dense.forward_seconds, u.block.forward_seconds);
+  const double in_flight = 2;
+  EXPECT_DOUBLE_EQ(cost.stage_memory(shape, u, first, in_flight, true).activations_bytes,
+                   in_flight * u.dense_block.activation_bytes[0]);
+  // Recomputation reaches the stage's first blocks first: with one fully recomputed block of
+  // three, that is the dense one.
+  StageChoice three;
+  three.blocks = 3;
+  three.full = 1;
+  stage_choice_set_dense_blocks(&three, 1);
+  EXPECT_EQ(three.dense_full, 1);
+  EXPECT_DOUBLE_EQ(cost.stage_timing(shape, u, three, 0, 0).backward_seconds,
+                   u.dense_block.times.backward_seconds + u.dense_block.recompute_full_seconds +
+                       2 * u.block.backward_seconds);
+}
+
 TEST(MoeCost, MeasuredRoutingSharesAndSkew) {
   const ModelSpec model = model_load("tiny-moe");
   // Three layers x 4 experts as the step log writes them (the dense block's row is 0).

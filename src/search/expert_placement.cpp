@@ -122,21 +122,6 @@ std::vector<int> expert_counts_by_load(const std::vector<double>& speeds, const 
   return counts;
 }
 
-double expert_placed_skew(const std::vector<double>& shares, int ep) {
-  const double even = moe_even_split_skew(shares, ep);
-  if (shares.empty() || ep <= 1) return even;
-  const std::vector<int> counts = expert_counts_by_load(std::vector<double>(static_cast<size_t>(ep), 1.0), shares);
-  double most = 0;
-  int begin = 0;
-  for (int count : counts) {
-    double load = 0;
-    for (int e = begin; e < begin + count; ++e) load += shares[static_cast<size_t>(e)];
-    most = std::max(most, load);
-    begin += count;
-  }
-  return std::min(even, most * ep);
-}
-
 std::vector<double> expert_member_speeds(const CostModel& cost, const PlanStage& st, Precision precision) {
   const int ep = std::max(1, st.ep);
   std::vector<double> speeds(static_cast<size_t>(ep), 0.0);

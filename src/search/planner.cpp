@@ -105,8 +105,10 @@ class Searcher {
       SlotAtEp a;
       a.ep = ep;
       a.shape = info->slot.shape;
+      // Priced as the even split prices it (plan evaluation does so while the placement is
+      // even), so a chosen plan fits before expert_placement_refine places experts by load.
       moe_shape_set(cost_, &a.shape, ids_of(*info), ep, static_cast<double>(experts) / ep, 0, 0,
-                    expert_placed_skew(cost_.expert_token_shares(), ep));
+                    moe_even_split_skew(cost_.expert_token_shares(), ep));
       UnitKey k = info->unit_key;
       k.ep = ep;
       if (plain_allowed) a.unit[0] = unit(a.shape, k);

@@ -36,16 +36,6 @@ double weights_backward_link_seconds(const StageUnitCosts& u, const StageChoice&
 
 }  // namespace
 
-double stage_blocks_sum(const StageChoice& c, double per_block, double per_dense_block) {
-  return (c.blocks - c.dense_blocks) * per_block + c.dense_blocks * per_dense_block;
-}
-
-void stage_choice_set_dense_blocks(StageChoice* c, int dense_blocks) {
-  c->dense_blocks = std::clamp(dense_blocks, 0, c->blocks);
-  c->dense_full = std::min(c->dense_blocks, c->full);
-  c->dense_selective = std::min(c->dense_blocks - c->dense_full, c->selective);
-}
-
 double MemoryBreakdown::total_bytes() const {
   return parameters_bytes + gradients_bytes + master_weights_bytes + optimizer_states_bytes +
          zero3_gather_bytes + offload_window_bytes + activations_bytes + workspace_bytes +
@@ -213,44 +203,6 @@ LayerSecondsBound CostModel::layer_seconds_bound(int device_type, int tp, int64_
   if (model_is_moe(model_) && model_.moe.first_dense_layers > 0)
     block = std::min(block, u.dense_block.times.forward_seconds + u.dense_block.times.backward_seconds);
   return {block, u.embedding.forward_seconds + u.embedding.backward_seconds, u.head.forward_seconds + u.head.backward_seconds};
-}
-
-DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShape& shape, bool sp) const {
-  const Precision p = train_.precision;
-  const int64_t b = shape.micro_batch;
-  const int64_t s = train_.seq_len;
-  const int tp = shape.tp;
-  DenseBlockCosts out;
-  const LayerWork block = block_work(m, b, s, tp, sp, p);
-  out.compute = layer_times(shape, LayerKind::LayerKind_block, sp, block);
-  out.times = out.compute;
-  // Two tp collectives on the hidden state in forward, two in backward (all-reduce, or
-  // all-gather plus reduce-scatter under sequence parallelism: the same ring volume). Full
-  // recomputation stops before the MLP's output projection, so it redoes the attention's sum
-  // (and, under sequence parallelism, both norms' gathers) but not the MLP's.
-  double tp_collectives = 0, recompute_collectives = 0;
-  if (tp > 1) {
-    const double hidden = hidden_state_bytes(m, b, s, p);
-    const auto seconds = [&](CollectiveOp op) { return group_seconds(shape.device_type, op, hidden, shape.tp_group); };
-    const double gather = sp ? seconds(CollectiveOp::CollectiveOp_all_gather) : 0;
-    const double sum = seconds(sp ? CollectiveOp::CollectiveOp_reduce_scatter : CollectiveOp::CollectiveOp_all_reduce);
-    tp_collectives = 2.0 * (gather + sum);
-    recompute_collectives = 2.0 * gather + sum;
-  }
-  out.times.forward_seconds += tp_collectives;
-  out.times.backward_seconds += tp_collectives;
-  out.recompute_selective_seconds =
-      out.compute.forward_seconds * recompute_forward_share(block, Recompute::Recompute_selective);
-  out.recompute_full_seconds =
-      out.compute.forward_seconds * recompute_forward_share(block, Recompute::Recompute_full) + recompute_collectives;
-  out.parameters = static_cast<double>(block_parameters(m)) / tp;
-  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
-  for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
-    out.activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, runtime.attention_memory);
-  out.backward_workspace_bytes = runtime.backward_workspace == BackwardWorkspace::BackwardWorkspace_fused
-                                     ? block_backward_workspace_bytes(m, b, s, tp, p)
-                                     : cpu_block_backward_workspace_bytes(m, b, s, tp, sp, p);
-  return out;
 }
 
 StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {

@@ -71,6 +71,8 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
       train_(train),
       profile_(profile) {
   dense_part_ = model_is_moe(model) ? moe_dense_part(model) : model;
+  leading_dense_ = model;
+  leading_dense_.moe = MixtureOfExperts{};
   expert_shares_ = moe_expert_shares(model, train.expert_tokens);
   type_links_.resize(cluster.device_types.size());
   std::vector<bool> seen(cluster.device_types.size(), false);
@@ -202,8 +204,11 @@ LayerSecondsBound CostModel::layer_seconds_bound(int device_type, int tp, int64_
   shape.tp_group.intra_node = type_links_[device_type];
   shape.tp_group.network = cluster_.network;
   const StageUnitCosts u = unit_costs(shape, sp);
-  return {u.block.forward_seconds + u.block.backward_seconds, u.embedding.forward_seconds + u.embedding.backward_seconds,
-          u.head.forward_seconds + u.head.backward_seconds};
+  // An MoE model's leading dense blocks may be the faster kind: the bound takes the faster.
+  double block = u.block.forward_seconds + u.block.backward_seconds;
+  if (model_is_moe(model_) && model_.moe.first_dense_layers > 0)
+    block = std::min(block, u.dense_block.times.forward_seconds + u.dense_block.times.backward_seconds);
+  return {block, u.embedding.forward_seconds + u.embedding.backward_seconds, u.head.forward_seconds + u.head.backward_seconds};
 }
 
 StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
@@ -218,30 +223,15 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   StageUnitCosts u;
   u.sequence_parallel = sp;
 
-  const LayerWork block = block_work(m, b, s, tp, sp, p);
-  u.block = layer_times(shape, LayerKind::LayerKind_block, sp, block);
-  const LayerTimes compute_only = u.block;
-  // Two tp collectives on the hidden state in forward, two in backward (all-reduce, or
-  // all-gather plus reduce-scatter under sequence parallelism: the same ring volume). Full
-  // recomputation stops before the MLP's output projection, so it redoes the attention's sum
-  // (and, under sequence parallelism, both norms' gathers) but not the MLP's.
-  const double hidden = hidden_state_bytes(m, b, s, p);
-  double tp_collectives = 0, recompute_collectives = 0;
-  if (tp > 1) {
-    const auto seconds = [&](CollectiveOp op) { return group_seconds(shape.device_type, op, hidden, shape.tp_group); };
-    const double gather = sp ? seconds(CollectiveOp::CollectiveOp_all_gather) : 0;
-    const double sum = seconds(sp ? CollectiveOp::CollectiveOp_reduce_scatter : CollectiveOp::CollectiveOp_all_reduce);
-    tp_collectives = 2.0 * (gather + sum);
-    recompute_collectives = 2.0 * gather + sum;
+  const DenseBlockCosts dense = dense_block_costs(m, shape, sp);
+  const LayerTimes compute_only = dense.compute;
+  u.block = dense.times;
+  u.recompute_selective_seconds = dense.recompute_selective_seconds;
+  u.recompute_full_seconds = dense.recompute_full_seconds;
+  u.block_parameters = dense.parameters;
+  if (model_is_moe(model_) && model_.moe.first_dense_layers > 0) {
+    u.dense_block = dense_block_costs(leading_dense_, shape, sp);
   }
-  u.block.forward_seconds += tp_collectives;
-  u.block.backward_seconds += tp_collectives;
-  u.recompute_selective_seconds =
-      compute_only.forward_seconds * recompute_forward_share(block, Recompute::Recompute_selective);
-  u.recompute_full_seconds =
-      compute_only.forward_seconds * recompute_forward_share(block, Recompute::Recompute_full) + recompute_collectives;
-
-  u.block_parameters = static_cast<double>(block_parameters(m)) / tp;
   MoeRoutedWork routed;
   if (model_is_moe(model_)) {
     routed = moe_routed_work(model_, shape, s, p);
@@ -280,6 +270,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.head = layer_times(shape, LayerKind::LayerKind_head, sp, head_work(m, b, s, tp, p));
   if (tp > 1) {
     // Vocabulary-parallel embedding all-reduces its output; the head all-reduces its input gradient.
+    const double hidden = hidden_state_bytes(m, b, s, p);
     const double ar = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, hidden, shape.tp_group);
     u.embedding.forward_seconds += ar;
     u.head.backward_seconds += ar;
@@ -288,15 +279,10 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.head_parameters = static_cast<double>(head_parameters(m, true)) / tp;
 
   const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
-  const AttentionMemory attention = runtime.attention_memory;
-  for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
-    u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, attention) +
-                                                     (r == Recompute::Recompute_full ? 0 : routed.activation_bytes);
-  u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, attention);
-  u.backward_workspace_bytes = runtime.backward_workspace == BackwardWorkspace::BackwardWorkspace_fused
-                                   ? block_backward_workspace_bytes(m, b, s, tp, p)
-                                   : cpu_block_backward_workspace_bytes(m, b, s, tp, sp, p);
-  u.backward_workspace_bytes = std::max(u.backward_workspace_bytes, routed.workspace_bytes);
+  for (int r = 0; r < 3; ++r)
+    u.block_activation_bytes[r] = dense.activation_bytes[r] + (r == 2 ? 0 : routed.activation_bytes);
+  u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, runtime.attention_memory);
+  u.backward_workspace_bytes = std::max(dense.backward_workspace_bytes, routed.workspace_bytes);
   u.boundary_bytes = hidden_state_bytes(m, b * shape.dp, s, p);
   u.block_output_bytes = hidden_state_bytes(m, b, s, p) / (sp ? tp : 1);
   const bool keeps_whole = runtime.sequence_parallel_keeps_whole_hidden_states;
@@ -312,7 +298,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
 }
 
 double CostModel::stage_parameters(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c) const {
-  return c.blocks * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
+  return stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) + (c.has_embedding ? u.embedding_parameters : 0) +
          (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
                                                : static_cast<double>(head_parameters(model_, false)) / shape.tp)
                      : 0);
@@ -366,13 +352,16 @@ OffloadExposure CostModel::stage_offload_exposure(const StageUnitCosts& u, const
 StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
                                                  double boundary_send_seconds, int chunks_sent) const {
   StageTiming t;
-  const double n = c.blocks;
+  const DenseBlockCosts& dense = u.dense_block;
   const OffloadExposure exposure = stage_offload_exposure(u, c);
   t.offload_forward_seconds = exposure.forward_seconds;
   t.offload_backward_seconds = exposure.backward_seconds;
-  t.forward_seconds = n * u.block.forward_seconds + t.offload_forward_seconds;
-  t.backward_seconds = n * u.block.backward_seconds + c.selective * u.recompute_selective_seconds +
-                       c.full * u.recompute_full_seconds + t.offload_backward_seconds;
+  t.forward_seconds = stage_blocks_sum(c, u.block.forward_seconds, dense.times.forward_seconds) + t.offload_forward_seconds;
+  t.backward_seconds = stage_blocks_sum(c, u.block.backward_seconds, dense.times.backward_seconds) +
+                       (c.selective - c.dense_selective) * u.recompute_selective_seconds +
+                       c.dense_selective * dense.recompute_selective_seconds +
+                       (c.full - c.dense_full) * u.recompute_full_seconds + c.dense_full * dense.recompute_full_seconds +
+                       t.offload_backward_seconds;
   if (c.zero == 3) {  // offloaded blocks come whole from host memory: only resident ones are gathered
     const double gathered = c.blocks - c.offloaded;
     t.forward_seconds += gathered * u.zero3_forward_seconds;
@@ -406,7 +395,7 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
                                                 ? device_seconds_per_parameter
                                                 : bytes_per_update / kHostOptimizerBytesPerSecond;
   // ZeRO shards the routed experts over the dp / ep members holding them.
-  const double expert_params = (c.blocks - c.offloaded) * u.block_expert_parameters;
+  const double expert_params = (c.blocks - c.dense_blocks - c.offloaded) * u.block_expert_parameters;
   const double expert_extra = c.zero >= 1 ? expert_params * (shape.expert_zero_share - share) : 0;
   t.optimizer_seconds = ((params - offloaded_params) * share + expert_extra) * device_seconds_per_parameter +
                         offloaded_params * share * host_seconds_per_parameter;
@@ -423,8 +412,8 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const int states = optimizer_states(train_);
   const double head_params = c.head_holds_lm_matrix ? u.head_parameters
                                                     : static_cast<double>(head_parameters(model_, false)) / shape.tp;
-  const double resident_blocks = c.blocks - c.offloaded;
-  const double params = resident_blocks * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
+  const double params = stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) -
+                        c.offloaded * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
                         (c.has_head ? head_params : 0);
   const double dp = shape.dp;
   // A table tied between the pipeline's first and last stage is synchronised whole between them,
@@ -433,7 +422,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
                                   (c.has_embedding || (c.has_head && c.head_holds_lm_matrix));
   const double whole = tied_across_stages ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
   // The routed experts shard over the members holding the same ones (dp / ep of them).
-  const double experts = resident_blocks * u.block_expert_parameters;
+  const double experts = (c.blocks - c.dense_blocks - c.offloaded) * u.block_expert_parameters;
   const auto sharded = [&](bool by_zero) {
     return by_zero ? (params - whole - experts) * shape.zero_share + experts * shape.expert_zero_share + whole : params;
   };
@@ -489,8 +478,12 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   mem.host_offload_bytes = offloaded_params * (e + g + host_share * ((master ? 4.0 : 0) + 4.0 * states));
 
   const int none = c.blocks - c.selective - c.full;
-  const double per_micro_batch = none * u.block_activation_bytes[0] + c.selective * u.block_activation_bytes[1] +
-                                 c.full * u.block_activation_bytes[2] +
+  const int dense_none = c.dense_blocks - c.dense_selective - c.dense_full;
+  const double* dense_bytes = u.dense_block.activation_bytes;
+  const double per_micro_batch = (none - dense_none) * u.block_activation_bytes[0] +
+                                 (c.selective - c.dense_selective) * u.block_activation_bytes[1] +
+                                 (c.full - c.dense_full) * u.block_activation_bytes[2] + dense_none * dense_bytes[0] +
+                                 c.dense_selective * dense_bytes[1] + c.dense_full * dense_bytes[2] +
                                  (c.has_embedding ? u.embedding_activation_bytes : 0) +
                                  (c.has_head ? u.head_activation_bytes : 0) +
                                  c.chunks_received * u.chunk_input_extra_bytes + c.chunks_sent * u.chunk_output_bytes;
@@ -518,11 +511,17 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
   // Recomputing a block rebuilds its activations for the duration of its backward: all of them
   // under full recomputation, the attention core's (what selective recomputation did not keep)
-  // under selective.
-  const double transient = c.full > 0       ? u.block_activation_bytes[0]
-                           : c.selective > 0 ? u.block_activation_bytes[0] - u.block_activation_bytes[1]
-                                             : 0;
-  double block_backward_peak = u.backward_workspace_bytes + transient;
+  // under selective. The larger of an MoE block's backward and a leading dense block's.
+  const auto transient = [](int full, int selective, const double* bytes) {
+    return full > 0 ? bytes[0] : selective > 0 ? bytes[0] - bytes[1] : 0.0;
+  };
+  double block_backward_peak =
+      u.backward_workspace_bytes +
+      transient(c.full - c.dense_full, c.selective - c.dense_selective, u.block_activation_bytes);
+  if (c.dense_blocks > 0) {
+    block_backward_peak = std::max(block_backward_peak, u.dense_block.backward_workspace_bytes +
+                                                            transient(c.dense_full, c.dense_selective, dense_bytes));
+  }
   if (c.has_head && runtime.head_stage_peak_is_larger_phase) {
     // Alloy's CPU runtime (measured; the GPU runtime's head stage is not, so it keeps the sum):
     // the stage peaks either in the head's backward (all of the micro-batch's activations held,

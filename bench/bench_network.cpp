@@ -5,8 +5,11 @@
 // plans run on the emulated racks; then four pinned layouts (a data-parallel reduction across the
 // slow link, a pipeline boundary across it, a four-stage pipeline, and the uniform plan's choice)
 // are predicted on the real topology and measured. Layer times come from `alloy profile` on this
-// machine, so the predictions differ from the runs by what the network model gets wrong. Prints
-// the speed-up of the topology-aware plan and the prediction error per layout.
+// machine, calibrated as a user would (alloy train --calibrated-profile) by a four-stage pipeline
+// run on the uniform network, emulated: that run teaches the profile what this machine's shared
+// cores add to compute and to every message, and nothing about the racks, so the calibrated
+// predictions differ from the runs by what the network model gets wrong. Prints the speed-up of
+// the topology-aware plan and the prediction error per layout, with and without the calibration.
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -74,9 +78,10 @@ struct Layout {
   std::string name;
   std::string pins;     // alloy plan flags; empty: the planner's own choice
   std::string cluster;  // the cluster file it is planned on
-  std::string plan;     // path, once planned
+  std::string plan;     // path, once planned (with the calibrated profile)
   std::string shape;    // the plan's layout in words
-  double predicted_seconds = 0;
+  double predicted_seconds = 0;           // with the calibrated profile
+  double predicted_uncalibrated_seconds = 0;  // the same layout with the profile as measured
   std::vector<double> measured_seconds;
 };
 
@@ -99,46 +104,114 @@ std::string plan_shape(const nlohmann::json& plan) {
                      plan.at("num_micro_batches").get<int>());
 }
 
-// Plans `layout` on the cluster it names with the profile; then predicts it on the real racks.
+// The alloy plan flags that pin a plan file's layout: stages, data parallelism, micro-batches and
+// blocks per stage.
+std::string pins_of(const nlohmann::json& plan) {
+  std::vector<int> blocks;
+  for (const nlohmann::json& st : plan.at("stages")) {
+    int n = 0;
+    for (const nlohmann::json& chunk : st.at("chunks")) n += chunk.at(1).get<int>() - chunk.at(0).get<int>();
+    blocks.push_back(n);
+  }
+  return fmt::format("--pp {} --dp {} --tp 1 --num-micro-batches {} --layer-split {}", blocks.size(),
+                     plan.at("stages").at(0).at("dp").get<int>(), plan.at("num_micro_batches").get<int>(),
+                     fmt::join(blocks, ","));
+}
+
+// alloy plan of the model on `cluster` with `profile`, layout pinned by `pins` (none: the
+// planner's choice), written to `plan_path`. Returns the plan, or null when planning failed.
+nlohmann::json plan_with(const std::string& alloy, const std::string& dir, const std::string& cluster,
+                         const std::string& profile, const std::string& pins, const std::string& plan_path) {
+  const std::string out = plan_path + ".out";
+  if (run(fmt::format("{} plan --model {}/model.yaml --cluster {}/{} --train {}/train.yaml --profile {}/{} "
+                      "--no-offload {} -o {} > {} 2>&1",
+                      alloy, dir, dir, cluster, dir, dir, profile, pins, plan_path, out)) != 0) {
+    std::fprintf(stderr, "planning %s failed:\n%s", plan_path.c_str(), alloy::bench::errors_in(out).c_str());
+    return nullptr;
+  }
+  return nlohmann::json::parse(std::ifstream(plan_path));
+}
+
+double predicted_step(const nlohmann::json& plan) { return plan.at("predicted").at("step_seconds").get<double>(); }
+
+// Plans `layout` on the cluster it names with the calibrated profile; a plan made on the uniform
+// network is pinned on the real racks, as that is where it runs. Then predicts the same layout
+// on the racks with the uncalibrated profile.
 bool plan_layout(const std::string& alloy, const std::string& dir, Layout& layout, int index) {
   layout.plan = fmt::format("{}/plan-{}.json", dir, index);
-  const std::string out = fmt::format("{}/plan-{}.out", dir, index);
-  if (run(fmt::format("{} plan --model {}/model.yaml --cluster {}/{} --train {}/train.yaml --profile {}/profile.json "
-                      "--no-offload {} -o {} > {} 2>&1",
-                      alloy, dir, dir, layout.cluster, dir, dir, layout.pins, layout.plan, out)) != 0) {
-    std::fprintf(stderr, "planning %s failed:\n%s", layout.name.c_str(), alloy::bench::errors_in(out).c_str());
-    return false;
+  nlohmann::json plan = plan_with(alloy, dir, layout.cluster, "calibrated.json", layout.pins, layout.plan);
+  if (plan.is_null()) return false;
+  if (layout.cluster != "racks.yaml") {
+    plan = plan_with(alloy, dir, "racks.yaml", "calibrated.json", pins_of(plan), layout.plan);
+    if (plan.is_null()) return false;
   }
-  nlohmann::json plan = nlohmann::json::parse(std::ifstream(layout.plan));
   layout.shape = plan_shape(plan);
-  if (layout.cluster == "racks.yaml") {
-    layout.predicted_seconds = plan.at("predicted").at("step_seconds").get<double>();
-    return true;
-  }
-  // The uniform plan's stages, data parallelism and micro-batches, pinned on the real racks: what
-  // that choice costs there (and the plan that runs).
-  std::vector<int> dps;
-  for (const nlohmann::json& st : plan.at("stages")) dps.push_back(st.at("dp").get<int>());
-  Layout real = layout_of(layout.name, fmt::format("--pp {} --dp {} --tp 1 --num-micro-batches {}", dps.size(),
-                                                   dps.front(), plan.at("num_micro_batches").get<int>()));
-  if (!plan_layout(alloy, dir, real, index + 100)) return false;
-  layout.plan = real.plan;
-  layout.predicted_seconds = real.predicted_seconds;
+  layout.predicted_seconds = predicted_step(plan);
+  const nlohmann::json uncalibrated = plan_with(alloy, dir, "racks.yaml", "profile.json", pins_of(plan),
+                                                fmt::format("{}/plan-{}-uncalibrated.json", dir, index));
+  if (uncalibrated.is_null()) return false;
+  layout.predicted_uncalibrated_seconds = predicted_step(uncalibrated);
   return true;
+}
+
+std::string train_command(const std::string& alloy, const std::string& dir, const std::string& plan,
+                          const std::string& cluster, int steps, const std::string& log) {
+  return fmt::format("{} {} train --plan {} --cluster {}/{} --data {}/data.bin --steps {} --no-progress "
+                     "--emulate-network --log {}",
+                     alloy::bench::mpirun(kRanks), alloy, plan, dir, cluster, dir, steps, log);
+}
+
+// The calibration: a four-stage pipeline planned and run on the uniform network (emulated), the
+// profile corrected by the run of median step time.
+bool calibrate(const std::string& alloy, const std::string& dir, int steps, int rounds, std::string* report) {
+  const std::string plan = dir + "/calibration-plan.json";
+  if (plan_with(alloy, dir, "uniform.yaml", "profile.json", "--pp 4 --dp 1 --tp 1", plan).is_null()) return false;
+  const auto command = [&](const std::string& log, const std::string& calibrated) {
+    return fmt::format("{} --profile {}/profile.json --calibrated-profile {}",
+                       train_command(alloy, dir, plan, "uniform.yaml", steps, log), dir, calibrated);
+  };
+  if (alloy::bench::calibrate_from_median_run(command, rounds, dir + "/calibration", dir + "/calibrated.json", report))
+    return true;
+  std::fprintf(stderr, "the calibration run failed; its output is in %s/calibration-*.out\n", dir.c_str());
+  return false;
 }
 
 bool measure(const std::string& alloy, const std::string& dir, Layout& layout, int steps, int index, int round) {
   const std::string log = fmt::format("{}/run-{}-{}.jsonl", dir, index, round);
   const std::string out = fmt::format("{}/run-{}-{}.out", dir, index, round);
-  const int rc = run(fmt::format("{} {} train --plan {} --cluster {}/racks.yaml --data {}/data.bin --steps {} "
-                                 "--no-progress --emulate-network --log {} > {} 2>&1",
-                                 alloy::bench::mpirun(kRanks), alloy, layout.plan, dir, dir, steps, log, out));
+  const int rc = run(fmt::format("{} > {} 2>&1", train_command(alloy, dir, layout.plan, "racks.yaml", steps, log), out));
   if (rc != 0) {
     std::fprintf(stderr, "%s failed (exit %d):\n%s", layout.name.c_str(), rc, alloy::bench::errors_in(out).c_str());
     return false;
   }
   layout.measured_seconds.push_back(alloy::bench::run_result_read(log).step_seconds);
   return true;
+}
+
+// Median and worst of |predicted / measured - 1| over the layouts.
+std::pair<double, double> error_median_worst(const std::vector<Layout>& layouts, double Layout::*predicted) {
+  std::vector<double> errors;
+  for (const Layout& l : layouts) errors.push_back(std::fabs(l.*predicted / median(l.measured_seconds) - 1));
+  std::sort(errors.begin(), errors.end());
+  return {errors[errors.size() / 2], errors.back()};
+}
+
+void print_results(const std::vector<Layout>& layouts) {
+  std::printf("%-30s %-44s %10s %10s %10s %8s\n", "layout", "plan", "measured", "predicted", "error", "uncalibrated");
+  for (const Layout& l : layouts) {
+    const double measured = median(l.measured_seconds);
+    std::printf("%-30s %-44s %9.3fs %9.3fs %+9.1f%% %+8.1f%%\n", l.name.c_str(), l.shape.c_str(), measured,
+                l.predicted_seconds, 100 * (l.predicted_seconds / measured - 1),
+                100 * (l.predicted_uncalibrated_seconds / measured - 1));
+  }
+  const double speedup = median(layouts[1].measured_seconds) / median(layouts[0].measured_seconds);
+  std::printf("\ntopology-aware plan against the plan told uniform, both on the racks: %.2fx faster (target >= 1.3x)\n",
+              speedup);
+  const auto [median_error, worst_error] = error_median_worst(layouts, &Layout::predicted_seconds);
+  const auto [raw_median, raw_worst] = error_median_worst(layouts, &Layout::predicted_uncalibrated_seconds);
+  std::printf("prediction error over the %zu layouts on the racks: median %.1f%%, worst %.1f%% (targets 10%%, 20%%);\n"
+              "with the profile uncalibrated: median %.1f%%, worst %.1f%%\n",
+              layouts.size(), 100 * median_error, 100 * worst_error, 100 * raw_median, 100 * raw_worst);
 }
 
 }  // namespace
@@ -160,6 +233,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "preparing failed:\n%s", alloy::bench::errors_in(dir + "/profile.out").c_str());
     return 1;
   }
+  std::string calibration_report;
+  if (!calibrate(alloy, dir, steps, std::max(3, rounds), &calibration_report)) return 1;
   std::vector<Layout> layouts = {
       layout_of("topology-aware plan", ""),
       layout_of("plan told uniform", "", "uniform.yaml"),
@@ -170,27 +245,13 @@ int main(int argc, char** argv) {
   for (size_t k = 0; k < layouts.size(); ++k)
     if (!plan_layout(alloy, dir, layouts[k], static_cast<int>(k))) return 1;
   std::printf("racks-gpt (4 blocks of width 256, batch 16 x 64) on 4 CPU ranks: two racks of two one-device nodes,\n"
-              "1 GB/s inside a rack, 100 MB/s between them (emulated); %d rounds of %d steps, layouts alternating\n\n",
-              rounds, steps);
+              "1 GB/s inside a rack, 100 MB/s between them (emulated); %d rounds of %d steps, layouts alternating.\n"
+              "The profile calibrated by a four-stage pipeline on the uniform 1 GB/s network (emulated):\n%s\n",
+              rounds, steps, calibration_report.c_str());
   for (int round = 0; round < rounds; ++round)
     for (size_t k = 0; k < layouts.size(); ++k)
       if (!measure(alloy, dir, layouts[k], steps, static_cast<int>(k), round)) return 1;
-
-  std::printf("%-32s %-44s %10s %10s %8s\n", "layout", "plan", "predicted", "measured", "error");
-  std::vector<double> errors;
-  for (const Layout& l : layouts) {
-    const double measured = median(l.measured_seconds);
-    const double error = l.predicted_seconds / measured - 1;
-    errors.push_back(std::fabs(error));
-    std::printf("%-32s %-44s %9.3fs %9.3fs %+7.1f%%\n", l.name.c_str(), l.shape.c_str(), l.predicted_seconds, measured,
-                100 * error);
-  }
-  const double speedup = median(layouts[1].measured_seconds) / median(layouts[0].measured_seconds);
-  std::sort(errors.begin(), errors.end());
-  std::printf("\ntopology-aware plan against the plan told uniform, both on the racks: %.2fx faster (target >= 1.3x)\n",
-              speedup);
-  std::printf("prediction error over the %zu layouts on the racks: median %.1f%%, worst %.1f%% (targets 10%%, 20%%)\n",
-              errors.size(), 100 * errors[errors.size() / 2], 100 * errors.back());
+  print_results(layouts);
   if (std::getenv("ALLOY_BENCH_KEEP") == nullptr) std::filesystem::remove_all(dir);
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include <fmt/core.h>
@@ -78,6 +79,18 @@ void also_across_emulated_nodes(std::vector<Measured>* measurements) {
     Measured across = (*measurements)[i];
     across.spans_nodes = true;
     measurements->push_back(across);
+  }
+}
+
+// The links between node groups in the profile already at `path` (`alloy comm-check
+// --write-profile` records them; this command does not measure them), kept when it is rewritten;
+// none when no profile can be read there (such a file is replaced, as it always was).
+std::vector<ProfiledGroupLink> links_kept(const std::string& path) {
+  if (!std::filesystem::exists(path)) return {};
+  try {
+    return profile_load(path).links;
+  } catch (const Error&) {
+    return {};
   }
 }
 
@@ -185,6 +198,7 @@ void run_profile(const ProfileCommand& c) {
                                                                 : optimizer[0] / world *
                                                                       device_slowdown(type, ranks_on_host, runtime_threads());
   }
+  profile.links = links_kept(c.output);
   text_file_write(c.output, profile_to_json(profile), "profile", "--output");
 
   TextTable table({"layer", "forward>", "backward>"});
@@ -226,6 +240,9 @@ void run_profile(const ProfileCommand& c) {
   fmt::print("wrote {}: each CPU device type's layer times as its ranks measured them at its emulated speed; "
              "use it with alloy plan --profile {}\n",
              c.output, c.output);
+  if (!profile.links.empty())
+    fmt::print("kept the {} link{} between node groups that {} held (measured by alloy comm-check --write-profile)\n",
+               profile.links.size(), profile.links.size() == 1 ? "" : "s", c.output);
 }
 
 }  // namespace

@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <fmt/core.h>
 
+#include "spec/field_reader.hpp"
+#include "spec/text_file.hpp"
 #include "spec/topology.hpp"
 #include "spec/units.hpp"
 #include "util/clock.hpp"
@@ -104,8 +107,9 @@ std::string survey_stated(const ClusterSpec& cluster, int from_device, int to_de
 
 }  // namespace
 
-void comm_links_survey(Communicator& comm, const ClusterSpec& cluster, int64_t bytes) {
+std::vector<ProfiledGroupLink> comm_links_survey(Communicator& comm, const ClusterSpec& cluster, int64_t bytes) {
   const std::vector<SurveyPair> pairs = survey_pairs(cluster);
+  std::vector<ProfiledGroupLink> links;
   if (comm.rank() == 0) {
     fmt::print("links between node groups ({} sends, the first rank of each side):\n",
                units_format_bytes(static_cast<double>(bytes)));
@@ -119,6 +123,7 @@ void comm_links_survey(Communicator& comm, const ClusterSpec& cluster, int64_t b
       if (comm.rank() == pair.from_rank) measured = got;
     }
     comm.all_reduce(measured.data(), 2, comm.world(), ReduceOp::ReduceOp_max).wait();
+    links.push_back({pair.from_group, pair.to_group, measured[1], measured[0], static_cast<double>(bytes)});
     if (comm.rank() != 0) continue;
     fmt::print("  {:<14} {:<14} {:<7} {:>12} {:>10}   {}\n", pair.from_group, pair.to_group,
                fmt::format("{}-{}", pair.from_rank, pair.to_rank), units_format_bandwidth(measured[1]),
@@ -136,6 +141,25 @@ void comm_links_survey(Communicator& comm, const ClusterSpec& cluster, int64_t b
   if (comm.rank() == 0)
     fmt::print("all_reduce of {} over the {} ranks (best of {}): {}\n", units_format_bytes(static_cast<double>(bytes / 4 * 4)),
                comm.world_size(), kBandwidthTries, units_format_seconds(all_reduce_seconds));
+  return links;
+}
+
+void comm_links_profile_check(const std::string& path) {
+  if (std::filesystem::exists(path)) profile_load(path);
+}
+
+void comm_links_profile_write(const std::string& path, const std::vector<ProfiledGroupLink>& links) {
+  std::string text;
+  if (std::filesystem::exists(path)) {
+    text = profile_merge_links(spec_file_text(path), path, links);
+  } else {
+    Profile profile;
+    profile.links = links;
+    text = profile_to_json(profile);
+  }
+  text_file_write(path, text, "profile", "--write-profile");
+  fmt::print("wrote {} link{} between node groups to {}; use it with alloy plan --profile {}\n", links.size(),
+             links.size() == 1 ? "" : "s", path, path);
 }
 
 }  // namespace alloy::cli

@@ -117,10 +117,11 @@ const char* p2p_path_name(P2pPath path) {
   return "?";
 }
 
-void boundary_link_apply_profile(BoundaryLink* link, const Profile* profile, const std::string& sender_type) {
+void boundary_link_apply_profile(BoundaryLink* link, const Profile* profile, const std::string& sender_type,
+                                 bool network_measured) {
   if (profile == nullptr) return;
   link->intra_node = profile->point_to_point_link(sender_type, false, link->intra_node);
-  link->network = profile->point_to_point_link(sender_type, true, link->network);
+  if (!network_measured) link->network = profile->point_to_point_link(sender_type, true, link->network);
   link->extra_seconds = profile->boundary_transfer_seconds(sender_type);
 }
 

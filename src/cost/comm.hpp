@@ -40,6 +40,9 @@ struct GroupPlacement {
   double inside_latency_seconds = 0;
   double across_bytes_per_second = 0;
   double across_latency_seconds = 0;
+  // A hop between nodes runs on a link measured between node groups (ClusterSpec::measured_links):
+  // the links price the group, not a profile's collectives timed on an unknown path.
+  bool crosses_measured_link = false;
 };
 
 // Seconds for one collective on `buffer_bytes` (all-reduce: the tensor; all-gather: the
@@ -68,8 +71,10 @@ struct BoundaryLink {
 double boundary_seconds(double bytes, const BoundaryLink& link);
 
 // Replaces `link`'s intra-node and network links with the sending type's measured transfers and
-// sets its calibrated extra time per transfer, where `profile` (may be null) has them. Call it
-// before deriving the aggregate network bandwidth from `link->network`.
-void boundary_link_apply_profile(BoundaryLink* link, const Profile* profile, const std::string& sender_type);
+// sets its calibrated extra time per transfer, where `profile` (may be null) has them. A network
+// link measured between the two node groups (`network_measured`) is kept: it is the path's own.
+// Call it before deriving the aggregate network bandwidth from `link->network`.
+void boundary_link_apply_profile(BoundaryLink* link, const Profile* profile, const std::string& sender_type,
+                                 bool network_measured);
 
 }  // namespace alloy

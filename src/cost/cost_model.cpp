@@ -66,8 +66,13 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
 
 CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                      const Profile* profile)
-    : model_(model), cluster_(cluster), train_(train), profile_(profile) {
+    : model_(model),
+      cluster_(profile && !profile->links.empty() ? profile_apply_links(*profile, cluster) : cluster),
+      train_(train),
+      profile_(profile) {
   dense_part_ = model_is_moe(model) ? moe_dense_part(model) : model;
+  leading_dense_ = model;
+  leading_dense_.moe = MixtureOfExperts{};
   expert_shares_ = moe_expert_shares(model, train.expert_tokens);
   type_links_.resize(cluster.device_types.size());
   std::vector<bool> seen(cluster.device_types.size(), false);
@@ -136,11 +141,12 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
   b.intra_node = type_links_[a.device_type_index];
   const BoundaryNetwork net = network_boundary(cluster_, from, to);
   b.network = net.network;
-  boundary_link_apply_profile(&b, profile_, cluster_.device_type(a).name);
+  boundary_link_apply_profile(&b, profile_, cluster_.device_type(a).name, net.measured);
   const int from_nodes = network_distinct_nodes(cluster_, from);
   const int to_nodes = network_distinct_nodes(cluster_, to);
   // On a flat cluster a profile's measured network link sets the aggregate; on a tiered one the
-  // cluster file's NICs and uplinks do (a profile measures one link per device type, not per path).
+  // cluster file's NICs and uplinks do (a profile's point_to_point is one link per device type,
+  // not per path), or the links measured between node groups where the profile has them.
   b.aggregate_network_bytes_per_second = topology_is_flat(cluster_)
                                              ? std::min(from_nodes, to_nodes) * b.network.bandwidth_bytes_per_second
                                              : net.aggregate_bytes_per_second;
@@ -158,7 +164,7 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
 
 LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const {
   const DeviceType& type = cluster_.device_types[shape.device_type];
-  if (profile_) {
+  if (profile_ && !profile_->device_types.empty()) {  // a profile of links alone measures no layer
     if (profile_->model_name == model_.name) {
       const std::optional<ProfiledLayer> measured = profile_->layer_at(
           type.name, kind, static_cast<int>(shape.micro_batch), static_cast<int>(train_.seq_len), shape.tp, sp);
@@ -171,19 +177,24 @@ LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool 
   return {compute_seconds(type, train_.precision, work, false), compute_seconds(type, train_.precision, work, true)};
 }
 
+bool CostModel::profile_collectives_price(const GroupPlacement& group) const {
+  // Over links measured between node groups the links price the group: a profile's collectives
+  // were timed on a path it does not name.
+  return profile_ && !profile_->device_types.empty() && !group.crosses_measured_link;
+}
+
 double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group,
                                 bool note_fallback) const {
   if (group.ranks <= 1 || bytes <= 0) return 0;
-  if (profile_) {
+  if (profile_collectives_price(group)) {
     const std::string& name = cluster_.device_types[device_type].name;
     const ProfiledCollective* measured = profile_->find_collective(name, op, group.ranks, group.nodes > 1);
     if (measured) return measured->seconds(bytes);
-  }
-  if (profile_ && note_fallback) {
-    const std::string& name = cluster_.device_types[device_type].name;
-    std::lock_guard<std::mutex> lock(notes_mutex_);
-    notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
-                              collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));
+    if (note_fallback) {
+      std::lock_guard<std::mutex> lock(notes_mutex_);
+      notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
+                                collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));
+    }
   }
   if (runtime_traits(cluster_.device_types[device_type]).collectives_flat_ring_only)
     return collective_seconds_with(op, bytes, group, CollectiveAlgorithm::CollectiveAlgorithm_ring);
@@ -200,8 +211,11 @@ LayerSecondsBound CostModel::layer_seconds_bound(int device_type, int tp, int64_
   shape.tp_group.intra_node = type_links_[device_type];
   shape.tp_group.network = cluster_.network;
   const StageUnitCosts u = unit_costs(shape, sp);
-  return {u.block.forward_seconds + u.block.backward_seconds, u.embedding.forward_seconds + u.embedding.backward_seconds,
-          u.head.forward_seconds + u.head.backward_seconds};
+  // An MoE model's leading dense blocks may be the faster kind: the bound takes the faster.
+  double block = u.block.forward_seconds + u.block.backward_seconds;
+  if (model_is_moe(model_) && model_.moe.first_dense_layers > 0)
+    block = std::min(block, u.dense_block.times.forward_seconds + u.dense_block.times.backward_seconds);
+  return {block, u.embedding.forward_seconds + u.embedding.backward_seconds, u.head.forward_seconds + u.head.backward_seconds};
 }
 
 StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
@@ -216,30 +230,15 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   StageUnitCosts u;
   u.sequence_parallel = sp;
 
-  const LayerWork block = block_work(m, b, s, tp, sp, p);
-  u.block = layer_times(shape, LayerKind::LayerKind_block, sp, block);
-  const LayerTimes compute_only = u.block;
-  // Two tp collectives on the hidden state in forward, two in backward (all-reduce, or
-  // all-gather plus reduce-scatter under sequence parallelism: the same ring volume). Full
-  // recomputation stops before the MLP's output projection, so it redoes the attention's sum
-  // (and, under sequence parallelism, both norms' gathers) but not the MLP's.
-  const double hidden = hidden_state_bytes(m, b, s, p);
-  double tp_collectives = 0, recompute_collectives = 0;
-  if (tp > 1) {
-    const auto seconds = [&](CollectiveOp op) { return group_seconds(shape.device_type, op, hidden, shape.tp_group); };
-    const double gather = sp ? seconds(CollectiveOp::CollectiveOp_all_gather) : 0;
-    const double sum = seconds(sp ? CollectiveOp::CollectiveOp_reduce_scatter : CollectiveOp::CollectiveOp_all_reduce);
-    tp_collectives = 2.0 * (gather + sum);
-    recompute_collectives = 2.0 * gather + sum;
+  const DenseBlockCosts dense = dense_block_costs(m, shape, sp);
+  const LayerTimes compute_only = dense.compute;
+  u.block = dense.times;
+  u.recompute_selective_seconds = dense.recompute_selective_seconds;
+  u.recompute_full_seconds = dense.recompute_full_seconds;
+  u.block_parameters = dense.parameters;
+  if (model_is_moe(model_) && model_.moe.first_dense_layers > 0) {
+    u.dense_block = dense_block_costs(leading_dense_, shape, sp);
   }
-  u.block.forward_seconds += tp_collectives;
-  u.block.backward_seconds += tp_collectives;
-  u.recompute_selective_seconds =
-      compute_only.forward_seconds * recompute_forward_share(block, Recompute::Recompute_selective);
-  u.recompute_full_seconds =
-      compute_only.forward_seconds * recompute_forward_share(block, Recompute::Recompute_full) + recompute_collectives;
-
-  u.block_parameters = static_cast<double>(block_parameters(m)) / tp;
   MoeRoutedWork routed;
   if (model_is_moe(model_)) {
     routed = moe_routed_work(model_, shape, s, p);
@@ -278,6 +277,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.head = layer_times(shape, LayerKind::LayerKind_head, sp, head_work(m, b, s, tp, p));
   if (tp > 1) {
     // Vocabulary-parallel embedding all-reduces its output; the head all-reduces its input gradient.
+    const double hidden = hidden_state_bytes(m, b, s, p);
     const double ar = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce, hidden, shape.tp_group);
     u.embedding.forward_seconds += ar;
     u.head.backward_seconds += ar;
@@ -286,15 +286,10 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.head_parameters = static_cast<double>(head_parameters(m, true)) / tp;
 
   const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
-  const AttentionMemory attention = runtime.attention_memory;
-  for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
-    u.block_activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, attention) +
-                                                     (r == Recompute::Recompute_full ? 0 : routed.activation_bytes);
-  u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, attention);
-  u.backward_workspace_bytes = runtime.backward_workspace == BackwardWorkspace::BackwardWorkspace_fused
-                                   ? block_backward_workspace_bytes(m, b, s, tp, p)
-                                   : cpu_block_backward_workspace_bytes(m, b, s, tp, sp, p);
-  u.backward_workspace_bytes = std::max(u.backward_workspace_bytes, routed.workspace_bytes);
+  for (int r = 0; r < 3; ++r)
+    u.block_activation_bytes[r] = dense.activation_bytes[r] + (r == 2 ? 0 : routed.activation_bytes);
+  u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, runtime.attention_memory);
+  u.backward_workspace_bytes = std::max(dense.backward_workspace_bytes, routed.workspace_bytes);
   u.boundary_bytes = hidden_state_bytes(m, b * shape.dp, s, p);
   u.block_output_bytes = hidden_state_bytes(m, b, s, p) / (sp ? tp : 1);
   const bool keeps_whole = runtime.sequence_parallel_keeps_whole_hidden_states;
@@ -310,7 +305,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
 }
 
 double CostModel::stage_parameters(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c) const {
-  return c.blocks * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
+  return stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) + (c.has_embedding ? u.embedding_parameters : 0) +
          (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
                                                : static_cast<double>(head_parameters(model_, false)) / shape.tp)
                      : 0);
@@ -364,13 +359,16 @@ OffloadExposure CostModel::stage_offload_exposure(const StageUnitCosts& u, const
 StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
                                                  double boundary_send_seconds, int chunks_sent) const {
   StageTiming t;
-  const double n = c.blocks;
+  const DenseBlockCosts& dense = u.dense_block;
   const OffloadExposure exposure = stage_offload_exposure(u, c);
   t.offload_forward_seconds = exposure.forward_seconds;
   t.offload_backward_seconds = exposure.backward_seconds;
-  t.forward_seconds = n * u.block.forward_seconds + t.offload_forward_seconds;
-  t.backward_seconds = n * u.block.backward_seconds + c.selective * u.recompute_selective_seconds +
-                       c.full * u.recompute_full_seconds + t.offload_backward_seconds;
+  t.forward_seconds = stage_blocks_sum(c, u.block.forward_seconds, dense.times.forward_seconds) + t.offload_forward_seconds;
+  t.backward_seconds = stage_blocks_sum(c, u.block.backward_seconds, dense.times.backward_seconds) +
+                       (c.selective - c.dense_selective) * u.recompute_selective_seconds +
+                       c.dense_selective * dense.recompute_selective_seconds +
+                       (c.full - c.dense_full) * u.recompute_full_seconds + c.dense_full * dense.recompute_full_seconds +
+                       t.offload_backward_seconds;
   if (c.zero == 3) {  // offloaded blocks come whole from host memory: only resident ones are gathered
     const double gathered = c.blocks - c.offloaded;
     t.forward_seconds += gathered * u.zero3_forward_seconds;
@@ -404,7 +402,7 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
                                                 ? device_seconds_per_parameter
                                                 : bytes_per_update / kHostOptimizerBytesPerSecond;
   // ZeRO shards the routed experts over the dp / ep members holding them.
-  const double expert_params = (c.blocks - c.offloaded) * u.block_expert_parameters;
+  const double expert_params = (c.blocks - c.dense_blocks - c.offloaded) * u.block_expert_parameters;
   const double expert_extra = c.zero >= 1 ? expert_params * (shape.expert_zero_share - share) : 0;
   t.optimizer_seconds = ((params - offloaded_params) * share + expert_extra) * device_seconds_per_parameter +
                         offloaded_params * share * host_seconds_per_parameter;
@@ -421,8 +419,8 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const int states = optimizer_states(train_);
   const double head_params = c.head_holds_lm_matrix ? u.head_parameters
                                                     : static_cast<double>(head_parameters(model_, false)) / shape.tp;
-  const double resident_blocks = c.blocks - c.offloaded;
-  const double params = resident_blocks * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
+  const double params = stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) -
+                        c.offloaded * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
                         (c.has_head ? head_params : 0);
   const double dp = shape.dp;
   // A table tied between the pipeline's first and last stage is synchronised whole between them,
@@ -431,7 +429,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
                                   (c.has_embedding || (c.has_head && c.head_holds_lm_matrix));
   const double whole = tied_across_stages ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
   // The routed experts shard over the members holding the same ones (dp / ep of them).
-  const double experts = resident_blocks * u.block_expert_parameters;
+  const double experts = (c.blocks - c.dense_blocks - c.offloaded) * u.block_expert_parameters;
   const auto sharded = [&](bool by_zero) {
     return by_zero ? (params - whole - experts) * shape.zero_share + experts * shape.expert_zero_share + whole : params;
   };
@@ -487,8 +485,12 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   mem.host_offload_bytes = offloaded_params * (e + g + host_share * ((master ? 4.0 : 0) + 4.0 * states));
 
   const int none = c.blocks - c.selective - c.full;
-  const double per_micro_batch = none * u.block_activation_bytes[0] + c.selective * u.block_activation_bytes[1] +
-                                 c.full * u.block_activation_bytes[2] +
+  const int dense_none = c.dense_blocks - c.dense_selective - c.dense_full;
+  const double* dense_bytes = u.dense_block.activation_bytes;
+  const double per_micro_batch = (none - dense_none) * u.block_activation_bytes[0] +
+                                 (c.selective - c.dense_selective) * u.block_activation_bytes[1] +
+                                 (c.full - c.dense_full) * u.block_activation_bytes[2] + dense_none * dense_bytes[0] +
+                                 c.dense_selective * dense_bytes[1] + c.dense_full * dense_bytes[2] +
                                  (c.has_embedding ? u.embedding_activation_bytes : 0) +
                                  (c.has_head ? u.head_activation_bytes : 0) +
                                  c.chunks_received * u.chunk_input_extra_bytes + c.chunks_sent * u.chunk_output_bytes;
@@ -516,11 +518,17 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
   // Recomputing a block rebuilds its activations for the duration of its backward: all of them
   // under full recomputation, the attention core's (what selective recomputation did not keep)
-  // under selective.
-  const double transient = c.full > 0       ? u.block_activation_bytes[0]
-                           : c.selective > 0 ? u.block_activation_bytes[0] - u.block_activation_bytes[1]
-                                             : 0;
-  double block_backward_peak = u.backward_workspace_bytes + transient;
+  // under selective. The larger of an MoE block's backward and a leading dense block's.
+  const auto transient = [](int full, int selective, const double* bytes) {
+    return full > 0 ? bytes[0] : selective > 0 ? bytes[0] - bytes[1] : 0.0;
+  };
+  double block_backward_peak =
+      u.backward_workspace_bytes +
+      transient(c.full - c.dense_full, c.selective - c.dense_selective, u.block_activation_bytes);
+  if (c.dense_blocks > 0) {
+    block_backward_peak = std::max(block_backward_peak, u.dense_block.backward_workspace_bytes +
+                                                            transient(c.dense_full, c.dense_selective, dense_bytes));
+  }
   if (c.has_head && runtime.head_stage_peak_is_larger_phase) {
     // Alloy's CPU runtime (measured; the GPU runtime's head stage is not, so it keeps the sum):
     // the stage peaks either in the head's backward (all of the micro-batch's activations held,

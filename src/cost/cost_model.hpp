@@ -57,7 +57,20 @@ struct LayerTimes {
   double backward_seconds = 0;
 };
 
+// One block as the dense arithmetic (layer_cost.hpp) prices it on a stage shape.
+struct DenseBlockCosts {
+  LayerTimes compute;                      // the block's own work
+  LayerTimes times;                        // with its tensor-parallel collectives
+  double recompute_selective_seconds = 0;  // extra backward time
+  double recompute_full_seconds = 0;
+  double parameters = 0;                   // per device (divided by tp)
+  double activation_bytes[3] = {0, 0, 0};  // by Recompute
+  double backward_workspace_bytes = 0;     // gradient buffers of its backward
+};
+
 // Costs of a (stage shape, sequence parallelism) pair that do not depend on the layer choices.
+// For MoE models the block fields are an MoE block's; `dense_block` prices the leading dense
+// blocks (moe.first_dense_layers), whose MLP is the dense one of ffn_hidden_size.
 struct StageUnitCosts {
   bool sequence_parallel = false;
   LayerTimes block;
@@ -86,13 +99,20 @@ struct StageUnitCosts {
   double chunk_output_bytes = 0;
   double activations_link_seconds[3] = {0, 0, 0};  // one block's saved activations but its output over
                                                    // the host link, by recomputation level
+  DenseBlockCosts dense_block;  // MoE models with leading dense blocks (zero otherwise)
 };
 
-// What a stage runs: layer counts by choice. Blocks are identical, so counts define the cost.
+// What a stage runs: layer counts by choice. Blocks of a kind are identical, so counts define
+// the cost: an MoE model's leading dense blocks apart from its MoE blocks.
 struct StageChoice {
   int blocks = 0;
   int selective = 0;   // blocks under selective recompute
   int full = 0;        // blocks under full recompute
+  // MoE models: of the counts above, the leading dense blocks' (moe.first_dense_layers); every
+  // other block is an MoE block.
+  int dense_blocks = 0;
+  int dense_selective = 0;
+  int dense_full = 0;
   int offloaded = 0;   // blocks whose weights and optimizer state live in host memory
   int prefetch_depth = 1;  // offloaded blocks fetched ahead of their use (window: depth + 1)
   int micro_batches = 1;   // per optimizer step: later backwards also fetch the gradients so far
@@ -249,6 +269,8 @@ class CostModel {
   std::vector<std::string> fallback_notes() const;
 
  private:
+  // Whether a profile's measured collectives price `group` (where it has them).
+  bool profile_collectives_price(const GroupPlacement& group) const;
   // A collective on a group of a device type: measured when the profile has it, else analytic
   // (and noted as such unless `note_fallback` is false).
   double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group,
@@ -261,6 +283,8 @@ class CostModel {
                                         double reduce, double last_bucket) const;
   // Parameters per device of a stage's layers (all of them, offloaded or not).
   double stage_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
+  // A block of `model` (the dense part of an MoE block, or a dense block) on `shape`.
+  DenseBlockCosts dense_block_costs(const ModelSpec& model, const StageShape& shape, bool sequence_parallel) const;
 
   // Copies: a cost model outlives the specs it was built from.
   ModelSpec model_;
@@ -269,10 +293,20 @@ class CostModel {
   const Profile* profile_;  // not owned; must outlive the cost model
   std::vector<Link> type_links_;
   ModelSpec dense_part_;  // MoE models: the blocks without their routed experts (moe_cost.hpp)
+  ModelSpec leading_dense_;  // MoE models: the leading dense blocks, the model without its experts
   std::vector<double> expert_shares_;
   mutable std::mutex notes_mutex_;
   mutable std::set<std::string> notes_;
 };
+
+// Sum over a stage's blocks of a per-block quantity: `per_block` for each of its blocks but the
+// leading dense ones of an MoE model, which take `per_dense_block`.
+double stage_blocks_sum(const StageChoice& choice, double per_block, double per_dense_block);
+
+// Sets choice's dense counts for `dense_blocks` leading dense blocks of its blocks, recomputed
+// as a plan recomputes a stage's blocks: the first `full` fully, the next `selective`
+// selectively (search/explain.cpp).
+void stage_choice_set_dense_blocks(StageChoice* choice, int dense_blocks);
 
 // Whether a stage keeps only its shard of the gradients (strategy (a), PlanStage::gradients_sharded):
 // choice.shard_gradients under ZeRO 2-3 with someone to shard over.

@@ -61,8 +61,11 @@ StageBuckets CostModel::stage_gradient_buckets(const StageShape& shape, const St
   const double e = gradient_element_bytes();
   const double params = stage_parameters(shape, u, c);
   const double embedding_bytes = c.has_embedding ? u.embedding_parameters * e : 0;
-  const double head_bytes = std::max(0.0, params * e - c.blocks * u.block_parameters * e - embedding_bytes);
-  return stage_buckets(train_.gradient_bucket_mib * kMiB, u.block_parameters * e, c.blocks, embedding_bytes, head_bytes);
+  const double block_bytes = stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) * e;
+  const double head_bytes = std::max(0.0, params * e - block_bytes - embedding_bytes);
+  // An MoE model's leading dense blocks are smaller: the buckets take the stage's mean block.
+  return stage_buckets(train_.gradient_bucket_mib * kMiB, c.blocks > 0 ? block_bytes / c.blocks : 0, c.blocks,
+                       embedding_bytes, head_bytes);
 }
 
 double CostModel::earlier_reduce_scatter_seconds(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
@@ -70,9 +73,11 @@ double CostModel::earlier_reduce_scatter_seconds(const StageShape& shape, const 
   // Collectives that reduce on the cores that compute hide nothing.
   if (runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores) return reduce;
   const double n = c.blocks;
-  const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
+  const double plain_backward = stage_blocks_sum(c, u.block.backward_seconds, u.dense_block.times.backward_seconds) +
+                                (c.has_embedding ? u.embedding.backward_seconds : 0) +
                                 (c.has_head ? u.head.backward_seconds : 0);
-  const double plain_forward = n * u.block.forward_seconds + (c.has_embedding ? u.embedding.forward_seconds : 0) +
+  const double plain_forward = stage_blocks_sum(c, u.block.forward_seconds, u.dense_block.times.forward_seconds) +
+                               (c.has_embedding ? u.embedding.forward_seconds : 0) +
                                (c.has_head ? u.head.forward_seconds : 0);
   if (c.zero >= 3) {
     // The reductions share the collective stream with the backward's weight gathers, and the
@@ -105,7 +110,7 @@ GradientReduceBound CostModel::stage_gradient_reduce_bound(const StageShape& sha
   out.fixed_seconds = out.one_block_seconds;
   // Every analytic algorithm is affine in the bytes, and the fastest of them concave: on [1, most]
   // the chord lies below. A measured profile's times only grow with the bytes.
-  if (!profile_ && most > 1) {
+  if (!profile_collectives_price(shape.dp_group) && most > 1) {
     out.per_block_seconds = std::max(0.0, (least(most) - out.one_block_seconds) / (most - 1));
     out.fixed_seconds -= out.per_block_seconds;
   }
@@ -146,7 +151,7 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
   const double grad_bytes = params * wire;
   const CollectiveOp op = c.zero <= 1 ? CollectiveOp::CollectiveOp_all_reduce : CollectiveOp::CollectiveOp_reduce_scatter;
   // MoE: the routed experts' gradients reduce over the members holding the same experts.
-  const double expert_bytes = c.blocks * u.block_expert_parameters * wire;
+  const double expert_bytes = (c.blocks - c.dense_blocks) * u.block_expert_parameters * wire;
   const double reduce = group_seconds(shape.device_type, op, grad_bytes - expert_bytes, shape.dp_group) +
                         group_seconds(shape.device_type, op, expert_bytes, shape.expert_dp_group);
   const double last_bytes = stage_gradient_buckets(shape, u, c).last_bytes * wire / accumulated;
@@ -154,8 +159,8 @@ double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const Sta
       last_bytes >= grad_bytes ? reduce : group_seconds(shape.device_type, op, last_bytes, shape.dp_group);
   // The window is the plain backward (recomputation and transfers excluded), so the exposed
   // sync depends on the stage's layers and shape only.
-  const double n = c.blocks;
-  const double plain_backward = n * u.block.backward_seconds + (c.has_embedding ? u.embedding.backward_seconds : 0) +
+  const double plain_backward = stage_blocks_sum(c, u.block.backward_seconds, u.dense_block.times.backward_seconds) +
+                                (c.has_embedding ? u.embedding.backward_seconds : 0) +
                                 (c.has_head ? u.head.backward_seconds : 0);
   const double window = kGradientOverlapFraction * plain_backward;
   // The last bucket starts after the backward: nothing hides it (one bucket for a model under

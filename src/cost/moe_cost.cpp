@@ -119,11 +119,25 @@ MoeRoutedWork moe_routed_work(const ModelSpec& m, const StageShape& shape, int64
   w.full_recompute_flops = w.forward_flops;
   w.matmul_rows = rows / std::max(1.0, held);  // each expert's rows: a grouped product
   w.matmul_cols = fe / tp;
-  // What moe_allocate keeps (src/runtime/activation_memory.cpp): router probabilities (N x E),
-  // picks, weights and slots (N x k each), and per routed row gate/up, the SwiGLU and the
-  // expert output.
-  out.activation_bytes = (tokens * (experts + 3.0 * k) + rows * (3.0 * fe / tp + c)) * e;
-  out.workspace_bytes = rows * 3.0 * fe / tp * e;
+  // The buffers the runtime allocates (runtime/model_moe.cpp, model_moe_ep.cpp), in rows: the
+  // member's own N k routed rows, and the rows its experts run. Under expert parallelism those
+  // arrive from the group and their buffers are rounded up to an eighth of the own rows (the
+  // arena reuses only equal sizes); without, they are the own rows.
+  const double own_rows = tokens * k;
+  const bool split = shape.ep > 1;
+  const double step = std::max(1.0, std::ceil(own_rows / 8.0));
+  const double expert_rows = split ? std::ceil(rows / step) * step : own_rows;
+  // Kept for the backward: router probabilities (N x E), picks, weights and slots (N x k each),
+  // the experts' outputs in the own rows' order, and per expert row gate/up and the SwiGLU, and
+  // under expert parallelism the arrived inputs.
+  out.activation_bytes = (tokens * (experts + 3.0 * k) + own_rows * c + expert_rows * (3.0 * fe / tp + (split ? c : 0))) * e;
+  // The MoE MLP's backward at its peak, in the experts' backward: the MLP input's gradient
+  // (N x C), the gradients of the experts' outputs and of their gathered inputs in the own rows'
+  // order (and the weights'), the gathered inputs again (or, split, the arrived gradients, their
+  // reordered copy and the experts' input gradients, each an expert row of C), and per expert
+  // row the gradients of the SwiGLU and of gate/up.
+  const double gathered_or_exchanged = split ? expert_rows * 3.0 * c : own_rows * c;
+  out.workspace_bytes = (tokens * c + own_rows * (2.0 * c + 1.0) + gathered_or_exchanged + expert_rows * 3.0 * fe / tp) * e;
   out.dispatch_bytes = tokens * k * c * e;
   return out;
 }

@@ -49,7 +49,7 @@ struct MoeRoutedWork {
   LayerWork work;               // router + routed experts, divided by tp
   double routed_rows = 0;       // token rows the member's experts run (expected, imbalance included)
   double activation_bytes = 0;  // kept for the backward beyond the dense part (no recomputation)
-  double workspace_bytes = 0;   // gradient buffers of the routed experts' backward
+  double workspace_bytes = 0;   // buffers of the routed part's backward at its peak
   double dispatch_bytes = 0;    // one all-to-all's buffer per member: its tokens x top-k x C
 };
 MoeRoutedWork moe_routed_work(const ModelSpec& model, const StageShape& shape, int64_t seq_len, Precision precision);

@@ -27,14 +27,19 @@ void network_ring_rate(const RingLinks& links, const Link& intra, int concurrent
 }
 
 // The level whose domains a two-level collective works inside: the highest the rings cross,
-// where it is above a node's NIC or separates node groups behind unequal NICs.
+// where it is above a node's NIC or separates node groups joined by unequal links (unequal NICs,
+// or measured links that differ between and inside groups).
 TopologyLevel network_domain_level(const ClusterSpec& cluster, const std::vector<int>& members, const RingLinks& flat) {
   if (flat.level >= TopologyLevel::TopologyLevel_rack) return flat.level;
   if (flat.level != TopologyLevel::TopologyLevel_network) return TopologyLevel::TopologyLevel_node;
-  const double first = topology_group_network(cluster, cluster.devices[members.front()].node_group).bandwidth_bytes_per_second;
-  for (int id : members)
-    if (topology_group_network(cluster, cluster.devices[id].node_group).bandwidth_bytes_per_second != first)
-      return TopologyLevel::TopologyLevel_network;
+  std::vector<int> groups;
+  for (int id : members) groups.push_back(cluster.devices[id].node_group);
+  std::sort(groups.begin(), groups.end());
+  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
+  const double first = topology_pair_bytes_per_second(cluster, groups.front(), groups.front());
+  for (size_t a = 0; a < groups.size(); ++a)
+    for (size_t b = a; b < groups.size(); ++b)
+      if (topology_pair_bytes_per_second(cluster, groups[a], groups[b]) != first) return TopologyLevel::TopologyLevel_network;
   return TopologyLevel::TopologyLevel_node;
 }
 
@@ -100,11 +105,29 @@ double network_across_nodes_share(const ClusterSpec& cluster, const std::vector<
   return share == kUnlimitedBytesPerSecond ? 0 : share;
 }
 
-double network_side_nic_bytes_per_second(const ClusterSpec& cluster, const std::vector<int>& ids) {
+// What each node of one side of a boundary sends or receives at: the slowest NIC of its devices'
+// groups, where a lane's path was measured the measured link instead. `side`: each lane's device
+// on that side.
+double network_side_bytes_per_second(const ClusterSpec& cluster, const std::vector<int>& side,
+                                     const std::vector<HopLinks>& lanes) {
   double slowest = kUnlimitedBytesPerSecond;
-  for (int id : ids)
-    slowest = std::min(slowest, topology_group_network(cluster, cluster.devices[id].node_group).bandwidth_bytes_per_second);
+  for (size_t i = 0; i < side.size(); ++i) {
+    const double nic = topology_group_network(cluster, cluster.devices[side[i]].node_group).bandwidth_bytes_per_second;
+    slowest = std::min(slowest, lanes[i].measured ? lanes[i].nic.bandwidth_bytes_per_second : nic);
+  }
   return slowest;
+}
+
+// Whether a hop of the rings between nodes runs on a measured link.
+bool network_rings_cross_measured(const ClusterSpec& cluster, const std::vector<std::vector<int>>& rings) {
+  if (cluster.measured_links.empty()) return false;
+  for (const std::vector<int>& ring : rings)
+    for (size_t i = 0; ring.size() > 1 && i < ring.size(); ++i) {
+      const Device& a = cluster.devices[ring[i]];
+      const Device& b = cluster.devices[ring[(i + 1) % ring.size()]];
+      if (a.node != b.node && topology_measured_link(cluster, a.node_group, b.node_group)) return true;
+    }
+  return false;
 }
 
 }  // namespace
@@ -165,6 +188,7 @@ GroupPlacement network_dp_group(const ClusterSpec& cluster, const std::vector<in
   const std::vector<std::vector<int>> rings = network_dp_rings(stage_ids, tp, dp);
   const RingLinks flat = topology_rings(cluster, rings);
   g.network = flat.nic;
+  g.crosses_measured_link = network_rings_cross_measured(cluster, rings);
   if (flat.shared_bytes_per_second != kUnlimitedBytesPerSecond) g.shared_bytes_per_second = flat.shared_bytes_per_second;
   g.shared_across_nodes_bytes_per_second = network_across_nodes_share(cluster, rings);
   const TopologyLevel level = network_domain_level(cluster, members, flat);
@@ -184,18 +208,25 @@ BoundaryNetwork network_boundary(const ClusterSpec& cluster, const std::vector<i
   }
   // Lane i: the i-th device of the wider side to its partner on the other, all at once.
   std::vector<TopologyHop> hops;
+  std::vector<int> senders, receivers;
   const size_t lanes = std::max(from.size(), to.size());
-  for (size_t i = 0; i < lanes; ++i) hops.push_back({from[i % from.size()], to[i % to.size()]});
-  const double from_nic = from_nodes * network_side_nic_bytes_per_second(cluster, from);
-  const double to_nic = to_nodes * network_side_nic_bytes_per_second(cluster, to);
+  for (size_t i = 0; i < lanes; ++i) {
+    hops.push_back({from[i % from.size()], to[i % to.size()]});
+    senders.push_back(hops.back().from_device);
+    receivers.push_back(hops.back().to_device);
+  }
+  const std::vector<HopLinks> lane_links = topology_hops(cluster, hops);
+  const double from_nic = from_nodes * network_side_bytes_per_second(cluster, senders, lane_links);
+  const double to_nic = to_nodes * network_side_bytes_per_second(cluster, receivers, lane_links);
   out.aggregate_bytes_per_second = std::min(from_nic, to_nic);
   out.bottleneck = from_nic <= to_nic ? "sending nodes' NICs" : "receiving nodes' NICs";
   // The shared links cap the aggregate only where every lane crosses one (their shares add up).
   double shared_sum = 0;
   bool all_shared = true, any_network = false;
   std::string shared_name;
-  for (const HopLinks& hop : topology_hops(cluster, hops)) {
+  for (const HopLinks& hop : lane_links) {
     if (hop.level == TopologyLevel::TopologyLevel_node) continue;
+    if (!any_network || hop.nic.bandwidth_bytes_per_second < out.network.bandwidth_bytes_per_second) out.measured = hop.measured;
     out.network = any_network ? Link{out.network.bandwidth_bytes_per_second <= hop.nic.bandwidth_bytes_per_second ? out.network.kind : hop.nic.kind,
                                      std::min(out.network.bandwidth_bytes_per_second, hop.nic.bandwidth_bytes_per_second),
                                      std::max(out.network.latency_seconds, hop.nic.latency_seconds)}

@@ -30,6 +30,7 @@ struct BoundaryNetwork {
   Link network;
   double aggregate_bytes_per_second = 0;
   std::string bottleneck;  // the link that bounds the aggregate, for people
+  bool measured = false;   // `network` is a measured link between node groups
 };
 BoundaryNetwork network_boundary(const ClusterSpec& cluster, const std::vector<int>& from, const std::vector<int>& to);
 

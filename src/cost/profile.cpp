@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "spec/error.hpp"
@@ -82,6 +83,65 @@ std::vector<CollectiveSample> parse_samples(const json& v, const std::string& pa
     out.push_back({pair[0].get<double>(), pair[1].get<double>()});
   }
   return out;
+}
+
+std::string group_name(const json& object, const char* key, const std::string& path, const std::string& field) {
+  const json& v = require(object, key, path, field);
+  if (!v.is_string() || v.get<std::string>().empty())
+    throw Error("must be a node group's name", {path, field + "." + key}, "write the name the cluster file gives the group");
+  return v.get<std::string>();
+}
+
+ProfiledGroupLink parse_link(const json& l, const std::string& path, const std::string& field) {
+  ProfiledGroupLink link;
+  link.from_group = group_name(l, "from", path, field);
+  link.to_group = group_name(l, "to", path, field);
+  link.bandwidth_bytes_per_second = positive_number(l, "bandwidth_bytes_per_second", path, field);
+  if (link.bandwidth_bytes_per_second < kLinkLeastBytesPerSecond)
+    throw Error(fmt::format("a link slower than 1 Mb/s (got {} bytes per second)", link.bandwidth_bytes_per_second),
+                {path, field + ".bandwidth_bytes_per_second"}, "the field is in bytes per second, not bits or megabytes");
+  link.latency_seconds = non_negative_number(l, "latency_seconds", path, field);
+  if (link.latency_seconds > kLinkMostLatencySeconds)
+    throw Error(fmt::format("a latency above 10 s (got {} s)", link.latency_seconds), {path, field + ".latency_seconds"},
+                "the field is in seconds");
+  if (l.contains("message_bytes")) link.message_bytes = positive_number(l, "message_bytes", path, field);
+  return link;
+}
+
+// [{from, to, bandwidth_bytes_per_second, latency_seconds, message_bytes?}, ...], one per direction.
+std::vector<ProfiledGroupLink> parse_links(const json& v, const std::string& path) {
+  if (!v.is_array())
+    throw Error("must be a list", {path, "links"}, "write [{\"from\": ..., \"to\": ..., \"bandwidth_bytes_per_second\": ..., \"latency_seconds\": ...}]");
+  std::vector<ProfiledGroupLink> links;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string field = "links[" + std::to_string(i) + "]";
+    links.push_back(parse_link(v[i], path, field));
+    for (size_t k = 0; k + 1 < links.size(); ++k)
+      if (links[k].from_group == links.back().from_group && links[k].to_group == links.back().to_group)
+        throw Error(fmt::format("a second link from {} to {} (the first is links[{}])", links.back().from_group,
+                                links.back().to_group, k),
+                    {path, field}, "keep one measurement per direction");
+  }
+  return links;
+}
+
+json link_to_json(const ProfiledGroupLink& link) {
+  json out = {{"from", link.from_group}, {"to", link.to_group},
+              {"bandwidth_bytes_per_second", link.bandwidth_bytes_per_second}, {"latency_seconds", link.latency_seconds}};
+  if (link.message_bytes > 0) out["message_bytes"] = link.message_bytes;
+  return out;
+}
+
+// Whether `entry` (a link as written) joins the same two groups as `link`, either way round.
+bool link_joins_same_groups(const json& entry, const ProfiledGroupLink& link) {
+  const std::string from = entry.value("from", ""), to = entry.value("to", "");
+  return (from == link.from_group && to == link.to_group) || (from == link.to_group && to == link.from_group);
+}
+
+int node_group_index(const ClusterSpec& cluster, const std::string& name) {
+  for (size_t g = 0; g < cluster.node_groups.size(); ++g)
+    if (cluster.node_groups[g].name == name) return static_cast<int>(g);
+  return -1;
 }
 
 }  // namespace
@@ -235,10 +295,11 @@ Profile profile_parse(const std::string& json_text, const std::string& path) {
   if (!version.is_number_integer() || version.get<int>() != kProfileVersion)
     throw Error("unsupported profile version " + version.dump(), {path, "version"},
                 "this Alloy reads version " + std::to_string(kProfileVersion));
-  const json& model = require(root, "model", path, "");
-  if (!model.is_string()) throw Error("must be a model name", {path, "model"});
-  profile.model_name = model.get<std::string>();
-  const json& types = require(root, "device_types", path, "");
+  // A profile of links alone (`alloy comm-check --write-profile`) has no model and no device types.
+  if (root.contains("model") && !root.at("model").is_string()) throw Error("must be a model name", {path, "model"});
+  profile.model_name = root.value("model", "");
+  if (root.contains("links")) profile.links = parse_links(root.at("links"), path);
+  const json types = root.value("device_types", json::object());
   if (!types.is_object()) throw Error("must be an object keyed by device type", {path, "device_types"});
   for (const auto& [type_name, entry] : types.items()) {
     const std::string base = "device_types." + type_name;
@@ -246,6 +307,9 @@ Profile profile_parse(const std::string& json_text, const std::string& path) {
     if (entry.contains("layers")) {
       const json& layers = entry.at("layers");
       if (!layers.is_array()) throw Error("must be a list", {path, base + ".layers"});
+      if (!layers.empty() && profile.model_name.empty())
+        throw Error("layer times without the model they were measured on", {path, "model"},
+                    "write the model's name, as `alloy profile` does");
       for (size_t i = 0; i < layers.size(); ++i) {
         const std::string field = base + ".layers[" + std::to_string(i) + "]";
         const json& l = layers[i];
@@ -325,6 +389,47 @@ std::string profile_to_json(const Profile& profile) {
     if (dp.boundary_transfer_seconds > 0) entry["boundary_transfer_seconds"] = dp.boundary_transfer_seconds;
     root["device_types"][name] = std::move(entry);
   }
+  if (!profile.links.empty()) {
+    root["links"] = json::array();
+    for (const ProfiledGroupLink& link : profile.links) root["links"].push_back(link_to_json(link));
+  }
+  return root.dump(2) + "\n";
+}
+
+ClusterSpec profile_apply_links(const Profile& profile, const ClusterSpec& cluster) {
+  ClusterSpec out = cluster;
+  out.measured_links.clear();
+  out.measured_links_source = profile.source_path;
+  std::string names;
+  for (const NodeGroup& g : cluster.node_groups) names += (names.empty() ? "" : ", ") + g.name;
+  for (size_t i = 0; i < profile.links.size(); ++i) {
+    const ProfiledGroupLink& link = profile.links[i];
+    auto group = [&](const std::string& name, const char* end) {
+      const int g = node_group_index(cluster, name);
+      if (g < 0)
+        throw Error(fmt::format("node group '{}' is not in cluster {} (its node groups: {})", name, cluster.name, names),
+                    {profile.source_path, fmt::format("links[{}].{}", i, end)},
+                    "measure this cluster's links with `alloy comm-check --cluster ... --write-profile`, or remove the entry");
+      return g;
+    };
+    out.measured_links.push_back(MeasuredLink{group(link.from_group, "from"), group(link.to_group, "to"),
+                                              link.bandwidth_bytes_per_second, link.latency_seconds});
+  }
+  return out;
+}
+
+std::string profile_merge_links(const std::string& json_text, const std::string& path,
+                                const std::vector<ProfiledGroupLink>& links) {
+  profile_parse(json_text, path);  // refuses a file that is not a profile before anything is replaced
+  json root = json_parse_unique_keys<json>(json_text, path);
+  json merged = json::array();
+  for (const json& entry : root.value("links", json::array())) {
+    const bool replaced = std::any_of(links.begin(), links.end(),
+                                      [&](const ProfiledGroupLink& link) { return link_joins_same_groups(entry, link); });
+    if (!replaced) merged.push_back(entry);
+  }
+  for (const ProfiledGroupLink& link : links) merged.push_back(link_to_json(link));
+  root["links"] = std::move(merged);
   return root.dump(2) + "\n";
 }
 

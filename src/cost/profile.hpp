@@ -58,6 +58,18 @@ struct ProfiledLink {
   double latency_seconds = 0;
 };
 
+// The link between the nodes of two node groups, measured by `alloy comm-check --cluster`
+// between a node of each (two nodes of the group when `from_group` is `to_group`): the median half
+// round trip of 8 bytes, and the bandwidth of one send of `message_bytes`. Holds both ways unless
+// the other way has an entry of its own.
+struct ProfiledGroupLink {
+  std::string from_group;  // node group names, as in the cluster file
+  std::string to_group;
+  double bandwidth_bytes_per_second = 0;
+  double latency_seconds = 0;
+  double message_bytes = 0;  // the send timed for the bandwidth; 0: not recorded
+};
+
 struct DeviceProfile {
   std::vector<ProfiledLayer> layers;
   std::vector<ProfiledCollective> collectives;
@@ -73,6 +85,7 @@ struct Profile {
   std::string source_path;
   std::string model_name;                           // layer times hold for this model only
   std::map<std::string, DeviceProfile> device_types;  // by device type name (lower case)
+  std::vector<ProfiledGroupLink> links;             // between node groups; at most one per direction
 
   const ProfiledLayer* find_layer(const std::string& device_type, LayerKind kind, int micro_batch,
                                   int seq_len, int tp, bool sequence_parallel) const;
@@ -99,5 +112,16 @@ Profile profile_load(const std::string& path);
 Profile profile_parse(const std::string& json_text, const std::string& source_path);
 // The JSON that profile_parse reads back unchanged.
 std::string profile_to_json(const Profile& profile);
+
+// `cluster` with the profile's links as its measured links (ClusterSpec::measured_links, which the
+// network paths of spec/topology.hpp price instead of the file's NICs). Throws alloy::Error naming
+// the profile, the field and the cluster's node groups when a link names a group it lacks.
+ClusterSpec profile_apply_links(const Profile& profile, const ClusterSpec& cluster);
+
+// The profile `json_text` (read from `path`, validated) with `links` merged into its links: each
+// replaces an entry between the same two groups (either way round), the others are kept, and so
+// is everything else in the file, fields this version does not read included. The JSON to write.
+std::string profile_merge_links(const std::string& json_text, const std::string& path,
+                                const std::vector<ProfiledGroupLink>& links);
 
 }  // namespace alloy

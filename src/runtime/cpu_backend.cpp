@@ -49,15 +49,20 @@ class CpuBackend final : public StageBackend {
   const void* pass_forward(StagePass& pass) override {
     ChunkPass& chunk = cpu_pass(pass).chunk;
     const float* output = chunk_forward(model_, chunk);
-    // The head's chunk holds the loss (with its own MoE blocks' load-balancing loss); a pipeline
-    // chunk without it adds its MoE blocks' weighted load-balancing loss for every token.
+    // The head's chunk holds the cross-entropy. Under the per-block balance every chunk holds its
+    // MoE blocks' share of the load-balancing loss now; the pooled one is known once pooled.
     const double tokens = static_cast<double>(chunk.B) * chunk.T;
-    if (chunk.heads) {
-      loss_sum_ += static_cast<double>(chunk.loss) * tokens;
-    } else if (model_is_moe(model_.spec)) {
-      loss_sum_ += model_.spec.moe.router_aux_loss_coef * static_cast<double>(chunk.aux_loss) * tokens;
-    }
+    if (chunk.heads) loss_sums_.cross_entropy += static_cast<double>(chunk.loss) * tokens;
+    if (model_is_moe(model_.spec) && !model_balance_is_pooled(model_.spec))
+      loss_sums_.balance += static_cast<double>(chunk.aux_loss) * tokens;
     return output;
+  }
+  std::vector<double> pass_balance_sums(const StagePass& pass) override { return cpu_pass(pass).chunk.balance_sums; }
+  void pass_balance_pool(StagePass& pass, const double* sums) override {
+    ChunkPass& chunk = cpu_pass(pass).chunk;
+    chunk_balance_pool(model_, chunk, sums);
+    // The micro-batch's whole loss, counted once per token: by the heading pass.
+    if (chunk.heads) loss_sums_.balance += static_cast<double>(chunk.aux_loss) * (static_cast<double>(chunk.B) * chunk.T);
   }
   void* pass_output_gradient(StagePass& pass) override { return chunk_output_gradient(model_, cpu_pass(pass).chunk); }
   const void* pass_backward(StagePass& pass, int block_begin, int block_end, float loss_scale) override {
@@ -68,7 +73,7 @@ class CpuBackend final : public StageBackend {
     return chunk.backward_next == chunk.block_begin;
   }
   void pass_release(StagePass& pass) override { chunk_release(model_, cpu_pass(pass).chunk); }
-  double take_loss_sum() override { return std::exchange(loss_sum_, 0.0); }
+  PassLossSums take_loss_sums() override { return std::exchange(loss_sums_, PassLossSums{}); }
 
   void zero_gradients() override { model_zero_grad(model_); }
   double square_sum(const std::vector<FloatSpan>& spans) override {
@@ -99,7 +104,7 @@ class CpuBackend final : public StageBackend {
  private:
   Arena arena_;
   Model model_;
-  double loss_sum_ = 0;
+  PassLossSums loss_sums_;
 };
 
 }  // namespace

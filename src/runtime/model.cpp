@@ -261,8 +261,6 @@ bool model_offset_on_host(const Model& model, int64_t offset) {
 
 void model_moe_routing_reset(Model& model) {
   model.moe_routing.expert_tokens.assign(static_cast<size_t>(model.spec.num_layers * model.spec.moe.num_experts), 0);
-  model.moe_routing.aux_loss_sum = 0;
-  model.moe_routing.passes = 0;
 }
 
 void model_zero_grad(Model& model) {

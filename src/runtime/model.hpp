@@ -192,9 +192,18 @@ struct ChunkPass {
   float* output = nullptr;       // (B, T, C): the gathered output under sequence parallelism
   float* gradient = nullptr;     // (B, T, C): dL/d(hidden state) between backward pieces
   int backward_next = -1;        // blocks [block_begin, backward_next) still wait for backward
-  float loss = 0.0f;             // mean loss of the micro-batch's local tokens, when heads
-                                 // (with router_aux_loss_coef x aux_loss added for MoE models)
-  float aux_loss = 0.0f;         // MoE: load-balancing loss of the chunk's MoE blocks / all MoE blocks
+  float loss = 0.0f;             // mean cross-entropy of the micro-batch's local tokens, when heads
+  // MoE: the chunk's share of the micro-batch's load-balancing loss (unweighted; the training
+  // objective adds router_aux_loss_coef x it to the cross-entropy). Per block: its MoE blocks'
+  // terms over the count of MoE blocks, after the forward. Pooled: the whole loss, once
+  // balance_pooled.
+  float aux_loss = 0.0f;
+  // MoE, pooled balance: (2 E + 1) the top-k picks of each expert, the router probabilities of
+  // each expert summed, and the rows routed (tokens x blocks), over the chunk's MoE blocks and
+  // this rank's tokens after its forward; over every MoE block and replica of the micro-batch
+  // once balance_pooled (chunk_balance_pool), which its backward needs.
+  std::vector<double> balance_sums;
+  bool balance_pooled = false;
   bool active = false;
 };
 
@@ -226,8 +235,6 @@ struct HostPlacement {
 // excluded): for load-imbalance figures and the step log.
 struct MoeRouting {
   std::vector<int64_t> expert_tokens;  // (num_layers x E) top-k picks of each expert; dense blocks 0
-  double aux_loss_sum = 0;             // sum of the heading passes' aux_loss
-  int64_t passes = 0;                  // heading passes counted in aux_loss_sum
 };
 
 struct Model {
@@ -296,24 +303,31 @@ std::vector<float**> model_gradient_slots(Model& model);
 void chunk_begin(Model& model, ChunkPass& pass, int block_begin, int block_end, bool embeds, bool heads,
                  const int32_t* inputs, const int32_t* targets, int B, int T);
 // Runs the forward. Returns the chunk's output (B, T, C), alive until the chunk's backward, or
-// nullptr when the chunk heads (pass.loss then holds the mean loss of its tokens).
+// nullptr when the chunk heads (pass.loss then holds the mean cross-entropy of its tokens).
 const float* chunk_forward(Model& model, ChunkPass& pass);
+// MoE models with the pooled balance: gives the forwarded pass the micro-batch's sums, (2 E + 1)
+// as pass.balance_sums over every MoE block and replica (the sum of every chunk's
+// balance_sums, counting each replica once), which its backward needs; sets pass.aux_loss to the
+// micro-batch's load-balancing loss.
+void chunk_balance_pool(const Model& model, ChunkPass& pass, const double* sums);
 // The zeroed gradient buffer of the chunk's output (B, T, C), for the caller to fill before the
 // backward of a chunk that does not head.
 float* chunk_output_gradient(Model& model, ChunkPass& pass);
 // Backward of blocks [block_begin, block_end): the top piece first (block_end == the chunk's
-// end), then lower pieces down to the chunk's first block, adding loss_scale * d(mean loss)
-// into model.grads. Returns dL/d(chunk input) (B, T, C) after the lowest piece of a chunk that
+// end), then lower pieces down to the chunk's first block, adding loss_scale * d(objective)
+// into model.grads (the mean cross-entropy, plus router_aux_loss_coef x the load-balancing loss
+// for MoE models). Returns dL/d(chunk input) (B, T, C) after the lowest piece of a chunk that
 // does not embed (valid until chunk_release), nullptr otherwise.
 const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int block_end, float loss_scale);
 // Frees every buffer of the pass.
 void chunk_release(Model& model, ChunkPass& pass);
 
 // The single-rank model: inputs, targets: (B, T) token ids -> mean cross-entropy loss; logits
-// stay in model.pass.head.logits until model_backward.
+// stay in model.pass.head.logits until model_backward. An MoE model's load-balancing loss is in
+// model.pass.aux_loss; the backward's objective adds router_aux_loss_coef x it.
 float model_forward(Model& model, const int32_t* inputs, const int32_t* targets, int B, int T);
 
-// Adds the gradients of loss_scale * (the last forward's mean loss) into model.grads and frees
+// Adds the gradients of loss_scale * (the last forward's objective) into model.grads and frees
 // its activations. loss_scale = 1 / k averages k accumulated micro-batches.
 void model_backward(Model& model, float loss_scale = 1.0f);
 

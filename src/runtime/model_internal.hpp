@@ -139,12 +139,15 @@ void embedding_gradients(Model& model, const Dims& d, const float* dout, const i
 void moe_allocate(const Model& model, const Dims& d, BlockActivations& a);
 // a.ln2 -> the routing and expert activations in `a`; a.out = a.residual1 + the MoE MLP's output
 // when with_output. counted: a forward (not a recomputation), whose routing is added to
-// model.moe_routing and whose load-balancing loss to counted->aux_loss.
+// model.moe_routing and whose load-balancing statistics to counted (its balance_sums when
+// pooled, else its aux_loss).
 void moe_mlp_forward(Model& model, const Dims& d, int layer, BlockActivations& a, bool with_output, ChunkPass* counted);
 // dout: (N, C) d(block output) -> dln: (N, C) += d(a.ln2), and the block's MoE weight gradients;
-// aux_scale: d(loss) / d(this block's load-balancing loss).
+// aux_scale: d(objective) / d(this block's load-balancing term), router_aux_loss_coef over the
+// MoE blocks times the loss scale; pooled_sums: the micro-batch's pooled balance sums (2 E + 1),
+// nullptr for the per-block balance.
 void moe_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivations& a, const float* dout, float* dln,
-                      float aux_scale);
+                      float aux_scale, const double* pooled_sums);
 // Blocks of the model that are MoE blocks.
 int64_t moe_block_count(const ModelSpec& spec);
 

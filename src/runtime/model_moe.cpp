@@ -120,6 +120,21 @@ void moe_aux_sums_gather(Model& model, const MoeDims& m, BlockActivations& a) {
   model.moe_exchange->replicas_sum(sums, 2 * int64_t{m.E} + 1);
 }
 
+// The per-block balance: this block's load-balancing loss, over every replica's tokens when
+// a.moe_aux_sums holds their sums.
+double moe_block_aux_loss(const MoeDims& m, const BlockActivations& a) {
+  const double* sums = reinterpret_cast<const double*>(a.moe_aux_sums);
+  return sums != nullptr ? moe_aux_loss_from_sums(sums, sums[2 * m.E], m.E)
+                         : moe_aux_loss_forward(a.moe_probs, moe_ints(a.moe_offsets), m.N, m.E);
+}
+
+// The pooled balance: sums: (2 E + 1) += this block's picks and probability sums per expert and
+// its N routed rows.
+void moe_balance_sums_add(const MoeDims& m, const BlockActivations& a, double* sums) {
+  moe_aux_sums_add(sums, a.moe_probs, moe_ints(a.moe_offsets), m.N, m.E);
+  sums[2 * m.E] += m.N;
+}
+
 }  // namespace
 
 MoeDims moe_dims(const Model& model, const Dims& d) {
@@ -214,18 +229,19 @@ void moe_mlp_forward(Model& model, const Dims& d, int layer, BlockActivations& a
   }
   give(model, xp);
   if (m.Fs > 0) moe_shared_forward(m, w, a);
-  if (model.moe_exchange != nullptr) moe_aux_sums_gather(model, m, a);  // every forward: the backward needs them
-  if (counted != nullptr) {
-    const double* sums = reinterpret_cast<const double*>(a.moe_aux_sums);
-    const double aux = sums != nullptr ? moe_aux_loss_from_sums(sums, sums[2 * m.E], m.E)
-                                       : moe_aux_loss_forward(a.moe_probs, moe_ints(a.moe_offsets), m.N, m.E);
-    counted->aux_loss += static_cast<float>(aux / static_cast<double>(moe_block_count(model.spec)));
+  if (model_balance_is_pooled(model.spec)) {
+    if (counted != nullptr) moe_balance_sums_add(m, a, counted->balance_sums.data());
+  } else {
+    if (model.moe_exchange != nullptr) moe_aux_sums_gather(model, m, a);  // every forward: the backward needs them
+    if (counted != nullptr) {
+      counted->aux_loss += static_cast<float>(moe_block_aux_loss(m, a) / static_cast<double>(moe_block_count(model.spec)));
+    }
   }
   if (with_output) moe_output_forward(model, d, m, w, a);
 }
 
 void moe_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivations& a, const float* dout, float* dln,
-                      float aux_scale) {
+                      float aux_scale, const double* pooled_sums) {
   const MoeDims m = moe_dims(model, d);
   const BlockTensors& w = model.weights.blocks[static_cast<size_t>(layer)];
   const BlockTensors& g = model.gradients.blocks[static_cast<size_t>(layer)];
@@ -235,8 +251,12 @@ void moe_mlp_backward(Model& model, const Dims& d, int layer, const BlockActivat
   moe_combine_backward(dyp, dweights, dout, a.moe_out, a.moe_weights, moe_ints(a.moe_slots), m.N, m.K, m.C);
   moe_experts_backward(model, m, layer, a, dyp, dln);
   give(model, dyp);
+  // d(aux)/d(probs[n, e]) is E f_e / N with the f_e of the balance's form: the pooled picks
+  // over the pooled rows, or this block's over every replica's tokens, or over this pass's.
   std::vector<float> aux_dprobs(static_cast<size_t>(m.E));
-  if (a.moe_aux_sums != nullptr) {
+  if (pooled_sums != nullptr) {
+    moe_aux_backward_from_sums(aux_dprobs.data(), pooled_sums, pooled_sums[2 * m.E], m.N, m.E, aux_scale);
+  } else if (a.moe_aux_sums != nullptr) {
     const double* sums = reinterpret_cast<const double*>(a.moe_aux_sums);
     moe_aux_backward_from_sums(aux_dprobs.data(), sums, sums[2 * m.E], m.N, m.E, aux_scale);
   } else {

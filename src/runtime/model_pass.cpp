@@ -10,6 +10,7 @@
 
 #include "runtime/cpu/activation.hpp"
 #include "runtime/cpu/attention.hpp"
+#include "runtime/cpu/moe.hpp"
 #include "runtime/cpu/embedding.hpp"
 #include "runtime/cpu/loss.hpp"
 #include "runtime/cpu/matmul.hpp"
@@ -205,7 +206,7 @@ float* dense_mlp_backward(Model& model, const Dims& d, int layer, const BlockAct
 }
 
 // dres: (Nn, C) holds dL/d(block output) on entry and dL/d(block input x) on exit. aux_scale:
-// d(loss) / d(an MoE block's load-balancing loss).
+// d(objective) / d(an MoE block's load-balancing term).
 void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, const float* x, float* dres,
                     float aux_scale) {
   block_recompute(model, pass, d, layer, x);
@@ -220,7 +221,8 @@ void block_backward(Model& model, ChunkPass& pass, const Dims& d, int layer, con
     // Every tensor-parallel rank ran the whole MoE MLP on all rows: its input gradient is complete
     // on each rank, not a partial sum.
     dln = take_zeroed(model, NC, "d norm.out");
-    moe_mlp_backward(model, d, layer, a, gradient_all_rows(model, d, dres, gathered), dln, aux_scale);
+    const double* pooled = pass.balance_pooled ? pass.balance_sums.data() : nullptr;
+    moe_mlp_backward(model, d, layer, a, gradient_all_rows(model, d, dres, gathered), dln, aux_scale, pooled);
     dnorm_out = dln + (d.sp ? d.row_offset() : 0);
   } else {
     dln = dense_mlp_backward(model, d, layer, a, dres, gathered);
@@ -287,6 +289,8 @@ void chunk_begin(Model& model, ChunkPass& pass, int block_begin, int block_end, 
   pass.blocks.assign(static_cast<size_t>(block_end - block_begin), BlockActivations{});
   pass.backward_next = block_end;
   pass.aux_loss = 0.0f;
+  pass.balance_sums.assign(model_balance_is_pooled(model.spec) ? 2 * model.spec.moe.num_experts + 1 : 0, 0.0);
+  pass.balance_pooled = false;
   pass.active = true;
   pass.input = take(model, N * model.spec.hidden_size, embeds ? "embedding output" : "stage input");
   if (model.shard.sequence_parallel && model.shard.tp > 1 && N % model.shard.tp != 0) {
@@ -334,14 +338,17 @@ const float* chunk_forward(Model& model, ChunkPass& pass) {
   UnitWeights weights(model, kUnitHead, false);
   LayerCpuTimer timer(model, LayerKind::LayerKind_head);
   pass.loss = head_pass_forward(model, pass, dims_all_rows(d), out);
-  if (model_is_moe(model.spec)) {
-    // The objective is the cross-entropy plus the weighted load-balancing loss (as Hugging Face's
-    // MoE models report it); the chunk's blocks are all the MoE blocks on the one rank that runs MoE.
-    pass.loss += static_cast<float>(model.spec.moe.router_aux_loss_coef) * pass.aux_loss;
-    model.moe_routing.aux_loss_sum += pass.aux_loss;
-    model.moe_routing.passes++;
-  }
   return nullptr;
+}
+
+void chunk_balance_pool(const Model& model, ChunkPass& pass, const double* sums) {
+  const int E = static_cast<int>(model.spec.moe.num_experts);
+  if (!model_balance_is_pooled(model.spec) || !pass.active) {
+    throw Error("pooled load-balancing sums given to a pass that has none to pool");
+  }
+  pass.balance_sums.assign(sums, sums + 2 * E + 1);
+  pass.balance_pooled = true;
+  pass.aux_loss = static_cast<float>(moe_aux_loss_from_sums(sums, sums[2 * E], E));
 }
 
 float* chunk_output_gradient(Model& model, ChunkPass& pass) {
@@ -355,6 +362,9 @@ const float* chunk_backward(Model& model, ChunkPass& pass, int block_begin, int 
   if (!pass.active || block_end != pass.backward_next || block_begin < pass.block_begin || block_begin > block_end) {
     throw Error(fmt::format("backward of blocks [{}, {}) out of order: the pass expects blocks ending at {}",
                             block_begin, block_end, pass.backward_next));
+  }
+  if (model_balance_is_pooled(model.spec) && !pass.balance_pooled) {
+    throw Error("chunk backward started without the micro-batch's pooled load-balancing sums (chunk_balance_pool)");
   }
   const Dims d = model_dims(model, pass);
   if (block_end == pass.block_end && pass.heads) {
@@ -400,6 +410,8 @@ void chunk_release(Model& model, ChunkPass& pass) {
 float model_forward(Model& model, const int32_t* inputs, const int32_t* targets, int B, int T) {
   chunk_begin(model, model.pass, 0, static_cast<int>(model.spec.num_layers), true, true, inputs, targets, B, T);
   chunk_forward(model, model.pass);
+  // The one pass holds every MoE block and token of the micro-batch.
+  if (model_balance_is_pooled(model.spec)) chunk_balance_pool(model, model.pass, model.pass.balance_sums.data());
   return model.pass.loss;
 }
 

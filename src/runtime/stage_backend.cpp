@@ -85,6 +85,14 @@ void stage_backend_check_moe(const std::string& name, const ModelSpec& model, co
               {source, support.field}, support.reason);
 }
 
+std::vector<double> StageBackend::pass_balance_sums(const StagePass& /*pass*/) {
+  throw Error(fmt::format("the {} backend trains no Mixture-of-Experts model", name()));
+}
+
+void StageBackend::pass_balance_pool(StagePass& /*pass*/, const double* /*sums*/) {
+  throw Error(fmt::format("the {} backend trains no Mixture-of-Experts model", name()));
+}
+
 StageSupport stage_backend_supports(const std::string& name, const Plan& plan, int stage) {
   if (stage < 0 || stage >= static_cast<int>(plan.stages.size()))
     return refuse(fmt::format("stage {}", stage), "stages", fmt::format("the plan has {} stages", plan.stages.size()));

@@ -34,6 +34,13 @@ struct FloatSpan {
   int64_t count = 0;
 };
 
+// Sums over tokens that passes report (StageBackend::take_loss_sums).
+struct PassLossSums {
+  double cross_entropy = 0;  // the heading passes' token losses
+  double balance = 0;        // MoE models: each pass's share of its micro-batch's load-balancing
+                             // loss (ChunkPass::aux_loss, unweighted) times its tokens
+};
+
 // One micro-batch through one chunk of blocks on a backend: what the forward keeps until the
 // backward lives in the backend's subclass.
 class StagePass {
@@ -97,8 +104,13 @@ class StageBackend {
   virtual const void* pass_backward(StagePass& pass, int block_begin, int block_end, float loss_scale) = 0;
   virtual bool pass_finished(const StagePass& pass) const = 0;  // every piece's backward ran
   virtual void pass_release(StagePass& pass) = 0;
-  // Sum over the tokens of the losses of the heading passes run since the last call.
-  virtual double take_loss_sum() = 0;
+  // The loss sums of the passes run since the last call.
+  virtual PassLossSums take_loss_sums() = 0;
+  // MoE models with the pooled load-balancing loss: a forwarded pass's balance sums over its MoE
+  // blocks and tokens (ChunkPass::balance_sums, 2 E + 1), and the micro-batch's pooled sums
+  // handed back before its backward (chunk_balance_pool). Backends that train no MoE model refuse.
+  virtual std::vector<double> pass_balance_sums(const StagePass& pass);
+  virtual void pass_balance_pool(StagePass& pass, const double* sums);
 
   // Arithmetic on the flat buffers (all pointers in the backend's memory).
   virtual void zero_gradients() = 0;

@@ -190,9 +190,10 @@ StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std:
   report.grad_norm = stats.grad_norm;
   report.loss_scale = stats.loss_scale;
   report.loss_scale_overflow = stats.loss_scale_overflow;
-  double loss_sum = 0, loss_tokens = 0;
+  double loss_sum = 0, aux_loss_sum = 0, loss_tokens = 0;
   for (const RankStepStats& r : all) {
     loss_sum += r.loss_sum;
+    aux_loss_sum += r.aux_loss_sum;
     loss_tokens += r.loss_tokens;
     report.step_seconds = std::max(report.step_seconds, r.step_seconds);
     report.peak_arena_bytes = std::max(report.peak_arena_bytes, r.peak_arena_bytes);
@@ -200,11 +201,10 @@ StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std:
   report.loss = loss_sum / loss_tokens;
   Model& model = runtime_.backend().model();
   if (model_is_moe(model_)) {
-    // The aux loss of rank 0's heading passes: every MoE block's when it holds them all (its f_e
-    // and P_e are summed over the replicas); tokens per expert summed over the ranks (each token
-    // counted by its replica's first tensor-parallel rank, each block by its stage).
-    if (model.moe_routing.passes > 0 && plan_.stages.size() == 1)
-      report.aux_loss = model.moe_routing.aux_loss_sum / static_cast<double>(model.moe_routing.passes);
+    // Every stage's share of each micro-batch's load-balancing loss, as the cross-entropy is
+    // averaged; tokens per expert summed over the ranks (each token counted by its replica's first
+    // tensor-parallel rank, each block by its stage).
+    report.aux_loss = aux_loss_sum / loss_tokens;
     report.expert_tokens = model.moe_routing.expert_tokens;
     if (comm_.world_size() > 1) {
       std::vector<double> tokens(report.expert_tokens.size(), 0.0);

@@ -50,7 +50,7 @@ struct TrainerOptions {
 
 struct StepReport {
   int64_t step = 0;               // 1-based optimizer step just completed
-  double loss = 0;                // mean over every token of the step
+  double loss = 0;                // mean cross-entropy over every token of the step (the LM loss)
   double learning_rate = 0;
   double grad_norm = 0;
   double loss_scale = 1;          // the backward's (dynamic loss scaling; 1 when off)
@@ -60,9 +60,10 @@ struct StepReport {
   double mfu = 0;                 // model FLOPs / (step time x the ranks' measured matmul peaks)
   int64_t peak_arena_bytes = 0;   // the largest of any rank
   std::optional<double> val_loss; // when this step ran a validation pass
-  // Mixture-of-Experts models (one rank): the step's load-balancing loss, unweighted, averaged
-  // over its MoE blocks and micro-batches (loss includes router_aux_loss_coef x it), and the
-  // top-k picks of each expert of each block, (num_layers x experts) row-major, dense blocks 0.
+  // Mixture-of-Experts models: the step's load-balancing loss, unweighted (the model's form,
+  // MoeBalance), averaged over its micro-batches; the objective trained is loss +
+  // router_aux_loss_coef x it. And the top-k picks of each expert of each block, (num_layers x
+  // experts) row-major, dense blocks 0.
   std::optional<double> aux_loss;
   std::vector<int64_t> expert_tokens;
 };

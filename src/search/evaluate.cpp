@@ -30,16 +30,35 @@ std::vector<MemoryTerm> memory_terms(const MemoryBreakdown& m) {
           {"host_offload", m.host_offload_bytes}};
 }
 
+// Whether each of a stage's blocks (its chunks' in order, as PlanStage::recompute lists them)
+// is one of an MoE model's leading dense blocks.
+std::vector<bool> stage_dense_blocks(const PlanStage& st, const ModelSpec& model) {
+  const int dense = model_is_moe(model) ? static_cast<int>(model.moe.first_dense_layers) : 0;
+  std::vector<bool> out;
+  for (const LayerRange& c : st.chunks)
+    for (int b = c.begin; b < c.end; ++b) out.push_back(b < dense);
+  return out;
+}
+
 // The layer choices of a plan's stage as the cost model counts them.
-StageChoice stage_choice(const Plan& plan, int s, bool tied_embeddings) {
+StageChoice stage_choice(const Plan& plan, int s, const ModelSpec& model) {
   const PlanStage& st = plan.stages[s];
   const int p = static_cast<int>(plan.stages.size());
   const int v = plan.virtual_chunks;
   StageChoice choice;
   choice.blocks = st.num_blocks();
+  const std::vector<bool> dense = stage_dense_blocks(st, model);
+  choice.dense_blocks = static_cast<int>(std::count(dense.begin(), dense.end(), true));
   for (size_t i = 0; i < st.recompute.size(); ++i) {
-    if (st.recompute[i] == Recompute::Recompute_selective) ++choice.selective;
-    if (st.recompute[i] == Recompute::Recompute_full) ++choice.full;
+    const bool is_dense = i < dense.size() && dense[i];
+    if (st.recompute[i] == Recompute::Recompute_selective) {
+      ++choice.selective;
+      choice.dense_selective += is_dense ? 1 : 0;
+    }
+    if (st.recompute[i] == Recompute::Recompute_full) {
+      ++choice.full;
+      choice.dense_full += is_dense ? 1 : 0;
+    }
     if (st.offload[i]) ++choice.offloaded;
     if (i < st.offload_activations.size() && st.offload_activations[i]) {
       if (st.recompute[i] == Recompute::Recompute_selective) ++choice.parked_selective;
@@ -52,7 +71,7 @@ StageChoice stage_choice(const Plan& plan, int s, bool tied_embeddings) {
   choice.shard_gradients = st.gradients_sharded();
   choice.has_embedding = st.has_embedding;
   choice.has_head = st.has_head;
-  choice.head_holds_lm_matrix = !(tied_embeddings && p == 1);
+  choice.head_holds_lm_matrix = !(model.tied_embeddings && p == 1);
   const bool sends = (s + 1 < p || v > 1) && (s + 1) % p != s;
   choice.chunks_sent = sends ? (s + 1 < p ? v : v - 1) : 0;
   choice.chunks_received = p > 1 ? (s > 0 ? v : v - 1) : 0;
@@ -173,7 +192,7 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
   double price_per_second = 0;
   for (int s = 0; s < p; ++s) {
     PlanStage& st = plan->stages[s];
-    const StageChoice choice = stage_choice(*plan, s, model.tied_embeddings);
+    const StageChoice choice = stage_choice(*plan, s, model);
     st.micro_batches_in_flight = schedule_micro_batches_in_flight(plan->schedule, p, s, m, v);
     // Every replica's costs. The group's gradient sync starts when the slowest replica's passes
     // end, and the step ends with the slowest optimizer (ZeRO 1-2 re-gather after it): the stage

@@ -122,21 +122,6 @@ std::vector<int> expert_counts_by_load(const std::vector<double>& speeds, const 
   return counts;
 }
 
-double expert_placed_skew(const std::vector<double>& shares, int ep) {
-  const double even = moe_even_split_skew(shares, ep);
-  if (shares.empty() || ep <= 1) return even;
-  const std::vector<int> counts = expert_counts_by_load(std::vector<double>(static_cast<size_t>(ep), 1.0), shares);
-  double most = 0;
-  int begin = 0;
-  for (int count : counts) {
-    double load = 0;
-    for (int e = begin; e < begin + count; ++e) load += shares[static_cast<size_t>(e)];
-    most = std::max(most, load);
-    begin += count;
-  }
-  return std::min(even, most * ep);
-}
-
 std::vector<double> expert_member_speeds(const CostModel& cost, const PlanStage& st, Precision precision) {
   const int ep = std::max(1, st.ep);
   std::vector<double> speeds(static_cast<size_t>(ep), 0.0);
@@ -200,11 +185,6 @@ std::vector<std::string> expert_placement_notes(const CostModel& cost, const Pla
                                     100.0 * *std::max_element(cost.expert_token_shares().begin(),
                                                               cost.expert_token_shares().end()),
                                     100.0 / static_cast<double>(experts)));
-  if (cost.model().moe.first_dense_layers > 0)
-    notes.push_back(fmt::format("the cost model prices {}'s {} leading dense block{} as MoE blocks (an approximation: "
-                                "every block of a stage is priced alike)",
-                                cost.model().name, cost.model().moe.first_dense_layers,
-                                cost.model().moe.first_dense_layers == 1 ? "" : "s"));
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
     // Experts held per device type (the counts of each member, by its type).

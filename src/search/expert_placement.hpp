@@ -21,11 +21,6 @@ std::vector<int> expert_counts_by_speed(const std::vector<double>& speeds, int n
 // `speeds`, each at least 1.
 std::vector<int> expert_counts_by_load(const std::vector<double>& speeds, const std::vector<double>& shares);
 
-// The routing skew (as moe_routing_skew) of the most loaded of `ep` equal members when the
-// experts are placed by measured load, or split evenly where that is no worse: what the search
-// prices a stage with before expert_placement_refine places it. 1 without measured shares.
-double expert_placed_skew(const std::vector<double>& shares, int ep);
-
 // Speed of each position of an expert-parallel group of stage `st` (peak FLOPs at the plan's
 // precision of the device type at that dp rank, the mean over the stage's groups).
 std::vector<double> expert_member_speeds(const CostModel& cost, const PlanStage& st, Precision precision);

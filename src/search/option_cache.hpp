@@ -22,6 +22,7 @@ struct SlotKey {
   UnitKey unit;
   double in_flight, boundary_seconds;
   int chunks_sent, flags, micro_batches;
+  int leading_dense_blocks, virtual_chunks;  // StageSlot's: the blocks an MoE model's first stage prices as dense
   bool operator==(const SlotKey&) const = default;
 };
 
@@ -53,6 +54,7 @@ struct KeyHash {
     h = mix(h, bits(k.boundary_seconds));
     h = mix(h, static_cast<uint64_t>(k.chunks_sent) * 7 + k.flags);
     h = mix(h, static_cast<uint64_t>(k.micro_batches));
+    h = mix(h, static_cast<uint64_t>(k.leading_dense_blocks) * 64 + static_cast<uint64_t>(k.virtual_chunks));
     return h;
   }
 };

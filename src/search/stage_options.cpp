@@ -311,6 +311,7 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
   c.head_holds_lm_matrix = slot.head_holds_lm_matrix;
   c.chunks_sent = slot.chunks_sent;
   c.chunks_received = slot.chunks_received;
+  stage_choice_set_dense_blocks(&c, std::min(slot.leading_dense_blocks, blocks / std::max(1, slot.virtual_chunks)));
   return c;
 }
 

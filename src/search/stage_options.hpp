@@ -23,6 +23,10 @@ struct StageSlot {
   bool has_embedding = false;
   bool has_head = false;
   bool head_holds_lm_matrix = true;
+  // MoE models, the first stage: the model's leading dense blocks, the first of its first chunk
+  // of `virtual_chunks` (a stage of k blocks per chunk holds min(leading, k) of them).
+  int leading_dense_blocks = 0;
+  int virtual_chunks = 1;
   int micro_batches = 1;          // per optimizer step
   double capacity_bytes = 0;
   double host_capacity_bytes = 0;  // this device's share of its node's host memory

@@ -56,7 +56,7 @@ SlotOptionSets& StructureSolver::option_sets(const SlotInfo& info) {
   SlotKey key{info.unit_key, info.slot.in_flight, info.slot.boundary_seconds, info.slot.chunks_sent,
               (info.slot.has_embedding ? 1 : 0) | (info.slot.has_head ? 2 : 0) |
                   (info.slot.head_holds_lm_matrix ? 4 : 0) | (info.slot.has_next ? 8 : 0),
-              info.slot.micro_batches};
+              info.slot.micro_batches, info.slot.leading_dense_blocks, info.slot.virtual_chunks};
   auto it = option_sets_.find(key);
   if (it == option_sets_.end())
     it = option_sets_.emplace(key, SlotOptionSets(static_cast<int>(cost_.model().num_layers))).first;
@@ -80,8 +80,10 @@ void StructureSolver::add_expert_degrees(SlotInfo* info, int dp, bool plain_allo
     SlotAtEp a;
     a.ep = ep;
     a.shape = info->slot.shape;
+    // Priced as the even split prices it (plan evaluation does so while the placement is
+    // even), so a chosen plan fits before expert_placement_refine places experts by load.
     moe_shape_set(cost_, &a.shape, slot_device_ids(*info), ep, static_cast<double>(experts) / ep, 0, 0,
-                  expert_placed_skew(cost_.expert_token_shares(), ep));
+                  moe_even_split_skew(cost_.expert_token_shares(), ep));
     UnitKey k = info->unit_key;
     k.ep = ep;
     if (plain_allowed) a.unit[0] = unit(a.shape, k);
@@ -160,6 +162,11 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
     slot.has_next = p > 1;
     slot.has_embedding = i == 0;
     slot.has_head = i == p - 1;
+    // A later stage holds leading dense blocks only when the first takes fewer: priced as MoE
+    // blocks here, exactly once the plan is evaluated.
+    slot.leading_dense_blocks =
+        i == 0 && model_is_moe(cost_.model()) ? static_cast<int>(cost_.model().moe.first_dense_layers) : 0;
+    slot.virtual_chunks = s.virtual_chunks;
     slot.head_holds_lm_matrix = !(cost_.model().tied_embeddings && p == 1);
     const int next = (i + 1) % p;
     if (next != i && (i + 1 < p || s.virtual_chunks > 1)) {

@@ -54,7 +54,11 @@ class ReplicaSeconds {
     StageShape shape = cost_.stage_shape(ids_, 1, static_cast<int>(ids_.size()), b);
     shape.device_type = type;
     const StageUnitCosts u = cost_.unit_costs(shape, false);
-    cached = static_cast<double>(cost_.model().num_layers) * (u.block.forward_seconds + u.block.backward_seconds) +
+    StageChoice every_block;
+    every_block.blocks = static_cast<int>(cost_.model().num_layers);
+    every_block.dense_blocks = model_is_moe(cost_.model()) ? static_cast<int>(cost_.model().moe.first_dense_layers) : 0;
+    cached = stage_blocks_sum(every_block, u.block.forward_seconds + u.block.backward_seconds,
+                              u.dense_block.times.forward_seconds + u.dense_block.times.backward_seconds) +
              u.embedding.forward_seconds + u.embedding.backward_seconds + u.head.forward_seconds +
              u.head.backward_seconds;
     return cached;

@@ -63,7 +63,9 @@ std::vector<PricedSetting> priced_zero_settings(const CostModel& cost, const Sta
     o.zero = zero.zero;
     o.shard_gradients = zero.shard;
     const StageChoice choice = stage_choice_of(slot, o, blocks);
-    compute_seconds = choice.micro_batches * blocks * (unit.block.forward_seconds + unit.block.backward_seconds);
+    compute_seconds = choice.micro_batches * stage_blocks_sum(choice, unit.block.forward_seconds + unit.block.backward_seconds,
+                                                              unit.dense_block.times.forward_seconds +
+                                                                  unit.dense_block.times.backward_seconds);
     const double memory = cost.stage_memory(slot.shape, unit, choice, slot.in_flight, slot.has_next).total_bytes();
     out.push_back({zero, gradient_sync_seconds(cost, slot, unit, blocks, zero), memory});
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <queue>
 
 #include <fmt/format.h>
@@ -66,6 +67,14 @@ double memory_term(const PlanStage& st, const char* name) {
   return 0;
 }
 
+// One stage's MoE blocks as the lanes' ops need them (sim_block_costs).
+struct SimBlockCosts {
+  double all_to_all_seconds = 0;
+  double dense_forward = 1;
+  double dense_backward = 1;
+  double dense_activations = 1;
+};
+
 class Simulator {
  public:
   Simulator(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options)
@@ -104,21 +113,29 @@ class Simulator {
   std::map<std::tuple<int, int, int>, std::vector<int>> sends_by_tag_;
   std::vector<double> static_bytes_;
   std::vector<std::vector<int>> op_task_;        // per lane and schedule op: its (first) task
-  std::vector<double> all_to_all_block_seconds_;  // per lane: one MoE block's dispatch + combine
+  std::vector<SimBlockCosts> block_costs_;  // per lane
 };
 
-// Per stage: one MoE block's dispatch and combine for a whole micro-batch of replica 0, as the
-// cost model prices them (0 for dense models and stages that hold every expert).
-std::vector<double> sim_all_to_all_block_seconds(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster) {
-  std::vector<double> out(plan.stages.size(), 0.0);
+// Per stage, as the cost model prices replica 0: one MoE block's dispatch and combine for a whole
+// micro-batch (0 for dense models and stages that hold every expert), and an MoE model's leading
+// dense block's forward and backward time and activations over an MoE block's (1: alike).
+std::vector<SimBlockCosts> sim_block_costs(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster) {
+  std::vector<SimBlockCosts> out(plan.stages.size());
   if (!model_is_moe(model)) return out;
   const CostModel cost(model, cluster, plan_train_spec(TrainSpec{}, plan));
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
-    if (st.ep <= 1) continue;
+    const bool dense_here = std::any_of(st.chunks.begin(), st.chunks.end(),
+                                        [&](const LayerRange& c) { return c.begin < model.moe.first_dense_layers; });
+    if (st.ep <= 1 && !dense_here) continue;
     StageShape shape = cost.stage_shape(st.device_ids, st.tp, st.dp, st.replica_sequences(plan.micro_batch_sequences, 0));
     plan_stage_set_experts(cost, plan, static_cast<int>(s), 0, &shape);
-    out[s] = 2.0 * cost.unit_costs(shape, st.sequence_parallel).expert_all_to_all_seconds;
+    const StageUnitCosts u = cost.unit_costs(shape, st.sequence_parallel);
+    if (st.ep > 1) out[s].all_to_all_seconds = 2.0 * u.expert_all_to_all_seconds;
+    if (!dense_here) continue;
+    out[s].dense_forward = u.dense_block.times.forward_seconds / u.block.forward_seconds;
+    out[s].dense_backward = u.dense_block.times.backward_seconds / u.block.backward_seconds;
+    out[s].dense_activations = u.dense_block.activation_bytes[0] / u.block_activation_bytes[0];
   }
   return out;
 }
@@ -132,8 +149,10 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
   BoundaryLink link;
   link.intra_node = cluster_.node_group(a).intra_node;
   const bool flat = topology_is_flat(cluster_);
-  link.network = flat || a.node == b.node ? cluster_.network : topology_hops(cluster_, {{a.id, b.id}}).front().nic;
-  boundary_link_apply_profile(&link, options_.profile, cluster_.device_type(a).name);
+  const bool own_path = !flat && a.node != b.node;
+  const HopLinks path = own_path ? topology_hops(cluster_, {{a.id, b.id}}).front() : HopLinks{};
+  link.network = own_path ? path.nic : cluster_.network;
+  boundary_link_apply_profile(&link, options_.profile, cluster_.device_type(a).name, path.measured);
   if (a.node == b.node) {
     link.path = P2pPath::P2pPath_intra_node;
     resources->assign({lane * kNumResources + kIntraTx, peer_lane * kNumResources + kIntraRx});
@@ -168,8 +187,9 @@ double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::
   const CollectiveOp cop = op.kind == OpKind::OpKind_all_reduce       ? CollectiveOp::CollectiveOp_all_reduce
                            : op.kind == OpKind::OpKind_reduce_scatter ? CollectiveOp::CollectiveOp_reduce_scatter
                                                                       : CollectiveOp::CollectiveOp_all_gather;
-  const ProfiledCollective* measured =
-      options_.profile ? options_.profile->find_collective(st.device_type, cop, g.ranks, network) : nullptr;
+  const ProfiledCollective* measured = options_.profile && !g.crosses_measured_link
+                                           ? options_.profile->find_collective(st.device_type, cop, g.ranks, network)
+                                           : nullptr;
   if (measured) return measured->seconds(static_cast<double>(op.bytes));
   if (runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)])
           .collectives_flat_ring_only)
@@ -180,7 +200,21 @@ double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::
 void Simulator::build_lane(int lane) {
   const RankSchedule& rs = lanes_[lane];
   const PlanStage& st = plan_.stages[lane];
-  const double blocks = std::max(1, st.num_blocks());
+  const SimBlockCosts& costs = block_costs_[static_cast<size_t>(lane)];
+  // Blocks [begin, end) weighted by kind: an MoE model's leading dense blocks take `dense` of an
+  // MoE block (the stage's times and activations split over its blocks so).
+  const int dense_blocks = model_is_moe(model_) ? static_cast<int>(model_.moe.first_dense_layers) : 0;
+  const auto weight = [&](int begin, int end, double dense) {
+    const int dense_in = std::clamp(dense_blocks, begin, end) - begin;
+    return (end - begin - dense_in) + dense_in * dense;
+  };
+  const auto stage_weight = [&](double dense) {
+    double sum = 0;
+    for (const LayerRange& c : st.chunks) sum += weight(c.begin, c.end, dense);
+    return std::max(sum, 1e-30);
+  };
+  const double forward_total = stage_weight(costs.dense_forward), backward_total = stage_weight(costs.dense_backward);
+  const double activation_total = stage_weight(costs.dense_activations);
   const double in_flight = st.micro_batches_in_flight > 0 ? st.micro_batches_in_flight : 0;
   const double activation_per_mb = in_flight > 0 ? memory_term(st, "activations") / in_flight : 0;
   const Device& dev = cluster_.devices[rs.device_id];
@@ -201,9 +235,13 @@ void Simulator::build_lane(int lane) {
     t.kind = op.kind;
     // The op's share of the stage's time per micro-batch: its blocks', and, for a replica whose
     // share runs in pieces, its piece's sequences.
-    double share = (op.block_end - op.block_begin) / blocks;
+    const bool backward = op.kind == OpKind::OpKind_backward;
+    double share = weight(op.block_begin, op.block_end, backward ? costs.dense_backward : costs.dense_forward) /
+                   (backward ? backward_total : forward_total);
+    double samples = 1;
     if (op.sample_end > op.sample_begin)
-      share *= static_cast<double>(op.sample_end - op.sample_begin) / st.replica_sequences(plan_.micro_batch_sequences, rs.dp_rank);
+      samples = static_cast<double>(op.sample_end - op.sample_begin) / st.replica_sequences(plan_.micro_batch_sequences, rs.dp_rank);
+    share *= samples;
     switch (op.kind) {
       case OpKind::OpKind_forward:
       case OpKind::OpKind_backward:
@@ -216,7 +254,8 @@ void Simulator::build_lane(int lane) {
                                  : st.optimizer_seconds + tied_table_seconds(lane);
         // MoE blocks dispatch and combine their tokens inside the pass: shown apart, after it.
         if (op.kind != OpKind::OpKind_optimizer)
-          all_to_all_seconds = std::min(t.duration_seconds, all_to_all_block_seconds_[lane] * share * blocks);
+          all_to_all_seconds =
+              std::min(t.duration_seconds, costs.all_to_all_seconds * weight(op.block_begin, op.block_end, 0) * samples);
         t.duration_seconds -= all_to_all_seconds;
         add_dep(id, last_compute);
         for (int in : pending_inputs) add_dep(id, in);
@@ -225,7 +264,8 @@ void Simulator::build_lane(int lane) {
           add_dep(id, last_collective);
           add_dep(id, last_copy);
         }
-        const double act = activation_per_mb * (st.chunks[op.chunk].size() / blocks);
+        const LayerRange& chunk = st.chunks[op.chunk];
+        const double act = activation_per_mb * weight(chunk.begin, chunk.end, costs.dense_activations) / activation_total;
         if (op.kind == OpKind::OpKind_forward) {
           tasks_[id].alloc_bytes += act;
           activation_owner[{op.micro_batch, op.chunk}] = id;
@@ -476,7 +516,7 @@ SimResult Simulator::run() {
   }
   static_bytes_.assign(num_lanes, 0);
   op_task_.assign(num_lanes, {});
-  all_to_all_block_seconds_ = sim_all_to_all_block_seconds(plan_, model_, cluster_);
+  block_costs_ = sim_block_costs(plan_, model_, cluster_);
   for (int l = 0; l < num_lanes; ++l) {
     lane_first_task_.push_back(static_cast<int>(tasks_.size()));
     build_lane(l);
@@ -493,7 +533,9 @@ SimResult Simulator::run() {
 
 
 SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options) {
-  Simulator sim(plan, model, cluster, options);
+  std::optional<ClusterSpec> measured;  // the cluster with the profile's links between node groups
+  if (options.profile && !options.profile->links.empty()) measured = profile_apply_links(*options.profile, cluster);
+  Simulator sim(plan, model, measured ? *measured : cluster, options);
   return sim.run();
 }
 

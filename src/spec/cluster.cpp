@@ -46,19 +46,15 @@ Link link_from_device(const DeviceType& type) {
   return link;
 }
 
-// A link below 1 Mb/s or slower to answer than 10 s is a typo in its unit, not a network.
-constexpr double kMinLinkBytesPerSecond = 1e6 / 8;
-constexpr double kMaxLinkLatencySeconds = 10;
-
 void link_check_bandwidth(const FieldReader& r, const std::string& key, double bytes_per_second) {
   if (bytes_per_second <= 0) r.fail(key, "bandwidth must be positive", "write e.g. `" + key + ": 25GB/s`");
-  if (bytes_per_second < kMinLinkBytesPerSecond)
+  if (bytes_per_second < kLinkLeastBytesPerSecond)
     r.fail(key, "a link slower than 1 Mb/s (got " + units_format_bandwidth(bytes_per_second) + ")",
            "check the unit: `100Mb/s` is megabits, `100MB/s` megabytes per second");
 }
 
 void link_check_latency(const FieldReader& r, const std::string& key, double latency_seconds) {
-  if (latency_seconds > kMaxLinkLatencySeconds)
+  if (latency_seconds > kLinkMostLatencySeconds)
     r.fail(key, "a latency above 10 s (got " + units_format_seconds(latency_seconds) + ")",
            "check the unit: write e.g. `latency: 5us` or `latency: 30ms`");
 }

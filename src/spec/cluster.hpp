@@ -46,6 +46,22 @@ struct Site {
   std::string name;
 };
 
+// A link between the nodes of two node groups as measured (a profile's `links`, applied by
+// profile_apply_links in cost/profile.hpp). It replaces the cluster file's NICs, rack and WAN
+// latencies for the path between a node of `from_group` and one of `to_group` (two nodes of one
+// group when they are equal); rack uplinks and the WAN still divide among transfers at once.
+struct MeasuredLink {
+  int from_group = 0;  // into ClusterSpec::node_groups
+  int to_group = 0;
+  double bandwidth_bytes_per_second = 0;
+  double latency_seconds = 0;
+};
+
+// A link slower than this, or slower to answer than kLinkMostLatencySeconds, is a typo in its
+// unit, not a network.
+inline constexpr double kLinkLeastBytesPerSecond = 1e6 / 8;  // 1 Mb/s
+inline constexpr double kLinkMostLatencySeconds = 10;
+
 struct Device {
   int id = 0;                 // global index, 0..num_devices-1, in node-group order
   int node = 0;               // global node index
@@ -65,6 +81,8 @@ struct ClusterSpec {
   std::vector<Site> sites;               // optional: empty, or every node group sits in one
   Link wan;                              // between sites (each site's port, per direction)
   std::vector<Device> devices;           // expanded from node_groups
+  std::vector<MeasuredLink> measured_links;  // empty: the file's figures on every path
+  std::string measured_links_source;     // the profile they came from, for people
   int num_nodes = 0;
 
   const DeviceType& device_type(const Device& d) const { return device_types[d.device_type_index]; }

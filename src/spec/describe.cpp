@@ -15,14 +15,14 @@ namespace {
 // "  Mixture of Experts: 64 routed experts of width 1408, 6 per token, ..." or "" for a dense model.
 std::string moe_describe(const MixtureOfExperts& moe) {
   if (moe.num_experts == 0) return "";
-  std::string out = fmt::format("  Mixture of Experts: {} routed experts of width {}, {} per token ({}), router aux loss {:g}",
+  std::string out = fmt::format("  Mixture of Experts: {} routed experts of width {}, {} per token ({})",
                                 moe.num_experts, moe.expert_ffn_hidden_size, moe.experts_per_token,
-                                moe.norm_topk_prob ? "weights renormalised" : "softmax weights kept", moe.router_aux_loss_coef);
+                                moe.norm_topk_prob ? "weights renormalised" : "softmax weights kept");
   if (moe.num_shared_experts > 0)
     out += fmt::format(", {} shared expert{} of width {}{}", moe.num_shared_experts, moe.num_shared_experts == 1 ? "" : "s",
                        moe.shared_expert_ffn_hidden_size, moe.shared_expert_gate ? " behind a sigmoid gate" : "");
   if (moe.first_dense_layers > 0) out += fmt::format(", first {} block(s) dense", moe.first_dense_layers);
-  return out + "\n";
+  return out + "\n  Load-balancing loss: " + moe_balance_describe(moe) + "\n";
 }
 
 void add_block_rows(TextTable& params, const ModelSpec& m, const ModelParameterCounts& counts) {

@@ -28,6 +28,14 @@ struct RopeScaling {
   int64_t original_max_positions = 0;  // llama3: the context the frequencies were trained for
 };
 
+// How the load-balancing loss aux = E * sum_e f_e P_e (f_e: share of the top-k picks that went to
+// expert e, P_e: mean router probability of e) gathers its statistics over the MoE blocks.
+enum class MoeBalance {
+  MoeBalance_pooled,     // one f and one P over every MoE block's tokens together (Hugging Face's
+                         // load_balancing_loss_func: Mixtral, Qwen2-MoE)
+  MoeBalance_per_block,  // each block's own f and P, its terms averaged over the blocks (DeepSeek-MoE)
+};
+
 // Mixture-of-Experts MLPs (Mixtral, Qwen2-MoE, DeepSeek-MoE): in each MoE block a router (a
 // hidden x num_experts matrix, no bias) picks experts_per_token of the routed SwiGLU experts
 // for every token; shared experts see every token. num_experts == 0 means a dense model.
@@ -40,7 +48,8 @@ struct MixtureOfExperts {
   bool shared_expert_gate = false;            // Qwen2-MoE: a sigmoid gate (hidden x 1) scales the shared output
   int64_t first_dense_layers = 0;             // leading blocks with a dense MLP of ffn_hidden_size (DeepSeek)
   bool norm_topk_prob = true;                 // the top-k routing weights are renormalised to sum to 1
-  double router_aux_loss_coef = 0;            // weight of the load-balancing loss (mean over MoE blocks)
+  double router_aux_loss_coef = 0;            // weight of the load-balancing loss in the training objective
+  MoeBalance balance = MoeBalance::MoeBalance_pooled;  // the load-balancing loss's form
   bool aux_per_sequence = false;              // DeepSeek's seq_aux: balance statistics per sequence
 };
 
@@ -71,6 +80,10 @@ struct ModelSpec {
 };
 
 inline bool model_is_moe(const ModelSpec& model) { return model.moe.num_experts > 0; }
+// An MoE model whose load-balancing loss pools its statistics over every MoE block.
+inline bool model_balance_is_pooled(const ModelSpec& model) {
+  return model_is_moe(model) && model.moe.balance == MoeBalance::MoeBalance_pooled;
+}
 
 // Throws alloy::Error when `model` is a Mixture-of-Experts model: `consumer` (e.g. "the cost
 // model") knows only dense blocks and would treat the experts wrongly. One message for all.

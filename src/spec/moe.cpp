@@ -92,6 +92,16 @@ void refuse_sparse_layouts(const FieldReader& r, const std::string& type) {
   }
 }
 
+// `balance_loss` of a `moe:` section: pooled (the default) or per_block.
+MoeBalance moe_balance_read(const FieldReader& r) {
+  const std::string name = r.get_string("balance_loss", moe_balance_name(MoeBalance::MoeBalance_pooled));
+  for (MoeBalance balance : {MoeBalance::MoeBalance_pooled, MoeBalance::MoeBalance_per_block})
+    if (name == moe_balance_name(balance)) return balance;
+  r.fail("balance_loss", fmt::format("'{}' is not a form of the load-balancing loss", name),
+         "use pooled (one f and P over every MoE block's tokens: Mixtral, Qwen2-MoE) or per_block (each block's "
+         "own, averaged over the blocks: DeepSeek-MoE)");
+}
+
 }  // namespace
 
 bool moe_is_hf_type(const std::string& type) {
@@ -125,6 +135,7 @@ MixtureOfExperts moe_read_hf(const FieldReader& r, const std::string& type) {
     moe.expert_ffn_hidden_size = r.get_int("intermediate_size");
     moe.norm_topk_prob = true;  // Mixtral's softmax over the top-k logits is the renormalised top-k
     moe.router_aux_loss_coef = r.get_double("router_aux_loss_coef", 0.001);
+    moe.balance = MoeBalance::MoeBalance_pooled;  // load_balancing_loss_func over every layer's router logits
     if (r.get_double("router_jitter_noise", 0.0) != 0)
       r.fail("router_jitter_noise", "router jitter (multiplicative noise on the router's input) is not implemented",
              "set router_jitter_noise to 0 (Mixtral's published configs do)");
@@ -136,6 +147,7 @@ MixtureOfExperts moe_read_hf(const FieldReader& r, const std::string& type) {
     moe.shared_expert_gate = true;
     moe.norm_topk_prob = r.get_bool("norm_topk_prob", false);
     moe.router_aux_loss_coef = r.get_double("router_aux_loss_coef", 0.001);
+    moe.balance = MoeBalance::MoeBalance_pooled;  // Mixtral's load_balancing_loss_func
   } else {
     moe.num_experts = r.get_int("n_routed_experts");
     moe.expert_ffn_hidden_size = r.get_int("moe_intermediate_size");
@@ -147,6 +159,7 @@ MixtureOfExperts moe_read_hf(const FieldReader& r, const std::string& type) {
     // DeepSeek adds alpha x sum_e f_e P_e per MoE block with f_e scaled by experts / top-k, which
     // is alpha / top-k times Alloy's per-block term; summed over the blocks, Alloy's mean over
     // them takes alpha x blocks / top-k.
+    moe.balance = MoeBalance::MoeBalance_per_block;
     const double alpha = r.get_double("aux_loss_alpha", 0.001);
     const int64_t moe_blocks = r.get_int("num_hidden_layers") - moe.first_dense_layers;
     moe.router_aux_loss_coef = moe.experts_per_token > 0 ? alpha * static_cast<double>(moe_blocks) /
@@ -170,7 +183,7 @@ MixtureOfExperts moe_read_yaml(const FieldReader& model) {
   const FieldReader r = model.child("moe");
   r.reject_unknown({"experts", "experts_per_token", "expert_ffn_hidden_size", "shared_experts",
                     "shared_expert_ffn_hidden_size", "shared_expert_gate", "first_dense_layers", "norm_topk_prob",
-                    "router_aux_loss_coef", "aux_per_sequence"});
+                    "router_aux_loss_coef", "balance_loss", "aux_per_sequence"});
   moe.num_experts = r.get_int("experts");
   moe.experts_per_token = r.get_int("experts_per_token");
   moe.expert_ffn_hidden_size = r.get_int("expert_ffn_hidden_size");
@@ -180,6 +193,7 @@ MixtureOfExperts moe_read_yaml(const FieldReader& model) {
   moe.first_dense_layers = r.get_int("first_dense_layers", 0);
   moe.norm_topk_prob = r.get_bool("norm_topk_prob", true);
   moe.router_aux_loss_coef = r.get_double("router_aux_loss_coef", 0.001);
+  moe.balance = moe_balance_read(r);
   moe.aux_per_sequence = r.get_bool("aux_per_sequence", false);
   // A section that names no experts would silently describe a dense model.
   if (moe.num_experts <= 0) r.fail("experts", "must be a positive whole number", "remove the moe section for a dense model");
@@ -191,10 +205,10 @@ std::string moe_yaml(const MixtureOfExperts& moe) {
   return fmt::format(
       "moe: {{experts: {}, experts_per_token: {}, expert_ffn_hidden_size: {}, shared_experts: {}, "
       "shared_expert_ffn_hidden_size: {}, shared_expert_gate: {}, first_dense_layers: {}, norm_topk_prob: {}, "
-      "router_aux_loss_coef: {}{}}}\n",
+      "router_aux_loss_coef: {}, balance_loss: {}{}}}\n",
       moe.num_experts, moe.experts_per_token, moe.expert_ffn_hidden_size, moe.num_shared_experts,
       moe.shared_expert_ffn_hidden_size, moe.shared_expert_gate, moe.first_dense_layers, moe.norm_topk_prob,
-      moe.router_aux_loss_coef, moe.aux_per_sequence ? ", aux_per_sequence: true" : "");
+      moe.router_aux_loss_coef, moe_balance_name(moe.balance), moe.aux_per_sequence ? ", aux_per_sequence: true" : "");
 }
 
 void moe_validate(const ModelSpec& m) {
@@ -256,6 +270,19 @@ MoeMlpParameters moe_mlp_parameters(const ModelSpec& m) {
 
 std::string moe_summary(const MixtureOfExperts& moe) {
   return fmt::format("{} experts, {} per token", moe.num_experts, moe.experts_per_token);
+}
+
+const char* moe_balance_name(MoeBalance balance) {
+  return balance == MoeBalance::MoeBalance_pooled ? "pooled" : "per_block";
+}
+
+std::string moe_balance_describe(const MixtureOfExperts& moe) {
+  if (moe.balance == MoeBalance::MoeBalance_pooled)
+    return fmt::format("{:g} x E sum_e f_e P_e, f and P pooled over every MoE block's tokens (balance_loss: pooled)",
+                       moe.router_aux_loss_coef);
+  return fmt::format("{:g} x the mean over MoE blocks of E sum_e f_e P_e, each block's own f and P "
+                     "(balance_loss: per_block)",
+                     moe.router_aux_loss_coef);
 }
 
 void model_require_dense(const ModelSpec& m, const std::string& consumer) {

@@ -43,6 +43,12 @@ struct MoeMlpParameters {
 };
 MoeMlpParameters moe_mlp_parameters(const ModelSpec& model);
 
+// "pooled" or "per_block", as the `moe:` section's balance_loss spells it.
+const char* moe_balance_name(MoeBalance balance);
+
+// The load-balancing loss's weight and form in words, for `alloy check`.
+std::string moe_balance_describe(const MixtureOfExperts& moe);
+
 // "8 experts, 2 per token": the short description errors and `alloy check` use.
 std::string moe_summary(const MixtureOfExperts& moe);
 

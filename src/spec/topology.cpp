@@ -26,6 +26,12 @@ HopLinks topology_hop_alone(const ClusterSpec& cluster, int from, int to) {
   const Device& b = cluster.devices[to];
   hop.nic = topology_slower_link(topology_group_network(cluster, a.node_group),
                                  topology_group_network(cluster, b.node_group));
+  if (const MeasuredLink* measured = topology_measured_link(cluster, a.node_group, b.node_group)) {
+    hop.nic.bandwidth_bytes_per_second = measured->bandwidth_bytes_per_second;
+    hop.nic.latency_seconds = measured->latency_seconds;  // of the whole path
+    hop.measured = true;
+    return hop;
+  }
   const int rack_a = cluster.node_groups[a.node_group].rack;
   const int rack_b = cluster.node_groups[b.node_group].rack;
   if (hop.level >= TopologyLevel::TopologyLevel_rack && rack_a >= 0 && rack_b >= 0)
@@ -112,7 +118,7 @@ const char* topology_level_name(TopologyLevel level) {
 }
 
 bool topology_is_flat(const ClusterSpec& cluster) {
-  if (!cluster.racks.empty() || !cluster.sites.empty()) return false;
+  if (!cluster.racks.empty() || !cluster.sites.empty() || !cluster.measured_links.empty()) return false;
   for (const NodeGroup& g : cluster.node_groups) {
     if (g.network.bandwidth_bytes_per_second <= 0) continue;
     if (g.network.bandwidth_bytes_per_second != cluster.network.bandwidth_bytes_per_second ||
@@ -125,6 +131,22 @@ bool topology_is_flat(const ClusterSpec& cluster) {
 Link topology_group_network(const ClusterSpec& cluster, int node_group) {
   const Link& own = cluster.node_groups[node_group].network;
   return own.bandwidth_bytes_per_second > 0 ? own : cluster.network;
+}
+
+const MeasuredLink* topology_measured_link(const ClusterSpec& cluster, int from_group, int to_group) {
+  const MeasuredLink* reverse = nullptr;
+  for (const MeasuredLink& link : cluster.measured_links) {
+    if (link.from_group == from_group && link.to_group == to_group) return &link;
+    if (link.from_group == to_group && link.to_group == from_group) reverse = &link;
+  }
+  return reverse;
+}
+
+double topology_pair_bytes_per_second(const ClusterSpec& cluster, int from_group, int to_group) {
+  if (const MeasuredLink* measured = topology_measured_link(cluster, from_group, to_group))
+    return measured->bandwidth_bytes_per_second;
+  return std::min(topology_group_network(cluster, from_group).bandwidth_bytes_per_second,
+                  topology_group_network(cluster, to_group).bandwidth_bytes_per_second);
 }
 
 int topology_rack_nodes(const ClusterSpec& cluster, int rack) {
@@ -210,11 +232,8 @@ RingLinks topology_rings(const ClusterSpec& cluster, const std::vector<std::vect
   for (const HopLinks& hop : topology_hops(cluster, hops)) {
     out.level = std::max(out.level, hop.level);
     if (hop.level == TopologyLevel::TopologyLevel_node) continue;
-    if (!any_network) {
-      out.nic = hop.nic;
-    } else {
-      out.nic = topology_slower_link(out.nic, hop.nic);
-    }
+    if (!any_network || hop.nic.bandwidth_bytes_per_second < out.nic.bandwidth_bytes_per_second) out.measured = hop.measured;
+    out.nic = any_network ? topology_slower_link(out.nic, hop.nic) : hop.nic;
     any_network = true;
     if (hop.shared_bytes_per_second < out.shared_bytes_per_second) {
       out.shared_bytes_per_second = hop.shared_bytes_per_second;

@@ -23,12 +23,18 @@ enum class TopologyLevel {
 const char* topology_level_name(TopologyLevel level);
 
 // True when every node reaches every other over the cluster's one `network`: no node group has a
-// network of its own that differs, and there are no racks or sites. Such a cluster prices as it
-// always has.
+// network of its own that differs, there are no racks or sites and no measured links. Such a
+// cluster prices as it always has.
 bool topology_is_flat(const ClusterSpec& cluster);
 
 // The NIC of a group's nodes: the group's own `network`, else the cluster's.
 Link topology_group_network(const ClusterSpec& cluster, int node_group);
+// The measured link from a node of `from_group` to one of `to_group` (the other direction's when
+// only that one was measured); null when neither was.
+const MeasuredLink* topology_measured_link(const ClusterSpec& cluster, int from_group, int to_group);
+// Bandwidth of one transfer alone between nodes of two groups before any uplink or WAN: the
+// measured link's, else the slower of the two NICs.
+double topology_pair_bytes_per_second(const ClusterSpec& cluster, int from_group, int to_group);
 int topology_rack_nodes(const ClusterSpec& cluster, int rack);
 // A rack's uplink per direction: as given, or its nodes' NIC bandwidth over the oversubscription
 // ratio; kUnlimitedBytesPerSecond for a rack that is neither.
@@ -49,6 +55,7 @@ struct HopLinks {
   TopologyLevel level = TopologyLevel::TopologyLevel_node;
   Link nic;                      // between nodes: the slower NIC of the two ends (bandwidth per
                                  // node, not divided), latency of the whole path; else empty
+  bool measured = false;         // `nic` is a measured link (ClusterSpec::measured_links)
   double shared_bytes_per_second = kUnlimitedBytesPerSecond;  // the hop's share of the narrowest
                                  // rack uplink or WAN port it crosses (divided among the hops
                                  // crossing it at once)
@@ -64,6 +71,7 @@ struct RingLinks {
   TopologyLevel level = TopologyLevel::TopologyLevel_node;  // the highest any hop crosses
   Link nic;                      // the slowest NIC a hop between nodes crosses; latency: the
                                  // longest such hop's; empty when no hop leaves a node
+  bool measured = false;         // that slowest bandwidth is a measured link's
   double shared_bytes_per_second = kUnlimitedBytesPerSecond;  // the narrowest share a hop gets
   std::string shared_name;
   int rings_on_shared = 0;       // hops crossing that shared link in one direction at once

@@ -11,7 +11,8 @@
 namespace alloy::testing {
 
 struct OneRankStep {
-  float loss = 0;
+  float loss = 0;      // mean cross-entropy
+  float aux_loss = 0;  // MoE models: the load-balancing loss (unweighted)
   float grad_norm = 0;
   float learning_rate = 0;
 };
@@ -33,8 +34,8 @@ class OneRank {
   // inputs, targets: (B, T) token ids.
   OneRankStep step(const int32_t* inputs, const int32_t* targets) {
     const RankStepStats stats = runtime_->step(inputs, targets);
-    return {static_cast<float>(stats.loss_sum / stats.loss_tokens), static_cast<float>(stats.grad_norm),
-            static_cast<float>(stats.learning_rate)};
+    return {static_cast<float>(stats.loss_sum / stats.loss_tokens), static_cast<float>(stats.aux_loss_sum / stats.loss_tokens),
+            static_cast<float>(stats.grad_norm), static_cast<float>(stats.learning_rate)};
   }
 
  private:

@@ -43,8 +43,25 @@ TEST(MoeCost, RoutedWorkAndDispatchBytes) {
   EXPECT_DOUBLE_EQ(w.work.forward_flops, 2.0 * 64 * 64 * 4 + 2.0 * 128 * kTinyExpertParameters);
   EXPECT_DOUBLE_EQ(w.work.backward_flops, 2 * w.work.forward_flops);
   EXPECT_DOUBLE_EQ(w.dispatch_bytes, 64.0 * 2 * 64 * 2);  // its 64 tokens x top-2 x C x bf16
-  // Router probabilities 64x4, picks, weights and slots 64x2 each; per row gate/up, SwiGLU, output.
-  EXPECT_DOUBLE_EQ(w.activation_bytes, (64.0 * (4 + 6) + 128.0 * (3 * 96 + 64)) * 2);
+  // Router probabilities 64x4, picks, weights and slots 64x2 each; the experts' outputs in its own
+  // 128 rows; per arrived row (128, a whole number of the eighths of its own rows the runtime
+  // rounds them up to) gate/up, SwiGLU and the arrived input.
+  EXPECT_DOUBLE_EQ(w.activation_bytes, (64.0 * (4 + 6) + 128.0 * 64 + 128.0 * (3 * 96 + 64)) * 2);
+  // The backward's peak: the input gradient (64 x C), the outputs' and gathered inputs' gradients
+  // and the weights' (128 rows), three C-wide buffers of arrived rows and gate/up and SwiGLU
+  // gradients per arrived row.
+  EXPECT_DOUBLE_EQ(w.workspace_bytes, (64.0 * 64 + 128.0 * (2 * 64 + 1) + 128.0 * 3 * 64 + 128.0 * 3 * 96) * 2);
+  // Arrived rows the runtime holds in buffers of whole eighths of its own rows: 129 take 144.
+  shape.expert_load_factor = 129.0 / 128.0;
+  const MoeRoutedWork rounded = moe_routed_work(model, shape, 32, Precision::Precision_bf16);
+  EXPECT_DOUBLE_EQ(rounded.activation_bytes, (64.0 * (4 + 6) + 128.0 * 64 + 144.0 * (3 * 96 + 64)) * 2);
+  // Without expert parallelism the experts run the own rows and the backward gathers them again.
+  shape.ep = 1;
+  shape.held_experts = 4;
+  shape.expert_load_factor = 1;
+  shape.expert_group_sequences = 2;
+  const MoeRoutedWork whole = moe_routed_work(model, shape, 32, Precision::Precision_bf16);
+  EXPECT_DOUBLE_EQ(whole.workspace_bytes, (64.0 * 64 + 128.0 * (2 * 64 + 1) + 128.0 * 64 + 128.0 * 3 * 96) * 2);
 }
 
 TEST(MoeCost, ImbalanceOfUniformRouting) {
@@ -96,6 +113,45 @@ TEST(MoeCost, ExpertParallelismCutsExpertMemoryAndAddsAllToAll) {
               32 * 8.0 * ((u8.block_parameters - u8.block_expert_parameters) / 16 + u8.block_expert_parameters), 1);
 }
 
+// DeepSeek-MoE-16B's first block (first_k_dense_replace 1) has the dense MLP of intermediate_size,
+// not experts: the cost model prices it as the dense block it is, in parameters, memory and time.
+TEST(MoeCost, LeadingDenseBlocksArePricedAsDenseBlocks) {
+  const ModelSpec model = model_load("deepseek-moe-16b");
+  const ModelParameterCounts counts = model_parameter_counts(model);
+  const CostModel cost(model, cluster_load("h100-a100", catalog_builtin()), TrainSpec{});
+  const StageShape shape = cost.stage_shape({0}, 1, 1, 1);
+  const StageUnitCosts u = cost.unit_costs(shape, false);
+  EXPECT_DOUBLE_EQ(u.dense_block.parameters, static_cast<double>(counts.per_block));
+  EXPECT_DOUBLE_EQ(u.block_parameters, static_cast<double>(counts.per_moe_block));
+  // One stage holding the whole model holds exactly its parameters.
+  StageChoice whole;
+  whole.blocks = 28;
+  whole.has_embedding = whole.has_head = true;
+  stage_choice_set_dense_blocks(&whole, 1);
+  const double e = precision_bytes(TrainSpec{}.precision);
+  EXPECT_DOUBLE_EQ(cost.stage_memory(shape, u, whole, 1, false).parameters_bytes / e, static_cast<double>(counts.total));
+  // The dense block alone: its MLP's work (no router, no experts), its activations.
+  StageChoice first;
+  first.blocks = 1;
+  stage_choice_set_dense_blocks(&first, 1);
+  const StageTiming dense = cost.stage_timing(shape, u, first, 0, 0);
+  EXPECT_DOUBLE_EQ(dense.forward_seconds, u.dense_block.times.forward_seconds);
+  EXPECT_NE(dense.forward_seconds, u.block.forward_seconds);
+  const double in_flight = 2;
+  EXPECT_DOUBLE_EQ(cost.stage_memory(shape, u, first, in_flight, true).activations_bytes,
+                   in_flight * u.dense_block.activation_bytes[0]);
+  // Recomputation reaches the stage's first blocks first: with one fully recomputed block of
+  // three, that is the dense one.
+  StageChoice three;
+  three.blocks = 3;
+  three.full = 1;
+  stage_choice_set_dense_blocks(&three, 1);
+  EXPECT_EQ(three.dense_full, 1);
+  EXPECT_DOUBLE_EQ(cost.stage_timing(shape, u, three, 0, 0).backward_seconds,
+                   u.dense_block.times.backward_seconds + u.dense_block.recompute_full_seconds +
+                       2 * u.block.backward_seconds);
+}
+
 TEST(MoeCost, MeasuredRoutingSharesAndSkew) {
   const ModelSpec model = model_load("tiny-moe");
   // Three layers x 4 experts as the step log writes them (the dense block's row is 0).
@@ -119,8 +175,6 @@ TEST(MoePlacement, ExpertsByMeasuredLoad) {
   EXPECT_EQ(expert_counts_by_load({3, 1}, {0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125}),
             (std::vector<int>{6, 2}));
   EXPECT_EQ(expert_counts_by_load({1, 1, 1}, {0.9, 0.05, 0.05}), (std::vector<int>{1, 1, 1}));  // at least one each
-  EXPECT_DOUBLE_EQ(expert_placed_skew({}, 4), 1.0);
-  EXPECT_DOUBLE_EQ(expert_placed_skew({0.4, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05}, 2), 1.0);
 }
 
 TEST(MoePlacement, ExpertsInProportionToSpeed) {

@@ -15,6 +15,8 @@
 #include "../common/test_util.hpp"
 #include "dist_plans.hpp"
 #include "hw/catalog.hpp"
+#include "runtime/memory_terms.hpp"
+#include "search/planner.hpp"
 #include "runtime/io/checkpoint_commit.hpp"
 #include "runtime/io/safetensors.hpp"
 
@@ -60,11 +62,22 @@ class MoeDistTest : public ::testing::Test {
                        launch, ALLOY_BINARY, model_path_, data_, dir_->path(), steps, plan_path, cluster_path_, extra);
   }
 
-  static std::vector<double> losses(const std::string& log) {
+  // The `key` of every step of a run's log: "loss" (the cross-entropy) or "aux_loss".
+  static std::vector<double> losses(const std::string& log, const std::string& key = "loss") {
     std::vector<double> out;
     std::istringstream in(read_text(log));
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at(key).get<double>());
     return out;
+  }
+
+  // Largest relative difference between two runs' values, expected within 1e-6.
+  static double expect_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+    EXPECT_EQ(got.size(), want.size()) << what;
+    if (got.size() != want.size() || got.empty()) return 0;
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+    EXPECT_LT(worst, 1e-6) << what << ": largest relative difference";
+    return worst;
   }
 
   // The first step's tokens per expert (num_layers x experts) of a run's step log.
@@ -75,40 +88,46 @@ class MoeDistTest : public ::testing::Test {
     return nlohmann::json::parse(line).at("expert_tokens").get<std::vector<int64_t>>();
   }
 
+  // A run's step log: the cross-entropy and the load-balancing loss of every step.
+  struct RunLosses {
+    std::vector<double> loss, aux;
+  };
+
   // Runs `plan`; returns its losses, and the weights it exported in `weights`.
-  static std::vector<double> run(const Plan& plan, const std::string& name, std::string* weights) {
+  static RunLosses run(const Plan& plan, const std::string& name, std::string* weights) {
     const std::string out = dir_->path() + "/" + name;
     CommandResult r = run_command(train_command(plan, name, kMoeSteps, fmt::format("--log {0}.jsonl --export {0}.safetensors", out)), 300);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     if (r.exit_code != 0) return {};
     *weights = out + ".safetensors";
-    return losses(out + ".jsonl");
+    return {losses(out + ".jsonl"), losses(out + ".jsonl", "aux_loss")};
   }
 
   // One rank running the same model and micro-batches.
-  static const std::pair<std::vector<double>, std::string>& reference(int micro_batches) {
-    static std::map<std::pair<std::string, int>, std::pair<std::vector<double>, std::string>> cache;
+  static const std::pair<RunLosses, std::string>& reference(int micro_batches) {
+    static std::map<std::pair<std::string, int>, std::pair<RunLosses, std::string>> cache;
     const std::pair<std::string, int> key{model_path_, micro_batches};
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     std::string weights;
     const int layers = static_cast<int>(moe().num_layers);
-    const std::vector<double> l = run(moe_plan({{1, 1, 0, {layers}}}, micro_batches, 1),
-                                      fmt::format("ref-{}-{}", moe().name, micro_batches), &weights);
+    const RunLosses l = run(moe_plan({{1, 1, 0, {layers}}}, micro_batches, 1),
+                            fmt::format("ref-{}-{}", moe().name, micro_batches), &weights);
     return cache[key] = {l, weights};
   }
 
-  // Largest relative loss difference of `plan` against one rank; expects it within 1e-6 and the
-  // final weights within 1e-5 of each other.
+  // Largest relative loss difference of `plan` against one rank; expects it, and that of the
+  // load-balancing loss, within 1e-6 and the final weights within 1e-5 of each other.
   static double expect_matches_one_rank(const Plan& plan, const std::string& name) {
-    const auto& [ref_losses, ref_weights] = reference(plan.num_micro_batches);
+    const auto& [ref, ref_weights] = reference(plan.num_micro_batches);
     std::string weights;
-    const std::vector<double> got = run(plan, name, &weights);
-    EXPECT_EQ(got.size(), ref_losses.size()) << name;
-    if (got.size() != ref_losses.size() || got.empty()) return 0;
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - ref_losses[i]) / std::abs(ref_losses[i]));
-    EXPECT_LT(worst, 1e-6) << name << ": largest relative loss difference";
+    const RunLosses got = run(plan, name, &weights);
+    if (got.loss.size() != ref.loss.size() || got.loss.empty()) {
+      ADD_FAILURE() << name << ": " << got.loss.size() << " steps logged, the reference " << ref.loss.size();
+      return 0;
+    }
+    const double worst = expect_close(got.loss, ref.loss, name + " loss");
+    const double worst_aux = expect_close(got.aux, ref.aux, name + " aux_loss");
     // From the same weights every token picks the same experts, whichever rank routes it.
     EXPECT_EQ(first_expert_tokens(dir_->path() + "/" + name + ".jsonl"),
               first_expert_tokens(ref_weights.substr(0, ref_weights.size() - std::string(".safetensors").size()) + ".jsonl"))
@@ -127,8 +146,8 @@ class MoeDistTest : public ::testing::Test {
       for (size_t i = 0; i < x.size(); ++i) weight_worst = std::max(weight_worst, static_cast<double>(std::abs(x[i] - y[i])));
     }
     EXPECT_LT(weight_worst, 1e-5) << name << ": largest weight difference";
-    std::printf("%-28s largest relative loss difference %.3g, largest weight difference %.3g\n", name.c_str(), worst,
-                weight_worst);
+    std::printf("%-28s largest relative difference: loss %.3g, aux loss %.3g; largest weight difference %.3g\n",
+                name.c_str(), worst, worst_aux, weight_worst);
     return worst;
   }
 
@@ -152,6 +171,17 @@ TEST_F(MoeDistTest, FourReplicasInTwoExpertGroupsMatchOneRank) {
 TEST_F(MoeDistTest, PipelineStagesWithExpertParallelismMatchOneRank) {
   // Stage 0: the dense block and an MoE block; stage 1: an MoE block and the head.
   expect_matches_one_rank(moe_plan({{1, 2, 0, {2}}, {1, 2, 0, {1}}}, 4, 2), "pp2-dp2-ep2");
+}
+
+TEST_F(MoeDistTest, PerBlockBalanceOverPipelineStagesMatchesOneRank) {
+  // DeepSeek's form: each MoE block's own f and P (over the stage's replicas), the blocks' terms
+  // added over the stages; the pooled tiny-moe's tests above pool them over the stages instead.
+  std::string yaml = read_text(tiny_moe_path());
+  yaml.replace(yaml.find("name: tiny-moe"), 14, "name: moe-per-block");
+  yaml.replace(yaml.find("balance_loss: pooled"), 20, "balance_loss: per_block");
+  model_path_ = dir_->write("moe-per-block.yaml", yaml);
+  expect_matches_one_rank(moe_plan({{1, 2, 0, {2}}, {1, 2, 0, {1}}}, 4, 2), "per-block-pp2-dp2-ep2");
+  model_path_ = tiny_moe_path();
 }
 
 TEST_F(MoeDistTest, InterleavedChunksWithExpertParallelismMatchOneRank) {
@@ -219,10 +249,12 @@ TEST_F(MoeDistTest, ExpertParallelRunResumesExactly) {
     CommandResult resumed =
         run_command(train_command(plan, name + "-part", 6, fmt::format("--checkpoint {} --resume --log {}", ck, part_log)), 120);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    const std::vector<double> full = losses(full_log), part = losses(part_log);
-    ASSERT_EQ(full.size(), 6u);
-    ASSERT_EQ(part.size(), 6u);
-    for (size_t i = 0; i < full.size(); ++i) EXPECT_DOUBLE_EQ(full[i], part[i]) << name << " step " << i + 1;
+    for (const char* key : {"loss", "aux_loss"}) {
+      const std::vector<double> full = losses(full_log, key), part = losses(part_log, key);
+      ASSERT_EQ(full.size(), 6u);
+      ASSERT_EQ(part.size(), 6u);
+      for (size_t i = 0; i < full.size(); ++i) EXPECT_DOUBLE_EQ(full[i], part[i]) << name << " " << key << " step " << i + 1;
+    }
   }
 }
 
@@ -245,6 +277,30 @@ TEST_F(MoeDistTest, CheckpointOfOneExpertSplitResumesUnderAnother) {
   ASSERT_EQ(full.size(), 9u);
   ASSERT_EQ(part.size(), 9u);
   for (size_t i = 0; i < full.size(); ++i) EXPECT_NEAR(full[i], part[i], 1e-6 * std::abs(full[i])) << "step " << i + 1;
+}
+
+// The cost model prices what an expert-parallel member's arena holds at its peak, in the last MoE
+// block's backward: the routing and expert activations (the arrived rows' buffers rounded up as
+// the runtime rounds them) and the backward's buffers (the gradients of the experts' outputs and
+// gathered inputs, the arrived gradients, their reordered copy and the experts' input
+// gradients). Priced with the routing the step measured (the training file's expert_tokens), the
+// plan's arena memory per device is within 3% of the fullest member's measured peak.
+TEST_F(MoeDistTest, PredictedMemoryOfAnExpertParallelRunMatchesItsArenaPeak) {
+  Plan plan = moe_plan({{1, 2, 0, {3}}}, 1, 2);
+  const std::string log = dir_->path() + "/ep2-memory.jsonl";
+  const CommandResult r = run_command(train_command(plan, "ep2-memory", 1, "--log " + log), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json step = nlohmann::json::parse(read_text(log));
+  double fullest = 0;
+  for (const nlohmann::json& rank : step.at("ranks")) fullest = std::max(fullest, rank.at("peak_arena_bytes").get<double>());
+  TrainSpec train = train_load(dir_->path() + "/dist-train.yaml");
+  train.expert_tokens = step.at("expert_tokens").get<std::vector<double>>();
+  plan_evaluate(&plan, CostModel(moe(), cluster(), train));
+  double predicted = 0;
+  for (double bytes : memory_terms_predicted(plan.stages[0].memory, false)) predicted += bytes;
+  std::printf("ep 2 arena peak: predicted %.0f bytes, measured %.0f (fullest member), %+.1f%%\n", predicted, fullest,
+              100.0 * (predicted / fullest - 1.0));
+  EXPECT_NEAR(predicted / fullest, 1.0, 0.03);
 }
 
 TEST_F(MoeDistTest, UnsupportedCombinationsAreRefusedBeforeTheFirstStepNamingTheField) {

@@ -48,12 +48,17 @@ class ProfileCommandTest : public ::testing::Test {
 TEST_F(ProfileCommandTest, MeasuresEveryShapeAndScalesBySpeed) {
   const std::string cluster = dir_.write("two.yaml", kTwoSpeeds);
   const std::string train = dir_.write("train.yaml", kSmallBatch);
-  const std::string out = dir_.path() + "/profile.json";
+  // A link between the node groups that `alloy comm-check --write-profile` put there before: kept.
+  const std::string out = dir_.write("profile.json", R"({"version": 1, "links": [
+      {"from": "a", "to": "b", "bandwidth_bytes_per_second": 1e8, "latency_seconds": 1e-4}]})");
   CommandResult r = run_command(fmt::format("{} profile --model tiny-gpt --cluster {} --train {} -o {} --repeats 1",
                                             ALLOY_BINARY, cluster, train, out), 120);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("collectives: not measured"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kept the 1 link between node groups"), std::string::npos) << r.output;
   const Profile p = profile_load(out);
+  ASSERT_EQ(p.links.size(), 1u);
+  EXPECT_DOUBLE_EQ(p.links[0].bandwidth_bytes_per_second, 1e8);
   EXPECT_EQ(p.model_name, "tiny-gpt");
   ASSERT_EQ(p.device_types.size(), 2u);
   for (const LayerKind kind : {LayerKind::LayerKind_embedding, LayerKind::LayerKind_block, LayerKind::LayerKind_head})

@@ -1,7 +1,8 @@
 // Alloy against PyTorch (float64) on the fixtures of scripts/golden.py and, for Mixture-of-Experts
-// models, scripts/golden_moe.py: logits, loss (with the load-balancing loss) and every parameter
-// gradient within 1e-4 of the tensor's largest magnitude, and the losses of 10 AdamW steps within
-// 1e-5. Prints the largest relative difference per tensor.
+// models, scripts/golden_moe.py: logits and every parameter gradient within 1e-4 of the tensor's
+// largest magnitude, and the cross-entropy (and an MoE model's load-balancing loss, in its
+// family's form) of the first forward and of 10 AdamW steps within 1e-5. Prints the largest
+// relative difference per tensor.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 
 #include "runtime/model.hpp"
 #include "runtime/threads.hpp"
+#include "spec/moe.hpp"
 #include "../common/one_rank.hpp"
 
 namespace alloy {
@@ -94,6 +96,7 @@ ModelSpec spec_from_fixture(const nlohmann::json& cfg, const std::string& name) 
     spec.moe.first_dense_layers = moe["first_dense_layers"];
     spec.moe.norm_topk_prob = moe["norm_topk_prob"];
     spec.moe.router_aux_loss_coef = moe["aux_coef"];
+    spec.moe.balance = moe["balance"] == "pooled" ? MoeBalance::MoeBalance_pooled : MoeBalance::MoeBalance_per_block;
   }
   return spec;
 }
@@ -185,8 +188,10 @@ void check_golden(const std::string& name, Recompute level) {
   EXPECT_NEAR(loss, reference_loss, 1e-5);
   if (model_is_moe(spec)) {
     const double reference_aux = fixture.floats["aux_loss"][0];
-    std::printf("  %-32s %.2e (alloy %.7f, torch %.7f)\n", "load-balancing loss",
-                std::fabs(model.pass.aux_loss - reference_aux), static_cast<double>(model.pass.aux_loss), reference_aux);
+    const double other_form = fixture.floats["aux_loss_other_form"][0];
+    std::printf("  %-32s %.2e (alloy %.7f, torch %.7f; %s; the other form %.7f)\n", "load-balancing loss",
+                std::fabs(model.pass.aux_loss - reference_aux), static_cast<double>(model.pass.aux_loss), reference_aux,
+                moe_balance_name(spec.moe.balance), other_form);
     EXPECT_NEAR(model.pass.aux_loss, reference_aux, 1e-5);
   }
 
@@ -211,12 +216,18 @@ void check_golden(const std::string& name, Recompute level) {
   train.grad_clip = hyper["grad_clip"];
   const std::vector<float>& step_losses = fixture.floats["step_losses"];
   const std::vector<float>& step_norms = fixture.floats["step_grad_norms"];
+  const std::vector<float>& step_aux = fixture.floats["step_aux_losses"];  // MoE models only
   train.steps = static_cast<int64_t>(step_losses.size());
   train.seq_len = T;
   // The steps `alloy train` runs: the executor of one rank, from the same weights.
   testing::OneRank run(spec, train, B, level);
   golden_weights_set(run.model(), router_scale);
-  double worst_loss = 0.0;
+  // Validation (a forward without backward) reports the cross-entropy, without the load-balancing loss.
+  const double validation = run.runtime().loss_sum(inputs.data(), targets.data()) / (static_cast<double>(B) * T);
+  std::printf("  %-32s %.2e (alloy %.7f, torch %.7f)\n", "validation loss", std::fabs(validation - reference_loss),
+              validation, reference_loss);
+  EXPECT_NEAR(validation, reference_loss, 1e-5);
+  double worst_loss = 0.0, worst_aux = 0.0;
   float last_loss = 0.0f;
   for (size_t step = 0; step < step_losses.size(); step++) {
     const testing::OneRankStep result = run.step(inputs.data(), targets.data());
@@ -224,11 +235,16 @@ void check_golden(const std::string& name, Recompute level) {
     worst_loss =
         std::max(worst_loss, std::fabs(static_cast<double>(result.loss) - step_losses[step]));
     EXPECT_NEAR(result.loss, step_losses[step], 1e-5) << "step " << step;
+    if (model_is_moe(spec)) {
+      worst_aux = std::max(worst_aux, std::fabs(static_cast<double>(result.aux_loss) - step_aux[step]));
+      EXPECT_NEAR(result.aux_loss, step_aux[step], 1e-5) << "step " << step;
+    }
     EXPECT_NEAR(result.grad_norm, step_norms[step], 1e-4 * step_norms[step]) << "step " << step;
     EXPECT_FLOAT_EQ(result.learning_rate, static_cast<float>(train.learning_rate));
   }
   std::printf("  %-32s %.2e (last: alloy %.7f, torch %.7f)\n", "10-step losses", worst_loss,
               static_cast<double>(last_loss), static_cast<double>(step_losses.back()));
+  if (model_is_moe(spec)) std::printf("  %-32s %.2e\n", "10-step load-balancing losses", worst_aux);
 }
 
 TEST(Golden, TinyGptMatchesPyTorch) { check_golden("tiny_gpt", Recompute::Recompute_none); }

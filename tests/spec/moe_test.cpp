@@ -6,6 +6,7 @@
 #include "plan/plan.hpp"
 #include "spec/error.hpp"
 #include "spec/model.hpp"
+#include "spec/moe.hpp"
 
 namespace alloy {
 namespace {
@@ -171,6 +172,28 @@ TEST(MoeSpec, HuggingFaceFieldsPerType) {
   EXPECT_EQ(yaml.moe.num_shared_experts, 0);
 }
 
+// Each family's load-balancing loss: Hugging Face's Mixtral and Qwen2-MoE pool every layer's router
+// statistics, DeepSeek-MoE sums each block's; Alloy YAML says which, pooled unless told.
+TEST(MoeSpec, BalanceLossFormPerFamily) {
+  TempDir dir;
+  EXPECT_EQ(model_load("mixtral-8x7b").moe.balance, MoeBalance::MoeBalance_pooled);
+  EXPECT_EQ(model_load_file(dir.write("qwen.json", kSmallQwenMoe)).moe.balance, MoeBalance::MoeBalance_pooled);
+  EXPECT_EQ(model_load_file(dir.write("deepseek.json", kSmallDeepseekMoe)).moe.balance,
+            MoeBalance::MoeBalance_per_block);
+  EXPECT_EQ(model_load_file(dir.write("tiny.yaml", kTinyMoeYaml)).moe.balance, MoeBalance::MoeBalance_pooled);
+  const ModelSpec per_block =
+      model_load_file(dir.write("per-block.yaml", kTinyMoeYaml + std::string("  balance_loss: per_block\n")));
+  EXPECT_EQ(per_block.moe.balance, MoeBalance::MoeBalance_per_block);
+  // moe_yaml writes the form, so a model written back reads the same (and fingerprints apart).
+  EXPECT_NE(moe_yaml(per_block.moe).find("balance_loss: per_block"), std::string::npos) << moe_yaml(per_block.moe);
+  ModelSpec pooled = per_block;
+  pooled.moe.balance = MoeBalance::MoeBalance_pooled;
+  EXPECT_NE(model_fingerprint(pooled), model_fingerprint(per_block));
+  // `alloy check` states the form.
+  EXPECT_NE(moe_balance_describe(model_load("deepseek-moe-16b").moe).find("each block's own f and P"), std::string::npos);
+  EXPECT_NE(moe_balance_describe(model_load("mixtral-8x7b").moe).find("pooled over every MoE block"), std::string::npos);
+}
+
 TEST(MoeSpec, FlopsCountActiveExpertsOnly) {
   // At a short sequence forward FLOPs approach 2 x the active parameters outside the embedding.
   const ModelSpec m = model_load("mixtral-8x7b");
@@ -266,6 +289,8 @@ TEST(MoeSpecErrors, AlloyYamlSection) {
                    "leave none of the 2 blocks MoE");
   expect_moe_error("m.yaml", kTinyMoeYaml + std::string("  router_aux_loss_coef: -1\n"), "moe.router_aux_loss_coef",
                    "zero or a positive number");
+  expect_moe_error("m.yaml", kTinyMoeYaml + std::string("  balance_loss: mean\n"), "moe.balance_loss",
+                   "'mean' is not a form of the load-balancing loss");
   // A gate with nothing to scale would be counted but never built.
   expect_moe_error("m.yaml", kTinyMoeYaml + std::string("  shared_expert_gate: true\n"), "moe.shared_expert_gate",
                    "needs shared experts");

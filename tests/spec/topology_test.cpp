@@ -99,6 +99,31 @@ TEST(Topology, RingIsLimitedByItsSlowestHop) {
   EXPECT_DOUBLE_EQ(inside.nic.bandwidth_bytes_per_second, 10e9);
 }
 
+TEST(Topology, MeasuredLinkReplacesThePathsFiguresEachWayAsMeasured) {
+  ClusterSpec c = tiered_load(kTieredCluster);
+  // fast -> slow measured at 200 MB/s and 30 ms, the way back at 300 MB/s and 20 ms; slow -> slow
+  // only one way, which holds for both.
+  c.measured_links = {MeasuredLink{0, 1, 200e6, 30e-3}, MeasuredLink{1, 0, 300e6, 20e-3}, MeasuredLink{1, 1, 500e6, 1e-4}};
+  const HopLinks there = topology_hops(c, {{0, 2}}).front();
+  EXPECT_TRUE(there.measured);
+  EXPECT_DOUBLE_EQ(there.nic.bandwidth_bytes_per_second, 200e6);
+  EXPECT_DOUBLE_EQ(there.nic.latency_seconds, 30e-3);  // the whole path's, no rack or WAN added
+  EXPECT_EQ(there.level, TopologyLevel::TopologyLevel_site);
+  const HopLinks back = topology_hops(c, {{3, 1}}).front();
+  EXPECT_DOUBLE_EQ(back.nic.bandwidth_bytes_per_second, 300e6);
+  EXPECT_DOUBLE_EQ(back.nic.latency_seconds, 20e-3);
+  EXPECT_DOUBLE_EQ(topology_hops(c, {{3, 2}}).front().nic.bandwidth_bytes_per_second, 500e6);
+  // fast -> fast was not measured: the file's NIC.
+  EXPECT_FALSE(topology_hops(c, {{0, 1}}).front().measured);
+  // The WAN still divides among hops crossing it at once (1 GB/s: two hops get half each).
+  EXPECT_DOUBLE_EQ(topology_hops(c, {{0, 2}, {1, 3}}).front().shared_bytes_per_second, 0.5e9);
+  // A ring's slowest hop is the measured 200 MB/s one, and it says so.
+  const RingLinks ring = topology_rings(c, {{0, 1, 2, 3}});
+  EXPECT_TRUE(ring.measured);
+  EXPECT_DOUBLE_EQ(ring.nic.bandwidth_bytes_per_second, 200e6);
+  EXPECT_FALSE(topology_is_flat(c));
+}
+
 TEST(Topology, CheckPrintsTheTreeWithEachLevelsBottleneck) {
   const std::string tree = topology_describe(tiered_load(kTieredCluster));
   EXPECT_NE(tree.find("site east"), std::string::npos) << tree;

@@ -135,12 +135,13 @@ class CudaBackend final : public StageBackend {
   }
   bool pass_finished(const StagePass& pass) const override { return cuda_pass(pass).activations.backward_next == 0; }
   void pass_release(StagePass& pass) override { gpu_activations_release(gpu_, cuda_pass(pass).activations); }
-  double take_loss_sum() override {
-    double sum = 0;
-    cuda_check(cudaMemcpyAsync(&sum, loss_sum_, sizeof(double), cudaMemcpyDeviceToHost, stream_), "reading the losses");
+  PassLossSums take_loss_sums() override {
+    PassLossSums sums;  // no load-balancing loss: the CUDA backend trains dense models
+    cuda_check(cudaMemcpyAsync(&sums.cross_entropy, loss_sum_, sizeof(double), cudaMemcpyDeviceToHost, stream_),
+               "reading the losses");
     fence();
     cuda_check(cudaMemsetAsync(loss_sum_, 0, sizeof(double), stream_), "zeroing the loss sum");
-    return sum;
+    return sums;
   }
 
   void zero_gradients() override { gpu_model_zero_grad(gpu_); }
@@ -208,7 +209,7 @@ class CudaBackend final : public StageBackend {
   Arena arena_;
   GpuModel gpu_;
   TokenStaging tokens_;
-  double* loss_sum_ = nullptr;  // (1) the heading passes' token losses since take_loss_sum
+  double* loss_sum_ = nullptr;  // (1) the heading passes' token losses since take_loss_sums
   float* squares_ = nullptr;    // (1) square_sum's
 };
 

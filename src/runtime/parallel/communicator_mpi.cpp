@@ -83,6 +83,7 @@ MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
 struct LinkDelay {
   std::optional<std::chrono::steady_clock::time_point> post_at;
   double hold_seconds = 0;
+  MPI_Comm join_comm = MPI_COMM_NULL;  // a held collective's group (MpiOperation::join_comm)
 };
 
 class MpiCommunicator final : public Communicator {
@@ -133,7 +134,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> counts_check(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind) const;
   // Reserves the link to `peer` for `bytes` from now or when its last transfer leaves.
   LinkDelay send_delay(int peer, int64_t bytes);
-  LinkDelay collective_delay(PacedCollective kind, const CommHandle::State& state) const;
+  LinkDelay collective_delay(PacedCollective kind, const CommHandle::State& state, int group_id) const;
   CommHandle enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
                      std::function<void()> finish = {}, LinkDelay delay = {});
   // This rank's answer to a peer's inquiry: collectives posted per group, what it waits for.
@@ -319,14 +320,14 @@ LinkDelay MpiCommunicator::send_delay(int peer, int64_t bytes) {
   return {free + std::chrono::duration_cast<Clock::duration>(Seconds(latency_seconds)), 0.0};
 }
 
-LinkDelay MpiCommunicator::collective_delay(PacedCollective kind, const CommHandle::State& state) const {
+LinkDelay MpiCommunicator::collective_delay(PacedCollective kind, const CommHandle::State& state, int group_id) const {
   std::shared_ptr<const LinkPacing> pacing;
   {
     std::lock_guard lock(pacing_mutex_);
     pacing = pacing_;
   }
   if (!pacing || !state.members) return {};
-  return {std::nullopt, pacing->collective_seconds(kind, *state.members, state.bytes)};
+  return {std::nullopt, pacing->collective_seconds(kind, *state.members, state.bytes), comms_[static_cast<size_t>(group_id)]};
 }
 
 CommHandle MpiCommunicator::enqueue(std::shared_ptr<CommHandle::State> state, std::function<void(MpiPosting&)> post,
@@ -338,6 +339,7 @@ CommHandle MpiCommunicator::enqueue(std::shared_ptr<CommHandle::State> state, st
   op->post_at = delay.post_at;
   op->hold_seconds = delay.hold_seconds;
   op->hold_key = state->group_key;
+  if (delay.hold_seconds > 0) op->join_comm = delay.join_comm;
   progress_.enqueue(std::move(op));
   return CommHandle(std::move(state));
 }
@@ -428,7 +430,7 @@ CommHandle MpiCommunicator::all_reduce_typed(T* data, int64_t count, const CommG
                 "MPI_Iallreduce");
       posting.add(request);
     });
-  }, {}, collective_delay(PacedCollective::PacedCollective_all_reduce, *state));
+  }, {}, collective_delay(PacedCollective::PacedCollective_all_reduce, *state, id));
 }
 
 CommHandle MpiCommunicator::reduce_scatter(float* data, const std::vector<int64_t>& counts, const CommGroup& group) {
@@ -459,7 +461,7 @@ CommHandle MpiCommunicator::reduce_scatter(float* data, const std::vector<int64_
       [data, my_offset, my_count] {
         if (my_offset > 0) std::memmove(data + my_offset, data, static_cast<size_t>(my_count) * sizeof(float));
       },
-      collective_delay(PacedCollective::PacedCollective_reduce_scatter, *state));
+      collective_delay(PacedCollective::PacedCollective_reduce_scatter, *state, id));
 }
 
 // An all-to-all of bf16 pieces: member i receives every member's piece i and sums it in fp32.
@@ -509,7 +511,7 @@ CommHandle MpiCommunicator::reduce_scatter_bf16(float* data, const std::vector<i
           data[my_offset + k] = sum;
         }
       },
-      collective_delay(PacedCollective::PacedCollective_reduce_scatter, *state));
+      collective_delay(PacedCollective::PacedCollective_reduce_scatter, *state, id));
 }
 
 CommHandle MpiCommunicator::all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) {
@@ -532,7 +534,7 @@ CommHandle MpiCommunicator::all_gather(float* data, const std::vector<int64_t>& 
                               comms_[static_cast<size_t>(id)], &request),
               "MPI_Iallgatherv");
     posting.add(request);
-  }, {}, collective_delay(PacedCollective::PacedCollective_all_gather, *state));
+  }, {}, collective_delay(PacedCollective::PacedCollective_all_gather, *state, id));
 }
 
 CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) {
@@ -553,7 +555,7 @@ CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root_index,
                 "MPI_Ibcast");
       posting.add(request);
     });
-  }, {}, collective_delay(PacedCollective::PacedCollective_broadcast, *state));
+  }, {}, collective_delay(PacedCollective::PacedCollective_broadcast, *state, id));
 }
 
 CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) {
@@ -573,7 +575,7 @@ CommHandle MpiCommunicator::all_gather_bytes(const void* in, void* out, int64_t 
                              comms_[static_cast<size_t>(id)], &request),
               "MPI_Iallgather");
     posting.add(request);
-  }, {}, collective_delay(PacedCollective::PacedCollective_all_gather, *state));
+  }, {}, collective_delay(PacedCollective::PacedCollective_all_gather, *state, id));
 }
 
 // Held for the pairwise rounds this member takes part in: its own row and column of the byte matrix
@@ -606,6 +608,7 @@ CommHandle MpiCommunicator::all_to_all(const float* send, const std::vector<int6
     if (pacing_) delay.hold_seconds = pacing_->all_to_all_seconds(*members, bytes);
   }
   const int id = group.id;
+  delay.join_comm = comms_[static_cast<size_t>(id)];
   return enqueue(state, [this, send, recv, sends, receives, send_offsets, receive_offsets, id](MpiPosting& posting) {
     MPI_Request request;
     mpi_check(MPI_Ialltoallv(send, sends->data(), send_offsets->data(), MPI_FLOAT, recv, receives->data(),

@@ -69,10 +69,19 @@ struct RankRuntime::PassSlot {
   const void* input_gradient = nullptr;  // backward result to send
   std::vector<CommHandle> receives;
   std::vector<CommHandle> sends;
+  bool balance_pooled = false;  // given its micro-batch's pooled load-balancing sums
   bool finished = false;        // backward done; released once its sends complete
 };
 
 namespace {
+
+// This rank's forward ops per micro-batch of the step.
+std::vector<int> forwards_per_micro_batch(const Plan& plan, const RankSchedule& schedule) {
+  std::vector<int> forwards(static_cast<size_t>(plan.num_micro_batches), 0);
+  for (const ScheduleOp& op : schedule.ops)
+    if (op.kind == OpKind::OpKind_forward) forwards.at(static_cast<size_t>(op.micro_batch))++;
+  return forwards;
+}
 
 std::vector<int> stage_first_ranks(const Plan& plan) {
   std::vector<int> first;
@@ -143,6 +152,11 @@ RankGroups rank_groups_build(const Plan& plan, const ModelSpec& model, Communica
     groups.ep = comm.split(expert_groups_partition(plan, plan_ep_group));
     groups.expert_dp = comm.split(expert_groups_partition(plan, plan_expert_dp_group));
   }
+  if (model_balance_is_pooled(model)) {
+    std::vector<int> all(static_cast<size_t>(plan.num_used_devices()));
+    for (int rank = 0; rank < plan.num_used_devices(); ++rank) all[static_cast<size_t>(rank)] = rank;
+    groups.balance = comm.split({all});
+  }
   return groups;
 }
 
@@ -187,6 +201,11 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   if (model_is_moe(spec) && stage.dp > 1) {
     moe_exchange_ = std::make_unique<CommMoeExchange>(comm, groups_.dp, groups_.ep);
     model.moe_exchange = moe_exchange_.get();
+  }
+  if (model_balance_is_pooled(spec)) {
+    balance_pool_ = std::make_unique<BalancePool>(comm, groups_.balance, schedule_.tp_rank == 0,
+                                                  forwards_per_micro_batch(plan, schedule_),
+                                                  2 * spec.moe.num_experts + 1);
   }
   int local = 0;
   for (const LayerRange& c : stage.chunks)
@@ -368,11 +387,17 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       PassSlot& slot = pass_for(op, inputs, targets);
       for (const CommHandle& h : slot.receives) wait(h, stats);
       slot.receives.clear();
+      if (op.kind == OpKind::OpKind_backward && balance_pool_ && !slot.balance_pooled) {
+        wait(balance_pool_->posted(op.micro_batch), stats);
+        backend_->pass_balance_pool(*slot.pass, balance_pool_->pooled(op.micro_batch));
+        slot.balance_pooled = true;
+      }
       const double compute_start = now();
       ComputeStretch stretch(slowdown_);
       if (op.kind == OpKind::OpKind_forward) {
         slot.output = backend_->pass_forward(*slot.pass);
         if (slot.pass->heads && schedule_.tp_rank == 0) stats.loss_tokens += static_cast<double>(slot.pass->B) * slot.pass->T;
+        if (balance_pool_) balance_pool_->forward_done(op.micro_batch, backend_->pass_balance_sums(*slot.pass));
       } else {
         for (const CommHandle& h : slot.sends) wait(h, stats);  // the outputs are freed below
         slot.sends.clear();
@@ -485,6 +510,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   } else {
     backend_->zero_gradients();
   }
+  if (balance_pool_) balance_pool_->step_begin();
   layer_cpu_seconds_ = {0, 0, 0};
   if (offload_) offload_->step_begin();
   for (size_t i = 0; i < schedule_.ops.size(); ++i) {
@@ -516,14 +542,14 @@ double RankRuntime::loss_sum(const int32_t* inputs, const int32_t* targets) {
   const int T = static_cast<int>(plan_.seq_len);
   const int B = static_cast<int>(st.replica_sequences(plan_.micro_batch_sequences, schedule_.dp_rank));
   const LayerRange& blocks = st.chunks.front();
-  backend_->take_loss_sum();
+  backend_->take_loss_sums();
   for (int m = 0; m < plan_.num_micro_batches; ++m) {
     const int64_t first = replica_begin(m) * T;
     std::unique_ptr<StagePass> pass = backend_->pass_begin(blocks.begin, blocks.end, true, true, inputs + first, targets + first, B, T);
     backend_->pass_forward(*pass);
     backend_->pass_release(*pass);
   }
-  return backend_->take_loss_sum();
+  return backend_->take_loss_sums().cross_entropy;  // the load-balancing loss trains, it does not validate
 }
 
 }  // namespace alloy

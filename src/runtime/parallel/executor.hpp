@@ -15,6 +15,7 @@
 #include "plan/schedule.hpp"
 #include "runtime/arena.hpp"
 #include "runtime/memory_terms.hpp"
+#include "runtime/parallel/balance_pool.hpp"
 #include "runtime/parallel/communicator.hpp"
 #include "runtime/parallel/loss_scaler.hpp"
 #include "runtime/parallel/param_layout.hpp"
@@ -40,6 +41,7 @@ struct RankGroups {
   CommGroup embedding;  // tied embeddings over a pipeline: first and last stage, same tp rank
   CommGroup ep;         // MoE models: expert-parallel group (plan_ep_group), splits the routed experts
   CommGroup expert_dp;  // MoE models: the same experts' replicas (plan_expert_dp_group), sum their gradients
+  CommGroup balance;    // MoE models with the pooled load-balancing loss: every rank of the plan
 };
 
 // Per step and rank: where the time went, and memory.
@@ -53,6 +55,10 @@ struct RankStepStats {
   double optimizer_seconds = 0;      // the optimizer op without its collective waits
   double loss_sum = 0;               // sum of token losses this rank reports (head stage, tp rank 0)
   double loss_tokens = 0;
+  // MoE models: the load-balancing loss this rank reports (tp rank 0), summed as its share of each
+  // micro-batch's loss times the tokens (PassLossSums::balance); over loss_tokens of all ranks, the
+  // step's mean.
+  double aux_loss_sum = 0;
   double grad_norm = 0;
   double learning_rate = 0;
   int64_t peak_arena_bytes = 0;
@@ -102,8 +108,8 @@ class RankRuntime {
   // (only stages with the embedding or head read them). Records the step's intervals.
   RankStepStats step(const int32_t* inputs, const int32_t* targets);
 
-  // Sum of the token losses of this replica's share of every micro-batch of a global batch
-  // inputs, targets: (global_batch, T), forward only (validation). The rank must hold the whole
+  // Sum of the token losses (cross-entropy) of this replica's share of every micro-batch of a
+  // global batch inputs, targets: (global_batch, T), forward only (validation). The rank must hold the whole
   // model (one stage, tp 1); every replica runs as many passes as in training.
   double loss_sum(const int32_t* inputs, const int32_t* targets);
 
@@ -211,6 +217,7 @@ class RankRuntime {
   std::unique_ptr<Arena> host_arena_;       // offloaded blocks' parameters, gradients and moments
   std::unique_ptr<CommTensorParallel> tp_ops_;
   std::unique_ptr<CommMoeExchange> moe_exchange_;  // MoE models with dp > 1
+  std::unique_ptr<BalancePool> balance_pool_;      // MoE models with the pooled load-balancing loss
   std::unique_ptr<StageBackend> backend_;
   std::array<double, kLayerKinds> layer_cpu_seconds_ = {0, 0, 0};  // this step's passes, by LayerKind
   ParamLayout layout_;

@@ -45,9 +45,12 @@ void RankRuntime::optimizer(RankStepStats& stats) {
   // gradient makes a sum non-finite on every rank, so all skip the update alike, for one more
   // double in the norm's all-reduce. The losses are taken here (all of the rank's forwards have
   // run); taking them fences the backend's queued work.
-  const double losses = backend_->take_loss_sum();
-  if (schedule_.tp_rank == 0) stats.loss_sum = losses;
-  double sums[2] = {gradient_square_sum(), losses};  // squares, losses
+  const PassLossSums losses = backend_->take_loss_sums();
+  if (schedule_.tp_rank == 0) {
+    stats.loss_sum = losses.cross_entropy;
+    stats.aux_loss_sum = losses.balance;
+  }
+  double sums[2] = {gradient_square_sum(), losses.cross_entropy + losses.balance};  // squares, losses
   wait(control_.all_reduce(sums, 2, control_.world()), stats);
   // The gradients hold loss_scale times the true ones: the norm is theirs over the scale.
   const double scale = loss_scaler_.scale;

@@ -28,6 +28,10 @@ using Clock = std::chrono::steady_clock;
 // latency, long enough not to take a core from the ranks that share it.
 constexpr auto kPollInterval = std::chrono::microseconds(30);
 
+double wall_clock_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // A timed collective counts as waited for from its start when its caller began waiting (or it
 // completed) within this share of its time, or this many seconds, after the call. The
 // allowance covers a caller preempted between the call and its wait on oversubscribed cores;
@@ -279,10 +283,20 @@ void MpiProgress::requests_done(const std::shared_ptr<MpiOperation>& op) {
     return;
   }
   // Collectives of one group follow each other on its links: one starts when the last is through.
+  const Clock::time_point now = Clock::now();
   Clock::time_point& free = hold_free_[op->hold_key];
-  const Clock::time_point start = std::max(Clock::now(), free);
-  free = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(op->hold_seconds));
-  held_.emplace_back(free, op);
+  const Clock::time_point start = std::max(op->join_comm != MPI_COMM_NULL ? last_join(*op, now) : now, free);
+  const Clock::time_point through =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(op->hold_seconds));
+  free = std::max(through, now);
+  held_.emplace_back(through, op);
+}
+
+Clock::time_point MpiProgress::last_join(const MpiOperation& op, Clock::time_point now) {
+  // join_seconds are on the wall clock, which every member reads alike; the hold is timed on the
+  // steady clock. No later than now: MPI completed the collective, so every member had joined.
+  const double ago = std::max(0.0, wall_clock_seconds() - op.join_seconds[1]);
+  return now - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ago));
 }
 
 void MpiProgress::emulated_links_advance() {
@@ -319,6 +333,13 @@ void MpiProgress::operation_start(const std::shared_ptr<MpiOperation>& op) {
   if (op->state->owner != nullptr) last_started_ = op->state;  // inquiries have no owner
   MpiPosting posting;
   try {
+    if (op->join_comm != MPI_COMM_NULL) {
+      op->join_seconds[0] = wall_clock_seconds();
+      MPI_Request request;
+      mpi_check(MPI_Iallreduce(&op->join_seconds[0], &op->join_seconds[1], 1, MPI_DOUBLE, MPI_MAX, op->join_comm, &request),
+                "MPI_Iallreduce");
+      posting.add(request);
+    }
     op->post(posting);
   } catch (const MpiFailure& failure) {
     op->state->error = failure.message;  // the handle is not done yet, so no caller reads it

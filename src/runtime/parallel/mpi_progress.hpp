@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -86,11 +87,17 @@ struct MpiOperation {
   std::function<void()> finish;           // on the progress thread once all requests completed
   int pending = 0;
   // Emulated links (link_pacing.hpp): a send is posted no earlier than `post_at`, when its last
-  // byte would arrive on the paced link; a collective completes `hold_seconds` after MPI completes
-  // it, and after the group's previous held collective (`hold_key`: the group's key).
+  // byte would arrive on the paced link. A collective takes `hold_seconds` from when its last
+  // member joined it (or the group's previous held collective was through; `hold_key`: the
+  // group's key), and longer only when MPI itself takes longer: the copies on this host stand for
+  // the link's transfer, they do not add to it. The members learn when the last one joined from
+  // a small all-reduce (max) of the wall-clock times they posted it at, on `join_comm` just
+  // before the collective; `join_seconds` holds this rank's time, then the latest.
   std::optional<std::chrono::steady_clock::time_point> post_at;
   double hold_seconds = 0;
   std::string hold_key;
+  MPI_Comm join_comm = MPI_COMM_NULL;
+  std::array<double, 2> join_seconds{};
 };
 
 class MpiProgress {
@@ -127,6 +134,8 @@ class MpiProgress {
   void complete(MpiOperation& op);  // marks it done; keeps its timing if it has one
   // MPI finished `op`: completes it now, or holds it for its emulated link.
   void requests_done(const std::shared_ptr<MpiOperation>& op);
+  // When the last member joined a held collective, on the steady clock (MpiOperation::join_seconds).
+  static std::chrono::steady_clock::time_point last_join(const MpiOperation& op, std::chrono::steady_clock::time_point now);
   void emulated_links_advance();  // posts deferred sends and completes held operations now due
   bool emulated_links_busy() const { return !deferred_.empty() || !held_.empty(); }
   std::chrono::steady_clock::time_point emulated_links_next() const;  // the earliest of those

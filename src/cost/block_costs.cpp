@@ -1,0 +1,57 @@
+// One block priced by the dense arithmetic on a stage shape (the dense part of an MoE block, or
+// an MoE model's leading dense block), and sums over a stage's blocks of the two kinds.
+#include <algorithm>
+
+#include "cost/cost_model.hpp"
+
+namespace alloy {
+
+double stage_blocks_sum(const StageChoice& c, double per_block, double per_dense_block) {
+  return (c.blocks - c.dense_blocks) * per_block + c.dense_blocks * per_dense_block;
+}
+
+void stage_choice_set_dense_blocks(StageChoice* c, int dense_blocks) {
+  c->dense_blocks = std::clamp(dense_blocks, 0, c->blocks);
+  c->dense_full = std::min(c->dense_blocks, c->full);
+  c->dense_selective = std::min(c->dense_blocks - c->dense_full, c->selective);
+}
+
+DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShape& shape, bool sp) const {
+  const Precision p = train_.precision;
+  const int64_t b = shape.micro_batch;
+  const int64_t s = train_.seq_len;
+  const int tp = shape.tp;
+  DenseBlockCosts out;
+  const LayerWork block = block_work(m, b, s, tp, sp, p);
+  out.compute = layer_times(shape, LayerKind::LayerKind_block, sp, block);
+  out.times = out.compute;
+  // Two tp collectives on the hidden state in forward, two in backward (all-reduce, or
+  // all-gather plus reduce-scatter under sequence parallelism: the same ring volume). Full
+  // recomputation stops before the MLP's output projection, so it redoes the attention's sum
+  // (and, under sequence parallelism, both norms' gathers) but not the MLP's.
+  double tp_collectives = 0, recompute_collectives = 0;
+  if (tp > 1) {
+    const double hidden = hidden_state_bytes(m, b, s, p);
+    const auto seconds = [&](CollectiveOp op) { return group_seconds(shape.device_type, op, hidden, shape.tp_group); };
+    const double gather = sp ? seconds(CollectiveOp::CollectiveOp_all_gather) : 0;
+    const double sum = seconds(sp ? CollectiveOp::CollectiveOp_reduce_scatter : CollectiveOp::CollectiveOp_all_reduce);
+    tp_collectives = 2.0 * (gather + sum);
+    recompute_collectives = 2.0 * gather + sum;
+  }
+  out.times.forward_seconds += tp_collectives;
+  out.times.backward_seconds += tp_collectives;
+  out.recompute_selective_seconds =
+      out.compute.forward_seconds * recompute_forward_share(block, Recompute::Recompute_selective);
+  out.recompute_full_seconds =
+      out.compute.forward_seconds * recompute_forward_share(block, Recompute::Recompute_full) + recompute_collectives;
+  out.parameters = static_cast<double>(block_parameters(m)) / tp;
+  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
+  for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
+    out.activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, runtime.attention_memory);
+  out.backward_workspace_bytes = runtime.backward_workspace == BackwardWorkspace::BackwardWorkspace_fused
+                                     ? block_backward_workspace_bytes(m, b, s, tp, p)
+                                     : cpu_block_backward_workspace_bytes(m, b, s, tp, sp, p);
+  return out;
+}
+
+}  // namespace alloy

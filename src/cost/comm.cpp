@@ -20,6 +20,13 @@ void flat_link(const GroupPlacement& g, double* bw, double* alpha) {
   *alpha = std::max(g.network.latency_seconds, g.intra_node.latency_seconds);
 }
 
+// Per-ring bandwidth of the hierarchical algorithm's step across nodes.
+double across_nodes_bytes_per_second(const GroupPlacement& g) {
+  double net_bw = g.network.bandwidth_bytes_per_second / std::max(1, g.concurrent_per_node);
+  if (g.shared_across_nodes_bytes_per_second > 0) net_bw = std::min(net_bw, g.shared_across_nodes_bytes_per_second);
+  return net_bw;
+}
+
 // Steps of `bytes / n` each: all-reduce 2(n-1), all-gather and reduce-scatter (n-1).
 double ring_seconds(CollectiveOp op, double bytes, int n, double bw, double alpha) {
   if (n <= 1) return 0;
@@ -78,10 +85,8 @@ double collective_seconds_with(CollectiveOp op, double bytes, const GroupPlaceme
     case CollectiveAlgorithm::CollectiveAlgorithm_tree: return tree_seconds(op, bytes, g.ranks, bw, alpha);
     case CollectiveAlgorithm::CollectiveAlgorithm_hierarchical: {
       const int per_node = std::max(1, g.ranks / std::max(1, g.nodes));
-      double net_bw = g.network.bandwidth_bytes_per_second / std::max(1, g.concurrent_per_node);
-      if (g.shared_across_nodes_bytes_per_second > 0) net_bw = std::min(net_bw, g.shared_across_nodes_bytes_per_second);
       return two_level_seconds(op, bytes, {per_node, g.intra_node.bandwidth_bytes_per_second, g.intra_node.latency_seconds},
-                               {g.nodes, net_bw, g.network.latency_seconds});
+                               {g.nodes, across_nodes_bytes_per_second(g), g.network.latency_seconds});
     }
     case CollectiveAlgorithm::CollectiveAlgorithm_domains:
       if (g.domains <= 1) return collective_seconds_with(op, bytes, g, CollectiveAlgorithm::CollectiveAlgorithm_ring);
@@ -89,6 +94,15 @@ double collective_seconds_with(CollectiveOp op, double bytes, const GroupPlaceme
                                {g.domains, g.across_bytes_per_second, g.across_latency_seconds});
   }
   return 0;
+}
+
+double collective_network_hop_bytes_per_second(const GroupPlacement& g, CollectiveAlgorithm a) {
+  if (a == CollectiveAlgorithm::CollectiveAlgorithm_hierarchical) return across_nodes_bytes_per_second(g);
+  if (a == CollectiveAlgorithm::CollectiveAlgorithm_domains && g.domains > 1) return g.across_bytes_per_second;
+  double bw = 0;
+  double alpha = 0;
+  flat_link(g, &bw, &alpha);
+  return bw;
 }
 
 double collective_seconds(CollectiveOp op, double bytes, const GroupPlacement& g, CollectiveAlgorithm* chosen) {

@@ -52,6 +52,10 @@ double collective_seconds(CollectiveOp op, double buffer_bytes, const GroupPlace
 double collective_seconds_with(CollectiveOp op, double buffer_bytes, const GroupPlacement& group,
                                CollectiveAlgorithm algorithm);
 
+// The rate of one hop of the step that crosses the network by `algorithm` (ring and tree: the
+// flat ring's; hierarchical: the ring across nodes; domains: the ring across domains), per ring.
+double collective_network_hop_bytes_per_second(const GroupPlacement& group, CollectiveAlgorithm algorithm);
+
 enum class P2pPath { P2pPath_intra_node, P2pPath_network, P2pPath_host_staged };
 const char* p2p_path_name(P2pPath path);
 

@@ -65,44 +65,59 @@ std::vector<std::vector<std::vector<int>>> network_split_rings(const ClusterSpec
   return out;
 }
 
-// Fills the two-level fields of `g`: inside each domain, then across them.
-void network_place_domains(const ClusterSpec& cluster, const std::vector<std::vector<int>>& rings, TopologyLevel level,
-                           const Link& intra, GroupPlacement* g) {
-  const auto split = network_split_rings(cluster, rings, level);
-  std::vector<std::vector<int>> inside, across;
-  size_t per_domain = 0;
-  for (const auto& parts : split) {
-    for (const auto& part : parts) {
-      inside.push_back(part);
-      per_domain = std::max(per_domain, part.size());
-    }
+// The rings of a two-level collective's step across domains of `level`: the j-th member in each
+// domain of every ring, at once.
+std::vector<std::vector<int>> network_across_rings(const ClusterSpec& cluster, const std::vector<std::vector<int>>& rings,
+                                                   TopologyLevel level) {
+  std::vector<std::vector<int>> across;
+  for (const auto& parts : network_split_rings(cluster, rings, level)) {
+    size_t per_domain = 0;
+    for (const auto& part : parts) per_domain = std::max(per_domain, part.size());
     for (size_t j = 0; j < per_domain; ++j) {
       across.emplace_back();
       for (const auto& part : parts)
         if (j < part.size()) across.back().push_back(part[j]);
     }
   }
+  return across;
+}
+
+// Fills the two-level fields of `g`: inside each domain, then across them.
+void network_place_domains(const ClusterSpec& cluster, const std::vector<std::vector<int>>& rings, TopologyLevel level,
+                           const Link& intra, GroupPlacement* g) {
+  const auto split = network_split_rings(cluster, rings, level);
+  std::vector<std::vector<int>> inside;
+  size_t per_domain = 0;
+  for (const auto& parts : split)
+    for (const auto& part : parts) {
+      inside.push_back(part);
+      per_domain = std::max(per_domain, part.size());
+    }
   g->domains = static_cast<int>(split.front().size());
   g->ranks_per_domain = static_cast<int>(per_domain);
   const int concurrent = g->concurrent_per_node;
   network_ring_rate(topology_rings(cluster, inside), intra, concurrent, &g->inside_bytes_per_second, &g->inside_latency_seconds);
-  network_ring_rate(topology_rings(cluster, across), intra, concurrent, &g->across_bytes_per_second, &g->across_latency_seconds);
+  network_ring_rate(topology_rings(cluster, network_across_rings(cluster, rings, level)), intra, concurrent,
+                    &g->across_bytes_per_second, &g->across_latency_seconds);
 }
 
 // The hierarchical step across nodes: the j-th member on each node of every ring, at once.
 double network_across_nodes_share(const ClusterSpec& cluster, const std::vector<std::vector<int>>& rings) {
-  std::vector<std::vector<int>> across;
-  for (const auto& parts : network_split_rings(cluster, rings, TopologyLevel::TopologyLevel_node)) {
-    size_t per_node = 0;
-    for (const auto& part : parts) per_node = std::max(per_node, part.size());
-    for (size_t j = 0; j < per_node; ++j) {
-      across.emplace_back();
-      for (const auto& part : parts)
-        if (j < part.size()) across.back().push_back(part[j]);
-    }
-  }
-  const double share = topology_rings(cluster, across).shared_bytes_per_second;
+  const double share =
+      topology_rings(cluster, network_across_rings(cluster, rings, TopologyLevel::TopologyLevel_node)).shared_bytes_per_second;
   return share == kUnlimitedBytesPerSecond ? 0 : share;
+}
+
+std::vector<int> network_dp_members(const std::vector<int>& stage_ids, int tp, int dp) {
+  std::vector<int> members;
+  for (int d = 0; d < dp; ++d) members.push_back(stage_ids[static_cast<size_t>(d) * tp]);
+  return members;
+}
+
+void network_append_ring_hops(const std::vector<std::vector<int>>& rings, std::vector<TopologyHop>* hops) {
+  for (const std::vector<int>& ring : rings)
+    if (ring.size() >= 2)
+      for (size_t i = 0; i < ring.size(); ++i) hops->push_back({ring[i], ring[(i + 1) % ring.size()]});
 }
 
 // What each node of one side of a boundary sends or receives at: the slowest NIC of its devices'
@@ -177,8 +192,7 @@ int network_busiest_node_count(const ClusterSpec& cluster, const std::vector<int
 GroupPlacement network_dp_group(const ClusterSpec& cluster, const std::vector<int>& stage_ids, int tp, int dp,
                                 const Link& intra) {
   GroupPlacement g;
-  std::vector<int> members;
-  for (int d = 0; d < dp; ++d) members.push_back(stage_ids[static_cast<size_t>(d) * tp]);
+  const std::vector<int> members = network_dp_members(stage_ids, tp, dp);
   g.ranks = dp;
   g.nodes = network_distinct_nodes(cluster, members);
   g.concurrent_per_node = network_busiest_node_count(cluster, stage_ids);
@@ -196,6 +210,41 @@ GroupPlacement network_dp_group(const ClusterSpec& cluster, const std::vector<in
   return g;
 }
 
+std::vector<TopologyHop> network_boundary_hops(const std::vector<int>& from, const std::vector<int>& to) {
+  std::vector<TopologyHop> hops;
+  const size_t lanes = std::max(from.size(), to.size());
+  for (size_t i = 0; i < lanes; ++i) hops.push_back({from[i % from.size()], to[i % to.size()]});
+  return hops;
+}
+
+std::vector<TopologyHop> network_dp_group_hops(const ClusterSpec& cluster, const std::vector<int>& stage_ids, int tp, int dp,
+                                               const GroupPlacement& group, CollectiveAlgorithm algorithm) {
+  const std::vector<std::vector<int>> rings = network_dp_rings(stage_ids, tp, dp);
+  std::vector<TopologyHop> hops;
+  if (algorithm == CollectiveAlgorithm::CollectiveAlgorithm_hierarchical) {
+    network_append_ring_hops(network_across_rings(cluster, rings, TopologyLevel::TopologyLevel_node), &hops);
+  } else if (algorithm == CollectiveAlgorithm::CollectiveAlgorithm_domains && group.domains > 1) {
+    const TopologyLevel level = network_domain_level(cluster, network_dp_members(stage_ids, tp, dp), topology_rings(cluster, rings));
+    network_append_ring_hops(network_across_rings(cluster, rings, level), &hops);
+  } else {
+    network_append_ring_hops(rings, &hops);
+  }
+  return hops;
+}
+
+std::vector<SharedLinkShare> network_shared_link_shares(const ClusterSpec& cluster, const TopologySharedLinks& shared,
+                                                        const std::vector<TopologyHop>& hops, double hop_bytes_per_second) {
+  std::vector<int> crossing(shared.links.size(), 0);
+  for (const TopologyHop& h : hops)
+    for (int id : topology_hop_shared_links(cluster, shared, h.from_device, h.to_device)) ++crossing[static_cast<size_t>(id)];
+  std::vector<SharedLinkShare> out;
+  for (size_t id = 0; id < crossing.size(); ++id)
+    if (crossing[id] > 0)
+      out.push_back({static_cast<int>(id),
+                     std::min(1.0, crossing[id] * hop_bytes_per_second / shared.links[id].bytes_per_second)});
+  return out;
+}
+
 BoundaryNetwork network_boundary(const ClusterSpec& cluster, const std::vector<int>& from, const std::vector<int>& to) {
   BoundaryNetwork out;
   out.network = cluster.network;
@@ -207,13 +256,11 @@ BoundaryNetwork network_boundary(const ClusterSpec& cluster, const std::vector<i
     return out;
   }
   // Lane i: the i-th device of the wider side to its partner on the other, all at once.
-  std::vector<TopologyHop> hops;
+  const std::vector<TopologyHop> hops = network_boundary_hops(from, to);
   std::vector<int> senders, receivers;
-  const size_t lanes = std::max(from.size(), to.size());
-  for (size_t i = 0; i < lanes; ++i) {
-    hops.push_back({from[i % from.size()], to[i % to.size()]});
-    senders.push_back(hops.back().from_device);
-    receivers.push_back(hops.back().to_device);
+  for (const TopologyHop& hop : hops) {
+    senders.push_back(hop.from_device);
+    receivers.push_back(hop.to_device);
   }
   const std::vector<HopLinks> lane_links = topology_hops(cluster, hops);
   const double from_nic = from_nodes * network_side_bytes_per_second(cluster, senders, lane_links);

@@ -8,6 +8,7 @@
 #include "cost/comm.hpp"
 #include "spec/cluster.hpp"
 #include "spec/model.hpp"
+#include "spec/topology.hpp"
 
 namespace alloy {
 
@@ -33,6 +34,21 @@ struct BoundaryNetwork {
   bool measured = false;   // `network` is a measured link between node groups
 };
 BoundaryNetwork network_boundary(const ClusterSpec& cluster, const std::vector<int>& from, const std::vector<int>& to);
+
+// A boundary's lanes, all at once: the i-th device of the wider side to its partner on the other.
+std::vector<TopologyHop> network_boundary_hops(const std::vector<int>& from, const std::vector<int>& to);
+
+// The hops that carry a stage's data-parallel collective across nodes by `algorithm`, all at once
+// (ring and tree: the dp rings of every tp rank; hierarchical: the rings across nodes; domains:
+// the rings across domains). `group`: network_dp_group of the same devices.
+std::vector<TopologyHop> network_dp_group_hops(const ClusterSpec& cluster, const std::vector<int>& stage_ids, int tp, int dp,
+                                               const GroupPlacement& group, CollectiveAlgorithm algorithm);
+
+// The part of each shared link's capacity that `hops` take, each moving `hop_bytes_per_second`
+// (what one operation asks of the links while it runs alone), at most 1 a link; links no hop
+// crosses are left out.
+std::vector<SharedLinkShare> network_shared_link_shares(const ClusterSpec& cluster, const TopologySharedLinks& shared,
+                                                        const std::vector<TopologyHop>& hops, double hop_bytes_per_second);
 
 // Seconds to sum the gradient of an embedding table tied between the pipeline's first and last
 // stage, as the runtime does before the optimizer step: over every replica of both stages, one ring

@@ -1,12 +1,14 @@
 // The timeline of a step, as the simulator predicts it and as the runtime measures it: per rank
 // (lane), the intervals of every operation on its streams and its memory over time. Both write
-// these records, so a simulated and a measured step open side by side in one trace viewer.
+// these records, so a simulated and a measured step open side by side in one trace viewer. The
+// simulator adds the rack uplinks and WAN ports its transfers crossed and how loaded they were.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "plan/schedule.hpp"
+#include "spec/topology.hpp"
 
 namespace alloy {
 
@@ -30,6 +32,17 @@ struct SimInterval {
   int chunk = 0;
   double start_seconds = 0;
   double end_seconds = 0;
+  // The shared links its transfer crossed: SimResult::link_uses[first_link_use, + num_link_uses).
+  int first_link_use = 0;
+  int num_link_uses = 0;
+};
+
+// A rack uplink or WAN port (one direction) over the simulated step.
+struct SimSharedLink {
+  std::string name;                 // "rack r1 uplink out", "wan east in"
+  double bytes_per_second = 0;
+  double busy_seconds = 0;          // something crossed it
+  double contended_seconds = 0;     // its transfers together asked for more than it carries
 };
 
 struct MemorySample {
@@ -68,9 +81,30 @@ struct SimResult {
   double step_seconds = 0;
   std::vector<SimLane> lanes;             // one per stage, pipeline order
   std::vector<SimInterval> intervals;
+  std::vector<SimSharedLink> shared_links;  // none on a cluster without racks and sites
+  std::vector<SharedLinkShare> link_uses;   // the intervals' shares of shared_links, by link id
   std::vector<CriticalStep> critical_path;  // from the first operation to the last, in time order
   std::vector<RankSchedule> schedules;    // what each lane ran
   int64_t simulated_ops = 0;
 };
+
+// The intervals whose transfers crossed shared link `link` (into SimResult::shared_links), in
+// rows where none overlaps another: in start order, each in the first row free by its start.
+std::vector<std::vector<int>> timeline_link_rows(const SimResult& result, int link);
+
+// The part of a shared link its transfers asked for together (above 1: they slowed each other).
+struct LinkLoadSample {
+  double seconds = 0;
+  double share = 0;
+};
+// A transfer's time on a link and the part of the link it asked for.
+struct LinkSpan {
+  double start_seconds = 0;
+  double end_seconds = 0;
+  double share = 0;
+};
+// The load after every change, in time order, from 0 (nothing) to the last transfer's end.
+std::vector<LinkLoadSample> timeline_load_of_spans(std::vector<LinkSpan> spans);
+std::vector<LinkLoadSample> timeline_link_load(const SimResult& result, int link);
 
 }  // namespace alloy

@@ -1,6 +1,7 @@
 // Chrome trace events from simulation intervals; metadata events name devices and streams.
 #include "plan/trace.hpp"
 
+#include <algorithm>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -39,6 +40,46 @@ std::string event_name(const SimInterval& iv) {
 
 nlohmann::json metadata(const char* name, int pid, int tid, nlohmann::json args) {
   return {{"name", name}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", std::move(args)}};
+}
+
+double interval_link_share(const SimResult& result, const SimInterval& iv, int link) {
+  for (int u = iv.first_link_use; u < iv.first_link_use + iv.num_link_uses; ++u)
+    if (result.link_uses[static_cast<size_t>(u)].link == link) return result.link_uses[static_cast<size_t>(u)].share;
+  return 0;
+}
+
+// One process for the rack uplinks and WAN ports: per link, a thread per row of the transfers
+// that crossed it (transfers at the same time on rows of their own) and a counter of the part
+// of the link they asked for together (above 1 they slowed each other).
+void append_shared_links(const SimResult& result, int pid, nlohmann::json* events) {
+  int tid = 0;
+  for (size_t l = 0; l < result.shared_links.size(); ++l) {
+    const int link = static_cast<int>(l);
+    const std::string& name = result.shared_links[l].name;
+    const std::vector<std::vector<int>> rows = timeline_link_rows(result, link);
+    for (size_t row = 0; row < rows.size(); ++row, ++tid) {
+      const std::string thread = row == 0 ? name : fmt::format("{} ({})", name, row + 1);
+      events->push_back(metadata("thread_name", pid, tid, {{"name", thread}}));
+      events->push_back(metadata("thread_sort_index", pid, tid, {{"sort_index", tid}}));
+      for (int index : rows[row]) {
+        const SimInterval& iv = result.intervals[static_cast<size_t>(index)];
+        const double dur = (iv.end_seconds - iv.start_seconds) * 1e6;
+        if (dur <= 0) continue;
+        const int stage = result.lanes[static_cast<size_t>(iv.lane)].stage;
+        nlohmann::json args = {{"stage", stage}, {"op", iv.op_index}, {"share", interval_link_share(result, iv, link)}};
+        events->push_back({{"name", fmt::format("stage {}: {}", stage, event_name(iv))}, {"cat", op_kind_name(iv.kind)},
+                           {"ph", "X"}, {"ts", iv.start_seconds * 1e6}, {"dur", dur}, {"pid", pid}, {"tid", tid},
+                           {"args", std::move(args)}});
+      }
+    }
+    if (rows.empty()) continue;
+    for (const LinkLoadSample& sample : timeline_link_load(result, link))
+      events->push_back({{"name", name + " load"}, {"ph", "C"}, {"ts", sample.seconds * 1e6}, {"pid", pid},
+                         {"args", {{"share of capacity", sample.share}}}});
+  }
+  if (tid == 0) return;
+  events->push_back(metadata("process_name", pid, 0, {{"name", "shared links (rack uplinks, WAN ports)"}}));
+  events->push_back(metadata("process_sort_index", pid, 0, {{"sort_index", pid}}));
 }
 
 }  // namespace
@@ -81,6 +122,10 @@ std::string trace_json(const SimResult& result, const Plan& plan, const TraceOpt
       for (int pid : pids[l])
         events.push_back({{"name", "memory"}, {"ph", "C"}, {"ts", m.seconds * 1e6}, {"pid", pid},
                           {"args", {{"GiB", m.bytes / (1024.0 * 1024.0 * 1024.0)}}}});
+  int next_pid = 0;
+  for (const std::vector<int>& lane_pids : pids)
+    for (int pid : lane_pids) next_pid = std::max(next_pid, pid + 1);
+  append_shared_links(result, next_pid, &events);
   nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
   return doc.dump();
 }

@@ -1,5 +1,7 @@
 // Chrome trace export of a simulated step: one process per rank, one thread per stream, a
-// complete event per operation and a memory counter; opens in Perfetto and chrome://tracing.
+// complete event per operation and a memory counter; on clusters with racks or sites, one more
+// process with the transfers on each rack uplink and WAN port and each one's load. Opens in
+// Perfetto and chrome://tracing.
 #pragma once
 
 #include <string>

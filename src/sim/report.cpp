@@ -1,4 +1,5 @@
-// HTML report rendering: tables as HTML, the timeline and the memory chart as inline SVG.
+// HTML report rendering: tables as HTML, the timeline (stages, then the shared links) and the
+// memory chart as inline SVG.
 #include "sim/report.hpp"
 
 #include <algorithm>
@@ -20,6 +21,9 @@ constexpr double kComputeRowPx = 20;
 constexpr double kCommRowPx = 10;
 constexpr double kLaneGapPx = 8;
 constexpr double kAxisPx = 24;
+constexpr double kLinkRowPx = 7;      // one row of a shared link's transfers
+constexpr double kLinkLoadPx = 4;     // the strip marking where the link is oversubscribed
+constexpr size_t kMaxLinkRows = 6;    // more overlapping transfers share the last row
 constexpr const char* kLanePalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
@@ -78,26 +82,74 @@ std::string summary(const Plan& plan, const SimResult& result) {
   return html;
 }
 
-std::string legend() {
+// `shared_links`: the timeline shows rack uplinks and WAN ports under the stages.
+std::string legend(bool shared_links) {
   std::string html = "<div class=\"legend\">";
   const OpKind kinds[] = {OpKind::OpKind_forward, OpKind::OpKind_backward, OpKind::OpKind_send_activation,
                           OpKind::OpKind_all_reduce, OpKind::OpKind_optimizer, OpKind::OpKind_prefetch};
   std::vector<ReportColor> colors;
   for (OpKind k : kinds) colors.push_back(report_color(k));
   colors.push_back(report_idle_color());
+  if (shared_links) colors.push_back(report_contended_color());
   for (const ReportColor& c : colors)
     html += fmt::format("<span><i style=\"background:{}\"></i>{}</span>", c.hex, c.name);
   return html + "</div>\n";
 }
 
+// The transfers `rows` (from timeline_link_rows) of one shared link, from `y`: one thin row each,
+// and under them a strip where they asked for more than the link carries.
+std::string link_rows_svg(const SimResult& result, int link, const std::vector<std::vector<int>>& rows, double y,
+                          double step) {
+  const SimSharedLink& l = result.shared_links[static_cast<size_t>(link)];
+  std::string svg = fmt::format("<text x=\"4\" y=\"{:.1f}\" font-size=\"11\">{}</text>", y + 9, html_escape(l.name));
+  for (size_t row = 0; row < rows.size(); ++row)
+    for (int index : rows[row]) {
+      const SimInterval& iv = result.intervals[static_cast<size_t>(index)];
+      if (iv.end_seconds <= iv.start_seconds) continue;
+      const double x = kChartLeftPx + iv.start_seconds / step * kChartWidthPx;
+      const double w = std::max(0.6, (iv.end_seconds - iv.start_seconds) / step * kChartWidthPx);
+      const double row_y = y + static_cast<double>(std::min(row, kMaxLinkRows - 1)) * kLinkRowPx;
+      svg += fmt::format(
+          "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\"><title>stage {} {}: {} to {}"
+          "</title></rect>",
+          x, row_y, w, kLinkRowPx - 1, report_color(iv.kind).hex, result.lanes[static_cast<size_t>(iv.lane)].stage,
+          op_kind_name(iv.kind), time_label(iv.start_seconds, step), time_label(iv.end_seconds, step));
+    }
+  const double strip_y = y + static_cast<double>(std::min(rows.size(), kMaxLinkRows)) * kLinkRowPx;
+  const std::vector<LinkLoadSample> load = timeline_link_load(result, link);
+  for (size_t i = 0; i + 1 < load.size(); ++i) {
+    if (load[i].share <= 1 + 1e-9) continue;
+    const double x = kChartLeftPx + load[i].seconds / step * kChartWidthPx;
+    const double w = std::max(0.6, (load[i + 1].seconds - load[i].seconds) / step * kChartWidthPx);
+    svg += fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\"><title>asked for {:.2f}x what {} "
+        "carries</title></rect>",
+        x, strip_y, w, kLinkLoadPx, report_contended_color().hex, load[i].share, html_escape(l.name));
+  }
+  return svg;
+}
+
+double link_rows_height(const std::vector<std::vector<int>>& rows) {
+  return static_cast<double>(std::min(rows.size(), kMaxLinkRows)) * kLinkRowPx + kLinkLoadPx + kLaneGapPx;
+}
+
 std::string gantt(const SimResult& result, const ReportOptions& options) {
   const int lanes = std::min(static_cast<int>(result.lanes.size()), options.max_gantt_lanes);
   const double lane_px = kComputeRowPx + kCommRowPx + kLaneGapPx;
-  const double height = lanes * lane_px + kAxisPx;
+  // Below the stages, each shared link that something crossed.
+  std::vector<std::pair<int, std::vector<std::vector<int>>>> links;
+  double links_px = 0;
+  for (size_t l = 0; l < result.shared_links.size(); ++l) {
+    std::vector<std::vector<int>> rows = timeline_link_rows(result, static_cast<int>(l));
+    if (rows.empty()) continue;
+    links_px += link_rows_height(rows);
+    links.emplace_back(static_cast<int>(l), std::move(rows));
+  }
+  const double height = lanes * lane_px + links_px + kAxisPx;
   const double step = result.step_seconds > 0 ? result.step_seconds : 1;
   std::string svg = fmt::format("<svg class=\"gantt\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\">",
                                 kChartLeftPx + kChartWidthPx + 10, height, kChartLeftPx + kChartWidthPx + 10, height);
-  svg += time_axis(step, lanes * lane_px, lanes * lane_px);
+  svg += time_axis(step, lanes * lane_px + links_px, lanes * lane_px + links_px);
   for (int l = 0; l < lanes; ++l) {
     const SimLane& lane = result.lanes[l];
     const double y = l * lane_px;
@@ -119,6 +171,11 @@ std::string gantt(const SimResult& result, const ReportOptions& options) {
         "{}</title></rect>",
         x, y, w, compute ? kComputeRowPx : kCommRowPx - 2, report_color(iv.kind).hex, op_kind_name(iv.kind), mb,
         iv.chunk, time_label(iv.start_seconds, step), time_label(iv.end_seconds, step));
+  }
+  double y = lanes * lane_px;
+  for (const auto& [link, rows] : links) {
+    svg += link_rows_svg(result, link, rows, y, step);
+    y += link_rows_height(rows);
   }
   svg += "</svg>\n";
   if (lanes < static_cast<int>(result.lanes.size()))
@@ -247,6 +304,7 @@ ReportColor report_color(OpKind kind) {
 }
 
 ReportColor report_idle_color() { return {"idle", "#e4e4e4"}; }
+ReportColor report_contended_color() { return {"shared link oversubscribed", "#e0245e"}; }
 
 std::string report_html(const Plan& plan, const SimResult& result, const ReportOptions& options) {
   const std::string title =
@@ -260,7 +318,7 @@ std::string report_html(const Plan& plan, const SimResult& result, const ReportO
       "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#f4f4f4}</style>\n</head><body>\n";
   html += "<h1>" + html_escape(title) + "</h1>\n";
   html += summary(plan, result);
-  html += "<h2>Timeline of one step</h2>\n" + legend() + gantt(result, options);
+  html += "<h2>Timeline of one step</h2>\n" + legend(!result.shared_links.empty()) + gantt(result, options);
   html += "<h2>Plan</h2>\n" + plan_table(plan, result);
   html += "<h2>Memory per device over the step</h2>\n" + memory_chart(plan, result);
   html += "<h2>Critical path</h2>\n" + critical_path(result);

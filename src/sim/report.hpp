@@ -1,5 +1,6 @@
 // The HTML report of a plan: one self-contained page with the plan table, a Gantt timeline of
-// the simulated step (inline SVG, coloured by operation kind), memory over time and runner-ups.
+// the simulated step (inline SVG, coloured by operation kind, with the transfers on each rack
+// uplink and WAN port under the stages), memory over time and runner-ups.
 #pragma once
 
 #include <string>
@@ -16,6 +17,8 @@ struct ReportColor {
 };
 ReportColor report_color(OpKind kind);
 ReportColor report_idle_color();
+// Under a rack uplink's or WAN port's transfers: where together they asked for more than it carries.
+ReportColor report_contended_color();
 
 struct ReportOptions {
   std::string title;      // default: "<model> on <cluster>"

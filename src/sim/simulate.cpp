@@ -14,10 +14,10 @@
 #include "cost/cost_model.hpp"
 #include "cost/network_paths.hpp"
 #include "search/planner.hpp"
+#include "sim/shared_links.hpp"
 #include "spec/error.hpp"
 #include "spec/topology.hpp"
 #include "spec/units.hpp"
-#include "util/table.hpp"
 
 namespace alloy {
 
@@ -51,7 +51,8 @@ struct Task {
   SimStream stream = SimStream::SimStream_compute;
   double duration_seconds = 0;   // compute: fixed; transfers: alone on their links
   double remaining_seconds = 0;  // transfers: work left at full rate
-  std::vector<int> resources;    // global resource ids
+  std::vector<int> resources;    // global resource ids, each taken whole
+  std::vector<SharedLinkShare> links;  // rack uplinks and WAN ports crossed, and the part of each taken
   int unmet = 0;
   std::vector<int> dependents;
   int critical_pred = -1;
@@ -59,6 +60,40 @@ struct Task {
   double end = -1;
   double alloc_bytes = 0;        // allocated when the task starts
   std::vector<std::pair<int, double>> frees;  // (task whose end frees it, bytes)
+};
+
+// What the running transfers ask of each link: a lane's links count whole transfers, a shared
+// link the sum of its transfers' shares. A transfer runs at 1 / the most oversubscribed of them.
+class LinkLoads {
+ public:
+  LinkLoads(size_t lane_links, size_t shared_links)
+      : load_(lane_links + shared_links, 0.0), shared_users_(shared_links, 0), first_shared_(lane_links) {}
+
+  void add(const Task& t) {
+    for (int r : t.resources) load_[static_cast<size_t>(r)] += 1;
+    for (const SharedLinkShare& l : t.links) {
+      load_[first_shared_ + static_cast<size_t>(l.link)] += l.share;
+      ++shared_users_[static_cast<size_t>(l.link)];
+    }
+  }
+  void remove(const Task& t) {
+    for (int r : t.resources) load_[static_cast<size_t>(r)] -= 1;
+    for (const SharedLinkShare& l : t.links) {
+      double& load = load_[first_shared_ + static_cast<size_t>(l.link)];
+      load = --shared_users_[static_cast<size_t>(l.link)] == 0 ? 0 : load - l.share;  // no rounding left behind
+    }
+  }
+  double slowdown(const Task& t) const {
+    double worst = 1;
+    for (int r : t.resources) worst = std::max(worst, load_[static_cast<size_t>(r)]);
+    for (const SharedLinkShare& l : t.links) worst = std::max(worst, load_[first_shared_ + static_cast<size_t>(l.link)]);
+    return worst;
+  }
+
+ private:
+  std::vector<double> load_;
+  std::vector<int> shared_users_;
+  size_t first_shared_;
 };
 
 double memory_term(const PlanStage& st, const char* name) {
@@ -78,15 +113,16 @@ struct SimBlockCosts {
 class Simulator {
  public:
   Simulator(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options)
-      : plan_(plan), model_(model), cluster_(cluster), options_(options) {}
+      : plan_(plan), model_(model), cluster_(cluster), options_(options), link_demands_(plan, cluster) {}
 
   SimResult run();
 
  private:
   void build_lane(int lane);
   void link_lane(int lane);
-  double transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const;
-  double collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const;
+  double transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources, std::vector<SharedLinkShare>* links);
+  double collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources,
+                                  std::vector<SharedLinkShare>* links);
   // The sum of a table tied between the first and last stage, before their optimizer step.
   double tied_table_seconds(int lane) const {
     if (lane != 0 && lane + 1 != static_cast<int>(plan_.stages.size())) return 0;
@@ -105,6 +141,7 @@ class Simulator {
   const ModelSpec& model_;
   const ClusterSpec& cluster_;
   const SimOptions& options_;
+  SimLinkDemands link_demands_;
   std::vector<RankInfo> rank_map_;
   std::vector<RankSchedule> lanes_;
   std::vector<int> lane_first_task_;
@@ -140,7 +177,8 @@ std::vector<SimBlockCosts> sim_block_costs(const Plan& plan, const ModelSpec& mo
   return out;
 }
 
-double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const {
+double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources,
+                                   std::vector<SharedLinkShare>* links) {
   const PlanStage& from = plan_.stages[lane];
   const RankInfo& peer = rank_map_.at(op.peer);
   const Device& a = cluster_.devices[lanes_[lane].device_id];
@@ -174,11 +212,13 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
     link.host_link_from_bytes_per_second = cluster_.node_group(a).host_link_bytes_per_second;
     link.host_link_to_bytes_per_second = cluster_.node_group(b).host_link_bytes_per_second;
     resources->assign({lane * kNumResources + kNetTx, peer_lane * kNumResources + kNetRx});
+    *links = link_demands_.boundary(lane, peer_lane, link.aggregate_network_bytes_per_second);
   }
   return boundary_seconds(static_cast<double>(op.bytes), link);
 }
 
-double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources) const {
+double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources,
+                                           std::vector<SharedLinkShare>* links) {
   const PlanStage& st = plan_.stages[lane];
   const GroupPlacement g = network_dp_group(cluster_, st.device_ids, st.tp, st.dp,
                                             cluster_.node_group(cluster_.devices[lanes_[lane].device_id]).intra_node);
@@ -190,11 +230,18 @@ double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::
   const ProfiledCollective* measured = options_.profile && !g.crosses_measured_link
                                            ? options_.profile->find_collective(st.device_type, cop, g.ranks, network)
                                            : nullptr;
-  if (measured) return measured->seconds(static_cast<double>(op.bytes));
-  if (runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)])
-          .collectives_flat_ring_only)
-    return collective_seconds_with(cop, static_cast<double>(op.bytes), g, CollectiveAlgorithm::CollectiveAlgorithm_ring);
-  return collective_seconds(cop, static_cast<double>(op.bytes), g);
+  // A measured collective or a runtime that rings only: the shared links the flat rings cross.
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::CollectiveAlgorithm_ring;
+  double seconds = 0;
+  if (measured)
+    seconds = measured->seconds(static_cast<double>(op.bytes));
+  else if (runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)])
+               .collectives_flat_ring_only)
+    seconds = collective_seconds_with(cop, static_cast<double>(op.bytes), g, algorithm);
+  else
+    seconds = collective_seconds(cop, static_cast<double>(op.bytes), g, &algorithm);
+  if (network && seconds > 0) *links = link_demands_.collective(lane, g, algorithm);
+  return seconds;
 }
 
 void Simulator::build_lane(int lane) {
@@ -279,7 +326,7 @@ void Simulator::build_lane(int lane) {
       case OpKind::OpKind_send_activation:
       case OpKind::OpKind_send_gradient:
         t.stream = SimStream::SimStream_send;
-        t.duration_seconds = transfer_seconds(lane, op, &t.resources);
+        t.duration_seconds = transfer_seconds(lane, op, &t.resources, &t.links);
         add_dep(id, last_compute);
         add_dep(id, last_recv);
         sends_by_tag_[{lane, op.tag, static_cast<int>(op.kind)}].push_back(id);
@@ -294,7 +341,7 @@ void Simulator::build_lane(int lane) {
       case OpKind::OpKind_reduce_scatter:
       case OpKind::OpKind_all_gather:
         t.stream = SimStream::SimStream_collective;
-        t.duration_seconds = collective_alone_seconds(lane, op, &t.resources);
+        t.duration_seconds = collective_alone_seconds(lane, op, &t.resources, &t.links);
         add_dep(id, last_collective);
         add_dep(id, last_recv);
         if (op.kind != OpKind::OpKind_all_gather || op.micro_batch < 0) add_dep(id, last_compute);
@@ -363,7 +410,7 @@ void Simulator::replay() {
   using Event = std::pair<double, int>;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> ends;
   std::vector<int> active;
-  std::vector<int> load(lanes_.size() * kNumResources, 0);
+  LinkLoads loads(lanes_.size() * kNumResources, link_demands_.links().size());
   std::vector<int> ready;
   for (size_t i = 0; i < tasks_.size(); ++i)
     if (tasks_[i].unmet == 0) ready.push_back(static_cast<int>(i));
@@ -388,31 +435,23 @@ void Simulator::replay() {
         ends.push({now + t.duration_seconds, id});
       } else {
         active.push_back(id);
-        for (int r : t.resources) ++load[r];
+        loads.add(t);
       }
     }
     double next = ends.empty() ? INFINITY : ends.top().first;
-    for (int id : active) {
-      int worst = 1;
-      for (int r : tasks_[id].resources) worst = std::max(worst, load[r]);
-      next = std::min(next, now + tasks_[id].remaining_seconds * worst);
-    }
+    for (int id : active) next = std::min(next, now + tasks_[id].remaining_seconds * loads.slowdown(tasks_[id]));
     if (!std::isfinite(next))
       throw Error("the schedule stalls: operations wait for each other", {"", "schedule"},
                   "run schedule_check on the full schedule to find the rank and operation");
     const double dt = next - now;
-    for (int id : active) {
-      int worst = 1;
-      for (int r : tasks_[id].resources) worst = std::max(worst, load[r]);
-      tasks_[id].remaining_seconds -= dt / worst;
-    }
+    for (int id : active) tasks_[id].remaining_seconds -= dt / loads.slowdown(tasks_[id]);
     now = next;
     const double eps = 1e-12 * std::max(1.0, now);
     std::vector<int> finished;
     for (size_t k = 0; k < active.size();) {
       if (tasks_[active[k]].remaining_seconds <= eps) {
         finished.push_back(active[k]);
-        for (int r : tasks_[active[k]].resources) --load[r];
+        loads.remove(tasks_[active[k]]);
         active[k] = active.back();
         active.pop_back();
       } else {
@@ -484,11 +523,17 @@ void Simulator::finish(SimResult* out) {
     out->critical_path.push_back({t.lane, t.op_index, t.kind, lanes_[t.lane].ops[t.op_index].micro_batch, t.start, t.end});
   }
   std::reverse(out->critical_path.begin(), out->critical_path.end());
+  std::vector<std::vector<LinkSpan>> spans(link_demands_.links().size());
+  for (const Task& t : tasks_)
+    for (const SharedLinkShare& l : t.links) spans[static_cast<size_t>(l.link)].push_back({t.start, t.end, l.share});
+  out->shared_links = sim_shared_link_usage(link_demands_.links(), spans);
   if (options_.record_intervals) {
     out->intervals.reserve(tasks_.size());
     for (const Task& t : tasks_) {
       const ScheduleOp& op = lanes_[t.lane].ops[t.op_index];
-      SimInterval iv{t.lane, t.stream, t.kind, t.op_index, op.micro_batch, op.chunk, t.start, t.end};
+      SimInterval iv{t.lane, t.stream, t.kind, t.op_index, op.micro_batch, op.chunk, t.start, t.end,
+                     static_cast<int>(out->link_uses.size()), static_cast<int>(t.links.size())};
+      out->link_uses.insert(out->link_uses.end(), t.links.begin(), t.links.end());
       // A receive shows when its data was in flight: from its send's start to arrival.
       if (t.stream == SimStream::SimStream_recv && t.critical_pred >= 0) iv.start_seconds = tasks_[t.critical_pred].start;
       out->intervals.push_back(iv);
@@ -549,20 +594,6 @@ void sim_check_memory(const SimResult& result, const Plan& plan) {
                   {"", fmt::format("stages[{}].memory", lane.stage)},
                   "use more recomputation, ZeRO, offload or fewer micro-batches in flight; or re-run `alloy plan`");
   }
-}
-
-std::string sim_render_text(const SimResult& result, const Plan& plan) {
-  std::string out = fmt::format("simulated step: {:.4f} s (cost model: {:.4f} s, {:+.1f}%)\n", result.step_seconds,
-                                plan.step_seconds,
-                                plan.step_seconds > 0 ? 100.0 * (result.step_seconds / plan.step_seconds - 1) : 0.0);
-  TextTable table({"stage", "rank", "device", "ranks>", "busy s>", "bubble>", "comm s>", "peak memory>", "at s>"});
-  for (const SimLane& l : result.lanes)
-    table.add_row({std::to_string(l.stage), std::to_string(l.rank), l.device_type, std::to_string(l.represented_ranks),
-                   fmt::format("{:.4f}", l.busy_seconds), fmt::format("{:.1f}%", 100 * l.bubble_fraction),
-                   fmt::format("{:.4f}", l.communication_seconds), units_format_bytes(l.peak_memory_bytes),
-                   fmt::format("{:.4f}", l.peak_memory_seconds)});
-  out += table.render();
-  return out;
 }
 
 }  // namespace alloy

@@ -33,7 +33,8 @@ SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& 
 // its device's capacity, e.g. for a hand-edited plan; plans without capacities pass.
 void sim_check_memory(const SimResult& result, const Plan& plan);
 
-// Aligned table for people: per stage busy, bubble, communication and peak memory.
+// Aligned tables for people: per stage busy, bubble, communication and peak memory; per shared
+// link (rack uplink, WAN port) its busy and contended time.
 std::string sim_render_text(const SimResult& result, const Plan& plan);
 
 }  // namespace alloy

@@ -244,6 +244,41 @@ RingLinks topology_rings(const ClusterSpec& cluster, const std::vector<std::vect
   return out;
 }
 
+TopologySharedLinks topology_shared_links(const ClusterSpec& cluster) {
+  TopologySharedLinks out;
+  auto add = [&](const std::string& name, double bytes_per_second) {
+    out.links.push_back({name + " out", bytes_per_second});
+    out.links.push_back({name + " in", bytes_per_second});
+    const int out_id = static_cast<int>(out.links.size()) - 2;
+    return std::array<int, 2>{out_id, out_id + 1};
+  };
+  for (size_t k = 0; k < cluster.racks.size(); ++k) {
+    const double uplink = topology_rack_uplink_bytes_per_second(cluster, static_cast<int>(k));
+    out.rack_links.push_back(uplink == kUnlimitedBytesPerSecond ? std::array<int, 2>{-1, -1}
+                                                                 : add("rack " + cluster.racks[k].name + " uplink", uplink));
+  }
+  if (cluster.sites.size() >= 2)
+    for (const Site& site : cluster.sites) out.site_links.push_back(add("wan " + site.name, cluster.wan.bandwidth_bytes_per_second));
+  return out;
+}
+
+std::vector<int> topology_hop_shared_links(const ClusterSpec& cluster, const TopologySharedLinks& shared, int from_device,
+                                           int to_device) {
+  std::vector<int> ids;
+  const TopologyLevel level = topology_level_between(cluster, from_device, to_device);
+  const NodeGroup& ga = cluster.node_group(cluster.devices[from_device]);
+  const NodeGroup& gb = cluster.node_group(cluster.devices[to_device]);
+  if (level >= TopologyLevel::TopologyLevel_rack && ga.rack >= 0 && gb.rack >= 0) {
+    if (shared.rack_links[ga.rack][0] >= 0) ids.push_back(shared.rack_links[ga.rack][0]);
+    if (shared.rack_links[gb.rack][1] >= 0) ids.push_back(shared.rack_links[gb.rack][1]);
+  }
+  if (level == TopologyLevel::TopologyLevel_site && !shared.site_links.empty()) {
+    ids.push_back(shared.site_links[ga.site][0]);
+    ids.push_back(shared.site_links[gb.site][1]);
+  }
+  return ids;
+}
+
 int topology_domain(const ClusterSpec& cluster, int device, TopologyLevel level) {
   const Device& d = cluster.devices[device];
   switch (level) {

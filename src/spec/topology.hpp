@@ -3,6 +3,7 @@
 // cluster spec alone which links a transfer or a ring crosses; the cost model prices them.
 #pragma once
 
+#include <array>
 #include <limits>
 #include <string>
 #include <vector>
@@ -77,6 +78,35 @@ struct RingLinks {
   int rings_on_shared = 0;       // hops crossing that shared link in one direction at once
 };
 RingLinks topology_rings(const ClusterSpec& cluster, const std::vector<std::vector<int>>& rings);
+
+// A link that transfers of different stages divide when they overlap: one direction of a rack's
+// uplink or of a site's WAN port.
+struct SharedLink {
+  std::string name;  // for people: "rack r1 uplink out", "wan east in"
+  double bytes_per_second = 0;
+};
+
+// The part of a shared link's capacity one operation takes (index into TopologySharedLinks::links).
+struct SharedLinkShare {
+  int link = 0;
+  double share = 0;
+};
+
+// Every rack uplink that limits (given, or set by oversubscription) and, between two sites or
+// more, every site's WAN port, each out of and into its rack or site. Empty on a cluster without
+// racks and sites.
+struct TopologySharedLinks {
+  std::vector<SharedLink> links;
+  std::vector<std::array<int, 2>> rack_links;  // per rack: ids of its uplink out and in; -1: not limiting
+  std::vector<std::array<int, 2>> site_links;  // per site: ids of its WAN port out and in
+};
+TopologySharedLinks topology_shared_links(const ClusterSpec& cluster);
+
+// Ids of the shared links a transfer from one device to another crosses: the uplinks out of its
+// rack and into the other's, the WAN ports out of its site and into the other's (the links
+// topology_hops divides).
+std::vector<int> topology_hop_shared_links(const ClusterSpec& cluster, const TopologySharedLinks& shared, int from_device,
+                                           int to_device);
 
 // Which domain of the level just below `level` a device sits in: its site for
 // TopologyLevel_site, its rack for TopologyLevel_rack, its node group for TopologyLevel_network

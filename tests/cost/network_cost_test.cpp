@@ -4,6 +4,7 @@
 
 #include "../support/specs.hpp"
 #include "cost/cost_model.hpp"
+#include "cost/network_paths.hpp"
 #include "spec/topology.hpp"
 
 namespace alloy {
@@ -60,6 +61,32 @@ TEST(NetworkCost, RingsOfAllTensorRanksShareTheUplink) {
   EXPECT_DOUBLE_EQ(g.shared_bytes_per_second, 0.5e9);
   EXPECT_DOUBLE_EQ(collective_seconds(CollectiveOp::CollectiveOp_all_reduce, 1e9, g),
                    2 * (kNetLatency + 0.5e9 / 0.5e9));
+}
+
+// What the simulator divides between stages: the part of each uplink an operation takes alone.
+TEST(NetworkCost, AnOperationLimitedByAnUplinkTakesAllOfIt) {
+  const ClusterSpec c = net_two_racks(2);
+  const TopologySharedLinks shared = topology_shared_links(c);
+  ASSERT_EQ(shared.links.size(), 4u);  // r1 and r2, out and in
+  CostModel cost(testing::llama2_7b(), c, testing::train(2048, 8));
+  // tp 2 x dp 2 across the racks: two rings each way share each 1 GB/s uplink, 0.5 GB/s a hop.
+  const std::vector<int> ids = {0, 1, 4, 5};
+  const GroupPlacement g = cost.stage_shape(ids, 2, 2, 1).dp_group;
+  const CollectiveAlgorithm ring = CollectiveAlgorithm::CollectiveAlgorithm_ring;
+  const double hop = collective_network_hop_bytes_per_second(g, ring);
+  EXPECT_DOUBLE_EQ(hop, 0.5e9);
+  const std::vector<SharedLinkShare> shares =
+      network_shared_link_shares(c, shared, network_dp_group_hops(c, ids, 2, 2, g, ring), hop);
+  ASSERT_EQ(shares.size(), 4u);
+  for (const SharedLinkShare& s : shares) EXPECT_DOUBLE_EQ(s.share, 1.0) << shared.links[s.link].name;
+  // A boundary of one lane from r1 to r2 at 0.25 GB/s takes a quarter of r1's out and r2's in.
+  const std::vector<SharedLinkShare> send = network_shared_link_shares(c, shared, network_boundary_hops({0}, {4}), 0.25e9);
+  ASSERT_EQ(send.size(), 2u);
+  EXPECT_EQ(shared.links[send[0].link].name, "rack r1 uplink out");
+  EXPECT_EQ(shared.links[send[1].link].name, "rack r2 uplink in");
+  EXPECT_DOUBLE_EQ(send[0].share, 0.25);
+  // Inside a rack nothing is shared.
+  EXPECT_TRUE(network_shared_link_shares(c, shared, network_boundary_hops({0, 1}, {2, 3}), 10e9).empty());
 }
 
 TEST(NetworkCost, SlowNicOfOneGroupLimitsTheRing) {

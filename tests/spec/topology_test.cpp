@@ -124,6 +124,29 @@ TEST(Topology, MeasuredLinkReplacesThePathsFiguresEachWayAsMeasured) {
   EXPECT_FALSE(topology_is_flat(c));
 }
 
+TEST(Topology, SharedLinksAreTheLimitingUplinksAndTheWanPortsEachWay) {
+  const ClusterSpec c = tiered_load(kTieredCluster);
+  const TopologySharedLinks shared = topology_shared_links(c);
+  std::vector<std::string> names;
+  for (const SharedLink& l : shared.links) names.push_back(l.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"rack r1 uplink out", "rack r1 uplink in", "rack r2 uplink out",
+                                             "rack r2 uplink in", "wan east out", "wan east in", "wan west out",
+                                             "wan west in"}));
+  EXPECT_DOUBLE_EQ(shared.links[0].bytes_per_second, 10e9);  // r1: 2 x 10 GB/s at 2:1
+  EXPECT_DOUBLE_EQ(shared.links[2].bytes_per_second, 2e9);   // r2: as given
+  EXPECT_DOUBLE_EQ(shared.links[4].bytes_per_second, 1e9);   // the WAN, per site
+  // fast (r1, east) -> slow (r2, west): out of r1 and east, into r2 and west; inside r1: none.
+  EXPECT_EQ(topology_hop_shared_links(c, shared, 0, 2), (std::vector<int>{0, 3, 4, 7}));
+  EXPECT_EQ(topology_hop_shared_links(c, shared, 2, 0), (std::vector<int>{2, 1, 6, 5}));
+  EXPECT_TRUE(topology_hop_shared_links(c, shared, 0, 1).empty());
+  // A rack that is not oversubscribed limits nothing.
+  const ClusterSpec open = tiered_load(tiered_replace(kTieredCluster, "oversubscription: 2, ", ""));
+  const TopologySharedLinks open_shared = topology_shared_links(open);
+  EXPECT_EQ(open_shared.links.size(), 6u);
+  EXPECT_EQ(open_shared.rack_links[0], (std::array<int, 2>{-1, -1}));
+  EXPECT_EQ(topology_hop_shared_links(open, open_shared, 0, 2), (std::vector<int>{1, 2, 5}));
+}
+
 TEST(Topology, CheckPrintsTheTreeWithEachLevelsBottleneck) {
   const std::string tree = topology_describe(tiered_load(kTieredCluster));
   EXPECT_NE(tree.find("site east"), std::string::npos) << tree;

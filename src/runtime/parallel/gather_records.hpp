@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/parallel/communicator.hpp"
@@ -13,6 +14,7 @@ inline constexpr int kGatherRecordsTag = 7;  // the step's transfers are all don
 
 template <typename T>
 std::vector<T> gather_records_on_root(Communicator& comm, const std::vector<T>& mine, int source) {
+  static_assert(std::is_trivially_copyable_v<T>, "records travel as bytes");
   std::vector<T> records;
   if (comm.rank() == source) records = mine;
   int64_t count = static_cast<int64_t>(mine.size());

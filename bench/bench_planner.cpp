@@ -41,6 +41,30 @@ DeviceType catalog_type(const std::string& name) {
   return *t;
 }
 
+// The four-type case's 4096 GPUs and 400 Gb/s NIC per node, wired as two sites would be: each
+// type's 128 nodes behind one spine (a pod; a "rack" in the cluster file), the H100 pod
+// non-blocking and the older A100, MI250X and V100 pods 2:1, 4:1 and 8:1 oversubscribed, as
+// leaf-spine fabrics grown on a budget are; H100 and A100 at one site, MI250X and V100 at
+// another, joined by a 100 Gb/s WAN with 10 ms latency (two regions about 1000 km apart).
+constexpr const char* kTieredCluster = R"(
+name: four-type-4096-two-sites
+network: {kind: infiniband, bandwidth: 400Gb/s, latency: 5us}
+sites:
+  - {name: east}
+  - {name: west}
+wan: {kind: ethernet, bandwidth: 100Gb/s, latency: 10ms}
+racks:
+  - {name: h100-pod, site: east, latency: 1us}
+  - {name: a100-pod, site: east, oversubscription: 2, latency: 1us}
+  - {name: mi250x-pod, site: west, oversubscription: 4, latency: 1us}
+  - {name: v100-pod, site: west, oversubscription: 8, latency: 1us}
+nodes:
+  - {name: h100-nodes, count: 128, device: h100-sxm, devices_per_node: 8, host_memory: 1TiB, rack: h100-pod}
+  - {name: a100-nodes, count: 128, device: a100-80gb-sxm, devices_per_node: 8, host_memory: 1TiB, rack: a100-pod}
+  - {name: mi250x-nodes, count: 128, device: mi250x, devices_per_node: 8, host_memory: 1TiB, rack: mi250x-pod}
+  - {name: v100-nodes, count: 128, device: v100-32gb, devices_per_node: 8, host_memory: 1TiB, rack: v100-pod}
+)";
+
 std::vector<Case> speed_cases() {
   using testing::train;
   std::vector<Case> cases;
@@ -60,6 +84,9 @@ std::vector<Case> speed_cases() {
                                     {catalog_type("h100-sxm"), catalog_type("a100-80gb-sxm"), catalog_type("mi250x"),
                                      catalog_type("v100-32gb")},
                                     {{0, 128, 8}, {1, 128, 8}, {2, 128, 8}, {3, 128, 8}}, 50e9),
+                   train(4096, 2048), 5.0});
+  cases.push_back({"80-layer model, 4096 gpus, racks+2 sites", eighty,
+                   cluster_load_text(kTieredCluster, "four-type-4096-two-sites.yaml", "", catalog_builtin()),
                    train(4096, 2048), 5.0});
   return cases;
 }

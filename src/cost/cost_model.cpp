@@ -177,17 +177,24 @@ LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool 
   return {compute_seconds(type, train_.precision, work, false), compute_seconds(type, train_.precision, work, true)};
 }
 
-double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const {
-  if (group.ranks <= 1 || bytes <= 0) return 0;
+bool CostModel::profile_collectives_price(const GroupPlacement& group) const {
   // Over links measured between node groups the links price the group: a profile's collectives
   // were timed on a path it does not name.
-  if (profile_ && !profile_->device_types.empty() && !group.crosses_measured_link) {
+  return profile_ && !profile_->device_types.empty() && !group.crosses_measured_link;
+}
+
+double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group,
+                                bool note_fallback) const {
+  if (group.ranks <= 1 || bytes <= 0) return 0;
+  if (profile_collectives_price(group)) {
     const std::string& name = cluster_.device_types[device_type].name;
     const ProfiledCollective* measured = profile_->find_collective(name, op, group.ranks, group.nodes > 1);
     if (measured) return measured->seconds(bytes);
-    std::lock_guard<std::mutex> lock(notes_mutex_);
-    notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
-                              collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));
+    if (note_fallback) {
+      std::lock_guard<std::mutex> lock(notes_mutex_);
+      notes_.insert(fmt::format("{} {} over {} ranks {}: not in profile, analytic model used", name,
+                                collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));
+    }
   }
   if (runtime_traits(cluster_.device_types[device_type]).collectives_flat_ring_only)
     return collective_seconds_with(op, bytes, group, CollectiveAlgorithm::CollectiveAlgorithm_ring);

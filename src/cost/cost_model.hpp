@@ -163,6 +163,24 @@ struct StageBuckets {
   double largest_bytes = 0;
 };
 
+// What a stage's gradient reduction over its dp group takes at least, before any of it hides
+// behind the backward, whatever its ZeRO stage and gradient strategy: for n blocks (1 <= n <= the
+// model's), at least max(one_block_seconds, fixed_seconds + n per_block_seconds).
+struct GradientReduceBound {
+  double one_block_seconds = 0;
+  double fixed_seconds = 0;
+  double per_block_seconds = 0;  // >= 0
+};
+
+// The exposed gradient sync per step of a stage of n blocks (1 <= n <= the model's), whatever its
+// ZeRO stage, gradient strategy, recomputation and offload: at least
+// max(floor_seconds, fixed_seconds + n per_block_seconds).
+struct GradientSyncBound {
+  double floor_seconds = 0;
+  double fixed_seconds = 0;      // may be negative
+  double per_block_seconds = 0;  // >= 0
+};
+
 // Memory of one device of a stage, every term named.
 struct MemoryBreakdown {
   double parameters_bytes = 0;
@@ -219,6 +237,13 @@ class CostModel {
   // What a gradient element takes on the wire in a stage's reductions at ZeRO stage `zero`: as
   // accumulated, or bf16 in ZeRO 2-3 reduce-scatters under gradient_communication: bf16.
   double gradient_wire_bytes(int zero) const;
+  // Lower bounds for a search to prune by (dense models; zero for Mixture-of-Experts ones and
+  // dp 1): the gradient reduction of a stage on `shape`, and from it the exposed sync of a stage
+  // whose unit costs are `unit` and that holds the embedding and head where flagged (true is
+  // valid for a stage without them, only looser).
+  GradientReduceBound stage_gradient_reduce_bound(const StageShape& shape) const;
+  GradientSyncBound stage_gradient_sync_bound(const GradientReduceBound& reduce, const StageUnitCosts& unit,
+                                              bool embedding, bool head) const;
   // The buckets of the stage's backward, per device, in accumulated gradient bytes.
   StageBuckets stage_gradient_buckets(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   // Host copies of offloaded weights and parked activations not hidden behind compute, per
@@ -244,8 +269,12 @@ class CostModel {
   std::vector<std::string> fallback_notes() const;
 
  private:
-  // A collective on a group of a device type: measured when the profile has it, else analytic.
-  double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group) const;
+  // Whether a profile's measured collectives price `group` (where it has them).
+  bool profile_collectives_price(const GroupPlacement& group) const;
+  // A collective on a group of a device type: measured when the profile has it, else analytic
+  // (and noted as such unless `note_fallback` is false).
+  double group_seconds(int device_type, CollectiveOp op, double bytes, const GroupPlacement& group,
+                       bool note_fallback = true) const;
   LayerTimes layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const;
   // Exposed seconds of one reduce-scatter of sharded gradients after a micro-batch other than the
   // step's last, which the next passes can hide; `reduce`: the whole stage's, `last_bucket`: the

@@ -92,6 +92,47 @@ double CostModel::earlier_reduce_scatter_seconds(const StageShape& shape, const 
                    last_bucket - kGradientOverlapFraction * plain_forward});
 }
 
+GradientReduceBound CostModel::stage_gradient_reduce_bound(const StageShape& shape) const {
+  if (shape.dp <= 1 || model_is_moe(model_)) return {};
+  // A stage's reduction moves at least its blocks' gradients: all-reduced as accumulated under
+  // ZeRO 0-1, reduce-scattered at the wire precision under ZeRO 2-3.
+  const double block_parameters_per_device = static_cast<double>(block_parameters(model_)) / shape.tp;
+  const auto least = [&](double blocks) {
+    const double parameters = blocks * block_parameters_per_device;
+    return std::min(group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_reduce,
+                                  parameters * gradient_wire_bytes(0), shape.dp_group, false),
+                    group_seconds(shape.device_type, CollectiveOp::CollectiveOp_reduce_scatter,
+                                  parameters * gradient_wire_bytes(2), shape.dp_group, false));
+  };
+  const int most = static_cast<int>(model_.num_layers);
+  GradientReduceBound out;
+  out.one_block_seconds = least(1);
+  out.fixed_seconds = out.one_block_seconds;
+  // Every analytic algorithm is affine in the bytes, and the fastest of them concave: on [1, most]
+  // the chord lies below. A measured profile's times only grow with the bytes.
+  if (!profile_collectives_price(shape.dp_group) && most > 1) {
+    out.per_block_seconds = std::max(0.0, (least(most) - out.one_block_seconds) / (most - 1));
+    out.fixed_seconds -= out.per_block_seconds;
+  }
+  return out;
+}
+
+GradientSyncBound CostModel::stage_gradient_sync_bound(const GradientReduceBound& reduce, const StageUnitCosts& unit,
+                                                       bool embedding, bool head) const {
+  // stage_gradient_sync_seconds: at least the reduction less the backward that hides it, and at
+  // least the last bucket, which holds one block's gradients or more.
+  GradientSyncBound out;
+  out.floor_seconds = reduce.one_block_seconds;
+  out.fixed_seconds = reduce.fixed_seconds - kGradientOverlapFraction * ((embedding ? unit.embedding.backward_seconds : 0) +
+                                                                         (head ? unit.head.backward_seconds : 0));
+  out.per_block_seconds = reduce.per_block_seconds - kGradientOverlapFraction * unit.block.backward_seconds;
+  if (out.per_block_seconds < 0) {  // least at the most blocks
+    out.fixed_seconds += out.per_block_seconds * static_cast<double>(model_.num_layers);
+    out.per_block_seconds = 0;
+  }
+  return out;
+}
+
 double CostModel::stage_gradient_sync_seconds(const StageShape& shape, const StageUnitCosts& u,
                                               const StageChoice& c) const {
   if (shape.dp <= 1) return 0;

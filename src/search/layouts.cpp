@@ -67,20 +67,6 @@ int64_t lcm64(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
 
 int factorial(int n) { return n <= 1 ? 1 : n * factorial(n - 1); }
 
-// Appends a type group's stages, each taking `unit_seconds` per unit of blocks; the pipeline's
-// first stage also carries the embedding, its last the head.
-void stage_rates_append(int stages, double unit_seconds, const LayerSecondsBound& t, bool first_group, bool last_group,
-                        std::vector<StageRate>* out) {
-  if (stages == 1) {
-    out->push_back({1, (first_group ? t.embedding : 0) + (last_group ? t.head : 0), unit_seconds});
-    return;
-  }
-  if (first_group) out->push_back({1, t.embedding, unit_seconds});
-  const int middle = stages - (first_group ? 1 : 0) - (last_group ? 1 : 0);
-  if (middle > 0) out->push_back({middle, 0, unit_seconds});
-  if (last_group) out->push_back({1, t.head, unit_seconds});
-}
-
 }  // namespace
 
 bool group_sequence_parallel_runnable(const TypeGroup& group, int64_t micro_batch, int64_t seq_len) {
@@ -125,21 +111,107 @@ std::string structure_layout_key(const Structure& s, const ClusterSpec& cluster)
   return key;
 }
 
-StructureBounds::StructureBounds(const CostModel& cost, const SearchOptions& options) : cost_(cost), options_(options) {}
+OverheadRate sync_overhead_per_unit(const GradientSyncBound& sync, int v) {
+  return {sync.floor_seconds, sync.fixed_seconds, v * sync.per_block_seconds};
+}
+
+StructureBounds::StructureBounds(const CostModel& cost, const SearchOptions& options, const std::vector<TypePool>& pools)
+    : cost_(cost), options_(options), pools_(pools) {}
+
+int StructureBounds::sequence_parallel_mask(int tp) const {
+  const bool sp_only = options_.sequence_parallel.has_value() && *options_.sequence_parallel && tp > 1;
+  const bool sp_allowed = tp > 1 && options_.sequence_parallel.value_or(true);
+  return (sp_only ? 0 : 1) | (sp_allowed ? 2 : 0);
+}
 
 LayerSecondsBound StructureBounds::layer_time(int type, int tp, int64_t per_replica_batch) {
   const int64_t key = (per_replica_batch * 64 + tp) * 64 + type;
   auto it = layer_seconds_.find(key);
   if (it != layer_seconds_.end()) return it->second;
-  const bool sp_only = options_.sequence_parallel.has_value() && *options_.sequence_parallel && tp > 1;
-  const bool sp_allowed = tp > 1 && options_.sequence_parallel.value_or(true);
-  LayerSecondsBound t = cost_.layer_seconds_bound(type, tp, per_replica_batch, sp_only);
-  if (sp_allowed && !sp_only) {
+  const int mask = sequence_parallel_mask(tp);
+  LayerSecondsBound t = cost_.layer_seconds_bound(type, tp, per_replica_batch, (mask & 1) == 0);
+  if (mask == 3) {
     const LayerSecondsBound with_sp = cost_.layer_seconds_bound(type, tp, per_replica_batch, true);
     t = {std::min(t.block, with_sp.block), std::min(t.embedding, with_sp.embedding), std::min(t.head, with_sp.head)};
   }
   layer_seconds_.emplace(key, t);
   return t;
+}
+
+std::vector<int> StructureBounds::stage_devices(const TypeGroup& g, int i) const {
+  const size_t size = static_cast<size_t>(g.tp) * g.dp;
+  for (const TypePool& pool : pools_)
+    if (pool.device_type == g.device_type)
+      return {pool.device_ids.begin() + static_cast<std::ptrdiff_t>(i * size),
+              pool.device_ids.begin() + static_cast<std::ptrdiff_t>((i + 1) * size)};
+  return {};
+}
+
+const StructureBounds::GroupSync& StructureBounds::group_sync(const TypeGroup& g, int64_t per_replica_batch) {
+  const int64_t group_key = (static_cast<int64_t>(g.dp) * 64 + g.tp) * 64 + g.device_type;
+  const int64_t key = per_replica_batch * (int64_t{1} << 28) + group_key;
+  auto it = group_sync_.find(key);
+  if (it != group_sync_.end()) return it->second;
+  auto reduce = group_reduce_.find(group_key);
+  if (reduce == group_reduce_.end()) {
+    // The least over the group's placements: any of its stages may take any count of blocks.
+    GradientReduceBound least = cost_.stage_gradient_reduce_bound(cost_.stage_shape(stage_devices(g, 0), g.tp, g.dp, 1));
+    for (int i = 1; i < g.stages; ++i) {
+      const GradientReduceBound r = cost_.stage_gradient_reduce_bound(cost_.stage_shape(stage_devices(g, i), g.tp, g.dp, 1));
+      least = {std::min(least.one_block_seconds, r.one_block_seconds), std::min(least.fixed_seconds, r.fixed_seconds),
+               std::min(least.per_block_seconds, r.per_block_seconds)};
+    }
+    reduce = group_reduce_.emplace(group_key, least).first;
+  }
+  GroupSync sync{};  // no reduction: nothing to bound
+  const GradientReduceBound& r = reduce->second;
+  if (r.one_block_seconds <= 0 && r.fixed_seconds <= 0 && r.per_block_seconds <= 0)
+    return group_sync_.emplace(key, sync).first->second;
+  // Block times do not depend on the placement: one replica's tp group prices them.
+  std::vector<int> replica = stage_devices(g, 0);
+  replica.resize(static_cast<size_t>(g.tp));
+  const StageShape shape = cost_.stage_shape(replica, g.tp, 1, per_replica_batch);
+  const int mask = sequence_parallel_mask(g.tp);
+  for (int sp = 0; sp < 2; ++sp) {
+    if (!(mask & (1 << sp))) continue;
+    const StageUnitCosts unit = cost_.unit_costs(shape, sp == 1);
+    const bool first = sp == 0 || !(mask & 1);
+    for (int flags = 0; flags < 4; ++flags) {
+      const GradientSyncBound b = cost_.stage_gradient_sync_bound(r, unit, flags & 1, flags & 2);
+      GradientSyncBound& out = sync[flags];
+      out = first ? b
+                  : GradientSyncBound{std::min(out.floor_seconds, b.floor_seconds), std::min(out.fixed_seconds, b.fixed_seconds),
+                                      std::min(out.per_block_seconds, b.per_block_seconds)};
+    }
+  }
+  return group_sync_.emplace(key, sync).first->second;
+}
+
+double StructureBounds::group_send_seconds(const TypeGroup& from, const TypeGroup& to, double bytes) {
+  const auto key = std::make_pair((static_cast<int64_t>(from.dp) * 64 + from.tp) * 64 + from.device_type,
+                                  (static_cast<int64_t>(to.dp) * 64 + to.tp) * 64 + to.device_type);
+  auto it = group_links_.find(key);
+  if (it == group_links_.end())
+    it = group_links_.emplace(key, cost_.boundary_link(stage_devices(from, from.stages - 1), stage_devices(to, 0))).first;
+  return boundary_seconds(bytes, it->second);
+}
+
+void StructureBounds::rates_append(const TypeGroup& g, double unit_seconds, const LayerSecondsBound& t,
+                                   const GroupSync& sync, int v, bool first_group, bool last_group,
+                                   double sends_seconds) {
+  const auto add = [&](int count, double fixed_seconds, int ends) {
+    rates_.push_back({count, fixed_seconds, unit_seconds});
+    overheads_.push_back(sync_overhead_per_unit(sync[ends], v));
+  };
+  const double head = last_group ? t.head : 0;
+  if (g.stages == 1) {
+    add(1, (first_group ? t.embedding : 0) + head + sends_seconds, (first_group ? 1 : 0) | (last_group ? 2 : 0));
+    return;
+  }
+  if (first_group) add(1, t.embedding, 1);
+  const int middle = g.stages - (first_group ? 1 : 0) - 1;
+  if (middle > 0) add(middle, 0, 0);
+  add(1, head + sends_seconds, last_group ? 2 : 0);
 }
 
 void StructureBounds::set(Structure* s) {
@@ -148,19 +220,38 @@ void StructureBounds::set(Structure* s) {
   const int64_t micro = s->micro_batch_sequences();
   const std::vector<TypeGroup>& groups = *s->groups;
   rates_.clear();
+  overheads_.clear();
   double fastest_block = std::numeric_limits<double>::infinity();
   double one_block_per_stage = 0;  // one block on every stage, each at its type's speed
   double end_layers = 0;           // the first stage's embedding and the last one's head
   double fewest_embedding = std::numeric_limits<double>::infinity();
   double fewest_head = std::numeric_limits<double>::infinity();
   int stages = 0;
+  double sends = 0;  // between groups, per micro-batch, both ways
+  const double boundary_bytes =
+      hidden_state_bytes(cost_.model(), micro, cost_.train().seq_len, cost_.train().precision);
   for (size_t g = 0; g < groups.size(); ++g) {
     const LayerSecondsBound t = layer_time(groups[g].device_type, groups[g].tp, micro / groups[g].dp);
+    const GroupSync& sync = group_sync(groups[g], micro / groups[g].dp);
     const bool first = g == 0;
     const bool last = g + 1 == groups.size();
-    // A family's order is open: its embedding and head may sit on any group.
-    if (s->all_orders) rates_.push_back({groups[g].stages, 0, v * t.block});
-    else stage_rates_append(groups[g].stages, v * t.block, t, first, last, &rates_);
+    // A family's order is open: its embedding and head may sit on any group, its groups meet
+    // in any order.
+    if (s->all_orders) {
+      rates_.push_back({groups[g].stages, 0, v * t.block});
+      overheads_.push_back(sync_overhead_per_unit(sync[3], v));
+    } else {
+      // Each group's last stage sends every chunk of a micro-batch to the next group and its
+      // gradient back; the last group's, when interleaved, all but one to the first group.
+      // Not for Mixture-of-Experts models: their per-layer bound is ep 1's, which a stage at a
+      // larger ep can beat, so their search is not exact, and a tighter bound would change
+      // which of their near-best plans it reaches (docs/planner.md, Limits).
+      const int chunks = model_is_moe(cost_.model()) ? 0 : last ? (groups.size() > 1 ? v - 1 : 0) : v;
+      const double group_sends =
+          chunks > 0 ? 2.0 * chunks * group_send_seconds(groups[g], groups[last ? 0 : g + 1], boundary_bytes) : 0;
+      rates_append(groups[g], v * t.block, t, sync, v, first, last, group_sends);
+      sends += group_sends;
+    }
     if (first) end_layers += t.embedding;
     if (last) end_layers += t.head;
     fewest_embedding = std::min(fewest_embedding, t.embedding);
@@ -172,10 +263,11 @@ void StructureBounds::set(Structure* s) {
   if (s->all_orders) end_layers = fewest_embedding + fewest_head;
   // Every stage's time is at least its layers' time: the sum over stages is at least one unit
   // of blocks per stage at its own speed, the other blocks at the fastest type's, plus the
-  // embedding and the head; the slowest stage at least the best integer split's.
-  s->bottleneck_bound_seconds = split_bottleneck_bound(rates_, layers / v);
-  s->lower_bound_seconds = (v * one_block_per_stage + (layers - stages * v) * fastest_block + end_layers) / v +
-                           (s->micro_batches - 1.0 / v) * s->bottleneck_bound_seconds;
+  // embedding, the head and the sends between groups; the slowest stage's steady state and
+  // per-step overhead together at least the best integer split's.
+  s->bottleneck_bound_seconds = split_step_bottleneck_bound(rates_, overheads_, s->micro_batches - 1.0 / v, layers / v);
+  s->lower_bound_seconds = (v * one_block_per_stage + (layers - stages * v) * fastest_block + end_layers + sends) / v +
+                           s->bottleneck_bound_seconds;
 }
 
 std::vector<Structure> structure_orders(const Structure& family, StructureBounds& bounds) {

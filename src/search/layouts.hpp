@@ -2,10 +2,13 @@
 // each type's (tp, stages, dp), and the batch, micro-batching and schedule around them.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cost/cost_model.hpp"
@@ -33,7 +36,8 @@ struct Structure {
   int virtual_chunks = 1;
   std::shared_ptr<const std::vector<TypeGroup>> groups;  // pipeline order, shared across variants
   double lower_bound_seconds = 0;  // no layer split of this structure is faster
-  double bottleneck_bound_seconds = 0;  // no split has a slowest stage faster (per micro-batch)
+  double bottleneck_bound_seconds = 0;  // no split has a slowest stage faster: (m - 1/v) x its time
+                                        // per micro-batch plus its per-step overhead
   double price_per_second = 0;     // of the devices it uses
   int index = 0;                   // enumeration order, for deterministic ties
   bool all_orders = false;         // a family: stands for every pipeline order of its groups
@@ -51,20 +55,44 @@ struct TypePool {
 };
 std::vector<TypePool> type_pools(const ClusterSpec& cluster);
 
-// Lower bounds of structures from per-layer times, cached by (type, tp, per-replica batch).
+// A stage's gradient sync bound per unit of `v` blocks.
+OverheadRate sync_overhead_per_unit(const GradientSyncBound& sync, int v);
+
+// Lower bounds of structures from per-layer times and the gradient sync every stage pays,
+// cached by (type, tp, per-replica batch) and (type, tp, dp, per-replica batch).
 class StructureBounds {
  public:
-  StructureBounds(const CostModel& cost, const SearchOptions& options);
+  StructureBounds(const CostModel& cost, const SearchOptions& options, const std::vector<TypePool>& pools);
   // Sets the structure's bounds: for its pipeline order, or, for a family, for any order.
   void set(Structure* s);
 
  private:
+  // Sequence-parallel settings a type group's stages may take: 1 plain, 2 sequence parallel.
+  int sequence_parallel_mask(int tp) const;
   LayerSecondsBound layer_time(int type, int tp, int64_t per_replica_batch);
+  // The least gradient sync of any stage of a type group (whichever of the group's placements
+  // it has), by whether it holds the embedding (index bit 0) and the head (bit 1).
+  using GroupSync = std::array<GradientSyncBound, 4>;
+  const GroupSync& group_sync(const TypeGroup& g, int64_t per_replica_batch);
+  // The group's i-th stage's devices in its type's pool.
+  std::vector<int> stage_devices(const TypeGroup& g, int i) const;
+  // One send of a micro-batch's hidden state (`bytes`) from `from`'s last stage to `to`'s first.
+  double group_send_seconds(const TypeGroup& from, const TypeGroup& to, double bytes);
+  // Appends a type group's stages: each takes `unit_seconds` per unit of blocks, the pipeline's
+  // first stage also the embedding, its last the head, the group's last stage `sends_seconds`
+  // (to the next group); their overheads, per unit of v blocks.
+  void rates_append(const TypeGroup& g, double unit_seconds, const LayerSecondsBound& t, const GroupSync& sync, int v,
+                    bool first_group, bool last_group, double sends_seconds);
 
   const CostModel& cost_;
   const SearchOptions& options_;
+  const std::vector<TypePool>& pools_;
   std::unordered_map<int64_t, LayerSecondsBound> layer_seconds_;
+  std::unordered_map<int64_t, GradientReduceBound> group_reduce_;  // by (type, tp, dp)
+  std::unordered_map<int64_t, GroupSync> group_sync_;               // by (type, tp, dp, per-replica batch)
+  std::map<std::pair<int64_t, int64_t>, BoundaryLink> group_links_;  // by the two groups' (type, tp, dp)
   std::vector<StageRate> rates_;
+  std::vector<OverheadRate> overheads_;  // of the same stages
 };
 
 // Every structure the options allow, with lower bounds; without a pinned device order, the

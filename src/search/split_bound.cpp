@@ -50,4 +50,23 @@ double split_bottleneck_bound(const std::vector<StageRate>& stages, int units) {
   return first;
 }
 
+double split_step_bottleneck_bound(const std::vector<StageRate>& stages, const std::vector<OverheadRate>& overheads,
+                                   double a, int units) {
+  // Three bounds, the largest wins: the micro-batches alone; every stage's one unit and overhead
+  // floor; and micro-batches and overhead together, when each stage's sum grows with its units.
+  double bound = stages.empty() ? 0 : a * split_bottleneck_bound(stages, units);
+  std::vector<StageRate> combined;
+  combined.reserve(stages.size());
+  bool growing = true;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const StageRate& s = stages[i];
+    const OverheadRate& o = overheads[i];
+    bound = std::max(bound, (a * (s.fixed_seconds + s.unit_seconds) + o.floor_seconds) * (1 - kSlack));
+    combined.push_back({s.count, a * s.fixed_seconds + o.fixed_seconds, a * s.unit_seconds + o.unit_seconds});
+    growing = growing && combined.back().unit_seconds > 0;
+  }
+  if (growing && !combined.empty()) bound = std::max(bound, split_bottleneck_bound(combined, units) * (1 - kSlack));
+  return bound;
+}
+
 }  // namespace alloy

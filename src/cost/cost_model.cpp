@@ -251,8 +251,11 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
     u.block.backward_seconds += compute_seconds(type, p, routed.work, true) + 2.0 * u.expert_all_to_all_seconds;
     // Full recomputation runs the routed part's forward again, dispatch and combine included.
     u.recompute_full_seconds += routed_forward + 2.0 * u.expert_all_to_all_seconds;
-    u.block_expert_parameters = shape.held_experts * static_cast<double>(moe_expert_parameters(model_)) / tp;
-    u.block_parameters += u.block_expert_parameters + static_cast<double>(moe_router_parameters(model_)) / tp;
+    // Every tp rank holds the router and its experts whole (the runtime replicates the MoE MLP
+    // over tp).
+    u.block_expert_parameters = shape.held_experts * static_cast<double>(moe_expert_parameters(model_));
+    u.block_parameters += u.block_expert_parameters + static_cast<double>(moe_router_parameters(model_)) +
+                          moe_shared_parameters_beyond_share(model_, tp);
   }
   double host_link = 0;
   for (const NodeGroup& g : cluster_.node_groups)

@@ -37,6 +37,11 @@ ModelSpec moe_dense_part(const ModelSpec& model) {
   return dense;
 }
 
+double moe_shared_parameters_beyond_share(const ModelSpec& model, int tp) {
+  const double shared_ffn = static_cast<double>(model.moe.num_shared_experts * model.moe.shared_expert_ffn_hidden_size);
+  return 3.0 * static_cast<double>(model.hidden_size) * shared_ffn * (1.0 - 1.0 / tp);
+}
+
 int64_t moe_expert_parameters(const ModelSpec& model) {
   return 3 * model.hidden_size * model.moe.expert_ffn_hidden_size;
 }
@@ -91,7 +96,6 @@ double moe_expected_imbalance(double picks, double expert_share, int members) {
 MoeRoutedWork moe_routed_work(const ModelSpec& m, const StageShape& shape, int64_t seq_len, Precision precision) {
   const MixtureOfExperts& moe = m.moe;
   const double e = precision_bytes(precision);
-  const double tp = shape.tp;
   const double c = static_cast<double>(m.hidden_size);
   const double fe = static_cast<double>(moe.expert_ffn_hidden_size);
   const double experts = static_cast<double>(moe.num_experts);
@@ -104,21 +108,21 @@ MoeRoutedWork moe_routed_work(const ModelSpec& m, const StageShape& shape, int64
   out.routed_rows = group_sequences * static_cast<double>(seq_len) * k * held / experts * shape.expert_load_factor;
   const double rows = out.routed_rows;
   const double router_flops = 2.0 * tokens * c * experts;
-  const double expert_flops = 2.0 * rows * static_cast<double>(moe_expert_parameters(m)) / tp;
+  const double expert_flops = 2.0 * rows * static_cast<double>(moe_expert_parameters(m));
   LayerWork& w = out.work;
   w.forward_flops = router_flops + expert_flops;
   // Expert weights read once; per routed row its input and output (C), gate/up (2 F_e) written,
   // the SwiGLU reading them and writing F_e; the router's probabilities per token.
-  const double weight_bytes = held * static_cast<double>(moe_expert_parameters(m)) * e / tp;
-  const double row_bytes = rows * (2.0 * c + 5.0 * fe / tp) * e;
+  const double weight_bytes = held * static_cast<double>(moe_expert_parameters(m)) * e;
+  const double row_bytes = rows * (2.0 * c + 5.0 * fe) * e;
   const double router_bytes = tokens * (c + 2.0 * experts) * e;
   w.forward_bytes = weight_bytes + row_bytes + router_bytes;
-  w.forward_elementwise_bytes = rows * (3.0 * fe / tp + c) * e + 2.0 * tokens * experts * e;
+  w.forward_elementwise_bytes = rows * (3.0 * fe + c) * e + 2.0 * tokens * experts * e;
   w.backward_flops = 2.0 * w.forward_flops;
   w.backward_bytes = 2.0 * w.forward_bytes;
   w.full_recompute_flops = w.forward_flops;
   w.matmul_rows = rows / std::max(1.0, held);  // each expert's rows: a grouped product
-  w.matmul_cols = fe / tp;
+  w.matmul_cols = fe;
   // The buffers the runtime allocates (runtime/model_moe.cpp, model_moe_ep.cpp), in rows: the
   // member's own N k routed rows, and the rows its experts run. Under expert parallelism those
   // arrive from the group and their buffers are rounded up to an eighth of the own rows (the
@@ -130,15 +134,30 @@ MoeRoutedWork moe_routed_work(const ModelSpec& m, const StageShape& shape, int64
   // Kept for the backward: router probabilities (N x E), picks, weights and slots (N x k each),
   // the experts' outputs in the own rows' order, and per expert row gate/up and the SwiGLU, and
   // under expert parallelism the arrived inputs.
-  out.activation_bytes = (tokens * (experts + 3.0 * k) + own_rows * c + expert_rows * (3.0 * fe / tp + (split ? c : 0))) * e;
+  out.activation_bytes = (tokens * (experts + 3.0 * k) + own_rows * c + expert_rows * (3.0 * fe + (split ? c : 0))) * e;
   // The MoE MLP's backward at its peak, in the experts' backward: the MLP input's gradient
   // (N x C), the gradients of the experts' outputs and of their gathered inputs in the own rows'
   // order (and the weights'), the gathered inputs again (or, split, the arrived gradients, their
   // reordered copy and the experts' input gradients, each an expert row of C), and per expert
   // row the gradients of the SwiGLU and of gate/up.
   const double gathered_or_exchanged = split ? expert_rows * 3.0 * c : own_rows * c;
-  out.workspace_bytes = (tokens * c + own_rows * (2.0 * c + 1.0) + gathered_or_exchanged + expert_rows * 3.0 * fe / tp) * e;
+  out.workspace_bytes = (tokens * c + own_rows * (2.0 * c + 1.0) + gathered_or_exchanged + expert_rows * 3.0 * fe) * e;
   out.dispatch_bytes = tokens * k * c * e;
+  // The shared experts run whole on every tp rank too; the dense part prices a 1/tp share of them.
+  const double shared_ffn = static_cast<double>(moe.num_shared_experts * moe.shared_expert_ffn_hidden_size);
+  const double beyond_share = 1.0 - 1.0 / shape.tp;
+  if (shared_ffn > 0 && beyond_share > 0) {
+    const double shared_flops = 2.0 * tokens * 3.0 * c * shared_ffn * beyond_share;
+    w.forward_flops += shared_flops;
+    w.backward_flops += 2.0 * shared_flops;
+    w.full_recompute_flops += shared_flops;
+    const double shared_bytes = (3.0 * c * shared_ffn + tokens * 5.0 * shared_ffn) * e * beyond_share;
+    w.forward_bytes += shared_bytes;
+    w.backward_bytes += 2.0 * shared_bytes;
+    w.forward_elementwise_bytes += tokens * 3.0 * shared_ffn * e * beyond_share;
+    out.activation_bytes += tokens * 3.0 * shared_ffn * e * beyond_share;
+    out.workspace_bytes += tokens * 3.0 * shared_ffn * e * beyond_share;
+  }
   return out;
 }
 

@@ -24,6 +24,9 @@ ModelSpec moe_dense_part(const ModelSpec& model);
 // experts' gate (C x E, + C).
 int64_t moe_expert_parameters(const ModelSpec& model);
 int64_t moe_router_parameters(const ModelSpec& model);
+// Parameters of the shared experts a tp rank holds beyond the 1/tp share the dense part counts:
+// the runtime replicates the MoE MLP, shared experts included, over tp.
+double moe_shared_parameters_beyond_share(const ModelSpec& model, int tp);
 
 // Expected largest routed token load over `members`, relative to the mean, when `picks`
 // token-expert picks are routed uniformly at random and each member holds `expert_share` of the
@@ -46,7 +49,7 @@ double moe_even_split_skew(const std::vector<double>& shares, int ep);
 // The routed part of one MoE block on one member for one micro-batch: the router over the
 // member's own tokens and its experts over the rows routed to them by the whole group.
 struct MoeRoutedWork {
-  LayerWork work;               // router + routed experts, divided by tp
+  LayerWork work;               // router + routed experts, whole on each tp rank (replicated)
   double routed_rows = 0;       // token rows the member's experts run (expected, imbalance included)
   double activation_bytes = 0;  // kept for the backward beyond the dense part (no recomputation)
   double workspace_bytes = 0;   // buffers of the routed part's backward at its peak

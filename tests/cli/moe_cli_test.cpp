@@ -58,7 +58,8 @@ TEST(MoeCli, PlanNamesTheExpertPlacement) {
   const CommandResult mixtral = alloy("plan --model mixtral-8x7b --cluster h100-a100 --no-simulate");
   ASSERT_EQ(mixtral.exit_code, 0) << mixtral.output;
   EXPECT_NE(mixtral.output.find(" tp dp ep "), std::string::npos) << mixtral.output;
-  EXPECT_NE(mixtral.output.find("stage 1 expert placement: ep 4"), std::string::npos) << mixtral.output;
+  EXPECT_NE(mixtral.output.find("stage 1 expert placement: ep "), std::string::npos) << mixtral.output;
+  EXPECT_EQ(mixtral.output.find("stage 1 expert placement: ep 1 "), std::string::npos) << mixtral.output;
 }
 
 // A pinned expert-parallel degree that cannot be: one line naming it, exit 2.

@@ -151,6 +151,27 @@ class MoeDistTest : public ::testing::Test {
     return worst;
   }
 
+  // Trains `plan` one step and returns its arena memory per device as the cost model predicts it,
+  // priced with the routing the step measured (the training file's expert_tokens), over the
+  // fullest rank's measured arena peak; 0 when the run failed.
+  static double predicted_over_measured_peak(Plan plan, const std::string& name) {
+    const std::string log = dir_->path() + "/" + name + ".jsonl";
+    const CommandResult r = run_command(train_command(plan, name, 1, "--log " + log), 120);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (r.exit_code != 0) return 0;
+    const nlohmann::json step = nlohmann::json::parse(read_text(log));
+    double fullest = 0;
+    for (const nlohmann::json& rank : step.at("ranks")) fullest = std::max(fullest, rank.at("peak_arena_bytes").get<double>());
+    TrainSpec train = train_load(dir_->path() + "/dist-train.yaml");
+    train.expert_tokens = step.at("expert_tokens").get<std::vector<double>>();
+    plan_evaluate(&plan, CostModel(moe(), cluster(), train));
+    double predicted = 0;
+    for (double bytes : memory_terms_predicted(plan.stages[0].memory, false)) predicted += bytes;
+    std::printf("%s arena peak: predicted %.0f bytes, measured %.0f (fullest rank), %+.1f%%\n", name.c_str(), predicted,
+                fullest, 100.0 * (predicted / fullest - 1.0));
+    return predicted / fullest;
+  }
+
   static inline TempDir* dir_ = nullptr;
   static inline std::string cluster_path_, data_;
   static inline std::string model_path_ = tiny_moe_path();  // the model the plans and runs use
@@ -283,24 +304,9 @@ TEST_F(MoeDistTest, CheckpointOfOneExpertSplitResumesUnderAnother) {
 // block's backward: the routing and expert activations (the arrived rows' buffers rounded up as
 // the runtime rounds them) and the backward's buffers (the gradients of the experts' outputs and
 // gathered inputs, the arrived gradients, their reordered copy and the experts' input
-// gradients). Priced with the routing the step measured (the training file's expert_tokens), the
-// plan's arena memory per device is within 3% of the fullest member's measured peak.
+// gradients). The plan's arena memory per device is within 3% of the fullest member's peak.
 TEST_F(MoeDistTest, PredictedMemoryOfAnExpertParallelRunMatchesItsArenaPeak) {
-  Plan plan = moe_plan({{1, 2, 0, {3}}}, 1, 2);
-  const std::string log = dir_->path() + "/ep2-memory.jsonl";
-  const CommandResult r = run_command(train_command(plan, "ep2-memory", 1, "--log " + log), 120);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const nlohmann::json step = nlohmann::json::parse(read_text(log));
-  double fullest = 0;
-  for (const nlohmann::json& rank : step.at("ranks")) fullest = std::max(fullest, rank.at("peak_arena_bytes").get<double>());
-  TrainSpec train = train_load(dir_->path() + "/dist-train.yaml");
-  train.expert_tokens = step.at("expert_tokens").get<std::vector<double>>();
-  plan_evaluate(&plan, CostModel(moe(), cluster(), train));
-  double predicted = 0;
-  for (double bytes : memory_terms_predicted(plan.stages[0].memory, false)) predicted += bytes;
-  std::printf("ep 2 arena peak: predicted %.0f bytes, measured %.0f (fullest member), %+.1f%%\n", predicted, fullest,
-              100.0 * (predicted / fullest - 1.0));
-  EXPECT_NEAR(predicted / fullest, 1.0, 0.03);
+  EXPECT_NEAR(predicted_over_measured_peak(moe_plan({{1, 2, 0, {3}}}, 1, 2), "ep2-memory"), 1.0, 0.03);
 }
 
 // Under tensor parallelism every tp rank holds the router and the experts (routed and shared)
@@ -308,21 +314,7 @@ TEST_F(MoeDistTest, PredictedMemoryOfAnExpertParallelRunMatchesItsArenaPeak) {
 // plan's arena memory per device is within 3% of the ranks' measured peak (+0.4%; pricing them
 // split over tp, as the dense part is, put it 30.9% below).
 TEST_F(MoeDistTest, PredictedMemoryOfATensorParallelRunCountsTheReplicatedExperts) {
-  Plan plan = moe_plan({{2, 1, 0, {3}}}, 1, 1);
-  const std::string log = dir_->path() + "/tp2-memory.jsonl";
-  const CommandResult r = run_command(train_command(plan, "tp2-memory", 1, "--log " + log), 120);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const nlohmann::json step = nlohmann::json::parse(read_text(log));
-  double fullest = 0;
-  for (const nlohmann::json& rank : step.at("ranks")) fullest = std::max(fullest, rank.at("peak_arena_bytes").get<double>());
-  TrainSpec train = train_load(dir_->path() + "/dist-train.yaml");
-  train.expert_tokens = step.at("expert_tokens").get<std::vector<double>>();
-  plan_evaluate(&plan, CostModel(moe(), cluster(), train));
-  double predicted = 0;
-  for (double bytes : memory_terms_predicted(plan.stages[0].memory, false)) predicted += bytes;
-  std::printf("tp 2 arena peak: predicted %.0f bytes, measured %.0f (fullest rank), %+.1f%%\n", predicted, fullest,
-              100.0 * (predicted / fullest - 1.0));
-  EXPECT_NEAR(predicted / fullest, 1.0, 0.03);
+  EXPECT_NEAR(predicted_over_measured_peak(moe_plan({{2, 1, 0, {3}}}, 1, 1), "tp2-memory"), 1.0, 0.03);
 }
 
 TEST_F(MoeDistTest, UnsupportedCombinationsAreRefusedBeforeTheFirstStepNamingTheField) {

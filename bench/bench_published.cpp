@@ -48,7 +48,7 @@ struct Compared {
   double predicted = 0;
   std::string assumed;  // what the bench filled in that the source does not state
   double memory_published_gib = 0;  // 0: not stated
-  double memory_predicted_gib = 0;  // the plan's largest per-device total
+  double memory_predicted_gib = 0;  // the plan's largest per-device total less the runtime's context
   std::string generation;
   std::string device_type;  // the catalog type the row's devices were taken as
   Plan plan;
@@ -70,6 +70,20 @@ std::pair<double, std::string> plan_peak_memory(const Plan& plan) {
   for (size_t i = 0; i < std::min<size_t>(2, terms.size()); ++i)
     top += fmt::format("{}{} {:.1f} GiB", i > 0 ? ", " : "", terms[i].name, terms[i].bytes / kGiB);
   return {largest->memory_total_bytes(), top};
+}
+
+// The largest per-device memory a framework's allocator holds under the plan: its total less the
+// runtime's context (the CUDA context), which the published figures leave out (PyTorch's peak
+// reserved memory, Alloy's arena peak).
+double plan_allocator_peak_bytes(const Plan& plan) {
+  double peak = 0;
+  for (const PlanStage& st : plan.stages) {
+    double context = 0;
+    for (const MemoryTerm& t : st.memory)
+      if (t.name == "framework_context") context += t.bytes;
+    peak = std::max(peak, st.memory_total_bytes() - context);
+  }
+  return peak;
 }
 
 std::optional<double> number(const YAML::Node& map, const char* key) {
@@ -304,7 +318,7 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
   c.device_type = device->type;
   if (const YAML::Node memory = row["memory"]; memory && memory["per_gpu_gib"]) {
     c.memory_published_gib = memory["per_gpu_gib"].as<double>();
-    c.memory_predicted_gib = plan_peak_memory(plan).first / kGiB;
+    c.memory_predicted_gib = plan_allocator_peak_bytes(plan) / kGiB;
   }
   return c;
 }

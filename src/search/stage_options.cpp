@@ -292,6 +292,14 @@ std::vector<int> stage_offload_counts(int blocks) {
   return counts;
 }
 
+StageSlot slot_with_blocks(const StageSlot& slot, int blocks) {
+  StageSlot out = slot;
+  if (blocks % slot.virtual_chunks != 0)
+    out.in_flight = schedule_micro_batches_in_flight(Schedule::Schedule_interleaved, slot.pipeline_stages, slot.stage_index,
+                                                     slot.micro_batches, stage_chunk_blocks(blocks, slot.virtual_chunks));
+  return out;
+}
+
 StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, int blocks) {
   StageChoice c;
   c.blocks = blocks;
@@ -311,7 +319,7 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
   c.head_holds_lm_matrix = slot.head_holds_lm_matrix;
   c.chunks_sent = slot.chunks_sent;
   c.chunks_received = slot.chunks_received;
-  stage_choice_set_dense_blocks(&c, std::min(slot.leading_dense_blocks, blocks / std::max(1, slot.virtual_chunks)));
+  stage_choice_set_dense_blocks(&c, std::min(slot.leading_dense_blocks, chunk_blocks(blocks, slot.virtual_chunks, 0)));
   return c;
 }
 
@@ -536,7 +544,12 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
           }
           int sel = 0;
           int full = 0;
-          if (!affine_recompute(c, a, pins.recompute, a.offload_delta(off, depth), &sel, &full)) continue;
+          if (!affine_recompute(c, a, pins.recompute, a.offload_delta(off, depth), &sel, &full)) {
+            // Full recomputation's own transient can make the first fully recomputed block free
+            // less than the later ones: the model may miss a count that fits.
+            if (pins.recompute < 0 && fits(c, 0, blocks, off)) return false;
+            continue;
+          }
           // The affine model rounds at the capacity: settle the counts on the exact memory now,
           // or an over-estimate here lets another option dominate this one and the exact check
           // of the survivors below never sees it.

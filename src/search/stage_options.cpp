@@ -400,7 +400,8 @@ struct AffineStage {
   double memory = 0;        // no recomputation, no offload
   double per_selective = 0;
   double per_full = 0;
-  double transient = 0;     // added once any block recomputes
+  double transient = 0;       // added once any block recomputes selectively, none fully
+  double full_transient = 0;  // added once any block recomputes fully (it rebuilds more)
   double per_offloaded = 0; // each offloaded block's resident state (negative)
   double per_window = 0;    // each block of the offload window
 
@@ -410,7 +411,8 @@ struct AffineStage {
   }
   // Memory with `offload_delta` bytes added by the offloaded blocks.
   double at(int sel, int full, double offload_delta) const {
-    return memory + offload_delta + (sel + full > 0 ? transient : 0) + sel * per_selective + full * per_full;
+    return memory + offload_delta + (full > 0 ? full_transient : sel > 0 ? transient : 0) + sel * per_selective +
+           full * per_full;
   }
 };
 
@@ -423,11 +425,14 @@ AffineStage affine_stage(const Context& c, bool offload, const AffineStage* same
     a.per_selective = same_activations->per_selective;
     a.transient = same_activations->transient;
     a.per_full = same_activations->per_full;
+    a.full_transient = same_activations->full_transient;
   } else {
     const double one_sel = memory_bytes(c, 1, 0, 0);
     a.per_selective = memory_bytes(c, 2, 0, 0) - one_sel;
     a.transient = one_sel - a.memory - a.per_selective;
-    a.per_full = memory_bytes(c, 0, 1, 0) - a.memory - a.transient;
+    const double one_full = memory_bytes(c, 0, 1, 0);
+    a.per_full = memory_bytes(c, 0, 2, 0) - one_full;
+    a.full_transient = one_full - a.memory - a.per_full;
   }
   if (offload) {
     // At depth 1: one block is A + W, three are 3A + 2W.
@@ -456,7 +461,7 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
     return true;
   }
   if (!(a.per_selective < 0)) {  // selective frees nothing (fused attention): the fewest full blocks
-    const double excess = a.at(0, 0, off) + a.transient - cap;
+    const double excess = a.at(0, 0, off) + a.full_transient - cap;
     const int f = std::max(1, static_cast<int>(std::ceil(excess / -a.per_full - 1e-9)));
     if (f > n) return false;
     *selective = 0;
@@ -468,7 +473,7 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
   double best = std::numeric_limits<double>::infinity();
   // Fewer full blocks than this cannot fit even with every other block selective (one block
   // of slack for rounding): sel(f) <= n - f needs f >= (R + S n) / (S - F).
-  const double excess = a.memory + off + a.transient - cap;
+  const double excess = a.memory + off + std::min(a.transient, a.full_transient) - cap;
   const double first_full = (excess + a.per_selective * n) / (a.per_selective - a.per_full);
   const int f_start = std::max(0, static_cast<int>(std::floor(first_full)) - 1);
   for (int f = f_start; f <= n; ++f) {
@@ -544,12 +549,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
           }
           int sel = 0;
           int full = 0;
-          if (!affine_recompute(c, a, pins.recompute, a.offload_delta(off, depth), &sel, &full)) {
-            // Full recomputation's own transient can make the first fully recomputed block free
-            // less than the later ones: the model may miss a count that fits.
-            if (pins.recompute < 0 && fits(c, 0, blocks, off)) return false;
-            continue;
-          }
+          if (!affine_recompute(c, a, pins.recompute, a.offload_delta(off, depth), &sel, &full)) continue;
           // The affine model rounds at the capacity: settle the counts on the exact memory now,
           // or an over-estimate here lets another option dominate this one and the exact check
           // of the survivors below never sees it.
@@ -593,7 +593,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
 void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                    std::vector<StageOption>* out) {
   // Parked activations move the recomputation's memory steps: only the exact path prices them.
-  if (blocks >= 3 && pins.offload_activations == 0 && stage_options_affine(cost, slot, blocks, pins, out)) return;
+  if (!getenv("NOAFF") && blocks >= 3 && pins.offload_activations == 0 && stage_options_affine(cost, slot, blocks, pins, out)) return;
   stage_options_exact(cost, slot, blocks, pins, out);
 }
 

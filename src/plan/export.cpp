@@ -148,7 +148,7 @@ PlanExport plan_export_megatron(const Plan& plan, const ModelSpec& model, const 
     if (!equal_chunks)
       out.unsupported.push_back(
           "model chunks of unequal layer counts (--num-layers-per-virtual-pipeline-stage gives every chunk the same "
-          "count; the flag below is the first stage's first chunk)");
+          "count; the one given is the first stage's first chunk)");
     args.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", plan.stages.front().chunks.front().size()));
   } else if (pp > 1) {
     // Megatron allows a different first and last stage; the middle stages share the rest evenly.

@@ -564,29 +564,4 @@ double offload_exposed_seconds(int offloaded, int depth, double transfer_seconds
   return std::max(0.0, t + (offloaded - 1) * std::max(0.0, t - compute_seconds) - head_start);
 }
 
-double schedule_micro_batches_in_flight(Schedule schedule, int stages, int stage, int micro_batches, int v) {
-  switch (schedule) {
-    case Schedule::Schedule_gpipe: return micro_batches;
-    case Schedule::Schedule_1f1b: return std::min(micro_batches, stages - stage);
-    case Schedule::Schedule_interleaved: {
-      // The warm-up's chunk forwards, plus the one the steady state runs before its first
-      // backward (none when the warm-up is every chunk); each chunk holds 1/v of the stage's
-      // activations.
-      const int chunks = std::min(micro_batches * v, interleaved_warmup_chunks(stages, stage, micro_batches, v) + 1);
-      return static_cast<double>(chunks) / v;
-    }
-  }
-  return micro_batches;
-}
-
-double pipeline_step_seconds(const std::vector<double>& t, const std::vector<double>& overhead, int m, int v) {
-  double sum = 0;
-  double steady = 0;
-  for (size_t s = 0; s < t.size(); ++s) {
-    sum += t[s];
-    steady = std::max(steady, (m - 1.0 / v) * t[s] + overhead[s]);
-  }
-  return sum / v + steady;
-}
-
 }  // namespace alloy

@@ -323,11 +323,26 @@ double offload_exposed_seconds(int offloaded, int depth, double transfer_seconds
 // schedules in units of whole-stage activations (chunks held / v).
 double schedule_micro_batches_in_flight(Schedule schedule, int stages, int stage, int micro_batches,
                                         int virtual_chunks);
+// The same for a stage whose chunks hold `chunk_blocks` blocks (one entry per chunk): where they
+// are unequal, the peak over the step of the held chunks' blocks (the steady state can hold more
+// large chunks than the warm-up) over the stage's blocks.
+double schedule_micro_batches_in_flight(Schedule schedule, int stages, int stage, int micro_batches,
+                                        const std::vector<int>& chunk_blocks);
+// Blocks per chunk of a stage of `blocks` blocks in `v` chunks sized by chunk_blocks.
+std::vector<int> stage_chunk_blocks(int blocks, int v);
 
 // Step time of a pipeline from per-stage times: fill and drain over the sum of the stages, the
 // steady state on each stage, and its per-step overhead after its last backward.
 double pipeline_step_seconds(const std::vector<double>& per_micro_batch_seconds,
                              const std::vector<double>& step_overhead_seconds, int micro_batches,
                              int virtual_chunks);
+// The same with each stage's share of its time in its first chunk (`fill_fraction`, 1/v for
+// equal chunks): the first micro-batch's first chunks fill the pipeline and its last's drain it,
+// so step = sum_s f_s t_s + max_s ((m - f_s) t_s + overhead_s).
+double pipeline_step_seconds(const std::vector<double>& per_micro_batch_seconds, const std::vector<double>& fill_fraction,
+                             const std::vector<double>& step_overhead_seconds, int micro_batches);
+// Share of a stage's time per micro-batch in its first chunk: the first chunk's blocks over the
+// stage's (chunk_blocks sizes them), 1 without interleaving.
+double stage_fill_fraction(int blocks, int virtual_chunks);
 
 }  // namespace alloy

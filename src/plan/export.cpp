@@ -142,8 +142,14 @@ PlanExport plan_export_megatron(const Plan& plan, const ModelSpec& model, const 
   if (plan.schedule == Schedule::Schedule_interleaved) {
     bool even = std::all_of(blocks.begin(), blocks.end(), [&](int b) { return b == blocks.front(); });
     if (!even) out.unsupported.push_back("an uneven layer split with the interleaved schedule");
-    args.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}",
-                               std::max(1, blocks.front() / std::max(1, plan.virtual_chunks))));
+    const bool equal_chunks = std::all_of(plan.stages.begin(), plan.stages.end(), [](const PlanStage& st) {
+      return std::all_of(st.chunks.begin(), st.chunks.end(), [&](const LayerRange& c) { return c.size() == st.chunks.front().size(); });
+    });
+    if (!equal_chunks)
+      out.unsupported.push_back(
+          "model chunks of unequal layer counts (--num-layers-per-virtual-pipeline-stage gives every chunk the same "
+          "count; the one given is the first stage's first chunk)");
+    args.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", plan.stages.front().chunks.front().size()));
   } else if (pp > 1) {
     // Megatron allows a different first and last stage; the middle stages share the rest evenly.
     std::vector<int> middle(blocks.begin() + 1, blocks.end() - 1);

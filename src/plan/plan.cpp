@@ -234,6 +234,12 @@ void plan_validate(const Plan& plan, const std::string& source) {
     if (static_cast<int>(st.chunks.size()) != plan.virtual_chunks)
       fail(source, stage_field(s, "chunks"),
            fmt::format("has {} chunks, the schedule has {} per stage", st.chunks.size(), plan.virtual_chunks));
+    // Before the per-block lists, whose lengths follow the chunks.
+    for (size_t c = 0; c < st.chunks.size(); ++c)
+      if (st.chunks[c].size() <= 0)
+        fail(source, fmt::format("stages[{}].chunks[{}]", s, c),
+             fmt::format("empty layer range [{}, {})", st.chunks[c].begin, st.chunks[c].end),
+             "give every chunk at least one layer (a stage of n layers takes at most n chunks)");
     if (st.replicas.empty() && plan.micro_batch_sequences % st.dp != 0)
       fail(source, stage_field(s, "dp"),
            fmt::format("micro-batch of {} sequences does not split over dp {}", plan.micro_batch_sequences, st.dp),
@@ -270,7 +276,6 @@ void plan_validate(const Plan& plan, const std::string& source) {
     for (size_t s = 0; s < p; ++s) {
       const LayerRange& r = plan.stages[s].chunks[c];
       const std::string field = fmt::format("stages[{}].chunks[{}]", s, c);
-      if (r.size() <= 0) fail(source, field, fmt::format("empty layer range [{}, {})", r.begin, r.end));
       if (r.begin != next_layer)
         fail(source, field,
              fmt::format("starts at layer {} but layer {} is the next one in pipeline order", r.begin, next_layer),

@@ -41,9 +41,8 @@ ComputeItem interleaved_item(int k, bool forward, int p, int m, int v) {
   const int group = k / (p * v);
   const int base = group * p;
   const int group_size = std::min(p, m - base);
-  const int offset = k - group * p * v;
-  const int chunk = offset / group_size;
-  return {forward, base + offset % group_size, forward ? chunk : v - 1 - chunk};
+  const int chunk = interleaved_forward_chunk(k, p, m, v);
+  return {forward, base + (k - group * p * v) % group_size, forward ? chunk : v - 1 - chunk};
 }
 
 std::vector<ComputeItem> compute_order(Schedule schedule, int p, int s, int m, int v) {

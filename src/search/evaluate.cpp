@@ -182,18 +182,20 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
   const ClusterSpec& cluster = cost.cluster();
   const ModelSpec& model = cost.model();
   const int p = static_cast<int>(plan->stages.size());
-  const int v = plan->virtual_chunks;
   const int m = plan->num_micro_batches;
   std::vector<double> per_micro_batch(p);
   std::vector<double> without_copies(p);  // per micro-batch, exposed host copies left out
   std::vector<double> overhead(p);
+  std::vector<double> fill(p);  // each stage's share of its time in its first chunk
   double peak_flops = 0;
   double recompute_flops = 0;
   double price_per_second = 0;
   for (int s = 0; s < p; ++s) {
     PlanStage& st = plan->stages[s];
     const StageChoice choice = stage_choice(*plan, s, model);
-    st.micro_batches_in_flight = schedule_micro_batches_in_flight(plan->schedule, p, s, m, v);
+    std::vector<int> chunk_sizes;
+    for (const LayerRange& c : st.chunks) chunk_sizes.push_back(c.size());
+    st.micro_batches_in_flight = schedule_micro_batches_in_flight(plan->schedule, p, s, m, chunk_sizes);
     // Every replica's costs. The group's gradient sync starts when the slowest replica's passes
     // end, and the step ends with the slowest optimizer (ZeRO 1-2 re-gather after it): the stage
     // takes the slowest passes and, apart, the slowest sync and optimizer, which under uneven data
@@ -244,6 +246,7 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
       recompute_flops += r.recompute_flops * devices;
     }
     without_copies[s] = per_micro_batch[s] - st.offload_exposed_seconds;
+    fill[s] = static_cast<double>(st.chunks.front().size()) / st.num_blocks();
     for (int id : st.device_ids) price_per_second += cluster.node_group(cluster.devices[id]).price_per_device_hour / 3600.0;
   }
   // A table tied between the first and last stage is summed between them before the optimizer
@@ -256,8 +259,8 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
     overhead[s] += tied_seconds;
     plan->stages[s].gradient_sync_seconds += tied_seconds;
   }
-  plan->step_seconds = pipeline_step_seconds(per_micro_batch, overhead, m, v);
-  plan->offload_step_seconds = plan->step_seconds - pipeline_step_seconds(without_copies, overhead, m, v);
+  plan->step_seconds = pipeline_step_seconds(per_micro_batch, fill, overhead, m);
+  plan->offload_step_seconds = plan->step_seconds - pipeline_step_seconds(without_copies, fill, overhead, m);
   // The node whose offloaded state takes the largest share of its host memory.
   plan->host_offload_bytes_per_node = 0;
   plan->host_memory_bytes_per_node = 0;
@@ -276,11 +279,10 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
   const double model_flops = static_cast<double>(plan->global_batch_sequences) * model_flops_per_sequence(model, plan->seq_len);
   plan->mfu = model_flops / (plan->step_seconds * peak_flops);
   plan->hfu = (model_flops + recompute_flops) / (plan->step_seconds * peak_flops);
-  const double slowest = *std::max_element(per_micro_batch.begin(), per_micro_batch.end());
-  double sum = 0;
-  for (double t : per_micro_batch) sum += t;
-  const double pipe = sum / v + (m - 1.0 / v) * slowest;
-  plan->bubble_fraction = pipe > 0 ? 1.0 - m * slowest / pipe : 0;
+  const int slowest = static_cast<int>(std::max_element(per_micro_batch.begin(), per_micro_batch.end()) - per_micro_batch.begin());
+  double pipe = m * per_micro_batch[slowest];
+  for (int s = 0; s < p; ++s) pipe += s == slowest ? 0 : fill[s] * per_micro_batch[s];
+  plan->bubble_fraction = pipe > 0 ? 1.0 - m * per_micro_batch[slowest] / pipe : 0;
   plan->price_per_million_tokens = price_per_second * plan->step_seconds / tokens * 1e6;
 }
 

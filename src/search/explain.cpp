@@ -13,35 +13,37 @@ namespace alloy {
 
 namespace {
 
-// Step time = m x bottleneck stage + the other stages' fill and drain / v + the bottleneck's
-// per-step overhead (equal to pipeline_step_seconds).
+// Step time = m x bottleneck stage + the other stages' fill and drain (their first chunks' times)
+// + the bottleneck's per-step overhead (equal to pipeline_step_seconds).
 struct StepParts {
   double work_seconds = 0;      // m x the bottleneck stage's time per micro-batch
-  double bubble_seconds = 0;    // the other stages' times / v
+  double bubble_seconds = 0;    // the other stages' first chunks' times
   double overhead_seconds = 0;  // the bottleneck stage's per-step overhead
   int bottleneck = 0;
 };
 
 StepParts step_parts(const Plan& plan) {
   StepParts parts;
-  const double a = plan.num_micro_batches - 1.0 / plan.virtual_chunks;
   double worst = -1;
-  double sum = 0;
+  double fill_sum = 0;
+  double bottleneck_fill = 0;
   double bottleneck_t = 0;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
     const double t = st.forward_seconds + st.backward_seconds;
-    sum += t;
-    const double g = a * t + st.gradient_sync_seconds + st.optimizer_seconds;
+    const double fill = static_cast<double>(st.chunks.front().size()) / st.num_blocks() * t;
+    fill_sum += fill;
+    const double g = plan.num_micro_batches * t - fill + st.gradient_sync_seconds + st.optimizer_seconds;
     if (g > worst) {
       worst = g;
       parts.bottleneck = static_cast<int>(s);
       bottleneck_t = t;
+      bottleneck_fill = fill;
       parts.overhead_seconds = st.gradient_sync_seconds + st.optimizer_seconds;
     }
   }
   parts.work_seconds = plan.num_micro_batches * bottleneck_t;
-  parts.bubble_seconds = (sum - bottleneck_t) / plan.virtual_chunks;
+  parts.bubble_seconds = fill_sum - bottleneck_fill;
   return parts;
 }
 
@@ -199,11 +201,12 @@ Plan plan_build(const CostModel& cost, const Structure& s, const std::vector<std
       plan.stages.push_back(std::move(st));
     }
   }
-  // Chunk c of every stage in pipeline order, then chunk c + 1.
+  // Chunk c of every stage in pipeline order, then chunk c + 1; a stage's chunks as even as its
+  // blocks allow, the larger first.
   int next = 0;
   for (int c = 0; c < s.virtual_chunks; ++c)
     for (int st = 0; st < p; ++st) {
-      const int size = blocks[st] / s.virtual_chunks;
+      const int size = chunk_blocks(blocks[st], s.virtual_chunks, c);
       plan.stages[st].chunks.push_back({next, next + size});
       next += size;
     }

@@ -65,6 +65,16 @@ bool sequence_parallel_fits(const std::vector<TypeGroup>& groups, int64_t micro_
 
 int64_t lcm64(int64_t a, int64_t b) { return a / std::gcd(a, b) * b; }
 
+// Whether a pinned layer split (empty: none) gives every stage at least one block per chunk.
+bool split_holds_chunks(const std::vector<int>& layer_split, int v) {
+  return std::all_of(layer_split.begin(), layer_split.end(), [&](int n) { return n >= v; });
+}
+
+// Whether every stage can take whole units of v blocks: the layers, and a pinned split, divide by v.
+bool split_divides(int layers, const std::vector<int>& layer_split, int v) {
+  return layers % v == 0 && std::all_of(layer_split.begin(), layer_split.end(), [&](int n) { return n % v == 0; });
+}
+
 int factorial(int n) { return n <= 1 ? 1 : n * factorial(n - 1); }
 
 }  // namespace
@@ -76,6 +86,11 @@ bool group_sequence_parallel_runnable(const TypeGroup& group, int64_t micro_batc
   layout.sequence_parallel = true;
   layout.replica_tokens.assign(static_cast<size_t>(group.dp), micro_batch / group.dp * seq_len);
   return stage_features_runnable(layout).ok;
+}
+
+double Structure::min_steady_factor() const {
+  const double largest_fill = split_unit == virtual_chunks ? 1.0 / virtual_chunks : 2.0 / (virtual_chunks + 1);
+  return micro_batches - largest_fill;
 }
 
 int Structure::num_stages() const {
@@ -111,8 +126,8 @@ std::string structure_layout_key(const Structure& s, const ClusterSpec& cluster)
   return key;
 }
 
-OverheadRate sync_overhead_per_unit(const GradientSyncBound& sync, int v) {
-  return {sync.floor_seconds, sync.fixed_seconds, v * sync.per_block_seconds};
+OverheadRate sync_overhead_per_unit(const GradientSyncBound& sync, int unit) {
+  return {sync.floor_seconds, sync.fixed_seconds, unit * sync.per_block_seconds};
 }
 
 StructureBounds::StructureBounds(const CostModel& cost, const SearchOptions& options, const std::vector<TypePool>& pools)
@@ -197,11 +212,11 @@ double StructureBounds::group_send_seconds(const TypeGroup& from, const TypeGrou
 }
 
 void StructureBounds::rates_append(const TypeGroup& g, double unit_seconds, const LayerSecondsBound& t,
-                                   const GroupSync& sync, int v, bool first_group, bool last_group,
+                                   const GroupSync& sync, int unit, bool first_group, bool last_group,
                                    double sends_seconds) {
   const auto add = [&](int count, double fixed_seconds, int ends) {
     rates_.push_back({count, fixed_seconds, unit_seconds});
-    overheads_.push_back(sync_overhead_per_unit(sync[ends], v));
+    overheads_.push_back(sync_overhead_per_unit(sync[ends], unit));
   };
   const double head = last_group ? t.head : 0;
   if (g.stages == 1) {
@@ -217,6 +232,7 @@ void StructureBounds::rates_append(const TypeGroup& g, double unit_seconds, cons
 void StructureBounds::set(Structure* s) {
   const int layers = static_cast<int>(cost_.model().num_layers);
   const int v = s->virtual_chunks;
+  const int unit = s->split_unit;
   const int64_t micro = s->micro_batch_sequences();
   const std::vector<TypeGroup>& groups = *s->groups;
   rates_.clear();
@@ -238,8 +254,8 @@ void StructureBounds::set(Structure* s) {
     // A family's order is open: its embedding and head may sit on any group, its groups meet
     // in any order.
     if (s->all_orders) {
-      rates_.push_back({groups[g].stages, 0, v * t.block});
-      overheads_.push_back(sync_overhead_per_unit(sync[3], v));
+      rates_.push_back({groups[g].stages, 0, unit * t.block});
+      overheads_.push_back(sync_overhead_per_unit(sync[3], unit));
     } else {
       // Each group's last stage sends every chunk of a micro-batch to the next group and its
       // gradient back; the last group's, when interleaved, all but one to the first group.
@@ -249,7 +265,7 @@ void StructureBounds::set(Structure* s) {
       const int chunks = model_is_moe(cost_.model()) ? 0 : last ? (groups.size() > 1 ? v - 1 : 0) : v;
       const double group_sends =
           chunks > 0 ? 2.0 * chunks * group_send_seconds(groups[g], groups[last ? 0 : g + 1], boundary_bytes) : 0;
-      rates_append(groups[g], v * t.block, t, sync, v, first, last, group_sends);
+      rates_append(groups[g], unit * t.block, t, sync, unit, first, last, group_sends);
       sends += group_sends;
     }
     if (first) end_layers += t.embedding;
@@ -261,11 +277,11 @@ void StructureBounds::set(Structure* s) {
     stages += groups[g].stages;
   }
   if (s->all_orders) end_layers = fewest_embedding + fewest_head;
-  // Every stage's time is at least its layers' time: the sum over stages is at least one unit
-  // of blocks per stage at its own speed, the other blocks at the fastest type's, plus the
-  // embedding, the head and the sends between groups; the slowest stage's steady state and
-  // per-step overhead together at least the best integer split's.
-  s->bottleneck_bound_seconds = split_step_bottleneck_bound(rates_, overheads_, s->micro_batches - 1.0 / v, layers / v);
+  // Every stage's time is at least its layers' time: the sum over stages is at least v blocks
+  // per stage at its own speed, the other blocks at the fastest type's, plus the embedding, the
+  // head and the sends between groups, and its first chunk's share at least 1/v of it; the
+  // slowest stage's steady state and per-step overhead together at least the best integer split's.
+  s->bottleneck_bound_seconds = split_step_bottleneck_bound(rates_, overheads_, s->min_steady_factor(), layers / unit);
   s->lower_bound_seconds = (v * one_block_per_stage + (layers - stages * v) * fastest_block + end_layers + sends) / v +
                            s->bottleneck_bound_seconds;
 }
@@ -376,19 +392,15 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
             std::vector<int> vs = {1};
             if (sched == Schedule::Schedule_interleaved) vs = chunk_options;
             for (int v : vs) {
-              if (sched == Schedule::Schedule_interleaved) {
-                if (stages < 2 || v < 2 || layers % v != 0 || stages * v > layers || m % stages != 0) continue;
-                if (!o.layer_split.empty()) {
-                  bool divisible = true;
-                  for (int n : o.layer_split) divisible = divisible && n % v == 0;
-                  if (!divisible) continue;
-                }
-              }
+              if (sched == Schedule::Schedule_interleaved &&
+                  (stages < 2 || v < 2 || stages * v > layers || m % stages != 0 || !split_holds_chunks(o.layer_split, v)))
+                continue;
               Structure s;
               s.global_batch = batch;
               s.micro_batches = m;
               s.schedule = sched;
               s.virtual_chunks = v;
+              s.split_unit = split_divides(layers, o.layer_split, v) ? v : 1;
               s.groups = shared_groups;
               s.all_orders = families && groups.size() > 1;
               s.orders = s.all_orders ? factorial(static_cast<int>(groups.size())) : 1;

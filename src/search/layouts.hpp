@@ -34,6 +34,10 @@ struct Structure {
   int micro_batches = 1;
   Schedule schedule = Schedule::Schedule_1f1b;
   int virtual_chunks = 1;
+  // Blocks per unit of the layer split: v where every stage's chunks can be equal (the layers,
+  // and a pinned split, divide by v), else 1 with at least v blocks per stage, its chunks sized
+  // by chunk_blocks.
+  int split_unit = 1;
   std::shared_ptr<const std::vector<TypeGroup>> groups;  // pipeline order, shared across variants
   double lower_bound_seconds = 0;  // no layer split of this structure is faster
   double bottleneck_bound_seconds = 0;  // no split has a slowest stage faster: (m - 1/v) x its time
@@ -45,6 +49,11 @@ struct Structure {
 
   int num_stages() const;
   int64_t micro_batch_sequences() const { return global_batch / micro_batches; }
+  // Least blocks per stage: one per chunk.
+  int min_stage_blocks() const { return virtual_chunks; }
+  // No stage's steady-state factor m - f (f: its first chunk's share of its blocks) is below
+  // this: m - 1/v where chunks are equal, m - 2/(v + 1) otherwise (f is largest at v + 1 blocks).
+  double min_steady_factor() const;
 };
 
 // Device ids per type, ascending (node-major), and the tp quantum (gcd of devices per node).
@@ -55,8 +64,8 @@ struct TypePool {
 };
 std::vector<TypePool> type_pools(const ClusterSpec& cluster);
 
-// A stage's gradient sync bound per unit of `v` blocks.
-OverheadRate sync_overhead_per_unit(const GradientSyncBound& sync, int v);
+// A stage's gradient sync bound per unit of `unit` blocks.
+OverheadRate sync_overhead_per_unit(const GradientSyncBound& sync, int unit);
 
 // Lower bounds of structures from per-layer times and the gradient sync every stage pays,
 // cached by (type, tp, per-replica batch) and (type, tp, dp, per-replica batch).
@@ -80,8 +89,8 @@ class StructureBounds {
   double group_send_seconds(const TypeGroup& from, const TypeGroup& to, double bytes);
   // Appends a type group's stages: each takes `unit_seconds` per unit of blocks, the pipeline's
   // first stage also the embedding, its last the head, the group's last stage `sends_seconds`
-  // (to the next group); their overheads, per unit of v blocks.
-  void rates_append(const TypeGroup& g, double unit_seconds, const LayerSecondsBound& t, const GroupSync& sync, int v,
+  // (to the next group); their overheads, per unit of `unit` blocks.
+  void rates_append(const TypeGroup& g, double unit_seconds, const LayerSecondsBound& t, const GroupSync& sync, int unit,
                     bool first_group, bool last_group, double sends_seconds);
 
   const CostModel& cost_;

@@ -23,6 +23,7 @@ struct SlotKey {
   double in_flight, boundary_seconds;
   int chunks_sent, flags, micro_batches;
   int leading_dense_blocks, virtual_chunks;  // StageSlot's: the blocks an MoE model's first stage prices as dense
+  int interleaved_stages;  // the pipeline's stages under interleaving (unequal chunks' peak), else 0
   bool operator==(const SlotKey&) const = default;
 };
 
@@ -55,6 +56,7 @@ struct KeyHash {
     h = mix(h, static_cast<uint64_t>(k.chunks_sent) * 7 + k.flags);
     h = mix(h, static_cast<uint64_t>(k.micro_batches));
     h = mix(h, static_cast<uint64_t>(k.leading_dense_blocks) * 64 + static_cast<uint64_t>(k.virtual_chunks));
+    h = mix(h, static_cast<uint64_t>(k.interleaved_stages));
     return h;
   }
 };

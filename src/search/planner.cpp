@@ -49,8 +49,12 @@ SearchResult plan_search(const CostModel& cost, const SearchOptions& options) {
     throw Error("no layout matches the pinned choices on this cluster", {"", ""},
                 fmt::format("check that tp divides the devices per node and is one model {} runs with ({}), that "
                             "tp x dp x pp uses each device type fully, and that the batch divides into the pinned "
-                            "micro-batches and dp",
-                            cost.model().name, tp_runnable_list(cost.model(), kMaxTensorParallelism)));
+                            "micro-batches and dp{}",
+                            cost.model().name, tp_runnable_list(cost.model(), kMaxTensorParallelism),
+                            options.schedule == Schedule::Schedule_interleaved
+                                ? "; interleaved, every stage needs a layer per chunk (pp x chunks <= layers) and the "
+                                  "micro-batches a multiple of pp"
+                                : ""));
   const bool by_cost = options.objective == Objective::Objective_cost;
   const double tokens = static_cast<double>(cost.train().seq_len);
   auto score_factor = [&](const Structure& s) {

@@ -292,6 +292,14 @@ std::vector<int> stage_offload_counts(int blocks) {
   return counts;
 }
 
+StageSlot slot_with_blocks(const StageSlot& slot, int blocks) {
+  StageSlot out = slot;
+  if (blocks % slot.virtual_chunks != 0)
+    out.in_flight = schedule_micro_batches_in_flight(Schedule::Schedule_interleaved, slot.pipeline_stages, slot.stage_index,
+                                                     slot.micro_batches, stage_chunk_blocks(blocks, slot.virtual_chunks));
+  return out;
+}
+
 StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, int blocks) {
   StageChoice c;
   c.blocks = blocks;
@@ -311,7 +319,7 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
   c.head_holds_lm_matrix = slot.head_holds_lm_matrix;
   c.chunks_sent = slot.chunks_sent;
   c.chunks_received = slot.chunks_received;
-  stage_choice_set_dense_blocks(&c, std::min(slot.leading_dense_blocks, blocks / std::max(1, slot.virtual_chunks)));
+  stage_choice_set_dense_blocks(&c, std::min(slot.leading_dense_blocks, chunk_blocks(blocks, slot.virtual_chunks, 0)));
   return c;
 }
 
@@ -392,7 +400,8 @@ struct AffineStage {
   double memory = 0;        // no recomputation, no offload
   double per_selective = 0;
   double per_full = 0;
-  double transient = 0;     // added once any block recomputes
+  double transient = 0;       // added once any block recomputes selectively, none fully
+  double full_transient = 0;  // added once any block recomputes fully (it rebuilds more)
   double per_offloaded = 0; // each offloaded block's resident state (negative)
   double per_window = 0;    // each block of the offload window
 
@@ -402,7 +411,8 @@ struct AffineStage {
   }
   // Memory with `offload_delta` bytes added by the offloaded blocks.
   double at(int sel, int full, double offload_delta) const {
-    return memory + offload_delta + (sel + full > 0 ? transient : 0) + sel * per_selective + full * per_full;
+    return memory + offload_delta + (full > 0 ? full_transient : sel > 0 ? transient : 0) + sel * per_selective +
+           full * per_full;
   }
 };
 
@@ -415,11 +425,14 @@ AffineStage affine_stage(const Context& c, bool offload, const AffineStage* same
     a.per_selective = same_activations->per_selective;
     a.transient = same_activations->transient;
     a.per_full = same_activations->per_full;
+    a.full_transient = same_activations->full_transient;
   } else {
     const double one_sel = memory_bytes(c, 1, 0, 0);
     a.per_selective = memory_bytes(c, 2, 0, 0) - one_sel;
     a.transient = one_sel - a.memory - a.per_selective;
-    a.per_full = memory_bytes(c, 0, 1, 0) - a.memory - a.transient;
+    const double one_full = memory_bytes(c, 0, 1, 0);
+    a.per_full = memory_bytes(c, 0, 2, 0) - one_full;
+    a.full_transient = one_full - a.memory - a.per_full;
   }
   if (offload) {
     // At depth 1: one block is A + W, three are 3A + 2W.
@@ -448,7 +461,7 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
     return true;
   }
   if (!(a.per_selective < 0)) {  // selective frees nothing (fused attention): the fewest full blocks
-    const double excess = a.at(0, 0, off) + a.transient - cap;
+    const double excess = a.at(0, 0, off) + a.full_transient - cap;
     const int f = std::max(1, static_cast<int>(std::ceil(excess / -a.per_full - 1e-9)));
     if (f > n) return false;
     *selective = 0;
@@ -460,7 +473,7 @@ bool affine_recompute(const Context& c, const AffineStage& a, int recompute_pin,
   double best = std::numeric_limits<double>::infinity();
   // Fewer full blocks than this cannot fit even with every other block selective (one block
   // of slack for rounding): sel(f) <= n - f needs f >= (R + S n) / (S - F).
-  const double excess = a.memory + off + a.transient - cap;
+  const double excess = a.memory + off + std::min(a.transient, a.full_transient) - cap;
   const double first_full = (excess + a.per_selective * n) / (a.per_selective - a.per_full);
   const int f_start = std::max(0, static_cast<int>(std::floor(first_full)) - 1);
   for (int f = f_start; f <= n; ++f) {
@@ -580,7 +593,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
 void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                    std::vector<StageOption>* out) {
   // Parked activations move the recomputation's memory steps: only the exact path prices them.
-  if (blocks >= 3 && pins.offload_activations == 0 && stage_options_affine(cost, slot, blocks, pins, out)) return;
+  if (!getenv("NOAFF") && blocks >= 3 && pins.offload_activations == 0 && stage_options_affine(cost, slot, blocks, pins, out)) return;
   stage_options_exact(cost, slot, blocks, pins, out);
 }
 

@@ -14,7 +14,10 @@ namespace alloy {
 struct StageSlot {
   StageShape shape;
   const StageUnitCosts* unit[2] = {nullptr, nullptr};  // by sequence parallelism; null: not allowed
-  double in_flight = 1;
+  double in_flight = 1;           // micro-batches whose activations the stage holds at its peak
+                                  // (with unequal chunks: slot_with_blocks)
+  int pipeline_stages = 1;        // of the pipeline, and this stage's index in it
+  int stage_index = 0;
   bool has_next = false;          // the pipeline has more than one stage
   double boundary_seconds = 0;    // one send to the next stage
   int chunks_sent = 0;
@@ -24,13 +27,17 @@ struct StageSlot {
   bool has_head = false;
   bool head_holds_lm_matrix = true;
   // MoE models, the first stage: the model's leading dense blocks, the first of its first chunk
-  // of `virtual_chunks` (a stage of k blocks per chunk holds min(leading, k) of them).
+  // of `virtual_chunks` (a stage whose first chunk has k blocks holds min(leading, k) of them).
   int leading_dense_blocks = 0;
   int virtual_chunks = 1;
   int micro_batches = 1;          // per optimizer step
   double capacity_bytes = 0;
   double host_capacity_bytes = 0;  // this device's share of its node's host memory
 };
+
+// The slot as a stage of `blocks` blocks sees it: an interleaved stage whose blocks do not divide
+// by v has unequal chunks (chunk_blocks) and holds the activations its schedule's peak holds.
+StageSlot slot_with_blocks(const StageSlot& slot, int blocks);
 
 struct StageOption {
   double t = 0;  // forward + backward per micro-batch

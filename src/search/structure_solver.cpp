@@ -56,7 +56,8 @@ SlotOptionSets& StructureSolver::option_sets(const SlotInfo& info) {
   SlotKey key{info.unit_key, info.slot.in_flight, info.slot.boundary_seconds, info.slot.chunks_sent,
               (info.slot.has_embedding ? 1 : 0) | (info.slot.has_head ? 2 : 0) |
                   (info.slot.head_holds_lm_matrix ? 4 : 0) | (info.slot.has_next ? 8 : 0),
-              info.slot.micro_batches, info.slot.leading_dense_blocks, info.slot.virtual_chunks};
+              info.slot.micro_batches, info.slot.leading_dense_blocks, info.slot.virtual_chunks,
+              info.slot.virtual_chunks > 1 ? info.slot.pipeline_stages : 0};
   auto it = option_sets_.find(key);
   if (it == option_sets_.end())
     it = option_sets_.emplace(key, SlotOptionSets(static_cast<int>(cost_.model().num_layers))).first;
@@ -67,8 +68,9 @@ const std::vector<StageOption>& StructureSolver::options(const SlotInfo& info, S
   std::vector<StageOption>& set = sets.sets[blocks];
   if (!sets.computed[blocks]) {
     ++stats.stage_option_sets;
-    if (model_is_moe(cost_.model())) stage_options_over_ep(cost_, info.slot, info.at_ep, blocks, pins_, &set);
-    else stage_options(cost_, info.slot, blocks, pins_, &set);
+    const StageSlot slot = slot_with_blocks(info.slot, blocks);
+    if (model_is_moe(cost_.model())) stage_options_over_ep(cost_, slot, info.at_ep, blocks, pins_, &set);
+    else stage_options(cost_, slot, blocks, pins_, &set);
     sets.computed[blocks] = 1;
   }
   return set;
@@ -158,6 +160,8 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
   for (int i = 0; i < p; ++i) {
     StageSlot& slot = out[i].slot;
     slot.in_flight = schedule_micro_batches_in_flight(s.schedule, p, i, s.micro_batches, s.virtual_chunks);
+    slot.pipeline_stages = p;
+    slot.stage_index = i;
     slot.micro_batches = s.micro_batches;
     slot.has_next = p > 1;
     slot.has_embedding = i == 0;
@@ -183,9 +187,9 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
 bool StructureSolver::split_min_sum(const Structure& s, std::vector<SlotInfo>& slot_infos, double cap, const std::vector<int>& k_limit, std::vector<int>* blocks, std::vector<StageOption>* chosen, double* sum) {
   ++stats.split_solves;
   const int p = static_cast<int>(slot_infos.size());
-  const int v = s.virtual_chunks;
-  const int units = static_cast<int>(cost_.model().num_layers) / v;
-  const double a = s.micro_batches - 1.0 / v;
+  const int unit = s.split_unit;
+  const int units = static_cast<int>(cost_.model().num_layers) / unit;
+  const int fewest = s.min_stage_blocks() / unit;  // units per stage at least
   const size_t width = static_cast<size_t>(units) + 1;
   std::vector<double>& best = scratch_.best;
   best.assign((p + 1) * width, kUnbounded);
@@ -197,27 +201,33 @@ bool StructureSolver::split_min_sum(const Structure& s, std::vector<SlotInfo>& s
   best[0] = 0;
   // Per stage, the fastest option under the cap for each layer count. A stage with more
   // blocks is dominated option by option by one with fewer (less memory, time and
-  // overhead), so the first count without an option under the cap ends the list.
+  // overhead), so the first count without an option fitting memory ends the list, and with
+  // equal chunks (the same steady-state factor for every count) the first without one under
+  // the cap; with unequal chunks the factor varies with the count, and later counts may fit.
   std::vector<const StageOption*>& under_cap = scratch_.under_cap;
   under_cap.assign(static_cast<size_t>(p) * width, nullptr);
   std::vector<int> k_max(p + 1, 0);
   for (int st = 0; st < p; ++st) {
-    const int k_first = options_.layer_split.empty() ? 1 : options_.layer_split[st] / v;
-    const int k_last = std::min(k_limit[st], options_.layer_split.empty() ? units - (p - 1) : options_.layer_split[st] / v);
+    const int k_first = options_.layer_split.empty() ? fewest : options_.layer_split[st] / unit;
+    const int k_last =
+        std::min(k_limit[st], options_.layer_split.empty() ? units - (p - 1) * fewest : options_.layer_split[st] / unit);
     SlotOptionSets* sets = nullptr;
     for (int k = k_first; k <= k_last; ++k) {
       const std::vector<StageOption>*& cached = option_table_[st * width + k];
       if (!cached) {
         if (!sets) sets = &option_sets(slot_infos[st]);
-        cached = &options(slot_infos[st], *sets, k * v);
+        cached = &options(slot_infos[st], *sets, k * unit);
       }
+      if (cached->empty()) break;
+      const double a = s.micro_batches - stage_fill_fraction(k * unit, s.virtual_chunks);
       const StageOption* found = nullptr;
       for (const StageOption& o : *cached)
         if (a * o.t + o.u + slot_infos[st].slot.tied_table_seconds <= cap) {
           found = &o;
           break;
         }
-      if (!found) break;
+      if (!found && unit == s.virtual_chunks) break;
+      if (!found) continue;
       under_cap[st * width + k] = found;
       k_max[st] = k;
     }
@@ -227,17 +237,17 @@ bool StructureSolver::split_min_sum(const Structure& s, std::vector<SlotInfo>& s
   std::vector<int> suffix(p + 1, 0);
   for (int st = p - 1; st >= 0; --st) suffix[st] = suffix[st + 1] + k_max[st];
   for (int st = 0; st < p; ++st) {
-    const int remaining_after = p - st - 1;
+    const int remaining_after = (p - st - 1) * fewest;  // units the later stages take at least
     for (int j = 0; j + remaining_after < units; ++j) {
       const double base = best[st * width + j];
       if (base == kUnbounded) continue;
-      const int k_lo = std::max(1, units - j - suffix[st + 1]);
+      const int k_lo = std::max(fewest, units - j - suffix[st + 1]);
       const int k_hi = std::min(k_max[st], units - j - remaining_after);
       for (int k = k_lo; k <= k_hi; ++k) {
         const StageOption* found = under_cap[st * width + k];
-        if (!found) continue;  // below a pinned split
+        if (!found) continue;  // below a pinned split, or over the cap
         const size_t cell = (st + 1) * width + j + k;
-        const double total = base + found->t;
+        const double total = base + stage_fill_fraction(k * unit, s.virtual_chunks) * found->t;
         if (total < best[cell]) {
           best[cell] = total;
           take[cell] = k;
@@ -252,7 +262,7 @@ bool StructureSolver::split_min_sum(const Structure& s, std::vector<SlotInfo>& s
   int j = units;
   for (int st = p; st > 0; --st) {
     const size_t cell = st * width + j;
-    (*blocks)[st - 1] = take[cell] * v;
+    (*blocks)[st - 1] = take[cell] * unit;
     (*chosen)[st - 1] = *pick[cell];
     j -= take[cell];
   }
@@ -265,16 +275,15 @@ std::optional<Solution> StructureSolver::solve(const Structure& s, std::vector<S
                                                bool* limited) {
   option_table_.clear();
   const int v = s.virtual_chunks;
-  const double a = s.micro_batches - 1.0 / v;
   const int p = static_cast<int>(slot_infos.size());
-  const int units = static_cast<int>(cost_.model().num_layers) / v;
+  const int units = static_cast<int>(cost_.model().num_layers) / s.split_unit;
   std::vector<int>& k_limit = scratch_.k_limit;
   k_limit.assign(p, units);
   *limited = false;
   if (threshold_seconds < kUnbounded) {
     const double room = threshold_seconds - (bound - bottleneck_bound);  // for the slowest stage
     for (int st = 0; st < p; ++st) {
-      const double most = stage_most_units(scratch_.stage_rates[st], scratch_.overheads[st], a, room);
+      const double most = stage_most_units(scratch_.stage_rates[st], scratch_.overheads[st], s.min_steady_factor(), room);
       if (most < units) {
         k_limit[st] = static_cast<int>(std::max(0.0, most));
         *limited = true;
@@ -291,19 +300,20 @@ std::optional<Solution> StructureSolver::solve(const Structure& s, std::vector<S
     if (!split_min_sum(s, slot_infos, cap, k_limit, &blocks, &chosen, &sum)) break;
     double bottleneck = 0;
     for (size_t st = 0; st < chosen.size(); ++st)
-      bottleneck = std::max(bottleneck, a * chosen[st].t + chosen[st].u + slot_infos[st].slot.tied_table_seconds);
-    const double step = sum / v + bottleneck;
+      bottleneck = std::max(bottleneck, (s.micro_batches - stage_fill_fraction(blocks[st], v)) * chosen[st].t +
+                                            chosen[st].u + slot_infos[st].slot.tied_table_seconds);
+    const double step = sum + bottleneck;
     if (!best || step < best->step_seconds) {
       best = Solution{s.index, step, step, blocks, chosen};
     }
     const double target = std::min(best->step_seconds, threshold_seconds);
-    if (sum / v + bottleneck_bound >= target) break;
+    if (sum + bottleneck_bound >= target) break;
     // The first solve filled every (stage, count) option set: the exact smallest bottleneck
     // over all splits bounds every later one. Priced only when the cheap bound falls short.
     if (!exact_bottleneck) {
       bottleneck_bound = std::max(bottleneck_bound, min_bottleneck(s, slot_infos));
       exact_bottleneck = true;
-      if (sum / v + bottleneck_bound >= target) break;
+      if (sum + bottleneck_bound >= target) break;
     }
     cap = std::nextafter(bottleneck, 0.0);
   }
@@ -312,13 +322,12 @@ std::optional<Solution> StructureSolver::solve(const Structure& s, std::vector<S
 
 double StructureSolver::min_bottleneck(const Structure& s, const std::vector<SlotInfo>& slot_infos) {
   const int p = static_cast<int>(slot_infos.size());
-  const int v = s.virtual_chunks;
-  const int units = static_cast<int>(cost_.model().num_layers) / v;
-  const double a = s.micro_batches - 1.0 / v;
+  const int unit = s.split_unit;
+  const int units = static_cast<int>(cost_.model().num_layers) / unit;
   const size_t width = static_cast<size_t>(units) + 1;
-  // Per (stage, count): the stage's smallest (m - 1/v) t + u; NaN where the structure does not
-  // allow the count (pinned split). Counts end at the first without an option (more blocks
-  // need more memory).
+  // Per (stage, count): the stage's smallest (m - f) t + u; NaN where the structure does not
+  // allow the count (pinned split, fewer blocks than chunks). Counts end at the first without
+  // an option (more blocks need more memory).
   std::vector<double>& fastest = scratch_.fastest;
   fastest.assign(p * width, kUnbounded);
   std::vector<int>& k_end = scratch_.k_end;
@@ -334,6 +343,7 @@ double StructureSolver::min_bottleneck(const Structure& s, const std::vector<Slo
         k_end[st] = k;
         break;
       }
+      const double a = s.micro_batches - stage_fill_fraction(k * unit, s.virtual_chunks);
       for (const StageOption& o : *set)
         fastest[st * width + k] =
             std::min(fastest[st * width + k], a * o.t + o.u + slot_infos[st].slot.tied_table_seconds);
@@ -359,8 +369,9 @@ double StructureSolver::min_bottleneck(const Structure& s, const std::vector<Slo
 double StructureSolver::refined_lower_bound(const Structure& s, const std::vector<SlotInfo>& slot_infos,
                                             double* bottleneck) {
   const int v = s.virtual_chunks;
+  const int unit = s.split_unit;
   const int layers = static_cast<int>(cost_.model().num_layers);
-  const int units = layers / v;
+  const int units = layers / unit;
   const int p = static_cast<int>(slot_infos.size());
   std::vector<StageRate>& stages = scratch_.stage_rates;
   std::vector<OverheadRate>& overheads = scratch_.overheads;
@@ -380,31 +391,31 @@ double StructureSolver::refined_lower_bound(const Structure& s, const std::vecto
       if (slot.has_head) f += u->head.forward_seconds + u->head.backward_seconds;
       stages[i].fixed_seconds = std::min(stages[i].fixed_seconds, f);
       const OverheadRate sync = sync_overhead_per_unit(
-          cost_.stage_gradient_sync_bound(slot_infos[i].reduce, *u, slot.has_embedding, slot.has_head), v);
+          cost_.stage_gradient_sync_bound(slot_infos[i].reduce, *u, slot.has_embedding, slot.has_head), unit);
       overhead = {std::min(overhead.floor_seconds, sync.floor_seconds), std::min(overhead.fixed_seconds, sync.fixed_seconds),
                   std::min(overhead.unit_seconds, sync.unit_seconds)};
     }
     // The first and last stage also sum the table tied between them, every step.
     overhead.floor_seconds += slot.tied_table_seconds;
     overhead.fixed_seconds += slot.tied_table_seconds;
-    stages[i].unit_seconds = v * per_block;
+    stages[i].unit_seconds = unit * per_block;
     fixed_sum += stages[i].fixed_seconds + v * per_block;
     fastest = std::min(fastest, per_block);
   }
-  *bottleneck = split_step_bottleneck_bound(stages, overheads, s.micro_batches - 1.0 / v, units);
+  *bottleneck = split_step_bottleneck_bound(stages, overheads, s.min_steady_factor(), units);
   const double sum = fixed_sum + (layers - p * v) * fastest;
   return sum / v + *bottleneck;
 }
 
 double StructureSolver::frugal_memory_ratio(const Structure& s, std::vector<SlotInfo>& slot_infos, double* bytes, int* type, HostShortfall* host) {
   const int p = static_cast<int>(slot_infos.size());
-  const int v = s.virtual_chunks;
-  const int units = static_cast<int>(cost_.model().num_layers) / v;
+  const int unit = s.split_unit;
+  const int units = static_cast<int>(cost_.model().num_layers) / unit;
   double worst = 0;
   HostShortfall need{0, 0, 0};
   for (int st = 0; st < p; ++st) {
-    const StageSlot& slot = slot_infos[st].slot;
-    const int k = (units / p + (st < units % p ? 1 : 0)) * v;
+    const int k = (units / p + (st < units % p ? 1 : 0)) * unit;
+    const StageSlot slot = slot_with_blocks(slot_infos[st].slot, k);
     const double bytes_needed = stage_min_memory_bytes(cost_, slot, k, pins_);
     const double ratio = bytes_needed / slot.capacity_bytes;
     if (ratio > worst) {

@@ -29,6 +29,14 @@ int interleaved_warmup_chunks(int stages, int stage, int micro_batches, int v) {
   return std::min(total, (stages - stage - 1) * 2 + (v - 1) * stages);
 }
 
+int interleaved_forward_chunk(int k, int stages, int micro_batches, int v) {
+  const int group = k / (stages * v);
+  const int group_size = std::min(stages, micro_batches - group * stages);
+  return (k - group * stages * v) / group_size;
+}
+
+int chunk_blocks(int blocks, int v, int chunk) { return blocks / v + (chunk < blocks % v ? 1 : 0); }
+
 const char* schedule_name(Schedule s) {
   switch (s) {
     case Schedule::Schedule_gpipe: return "gpipe";

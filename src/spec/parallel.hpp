@@ -26,6 +26,12 @@ const char* schedule_name(Schedule s);
 // more micro-batches than stages, else 2(p - s - 1) + (v - 1)p, at most m * v. The step schedule
 // and the cost model's activation memory both follow it.
 int interleaved_warmup_chunks(int stages, int stage, int micro_batches, int v);
+// Chunk of the k-th chunk forward (0 <= k < m * v) of the interleaved schedule: micro-batches go
+// in groups of p (the last group may be smaller), every chunk for a whole group before the next.
+int interleaved_forward_chunk(int k, int stages, int micro_batches, int v);
+// Blocks of chunk `chunk` when a stage of `blocks` blocks (>= v) splits into `v` chunks: as even
+// as possible, the larger chunks first (the first blocks % v take one block more).
+int chunk_blocks(int blocks, int v, int chunk);
 bool schedule_parse(const std::string& text, Schedule* out);
 
 }  // namespace alloy

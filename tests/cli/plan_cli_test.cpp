@@ -2,6 +2,7 @@
 // plans, simulates and reports; bad requests and hand-broken plans end in clear errors.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "../common/test_util.hpp"
@@ -75,6 +76,8 @@ TEST(PlanCli, BadRequestsExitTwo) {
       {"batch not divisible", "--model llama-2-7b --cluster a100-8 --global-batch 10 --micro-batch 3", "batch"},
       {"unknown schedule", "--model llama-2-7b --cluster a100-8 --schedule zigzag", "schedule"},
       {"bad layer split", "--model llama-2-7b --cluster a100-8 --layer-split 10,x", "layer-split"},
+      {"more chunks than layers", "--model llama-2-7b --cluster a100-8 --pp 8 --schedule interleaved --chunks 5",
+       "a layer per chunk"},
   };
   for (const auto& c : cases) {
     CommandResult r = alloy("plan " + c.args);
@@ -117,6 +120,18 @@ TEST_F(BrokenPlans, LayerMissing) {
   CommandResult r = simulate_edited(plan);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("stages[0]"), std::string::npos) << r.output;
+}
+
+// A chunk of no layers is named, whatever the stage's other chunks hold.
+TEST_F(BrokenPlans, EmptyChunk) {
+  nlohmann::json plan = plan_;
+  const int last = static_cast<int>(plan["stages"].size()) - 1;
+  nlohmann::json& chunk = plan["stages"][last]["chunks"][0];
+  chunk[1] = chunk[0].get<int>();
+  CommandResult r = simulate_edited(plan);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("stages[{}].chunks[0]", last)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("empty layer range"), std::string::npos) << r.output;
 }
 
 TEST_F(BrokenPlans, DeviceUsedTwice) {

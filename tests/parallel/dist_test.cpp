@@ -264,6 +264,17 @@ TEST_F(DistTest, InterleavedWithShardedDataParallelism) {
                              llama_path_, "interleaved-dp2-zero");
 }
 
+// Three blocks per stage in two chunks: chunks of 2 and 1 blocks, the larger first, as the planner
+// sizes them when the blocks do not divide by the chunks.
+TEST_F(DistTest, InterleavedWithUnequalChunks) {
+  expect_matches_single_rank(test_plan(gpt(), cluster(), {{1, 1, 0, {2, 1}}, {1, 1, 0, {2, 1}}},
+                                       Schedule::Schedule_interleaved, 4),
+                             gpt_path_, "interleaved-unequal");
+  expect_matches_single_rank(test_plan(gpt(), cluster(), {{1, 2, 1, {2, 1}}, {1, 2, 2, {2, 1}}},
+                                       Schedule::Schedule_interleaved, 2),
+                             gpt_path_, "interleaved-unequal-dp2-zero");
+}
+
 TEST_F(DistTest, Zero3WithSequenceParallelTensorParallelism) {
   expect_matches_single_rank(test_plan(gpt(), cluster(), {{2, 2, 3, {6}, {R::Recompute_full}, true}}, k1f1b, 2), gpt_path_,
                              "zero3-tp2-sp");

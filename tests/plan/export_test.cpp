@@ -61,6 +61,28 @@ TEST(PlanExport, UnevenFirstAndLastStagesUseMegatronFlags) {
   EXPECT_NE(e.text.find("--decoder-last-pipeline-num-layers 9"), std::string::npos) << e.text;
 }
 
+// 32 layers on 4 stages of 8 in 3 chunks: 3, 3 and 2 layers, which Megatron's one
+// layers-per-chunk flag cannot express.
+TEST(PlanExport, UnequalChunksAreListedAsUnsupported) {
+  ExportCase s("a100-8");
+  SearchOptions o;
+  o.pp = 4;
+  o.tp = 1;
+  o.dp = 2;
+  o.schedule = Schedule::Schedule_interleaved;
+  o.virtual_chunks = 3;
+  o.num_micro_batches = 8;
+  o.layer_split = {8, 8, 8, 8};
+  o.allow_offload = false;
+  const Plan plan = s.search(o);
+  ASSERT_EQ(plan.stages[0].chunks[2].size(), 2);
+  const PlanExport e = plan_export_megatron(plan, s.model, s.train);
+  EXPECT_FALSE(e.exact());
+  EXPECT_NE(plan_export_render(e, "megatron").find("unequal layer counts"), std::string::npos)
+      << plan_export_render(e, "megatron");
+  EXPECT_NE(e.text.find("--num-layers-per-virtual-pipeline-stage 3"), std::string::npos) << e.text;
+}
+
 TEST(PlanExport, HeterogeneousPlanListsWhatCannotBeExpressed) {
   ExportCase s("a100-v100");
   s.train.global_batch_sequences = 256;

@@ -195,6 +195,35 @@ TEST(Plan, JsonNumbersAreCheckedNotConverted) {
   EXPECT_THROW(plan_from_json("{\"version\": 1e999}", "p.json"), Error);
 }
 
+// two_stage_plan interleaved over 5 layers: stage 0's chunks hold 2 and 1, stage 1's 1 and 1.
+Plan unequal_chunks_plan() {
+  Plan p = two_stage_plan();
+  p.num_layers = 5;
+  p.schedule = Schedule::Schedule_interleaved;
+  p.virtual_chunks = 2;
+  p.stages[0].chunks = {{0, 2}, {3, 4}};
+  p.stages[1].chunks = {{2, 3}, {4, 5}};
+  p.stages[0].recompute.assign(3, Recompute::Recompute_none);
+  p.stages[0].offload.assign(3, false);
+  return p;
+}
+
+TEST(Plan, InterleavedChunksMayDifferInSizeButNotBeEmpty) {
+  EXPECT_NO_THROW(plan_validate(unequal_chunks_plan()));
+  Plan p = unequal_chunks_plan();
+  p.num_layers = 4;
+  p.stages[1].chunks[1] = {4, 4};
+  expect_error(p, "stages[1].chunks[1]", "empty layer range [4, 4)");
+  // The same read from a file: the error names the file and the chunk.
+  try {
+    plan_from_json(plan_to_json(p), "plan.json");
+    ADD_FAILURE() << "no error for an empty chunk";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().file, "plan.json");
+    EXPECT_EQ(e.where().field, "stages[1].chunks[1]");
+  }
+}
+
 // Stage 1 of two_stage_plan split unevenly: replica 0 takes 3 of each 4 sequences in two passes.
 // (A single-stage plan: pieces need one stage.)
 Plan uneven_plan() {

@@ -41,6 +41,8 @@ class Exhaustive {
  public:
   // `offload`: also offload blocks' weights to host memory (the planner's allow_offload).
   explicit Exhaustive(const CostModel& cost, bool offload = true) : cost_(cost), offload_(offload) {}
+  // Only the interleaved schedule, as SearchOptions::schedule pins it.
+  void interleaved_only() { schedules_ = {Schedule::Schedule_interleaved}; }
 
   double best() {
     const ClusterSpec& c = cost_.cluster();
@@ -116,9 +118,9 @@ class Exhaustive {
       bool divides = true;
       for (const Group& g : groups) divides = divides && (batch / m) % g.dp == 0;
       if (!divides) continue;
-      for (Schedule sched : {Schedule::Schedule_gpipe, Schedule::Schedule_1f1b, Schedule::Schedule_interleaved}) {
+      for (Schedule sched : schedules_) {
         for (int v : sched == Schedule::Schedule_interleaved ? std::vector<int>{2, 4} : std::vector<int>{1}) {
-          if (v > 1 && (p < 2 || layers % v != 0 || p * v > layers || m % p != 0)) continue;
+          if (v > 1 && (p < 2 || p * v > layers || m % p != 0)) continue;
           best = std::min(best, over_splits(groups, p, m, sched, v));
         }
       }
@@ -138,7 +140,11 @@ class Exhaustive {
         stage_group.push_back(&g);
       }
     }
-    const int units = static_cast<int>(cost_.model().num_layers) / v;
+    // Every split with at least v blocks per stage (in units of v where the layers divide by it).
+    const int layers = static_cast<int>(cost_.model().num_layers);
+    const int unit = layers % v == 0 ? v : 1;
+    const int units = layers / unit;
+    const int fewest = v / unit;
     std::vector<int> split(p, 1);
     double best = kInf;
     std::function<void(int, int)> rec = [&](int s, int left) {
@@ -146,14 +152,15 @@ class Exhaustive {
         split[s] = left;
         std::vector<std::vector<Point>> fronts(p);
         for (int i = 0; i < p; ++i) {
-          fronts[i] = stage_front(stage_ids, *stage_group[i], i, p, m, sched, v, micro, split[i] * v);
+          fronts[i] = stage_front(stage_ids, *stage_group[i], i, p, m, sched, v, micro, split[i] * unit);
           if (fronts[i].empty()) return;
         }
         // A table tied between the first and last stage is summed between them every step.
         const double tied = network_tied_table_seconds(
             cost_.cluster(), cost_.model(), static_cast<int>(cost_.gradient_wire_bytes(0)), stage_ids.front(),
             stage_group.front()->tp, stage_ids[p - 1], stage_group[p - 1]->tp);
-        std::vector<double> t(p), u(p);
+        std::vector<double> t(p), u(p), fill(p);
+        for (int i = 0; i < p; ++i) fill[i] = stage_fill_fraction(split[i] * unit, v);
         std::function<void(int)> combine = [&](int i) {
           if (i == p) {
             std::vector<double> with_tied = u;
@@ -161,7 +168,7 @@ class Exhaustive {
               with_tied.front() += tied;
               with_tied.back() += tied;
             }
-            best = std::min(best, pipeline_step_seconds(t, with_tied, m, v));
+            best = std::min(best, pipeline_step_seconds(t, fill, with_tied, m));
             return;
           }
           for (const Point& pt : fronts[i]) {
@@ -173,7 +180,7 @@ class Exhaustive {
         combine(0);
         return;
       }
-      for (int k = 1; k <= left - (p - 1 - s); ++k) {
+      for (int k = fewest; k <= left - (p - 1 - s) * fewest; ++k) {
         split[s] = k;
         rec(s + 1, left - k);
       }
@@ -195,7 +202,7 @@ class Exhaustive {
         send = boundary_seconds(unit.boundary_bytes, cost_.boundary_link(stage_ids[s], stage_ids[next]));
         chunks_sent = s + 1 < p ? v : v - 1;
       }
-      const double in_flight = schedule_micro_batches_in_flight(sched, p, s, m, v);
+      const double in_flight = schedule_micro_batches_in_flight(sched, p, s, m, stage_chunk_blocks(blocks, v));
       for (int zero = 0; zero <= 3; ++zero)
         for (int shard = 0; shard <= (zero >= 2 && g.dp > 1 ? 1 : 0); ++shard)
         for (int full = 0; full <= blocks; ++full)
@@ -222,6 +229,9 @@ class Exhaustive {
                 c.has_embedding = s == 0;
                 c.has_head = s == p - 1;
                 c.head_holds_lm_matrix = !(cost_.model().tied_embeddings && p == 1);
+                // Each chunk's input and output between stages is held with its activations.
+                c.chunks_sent = chunks_sent;
+                c.chunks_received = p > 1 ? (s > 0 ? v : v - 1) : 0;
                 const MemoryBreakdown mem = cost_.stage_memory(shape, unit, c, in_flight, p > 1);
                 if (mem.total_bytes() > cost_.device_memory_bytes(shape.device_type)) continue;
                 if (mem.host_offload_bytes > cost_.host_memory_share_bytes(shape.device_type)) continue;
@@ -259,6 +269,7 @@ class Exhaustive {
 
   const CostModel& cost_;
   bool offload_ = true;
+  std::vector<Schedule> schedules_ = {Schedule::Schedule_gpipe, Schedule::Schedule_1f1b, Schedule::Schedule_interleaved};
 };
 
 struct Problem {
@@ -267,13 +278,13 @@ struct Problem {
   TrainSpec train;
 };
 
-Problem random_problem(std::mt19937& rng) {
+Problem random_problem(std::mt19937& rng, const std::vector<int>& layer_counts = {2, 3, 4, 4, 6, 8}) {
   auto pick = [&](std::vector<int> values) { return values[std::uniform_int_distribution<size_t>(0, values.size() - 1)(rng)]; };
   Problem pr;
   const int hidden = pick({256, 512, 1024});
   const int heads = pick({4, 8});
   const bool is_llama = pick({0, 1}) == 1;
-  const int layers = pick({2, 3, 4, 4, 6, 8});
+  const int layers = pick(layer_counts);
   if (is_llama) pr.model = testing::llama("toy-llama", layers, hidden, heads, heads / pick({1, 2}), hidden * 3, pick({512, 2048}));
   else pr.model = testing::gpt2("toy-gpt", layers, hidden, heads, pick({512, 2048}), 1024);
   pr.train = testing::train(pick({256, 512, 1024}), pick({4, 8, 16, 32}));
@@ -394,6 +405,41 @@ TEST(Exhaustive, PlannerMatchesBruteForceOnRandomSmallProblems) {
 // Devices whose memory is slower than the host's optimizer stream (20 GB/s): offloading a block
 // lowers the per-step overhead, the case where the stage search may not stop at the first count
 // that fits (overhead falls with the count while time grows).
+// Layer counts that do not divide by the chunks: interleaved stages of unequal chunks, split in
+// single layers with at least one per chunk, priced with their first chunk's share.
+TEST(Exhaustive, PlannerMatchesBruteForceWithUnequalChunks) {
+  std::mt19937 rng(20261203);
+  int feasible = 0;
+  int unequal = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    Problem pr = random_problem(rng, {5, 7, 9, 10});
+    CostModel cost(pr.model, pr.cluster, pr.train);
+    Exhaustive brute_force(cost);
+    brute_force.interleaved_only();
+    const double brute = brute_force.best();
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ": L" << pr.model.num_layers << " devices "
+                                      << pr.cluster.devices.size() << " batch " << pr.train.global_batch_sequences);
+    SearchOptions interleaved = kLayerSplitsOnly;
+    interleaved.schedule = Schedule::Schedule_interleaved;
+    if (brute == kInf) {
+      EXPECT_THROW(plan_search(cost, interleaved), Error);
+      continue;
+    }
+    ++feasible;
+    const SearchResult r = plan_search(cost, interleaved);
+    EXPECT_NEAR(r.plan.step_seconds, brute, 1e-9 * brute);
+    plan_validate_for(r.plan, pr.model, pr.cluster);
+    for (const PlanStage& st : r.plan.stages)
+      if (st.chunks.front().size() != st.chunks.back().size()) {
+        ++unequal;
+        break;
+      }
+  }
+  std::printf("feasible %d, best plan with unequal chunks %d\n", feasible, unequal);
+  EXPECT_GE(feasible, 8);
+  EXPECT_GE(unequal, 3);
+}
+
 TEST(Exhaustive, PlannerMatchesBruteForceWhenTheHostOptimizerIsFaster) {
   std::mt19937 rng(20261130);
   int offloaded = 0;

@@ -135,6 +135,40 @@ TEST(Planner, AllDevicesKeepsOnlyLayoutsThatUseEveryDevice) {
   EXPECT_NO_THROW(plan_search(small_cost, {}));
 }
 
+// A layer count that does not divide by the chunks: the planner splits it in single layers, at
+// least one per chunk, and sizes each stage's chunks as evenly as it can, the larger first.
+TEST(Planner, InterleavesLayerCountsThatDoNotDivideByTheChunks) {
+  using namespace testing;
+  const ModelSpec model = llama("llama-10", 10, 1024, 16, 4, 2816, 32000);
+  const ClusterSpec cluster = testing::cluster("a100x3", {a100_80()}, {{0, 1, 3}});
+  CostModel cost(model, cluster, train(2048, 12));
+  SearchOptions o;
+  o.pp = 3;
+  o.tp = 1;
+  o.virtual_chunks = 3;  // 10 layers, 3 stages: 4 + 3 + 3, the first in chunks of 2, 1 and 1
+  o.num_micro_batches = 3;
+  const SearchResult r = plan_search(cost, o);
+  // As many micro-batches as stages: interleaving's shorter fill and drain beats 1F1B.
+  ASSERT_EQ(r.plan.schedule, Schedule::Schedule_interleaved);
+  ASSERT_EQ(r.plan.virtual_chunks, 3);
+  plan_validate_for(r.plan, model, cluster);
+  bool unequal = false;
+  for (const PlanStage& st : r.plan.stages) {
+    const int n = st.num_blocks();
+    for (int c = 0; c < 3; ++c) EXPECT_EQ(st.chunks[c].size(), n / 3 + (c < n % 3 ? 1 : 0)) << "chunk " << c;
+    unequal = unequal || n % 3 != 0;
+  }
+  EXPECT_TRUE(unequal);
+  // The search's price is the plan's, re-evaluated whole.
+  Plan again = r.plan;
+  plan_evaluate(&again, cost);
+  EXPECT_NEAR(again.step_seconds, r.plan.step_seconds, 1e-9 * r.plan.step_seconds);
+  // Pinned to 1F1B the same layout is slower.
+  o.schedule = Schedule::Schedule_1f1b;
+  o.virtual_chunks = 0;
+  EXPECT_GT(plan_search(cost, o).plan.step_seconds, r.plan.step_seconds);
+}
+
 TEST(Planner, DeterministicAndTwoThreadsAgree) {
   using namespace testing;
   const ModelSpec m = llama("toy", 8, 1024, 8, 8, 2816, 8000);

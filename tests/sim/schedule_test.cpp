@@ -123,6 +123,57 @@ TEST(Schedule, CostModelCountsTheActivationsInFlightThatTheScheduleHolds) {
         }
 }
 
+// An interleaved plan whose stage s holds v + s + 1 blocks, its chunks as chunk_blocks sizes them
+// (unequal but where v + s + 1 divides by v).
+Plan unequal_chunk_plan(int p, int m, int v) {
+  Plan plan = uniform_plan(p, m, Schedule::Schedule_interleaved, v);
+  for (PlanStage& st : plan.stages) st.chunks.clear();
+  int layer = 0;
+  for (int c = 0; c < v; ++c)
+    for (int s = 0; s < p; ++s) {
+      const int size = chunk_blocks(v + s + 1, v, c);
+      plan.stages[s].chunks.push_back({layer, layer + size});
+      layer += size;
+    }
+  for (PlanStage& st : plan.stages) {
+    st.recompute.assign(st.num_blocks(), Recompute::Recompute_none);
+    st.offload.assign(st.num_blocks(), false);
+  }
+  plan.num_layers = layer;
+  return plan;
+}
+
+TEST(Schedule, UnequalChunksPassTheCheckerAndPeakWhereTheCostModelSays) {
+  // The held chunks' blocks at their most in each stage's built order, over the stage's blocks:
+  // the steady state replaces a small chunk's activations by a large one's, so the peak can
+  // come after the warm-up.
+  int above_warmup = 0;
+  for (int p : {2, 3, 4})
+    for (int m : {2, 4, 6, 8})
+      for (int v : {2, 3}) {
+        const Plan plan = unequal_chunk_plan(p, m, v);
+        ASSERT_NO_THROW(plan_validate(plan));
+        const StepSchedule sched = schedule_build(plan, model_with_layers(plan.num_layers));
+        EXPECT_NO_THROW(schedule_check(sched)) << "p " << p << " m " << m << " v " << v;
+        for (int s = 0; s < p; ++s) {
+          const PlanStage& st = plan.stages[s];
+          std::vector<int> sizes;
+          for (const LayerRange& c : st.chunks) sizes.push_back(c.size());
+          int live = 0, peak = 0, forwards = 0, warmup_peak = 0;
+          for (const Item& it : compute_items(sched.ranks[s])) {
+            live += it.forward ? sizes[it.chunk] : -sizes[it.chunk];
+            peak = std::max(peak, live);
+            if (it.forward && ++forwards <= interleaved_warmup_chunks(p, s, m, v) + 1) warmup_peak = peak;
+          }
+          above_warmup += peak > warmup_peak;
+          EXPECT_DOUBLE_EQ(schedule_micro_batches_in_flight(plan.schedule, p, s, m, sizes),
+                           static_cast<double>(peak) / st.num_blocks())
+              << "p " << p << " stage " << s << " m " << m << " v " << v;
+        }
+      }
+  EXPECT_GT(above_warmup, 0);
+}
+
 TEST(Schedule, EveryScheduleAndShapePassesTheChecker) {
   int checked = 0;
   for (Schedule kind : {Schedule::Schedule_gpipe, Schedule::Schedule_1f1b, Schedule::Schedule_interleaved})

@@ -47,8 +47,8 @@ constexpr RuntimeTraits kCpuRuntime = {
     // The runtime's GEMMs at small-gpt's layer shapes on one thread, fitted to the curve
     // (docs/catalog.md, [23]).
     .matmul_peak_efficiency_by_precision = {0.72, 0.72, 0.72, 0.72, 0.72},
-    .matmul_half_rows = 19.0,
-    .matmul_half_cols = 2.0,
+    .matmul_half_rows = 16.0,
+    .matmul_half_cols = 4.0,
     // Norms, activations and residual adds run as loops of their own between the GEMMs on the
     // same core, so their time adds to the GEMMs'.
     .elementwise_kernels_separate = true,
@@ -61,7 +61,7 @@ constexpr RuntimeTraits kCpuRuntime = {
     .collectives_flat_ring_only = true,
     // MPI's reductions as the runtime's progress thread drives them: the 2-rank all-reduce of
     // 16 MiB less the ring's time over the shm link (docs/catalog.md, [23]).
-    .collective_reduction_bytes_per_second = 0.7e9,
+    .collective_reduction_bytes_per_second = 1.75e9,
     // It stores the softmax scores.
     .attention_memory = AttentionMemory::AttentionMemory_scores,
     .backward_workspace = BackwardWorkspace::BackwardWorkspace_mlp_peak,

@@ -20,8 +20,8 @@ TEST(RuntimeTraits, CpuAndGpuDifferWhereTheRuntimesDo) {
 
   EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.72);
   EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.72);
-  EXPECT_DOUBLE_EQ(cpu.matmul_half_rows, 19.0);
-  EXPECT_DOUBLE_EQ(cpu.matmul_half_cols, 2.0);
+  EXPECT_DOUBLE_EQ(cpu.matmul_half_rows, 16.0);
+  EXPECT_DOUBLE_EQ(cpu.matmul_half_cols, 4.0);
   EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.80);
   EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_tf32), 0.65);
   EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.70);
@@ -70,7 +70,7 @@ TEST(RuntimeTraits, ComputeTimeFollowsTheRuntimesCurve) {
   EXPECT_DOUBLE_EQ(compute_seconds(uncalibrated, bf16, work, false),
                    1e12 / (h100.peak_flops(bf16) * 0.70 * (256.0 / 384.0) * (512.0 / 640.0)));
   EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false),
-                   1e12 / (cpu.peak_flops(bf16) * 0.72 * (256.0 / 275.0) * (512.0 / 514.0)));
+                   1e12 / (cpu.peak_flops(bf16) * 0.72 * (256.0 / 272.0) * (512.0 / 516.0)));
 
   // Memory-bound work: an emulated device at half speed moves its bytes at half the bandwidth;
   // a real device's speed does not touch its memory.

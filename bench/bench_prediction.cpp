@@ -3,8 +3,10 @@
 // profile with a run of the planner's best plan on all of the case's devices, plans small-gpt
 // with that calibrated profile (pinned to cover pipeline, tensor and data parallelism and
 // recomputation), runs the plan with mpirun and compares its step time and peak arena memory per
-// rank with the plan's prediction. Every row prints the medians over rounds of the prediction,
-// the measurement and their error, then the median and worst errors over the rows.
+// rank with the plan's prediction. The same plan is also priced without any profile, from the
+// cluster file and the device catalog alone (what a user who has not profiled gets), and compared
+// with the same run. Every row prints the medians over rounds of both predictions, the
+// measurement and their errors, then the median and worst errors over the rows.
 // This machine's cores have slow spells (other tenants; one core at 60-75% of its usual rate,
 // from under a second to tens of seconds) and its overall speed drifts by up to 1.5x over tens of
 // minutes: calibrating once, minutes before the plans run, shifted every prediction of a cluster
@@ -13,6 +15,7 @@
 // side, as every speed ratio here is measured; the spread column shows how far the rounds'
 // measurements were apart.
 //   bench_prediction [--steps N] [--rounds R] [--keep]
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +38,12 @@
 #include "search/planner.hpp"
 
 namespace {
+
+// The machine's 1-minute load average: other jobs on its cores move every step time here.
+double load_average() {
+  double load = 0;
+  return getloadavg(&load, 1) == 1 ? load : -1;
+}
 
 struct Case {
   std::string name;
@@ -89,6 +98,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--keep") keep = true;
   alloy::bench::mpi_environment_set();
+  const double load_at_start = load_average();
   const std::string alloy = alloy::bench::alloy_next_to_self();
   const std::string source = ALLOY_SOURCE_DIR;
   const std::string dir = std::filesystem::temp_directory_path() / fmt::format("alloy-prediction-{}", getpid());
@@ -135,7 +145,7 @@ int main(int argc, char** argv) {
   std::vector<std::vector<Measured>> results(cases.size());  // [case][round that ran]
   std::set<int> calibration_shown;                            // clusters (by ranks) whose calibration was printed
   for (int round = 0; round < rounds; ++round) {
-    std::fprintf(stderr, "round %d of %d ...\n", round + 1, rounds);
+    std::fprintf(stderr, "round %d of %d (load %.2f) ...\n", round + 1, rounds, load_average());
     for (size_t k = 0; k < cases.size(); ++k) {
       const int ranks = cases[k].ranks;
       const std::string calibrated = fmt::format("{}/profile-{}-{}.json", dir, k, round);
@@ -209,6 +219,7 @@ int main(int argc, char** argv) {
     std::printf("peak arena memory error per rank: worst %.1f%% (target 5%%)\n",
                 100 * *std::max_element(memory_errors.begin(), memory_errors.end()));
   }
+  std::printf("load average (1 minute): %.2f at the start, %.2f at the end\n", load_at_start, load_average());
   if (keep)
     std::printf("plans, profiles, logs and outputs kept in %s\n", dir.c_str());
   else

@@ -6,9 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <map>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -100,20 +98,13 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
 }
 
 void CostModel::priced_types_set() {
-  int sharing = 0;  // devices whose runtime shares the host's cores
-  for (const Device& d : cluster_.devices) sharing += runtime_traits(cluster_.device_type(d)).devices_share_host_cores ? 1 : 0;
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  // ALLOY_TIME_DILATION sets the runtime's dilation (runtime/device_speed.hpp, which refuses a
-  // malformed one); the runtime slows every CPU rank by it then, shared cores or not.
-  const char* forced = std::getenv("ALLOY_TIME_DILATION");
-  const double forced_dilation = forced != nullptr ? std::atof(forced) : 0.0;
-  const double dilation = sharing > 0 && forced_dilation >= 1 ? forced_dilation : shared_cores_dilation(sharing, cores);
+  const SharedCores shared = shared_cores_of(cluster_);
   priced_types_ = cluster_.device_types;
   for (DeviceType& type : priced_types_)
-    if (runtime_traits(type).devices_share_host_cores) type.speed /= dilation;
-  if (dilation > 1 && !(profile_ && !profile_->device_types.empty()))
+    if (runtime_traits(type).devices_share_host_cores) type.speed /= shared.dilation;
+  if (shared.dilation > 1 && !(profile_ && !profile_->device_types.empty()))
     notes_.insert(fmt::format("{} CPU devices on this machine's {} cores: their compute is priced {:.2g}x slower, as the runtime "
-                              "slows each rank (docs/runtime-distributed.md)", sharing, cores, dilation));
+                              "slows each rank (docs/runtime-distributed.md)", shared.devices, shared.cores, shared.dilation));
 }
 
 double CostModel::device_memory_bytes(int device_type) const {

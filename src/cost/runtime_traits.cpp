@@ -3,6 +3,8 @@
 #include "cost/runtime_traits.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -83,6 +85,16 @@ constexpr RuntimeTraits kCpuRuntime = {
 }  // namespace
 
 const RuntimeTraits& runtime_traits(const DeviceType& type) { return type.is_cpu ? kCpuRuntime : kGpuRuntime; }
+
+SharedCores shared_cores_of(const ClusterSpec& cluster) {
+  SharedCores shared;
+  for (const Device& d : cluster.devices) shared.devices += runtime_traits(cluster.device_type(d)).devices_share_host_cores ? 1 : 0;
+  shared.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const char* forced = std::getenv("ALLOY_TIME_DILATION");
+  const double forced_dilation = forced != nullptr ? std::atof(forced) : 0.0;
+  shared.dilation = shared.devices > 0 && forced_dilation >= 1 ? forced_dilation : shared_cores_dilation(shared.devices, shared.cores);
+  return shared;
+}
 
 double collective_reduction_seconds(const RuntimeTraits& runtime, CollectiveOp op, double bytes, int ranks) {
   const bool reduces = op == CollectiveOp::CollectiveOp_all_reduce || op == CollectiveOp::CollectiveOp_reduce_scatter;

@@ -7,6 +7,7 @@
 
 #include "cost/comm.hpp"
 #include "cost/layer_cost.hpp"
+#include "spec/cluster.hpp"
 #include "spec/device_type.hpp"
 
 namespace alloy {
@@ -68,6 +69,16 @@ const RuntimeTraits& runtime_traits(const DeviceType& type);
 // cores compute when `devices` of them run on `cores` cores: devices / cores, at least 1 (the
 // CPU runtime's time dilation at its default of one thread per rank once ranks outnumber cores).
 double shared_cores_dilation(int devices, int cores);
+
+// The devices of `cluster` whose runtime shares this machine's cores, its cores, and the time
+// dilation the runtime gives them: shared_cores_dilation, or ALLOY_TIME_DILATION where it is set
+// (the runtime refuses a malformed one; it slows every CPU rank by it then).
+struct SharedCores {
+  int devices = 0;
+  int cores = 1;
+  double dilation = 1;
+};
+SharedCores shared_cores_of(const ClusterSpec& cluster);
 
 // Seconds a collective of `ranks` members over `bytes` spends combining what its members receive,
 // beyond the link's time: (ranks - 1) / ranks of the buffer at the runtime's reduction rate for

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "../support/specs.hpp"
@@ -151,6 +152,7 @@ TEST(RuntimeTraits, CpuDevicesBeyondTheCoresArePricedSlowerByTheirShare) {
   EXPECT_DOUBLE_EQ(shared_cores_dilation(4, 2), 2.0);
   EXPECT_DOUBLE_EQ(shared_cores_dilation(3, 2), 1.5);
 
+  if (std::getenv("ALLOY_TIME_DILATION") != nullptr) GTEST_SKIP() << "ALLOY_TIME_DILATION sets the dilation instead";
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const DeviceType& cpu = *catalog_builtin().find("cpu");
   const ModelSpec model = testing::gpt2("m", 2, 256, 4, 1000, 64);

@@ -3,8 +3,10 @@
 // profile with a run of the planner's best plan on all of the case's devices, plans small-gpt
 // with that calibrated profile (pinned to cover pipeline, tensor and data parallelism and
 // recomputation), runs the plan with mpirun and compares its step time and peak arena memory per
-// rank with the plan's prediction. Every row prints the medians over rounds of the prediction,
-// the measurement and their error, then the median and worst errors over the rows.
+// rank with the plan's prediction. The same plan is also priced without any profile, from the
+// cluster file and the device catalog alone (what a user who has not profiled gets), and compared
+// with the same run. Every row prints the medians over rounds of both predictions, the
+// measurement and their errors, then the median and worst errors over the rows.
 // This machine's cores have slow spells (other tenants; one core at 60-75% of its usual rate,
 // from under a second to tens of seconds) and its overall speed drifts by up to 1.5x over tens of
 // minutes: calibrating once, minutes before the plans run, shifted every prediction of a cluster
@@ -13,6 +15,7 @@
 // side, as every speed ratio here is measured; the spread column shows how far the rounds'
 // measurements were apart.
 //   bench_prediction [--steps N] [--rounds R] [--keep]
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,11 +29,21 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cost/cost_model.hpp"
+#include "hw/catalog.hpp"
 #include "mpi_bench_util.hpp"
 #include "plan/plan.hpp"
+#include "plan/plan_inputs.hpp"
 #include "runtime/parallel/dist_report.hpp"
+#include "search/planner.hpp"
 
 namespace {
+
+// The machine's 1-minute load average: other jobs on its cores move every step time here.
+double load_average() {
+  double load = 0;
+  return getloadavg(&load, 1) == 1 ? load : -1;
+}
 
 struct Case {
   std::string name;
@@ -49,11 +62,21 @@ using alloy::bench::run_result_read;
 // One round's run of a case against the plan it ran.
 struct Measured {
   double predicted_seconds = 0, measured_seconds = 0;
+  double unprofiled_seconds = 0;  // the same layout priced from the cluster file and catalog alone
   double worst_memory_error = 0;  // (predicted - measured) / measured of the rank furthest off
 };
 
-Measured measured_against_plan(const RunResult& r, const alloy::Plan& plan) {
-  Measured m{plan.step_seconds, r.step_seconds, 0};
+// The step time of `plan`'s layout as the cost model prices it without a profile: the cluster
+// file's devices as the catalog describes them, no measurement of this machine.
+double unprofiled_step_seconds(alloy::Plan plan, const std::string& plan_path, const std::string& cluster_preset) {
+  const alloy::ClusterSpec cluster = alloy::plan_cluster(plan, cluster_preset, alloy::catalog_builtin(), plan_path);
+  const alloy::CostModel cost(alloy::plan_model(plan, "", plan_path), cluster, alloy::plan_train(plan, "", plan_path));
+  alloy::plan_evaluate(&plan, cost);
+  return plan.step_seconds;
+}
+
+Measured measured_against_plan(const RunResult& r, const alloy::Plan& plan, double unprofiled_seconds) {
+  Measured m{plan.step_seconds, r.step_seconds, unprofiled_seconds, 0};
   const std::vector<alloy::RankInfo> ranks = alloy::plan_rank_map(plan);
   for (size_t q = 0; q < ranks.size() && q < r.peak_arena_bytes.size(); ++q) {
     const double predicted = alloy::dist_predicted_arena_bytes(plan.stages[ranks[q].stage].replica(plan.micro_batch_sequences, ranks[q].dp_rank).memory);
@@ -75,6 +98,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--keep") keep = true;
   alloy::bench::mpi_environment_set();
+  const double load_at_start = load_average();
   const std::string alloy = alloy::bench::alloy_next_to_self();
   const std::string source = ALLOY_SOURCE_DIR;
   const std::string dir = std::filesystem::temp_directory_path() / fmt::format("alloy-prediction-{}", getpid());
@@ -121,7 +145,7 @@ int main(int argc, char** argv) {
   std::vector<std::vector<Measured>> results(cases.size());  // [case][round that ran]
   std::set<int> calibration_shown;                            // clusters (by ranks) whose calibration was printed
   for (int round = 0; round < rounds; ++round) {
-    std::fprintf(stderr, "round %d of %d ...\n", round + 1, rounds);
+    std::fprintf(stderr, "round %d of %d (load %.2f) ...\n", round + 1, rounds, load_average());
     for (size_t k = 0; k < cases.size(); ++k) {
       const int ranks = cases[k].ranks;
       const std::string calibrated = fmt::format("{}/profile-{}-{}.json", dir, k, round);
@@ -152,39 +176,50 @@ int main(int argc, char** argv) {
         std::printf("%-32s round %d failed:\n%s", cases[k].name.c_str(), round + 1, errors_in(output).c_str());
         continue;
       }
-      results[k].push_back(measured_against_plan(run_result_read(log), alloy::plan_load(plan)));
+      const alloy::Plan ran = alloy::plan_load(plan);
+      results[k].push_back(measured_against_plan(run_result_read(log), ran, unprofiled_step_seconds(ran, plan, cases[k].cluster)));
     }
   }
 
-  std::printf("%-32s %12s %12s %8s %8s %14s\n", "plan", "predicted", "measured", "spread", "error", "memory error");
-  std::vector<double> time_errors, memory_errors;
+  std::printf("%-32s %12s %12s %8s %8s %14s %12s %8s\n", "plan", "predicted", "measured", "spread", "error", "memory error",
+              "unprofiled", "error");
+  std::vector<double> time_errors, memory_errors, unprofiled_errors;
   for (size_t k = 0; k < cases.size(); ++k) {
     if (results[k].empty()) continue;
-    std::vector<double> predicted, measured, errors;
+    std::vector<double> predicted, measured, errors, unprofiled, unprofiled_row_errors;
     double worst_memory = 0;
     for (const Measured& m : results[k]) {
       predicted.push_back(m.predicted_seconds);
       measured.push_back(m.measured_seconds);
       errors.push_back((m.predicted_seconds - m.measured_seconds) / m.measured_seconds);
+      unprofiled.push_back(m.unprofiled_seconds);
+      unprofiled_row_errors.push_back((m.unprofiled_seconds - m.measured_seconds) / m.measured_seconds);
       if (std::abs(m.worst_memory_error) > std::abs(worst_memory)) worst_memory = m.worst_memory_error;
     }
     const double spread = *std::max_element(measured.begin(), measured.end()) /
                           *std::min_element(measured.begin(), measured.end());
     const double error = median(errors);
+    const double unprofiled_error = median(unprofiled_row_errors);
     time_errors.push_back(std::abs(error));
     memory_errors.push_back(std::abs(worst_memory));
-    std::printf("%-32s %10.1f ms %10.1f ms %7.2fx %+7.1f%% %+13.1f%%\n", cases[k].name.c_str(), median(predicted) * 1e3,
-                median(measured) * 1e3, spread, 100 * error, 100 * worst_memory);
+    unprofiled_errors.push_back(std::abs(unprofiled_error));
+    std::printf("%-32s %10.1f ms %10.1f ms %7.2fx %+7.1f%% %+13.1f%% %9.1f ms %+7.1f%%\n", cases[k].name.c_str(),
+                median(predicted) * 1e3, median(measured) * 1e3, spread, 100 * error, 100 * worst_memory,
+                median(unprofiled) * 1e3, 100 * unprofiled_error);
   }
   std::printf("per row, medians over %d rounds: predicted, with the calibration run just before; measured, the median step after "
               "the first of %d; error, of each round's prediction against its measurement. spread: slowest round / fastest; "
-              "memory error: the worst rank of any round\n", rounds, steps);
+              "memory error: the worst rank of any round; unprofiled: the same plan priced from the cluster file and the "
+              "device catalog alone (no profile, no calibration), against the same measurement\n", rounds, steps);
   if (!time_errors.empty()) {
     std::printf("step time error: median %.1f%%, worst %.1f%% (targets 10%% and 20%%)\n", 100 * median(time_errors),
                 100 * *std::max_element(time_errors.begin(), time_errors.end()));
+    std::printf("unprofiled step time error: median %.1f%%, worst %.1f%% (target 15%%)\n", 100 * median(unprofiled_errors),
+                100 * *std::max_element(unprofiled_errors.begin(), unprofiled_errors.end()));
     std::printf("peak arena memory error per rank: worst %.1f%% (target 5%%)\n",
                 100 * *std::max_element(memory_errors.begin(), memory_errors.end()));
   }
+  std::printf("load average (1 minute): %.2f at the start, %.2f at the end\n", load_at_start, load_average());
   if (keep)
     std::printf("plans, profiles, logs and outputs kept in %s\n", dir.c_str());
   else

@@ -48,6 +48,11 @@ double compute_efficiency(const DeviceType& type, Precision precision, double ro
          (cols / (cols + runtime.matmul_half_cols));
 }
 
+double device_memory_bytes_per_second(const DeviceType& type) {
+  const bool scales = runtime_traits(type).memory_bandwidth_scales_with_speed;
+  return type.memory_bandwidth_bytes_per_second * (scales ? type.speed : 1.0);
+}
+
 double compute_seconds(const DeviceType& type, Precision precision, const LayerWork& work, bool backward) {
   const double flops = backward ? work.backward_flops : work.forward_flops;
   const double bytes = backward ? work.backward_bytes : work.forward_bytes;
@@ -55,8 +60,7 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
   const Precision run = precision_run_on(type, precision);  // what the device really runs
   const double eff = compute_efficiency(type, run, work.matmul_rows, work.matmul_cols);
   const double math = flops > 0 ? flops / (type.peak_flops(run) * eff) : 0;
-  const double speed = runtime.memory_bandwidth_scales_with_speed ? type.speed : 1.0;
-  const double bandwidth = type.memory_bandwidth_bytes_per_second * speed;
+  const double bandwidth = device_memory_bytes_per_second(type);
   if (!runtime.elementwise_kernels_separate) return std::max(math, bytes / bandwidth);
   const double pass_share = backward ? 2.0 : 1.0;
   const double elementwise = pass_share * work.forward_elementwise_bytes;
@@ -90,6 +94,17 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
     const std::string note = precision_fallback_note(cluster.device_types[t], train.precision);
     if (seen[t] && !note.empty()) notes_.insert(note);
   }
+  priced_types_set();
+}
+
+void CostModel::priced_types_set() {
+  const SharedCores shared = shared_cores_of(cluster_);
+  priced_types_ = cluster_.device_types;
+  for (DeviceType& type : priced_types_)
+    if (runtime_traits(type).devices_share_host_cores) type.speed /= shared.dilation;
+  if (shared.dilation > 1 && !(profile_ && !profile_->device_types.empty()))
+    notes_.insert(fmt::format("{} CPU devices on this machine's {} cores: their compute is priced {:.2g}x slower, as the runtime "
+                              "slows each rank (docs/runtime-distributed.md)", shared.devices, shared.cores, shared.dilation));
 }
 
 double CostModel::device_memory_bytes(int device_type) const {
@@ -163,7 +178,7 @@ BoundaryLink CostModel::boundary_link(const std::vector<int>& from, const std::v
 }
 
 LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool sp, const LayerWork& work) const {
-  const DeviceType& type = cluster_.device_types[shape.device_type];
+  const DeviceType& type = priced_types_[shape.device_type];
   if (profile_ && !profile_->device_types.empty()) {  // a profile of links alone measures no layer
     if (profile_->model_name == model_.name) {
       const std::optional<ProfiledLayer> measured = profile_->layer_at(
@@ -196,9 +211,11 @@ double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, 
                                 collective_op_name(op), group.ranks, group.nodes > 1 ? "inter_node" : "intra_node"));
     }
   }
-  if (runtime_traits(cluster_.device_types[device_type]).collectives_flat_ring_only)
-    return collective_seconds_with(op, bytes, group, CollectiveAlgorithm::CollectiveAlgorithm_ring);
-  return collective_seconds(op, bytes, group);
+  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[device_type]);
+  const double reduction = collective_reduction_seconds(runtime, op, bytes, group.ranks);
+  if (runtime.collectives_flat_ring_only)
+    return collective_seconds_with(op, bytes, group, CollectiveAlgorithm::CollectiveAlgorithm_ring) + reduction;
+  return collective_seconds(op, bytes, group) + reduction;
 }
 
 LayerSecondsBound CostModel::layer_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sp) const {
@@ -242,7 +259,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   MoeRoutedWork routed;
   if (model_is_moe(model_)) {
     routed = moe_routed_work(model_, shape, s, p);
-    const DeviceType& type = cluster_.device_types[shape.device_type];
+    const DeviceType& type = priced_types_[shape.device_type];
     const double routed_forward = compute_seconds(type, p, routed.work, false);
     // Dispatch and combine in forward, their gradients' in backward: none hidden by compute
     // (the experts wait for their rows, the next layer for the combined output).
@@ -397,10 +414,10 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   const double bytes_per_update = 8.0 * states + e + (master ? 8.0 + e : 2.0 * e);
   const double share = c.zero >= 1 ? shape.zero_share : 1.0;
   const double offloaded_params = c.offloaded * u.block_parameters;
-  const DeviceType& type = cluster_.device_types[shape.device_type];
+  const DeviceType& type = priced_types_[shape.device_type];
   const double measured_rate = profile_ ? profile_->optimizer_rate(type.name) : 0.0;
   const double device_seconds_per_parameter =
-      measured_rate > 0 ? measured_rate : bytes_per_update / type.memory_bandwidth_bytes_per_second;
+      measured_rate > 0 ? measured_rate : bytes_per_update / device_memory_bytes_per_second(type);
   const double host_seconds_per_parameter = runtime_traits(type).host_is_device
                                                 ? device_seconds_per_parameter
                                                 : bytes_per_update / kHostOptimizerBytesPerSecond;

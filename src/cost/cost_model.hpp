@@ -23,6 +23,8 @@ namespace alloy {
 // (the analytic efficiency curve: the device's calibrated matmul_efficiency at 16 bits, else its
 // runtime's, shaped by the runtime's half sizes; a profile replaces it for measured shapes).
 double compute_efficiency(const DeviceType& type, Precision precision, double rows, double cols);
+// A device's memory bandwidth as its runtime runs it: an emulated device's scales with its speed.
+double device_memory_bytes_per_second(const DeviceType& type);
 // Roofline: max(flops / (peak x efficiency), bytes / memory bandwidth); a runtime whose
 // element-wise work runs as kernels of its own adds that work's traffic time instead.
 double compute_seconds(const DeviceType& type, Precision precision, const LayerWork& work, bool backward);
@@ -285,6 +287,8 @@ class CostModel {
   double stage_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   // A block of `model` (the dense part of an MoE block, or a dense block) on `shape`.
   DenseBlockCosts dense_block_costs(const ModelSpec& model, const StageShape& shape, bool sequence_parallel) const;
+  // Fills priced_types_ (and notes the dilation it applied).
+  void priced_types_set();
 
   // Copies: a cost model outlives the specs it was built from.
   ModelSpec model_;
@@ -292,6 +296,9 @@ class CostModel {
   TrainSpec train_;
   const Profile* profile_;  // not owned; must outlive the cost model
   std::vector<Link> type_links_;
+  // The cluster's device types as the analytic model prices their compute: a type whose runtime
+  // shares the host's cores runs at its speed over the time dilation of the cluster's devices.
+  std::vector<DeviceType> priced_types_;
   ModelSpec dense_part_;  // MoE models: the blocks without their routed experts (moe_cost.hpp)
   ModelSpec leading_dense_;  // MoE models: the leading dense blocks, the model without its experts
   std::vector<double> expert_shares_;

@@ -2,6 +2,9 @@
 // precision a device runs when it lacks the one asked for.
 #include "cost/runtime_traits.hpp"
 
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -25,11 +28,13 @@ constexpr RuntimeTraits kGpuRuntime = {
     .collectives_share_compute_cores = false,
     // NCCL picks rings, trees or levels by node.
     .collectives_flat_ring_only = false,
+    .collective_reduction_bytes_per_second = 0,
     // It fuses attention, keeping a log-sum-exp per query row.
     .attention_memory = AttentionMemory::AttentionMemory_fused,
     .backward_workspace = BackwardWorkspace::BackwardWorkspace_fused,
     .sequence_parallel_keeps_whole_hidden_states = false,
     .host_is_device = false,
+    .devices_share_host_cores = false,
     // Its head stage's peak is not measured yet, so it keeps the sum.
     .head_stage_peak_is_larger_phase = false,
     .library_workspace_bytes = 32.0 * kMiB,
@@ -41,10 +46,14 @@ constexpr RuntimeTraits kGpuRuntime = {
 
 // Alloy's CPU runtime: ranks on this machine, slowed by their speed to emulate devices.
 constexpr RuntimeTraits kCpuRuntime = {
-    .matmul_peak_efficiency_by_precision = {0.85, 0.85, 0.85, 0.85, 0.85},
+    // The runtime's GEMMs at small-gpt's layer shapes on one thread, fitted to the curve
+    // (docs/catalog.md, [23]).
+    .matmul_peak_efficiency_by_precision = {0.72, 0.72, 0.72, 0.72, 0.72},
     .matmul_half_rows = 16.0,
-    .matmul_half_cols = 16.0,
-    .elementwise_kernels_separate = false,
+    .matmul_half_cols = 4.0,
+    // Norms, activations and residual adds run as loops of their own between the GEMMs on the
+    // same core, so their time adds to the GEMMs'.
+    .elementwise_kernels_separate = true,
     .memory_bandwidth_scales_with_speed = true,
     // A prefetched ZeRO-3 gather copies on the same cores and adds its whole time
     // (docs/profile-format.md, Calibration).
@@ -52,6 +61,9 @@ constexpr RuntimeTraits kCpuRuntime = {
     // MPI's non-blocking collectives, one ring over the members in rank order (as the emulated
     // links price them, docs/runtime-distributed.md).
     .collectives_flat_ring_only = true,
+    // MPI's reductions as the runtime's progress thread drives them: the 2-rank all-reduce of
+    // 16 MiB less the ring's time over the shm link (docs/catalog.md, [23]).
+    .collective_reduction_bytes_per_second = 1.75e9,
     // It stores the softmax scores.
     .attention_memory = AttentionMemory::AttentionMemory_scores,
     .backward_workspace = BackwardWorkspace::BackwardWorkspace_mlp_peak,
@@ -60,6 +72,7 @@ constexpr RuntimeTraits kCpuRuntime = {
     .sequence_parallel_keeps_whole_hidden_states = true,
     // A CPU device's host is the device itself.
     .host_is_device = true,
+    .devices_share_host_cores = true,
     // Measured on small-gpt (CostModel::stage_memory).
     .head_stage_peak_is_larger_phase = true,
     .library_workspace_bytes = 0,
@@ -72,6 +85,26 @@ constexpr RuntimeTraits kCpuRuntime = {
 }  // namespace
 
 const RuntimeTraits& runtime_traits(const DeviceType& type) { return type.is_cpu ? kCpuRuntime : kGpuRuntime; }
+
+SharedCores shared_cores_of(const ClusterSpec& cluster) {
+  SharedCores shared;
+  for (const Device& d : cluster.devices) shared.devices += runtime_traits(cluster.device_type(d)).devices_share_host_cores ? 1 : 0;
+  shared.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const char* forced = std::getenv("ALLOY_TIME_DILATION");
+  const double forced_dilation = forced != nullptr ? std::atof(forced) : 0.0;
+  shared.dilation = shared.devices > 0 && forced_dilation >= 1 ? forced_dilation : shared_cores_dilation(shared.devices, shared.cores);
+  return shared;
+}
+
+double collective_reduction_seconds(const RuntimeTraits& runtime, CollectiveOp op, double bytes, int ranks) {
+  const bool reduces = op == CollectiveOp::CollectiveOp_all_reduce || op == CollectiveOp::CollectiveOp_reduce_scatter;
+  if (!reduces || ranks <= 1 || runtime.collective_reduction_bytes_per_second <= 0) return 0;
+  return (ranks - 1.0) / ranks * bytes / runtime.collective_reduction_bytes_per_second;
+}
+
+double shared_cores_dilation(int devices, int cores) {
+  return std::max(1.0, static_cast<double>(devices) / std::max(1, cores));
+}
 
 double matmul_peak_share(const DeviceType& type, Precision precision) {
   const bool sixteen_bit = precision == Precision::Precision_bf16 || precision == Precision::Precision_fp16;

@@ -5,7 +5,9 @@
 
 #include <string>
 
+#include "cost/comm.hpp"
 #include "cost/layer_cost.hpp"
+#include "spec/cluster.hpp"
 #include "spec/device_type.hpp"
 
 namespace alloy {
@@ -33,6 +35,10 @@ struct RuntimeTraits {
   // Collectives run as one flat ring over their members (MPI's non-blocking collectives), never
   // as trees or in levels by node, rack or site (NCCL's).
   bool collectives_flat_ring_only = false;
+  // The rate at which a collective's members combine what they receive in an all-reduce or
+  // reduce-scatter, on top of the link's time: (members - 1) / members of the buffer at this rate.
+  // 0: hidden in the link time (reduction kernels at memory bandwidth).
+  double collective_reduction_bytes_per_second = 0;
   AttentionMemory attention_memory = AttentionMemory::AttentionMemory_fused;
   BackwardWorkspace backward_workspace = BackwardWorkspace::BackwardWorkspace_fused;
   // Under sequence parallelism the embedding's output, a chunk's received input and its output
@@ -40,6 +46,9 @@ struct RuntimeTraits {
   bool sequence_parallel_keeps_whole_hidden_states = false;
   // The host is the device: offloaded blocks update at the device's own optimizer rate.
   bool host_is_device = false;
+  // Every device is a rank on one machine's cores: with more devices than cores, the runtime
+  // slows each rank's compute by devices / cores (its time dilation, runtime/device_speed.hpp).
+  bool devices_share_host_cores = false;
   // A stage holding the head peaks in the head's backward or in its blocks' backward after it,
   // so the larger of the two counts, not their sum.
   bool head_stage_peak_is_larger_phase = false;
@@ -55,6 +64,26 @@ struct RuntimeTraits {
 
 // The traits of the runtime that runs a device type: the one place that maps a type to it.
 const RuntimeTraits& runtime_traits(const DeviceType& type);
+
+// How many times slower than on a free core the devices of a runtime that shares the host's
+// cores compute when `devices` of them run on `cores` cores: devices / cores, at least 1 (the
+// CPU runtime's time dilation at its default of one thread per rank once ranks outnumber cores).
+double shared_cores_dilation(int devices, int cores);
+
+// The devices of `cluster` whose runtime shares this machine's cores, its cores, and the time
+// dilation the runtime gives them: shared_cores_dilation, or ALLOY_TIME_DILATION where it is set
+// (the runtime refuses a malformed one; it slows every CPU rank by it then).
+struct SharedCores {
+  int devices = 0;
+  int cores = 1;
+  double dilation = 1;
+};
+SharedCores shared_cores_of(const ClusterSpec& cluster);
+
+// Seconds a collective of `ranks` members over `bytes` spends combining what its members receive,
+// beyond the link's time: (ranks - 1) / ranks of the buffer at the runtime's reduction rate for
+// an all-reduce or reduce-scatter; 0 for a gather, or where the runtime hides it.
+double collective_reduction_seconds(const RuntimeTraits& runtime, CollectiveOp op, double bytes, int ranks);
 
 // The share of its peak at `precision` that a device's large matrix products reach: its own
 // calibrated matmul_efficiency at 16 bits where it has one, else its runtime's.

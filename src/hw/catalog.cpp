@@ -304,18 +304,19 @@ void catalog_add_other(DeviceCatalog& c) {
                    .source = "[18] [19] [20]"});
 }
 
-// One rank on this machine. fp32 and the shm link are measured ([23]); the memory
-// bandwidth is an estimate that `alloy profile` replaces.
+// One rank on one core of this machine, every figure measured on it ([23], docs/catalog.md says
+// how): fp32 as the runtime's sgemm reaches it on one thread, one core's streaming bandwidth, and
+// MPI's shared-memory point-to-point bandwidth under mpirun (its latency: spec/cluster.cpp).
 void catalog_add_cpu(DeviceCatalog& c) {
   c.add(DeviceType{.name = "cpu",
                    .aliases = {"cpu-core", "host-cpu"},
                    .vendor = "cpu",
                    .description = "one core of this machine (emulated device; cap memory per rank)",
-                   .peak_flops_fp32 = 80e9,
+                   .peak_flops_fp32 = 200e9,
                    .memory_bytes = 4 * kGiB,
-                   .memory_bandwidth_bytes_per_second = 10 * kGigabytesPerSecond,
+                   .memory_bandwidth_bytes_per_second = 20.5 * kGigabytesPerSecond,
                    .intra_node_link = "shm",
-                   .intra_node_link_bytes_per_second = 3.5 * kGigabytesPerSecond,
+                   .intra_node_link_bytes_per_second = 12.4 * kGigabytesPerSecond,
                    .source = "[23]",
                    .is_cpu = true});
 }

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "cost/runtime_traits.hpp"
 #include "spec/error.hpp"
 #include "util/clock.hpp"
 
@@ -46,7 +47,7 @@ double device_speed(const DeviceType& type) {
 
 double emulation_dilation(int ranks_on_host, int threads_per_rank) {
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const double automatic = std::max(1.0, static_cast<double>(ranks_on_host) * threads_per_rank / cores);
+  const double automatic = shared_cores_dilation(ranks_on_host * threads_per_rank, cores);
   return env_number("ALLOY_TIME_DILATION", 1.0, 1000.0, automatic, "give a factor >= 1, or unset it");
 }
 

@@ -232,14 +232,16 @@ double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::
                                            : nullptr;
   // A measured collective or a runtime that rings only: the shared links the flat rings cross.
   CollectiveAlgorithm algorithm = CollectiveAlgorithm::CollectiveAlgorithm_ring;
+  const RuntimeTraits& runtime =
+      runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)]);
   double seconds = 0;
   if (measured)
     seconds = measured->seconds(static_cast<double>(op.bytes));
-  else if (runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)])
-               .collectives_flat_ring_only)
+  else if (runtime.collectives_flat_ring_only)
     seconds = collective_seconds_with(cop, static_cast<double>(op.bytes), g, algorithm);
   else
     seconds = collective_seconds(cop, static_cast<double>(op.bytes), g, &algorithm);
+  if (!measured) seconds += collective_reduction_seconds(runtime, cop, static_cast<double>(op.bytes), g.ranks);
   if (network && seconds > 0) *links = link_demands_.collective(lane, g, algorithm);
   return seconds;
 }

@@ -18,6 +18,9 @@ namespace {
 constexpr int64_t kMaxNodesPerGroup = 100000;
 constexpr int64_t kMaxDevicesPerNode = 1024;
 constexpr int64_t kMaxDevices = 1 << 20;
+// MPI's shared-memory point-to-point latency under mpirun on the machine the catalog's cpu
+// entry measures (docs/catalog.md, [23]).
+constexpr double kShmLatencySeconds = 34e-6;
 
 // Link kind and default latency from a catalog description such as "NVLink 4" or "PCIe 4.0 x16".
 Link link_from_device(const DeviceType& type) {
@@ -35,7 +38,7 @@ Link link_from_device(const DeviceType& type) {
     link.latency_seconds = 3e-6;
   } else if (text.find("shm") != std::string::npos || type.is_cpu) {
     link.kind = "shm";
-    link.latency_seconds = 1e-6;
+    link.latency_seconds = kShmLatencySeconds;
   } else if (text.find("roce") != std::string::npos || text.find("ethernet") != std::string::npos) {
     link.kind = "roce";
     link.latency_seconds = 5e-6;
@@ -319,7 +322,9 @@ ClusterSpec cluster_read(const FieldReader& r, const DeviceCatalog& base_catalog
   for (const auto& g : cluster.node_groups) nodes += g.count;
   bool all_cpu = std::all_of(cluster.device_types.begin(), cluster.device_types.end(),
                              [](const DeviceType& t) { return t.is_cpu; });
-  Link shm{"shm", 3.5e9, 1e-6};
+  // An all-CPU cluster's nodes are ranks of one machine, linked as its devices link their ranks;
+  // a single node of other devices never crosses it.
+  const Link shm = all_cpu ? link_from_device(cluster.device_types.front()) : Link{"shm", 3.5e9, 1e-6};
   if (r.has("network")) {
     cluster.network = read_link(r.child("network"), all_cpu ? shm : Link{});
   } else if (nodes > 1 && !all_cpu) {

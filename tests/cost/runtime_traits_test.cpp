@@ -2,6 +2,10 @@
 // model's compute time following the curve of the device's runtime.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
 #include "../support/specs.hpp"
 #include "cost/cost_model.hpp"
 #include "cost/runtime_traits.hpp"
@@ -15,10 +19,10 @@ TEST(RuntimeTraits, CpuAndGpuDifferWhereTheRuntimesDo) {
   const RuntimeTraits& cpu = runtime_traits(*catalog_builtin().find("cpu"));
   const RuntimeTraits& gpu = runtime_traits(*catalog_builtin().find("h100-sxm"));
 
-  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.85);
-  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.85);
+  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.72);
+  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.72);
   EXPECT_DOUBLE_EQ(cpu.matmul_half_rows, 16.0);
-  EXPECT_DOUBLE_EQ(cpu.matmul_half_cols, 16.0);
+  EXPECT_DOUBLE_EQ(cpu.matmul_half_cols, 4.0);
   EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.80);
   EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_tf32), 0.65);
   EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.70);
@@ -35,6 +39,9 @@ TEST(RuntimeTraits, CpuAndGpuDifferWhereTheRuntimesDo) {
   EXPECT_EQ(gpu.backward_workspace, BackwardWorkspace::BackwardWorkspace_fused);
   EXPECT_TRUE(cpu.sequence_parallel_keeps_whole_hidden_states && !gpu.sequence_parallel_keeps_whole_hidden_states);
   EXPECT_TRUE(cpu.host_is_device && !gpu.host_is_device);
+  EXPECT_TRUE(cpu.devices_share_host_cores && !gpu.devices_share_host_cores);
+  EXPECT_GT(cpu.collective_reduction_bytes_per_second, 0);
+  EXPECT_DOUBLE_EQ(gpu.collective_reduction_bytes_per_second, 0);
   EXPECT_TRUE(cpu.head_stage_peak_is_larger_phase && !gpu.head_stage_peak_is_larger_phase);
 
   EXPECT_DOUBLE_EQ(cpu.library_workspace_bytes, 0);
@@ -64,7 +71,7 @@ TEST(RuntimeTraits, ComputeTimeFollowsTheRuntimesCurve) {
   EXPECT_DOUBLE_EQ(compute_seconds(uncalibrated, bf16, work, false),
                    1e12 / (h100.peak_flops(bf16) * 0.70 * (256.0 / 384.0) * (512.0 / 640.0)));
   EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false),
-                   1e12 / (cpu.peak_flops(bf16) * 0.85 * (256.0 / 272.0) * (512.0 / 528.0)));
+                   1e12 / (cpu.peak_flops(bf16) * 0.72 * (256.0 / 272.0) * (512.0 / 516.0)));
 
   // Memory-bound work: an emulated device at half speed moves its bytes at half the bandwidth;
   // a real device's speed does not touch its memory.
@@ -79,8 +86,8 @@ TEST(RuntimeTraits, ComputeTimeFollowsTheRuntimesCurve) {
 
 // On a GPU the element-wise kernels run between the matrix products, so their traffic adds to
 // the products' time; a fused attention never writes the score matrix, so its traffic is not
-// counted. A CPU rank keeps the roofline's larger of the two.
-TEST(RuntimeTraits, ElementwiseTrafficAddsToMatrixProductsOnGpus) {
+// counted. A CPU rank runs them as loops of its own too, and writes the scores.
+TEST(RuntimeTraits, ElementwiseTrafficAddsToMatrixProducts) {
   const DeviceType& h100 = *catalog_builtin().find("h100-sxm");
   const DeviceType& cpu = *catalog_builtin().find("cpu");
   LayerWork work;
@@ -98,8 +105,8 @@ TEST(RuntimeTraits, ElementwiseTrafficAddsToMatrixProductsOnGpus) {
   EXPECT_DOUBLE_EQ(compute_seconds(h100, bf16, work, false), std::max(math, 1e9 / bandwidth) + 3e9 / bandwidth);
   EXPECT_DOUBLE_EQ(compute_seconds(h100, bf16, work, true), std::max(2 * math, 2e9 / bandwidth) + 6e9 / bandwidth);
   const double cpu_math = 1e12 / (cpu.peak_flops(bf16) * compute_efficiency(cpu, bf16, 4096, 4096));
-  EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false),
-                   std::max(cpu_math, work.forward_bytes / cpu.memory_bandwidth_bytes_per_second));
+  const double cpu_bandwidth = cpu.memory_bandwidth_bytes_per_second;
+  EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false), std::max(cpu_math, 1e9 / cpu_bandwidth) + 5e9 / cpu_bandwidth);
 }
 
 // A precision the device has no peak for is priced as what it runs instead: on a T4 (Turing, no
@@ -135,6 +142,42 @@ TEST(RuntimeTraits, PrecisionTheDeviceLacksIsPricedAsTheOneItRuns) {
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_EQ(notes.front(), note);
   EXPECT_TRUE(CostModel(model, cluster, testing::train(128, 4, fp32)).fallback_notes().empty());
+}
+
+// CPU ranks share this machine's cores: once they outnumber the cores, the runtime slows each by
+// devices / cores, and the cost model prices their compute so; up to one rank per core, not.
+TEST(RuntimeTraits, CpuDevicesBeyondTheCoresArePricedSlowerByTheirShare) {
+  EXPECT_DOUBLE_EQ(shared_cores_dilation(2, 2), 1.0);
+  EXPECT_DOUBLE_EQ(shared_cores_dilation(1, 4), 1.0);
+  EXPECT_DOUBLE_EQ(shared_cores_dilation(4, 2), 2.0);
+  EXPECT_DOUBLE_EQ(shared_cores_dilation(3, 2), 1.5);
+
+  if (std::getenv("ALLOY_TIME_DILATION") != nullptr) GTEST_SKIP() << "ALLOY_TIME_DILATION sets the dilation instead";
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const DeviceType& cpu = *catalog_builtin().find("cpu");
+  const ModelSpec model = testing::gpt2("m", 2, 256, 4, 1000, 64);
+  const TrainSpec train = testing::train(64, 8, Precision::Precision_fp32);
+  const auto block_forward = [&](int devices) {
+    const CostModel cost(model, testing::cluster("cpus", {cpu}, {{0, 1, devices, 0}}), train);
+    return cost.unit_costs(cost.stage_shape({0}, 1, 1, 1), false).block.forward_seconds;
+  };
+  EXPECT_DOUBLE_EQ(block_forward(cores), block_forward(1));
+  EXPECT_NEAR(block_forward(2 * cores) / block_forward(1), 2.0, 1e-9);
+}
+
+// MPI's reductions on CPU ranks add their time to an all-reduce or reduce-scatter; a gather
+// reduces nothing, and a GPU runtime's reduction hides in the link time.
+TEST(RuntimeTraits, CpuCollectivesAddTheirReduction) {
+  const RuntimeTraits& cpu = runtime_traits(*catalog_builtin().find("cpu"));
+  const RuntimeTraits& gpu = runtime_traits(*catalog_builtin().find("h100-sxm"));
+  const double bytes = 16e6;
+  EXPECT_DOUBLE_EQ(collective_reduction_seconds(cpu, CollectiveOp::CollectiveOp_all_reduce, bytes, 4),
+                   0.75 * bytes / cpu.collective_reduction_bytes_per_second);
+  EXPECT_DOUBLE_EQ(collective_reduction_seconds(cpu, CollectiveOp::CollectiveOp_reduce_scatter, bytes, 2),
+                   0.5 * bytes / cpu.collective_reduction_bytes_per_second);
+  EXPECT_DOUBLE_EQ(collective_reduction_seconds(cpu, CollectiveOp::CollectiveOp_all_gather, bytes, 4), 0);
+  EXPECT_DOUBLE_EQ(collective_reduction_seconds(cpu, CollectiveOp::CollectiveOp_all_reduce, bytes, 1), 0);
+  EXPECT_DOUBLE_EQ(collective_reduction_seconds(gpu, CollectiveOp::CollectiveOp_all_reduce, bytes, 4), 0);
 }
 
 }  // namespace

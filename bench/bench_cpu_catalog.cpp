@@ -1,0 +1,195 @@
+// Measures on one thread of this machine what the catalog's `cpu` entry and the CPU runtime's
+// traits stand for (docs/catalog.md, [23]): the runtime's GEMM rate at small-gpt's shapes and
+// the curve that fits it, the time of the element-wise kernels around the GEMMs against the
+// bytes the cost model counts for them, one core's streaming memory bandwidth, and AdamW's
+// seconds per parameter. Times are the process's CPU time over the runtime's kernel timers
+// (runtime/profile.hpp), so other load on the machine stretches them less than wall time would;
+// each figure is the median of --rounds rounds, the fastest of three runs in each for the
+// whole-buffer figures. The shared-memory link is measured under mpirun
+// by `alloy comm-check` and `alloy profile` (docs/catalog.md says how).
+//   bench_cpu_catalog [--rounds R]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cost/layer_cost.hpp"
+#include "runtime/cpu/matmul.hpp"
+#include "runtime/cpu/optimizer.hpp"
+#include "runtime/layer_profile.hpp"
+#include "runtime/profile.hpp"
+#include "runtime/threads.hpp"
+#include "spec/model.hpp"
+#include "util/clock.hpp"
+
+namespace {
+
+using alloy::KernelKind;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double kind_cpu_seconds(const alloy::KernelProfile& p, KernelKind kind) {
+  return p.cpu_seconds[static_cast<size_t>(kind)];
+}
+
+// One layer shape's forward + backward, split as the runtime's kernel timers split it: seconds
+// per pass pair.
+struct LayerSplit {
+  double matmul_seconds = 0;     // the linear layers' GEMMs
+  double attention_seconds = 0;  // scores, softmax, context (their GEMMs included)
+  double other_seconds = 0;      // norms, activations, residual adds, embedding, loss
+};
+
+LayerSplit layer_split(const alloy::ModelSpec& model, const alloy::LayerShape& shape, int repeats) {
+  alloy::profile_reset();
+  alloy::profile_enable(true);
+  alloy::layer_profile_measure(model, shape, repeats);
+  alloy::profile_enable(false);
+  const alloy::KernelProfile& p = alloy::profile_read();
+  const double passes = repeats + 1.0;  // layer_profile_measure runs one warm-up pass pair
+  LayerSplit s;
+  s.matmul_seconds = kind_cpu_seconds(p, KernelKind::KernelKind_matmul) / passes;
+  s.attention_seconds = kind_cpu_seconds(p, KernelKind::KernelKind_attention) / passes;
+  s.other_seconds = (kind_cpu_seconds(p, KernelKind::KernelKind_norm) + kind_cpu_seconds(p, KernelKind::KernelKind_elementwise) +
+                     kind_cpu_seconds(p, KernelKind::KernelKind_embedding) + kind_cpu_seconds(p, KernelKind::KernelKind_loss)) /
+                    passes;
+  return s;
+}
+
+// A measured GEMM rate at the cost model's (rows, cols) of a layer.
+struct RatePoint {
+  double rows = 0, cols = 0, flops_per_second = 0;
+};
+
+// Fits rate = top x rows / (rows + half_rows) x cols / (cols + half_cols) in log space (least
+// squares; half sizes on a grid of 1).
+void rate_curve_fit(const std::vector<RatePoint>& points, double* top, double* half_rows, double* half_cols) {
+  double best = -1;
+  for (int hr = 0; hr <= 512; ++hr)
+    for (int hc = 0; hc <= 512; hc += 2) {
+      double log_top = 0;
+      for (const RatePoint& p : points) log_top += std::log(p.flops_per_second * (p.rows + hr) / p.rows * (p.cols + hc) / p.cols);
+      log_top /= static_cast<double>(points.size());
+      double squares = 0;
+      for (const RatePoint& p : points) {
+        const double predicted = log_top + std::log(p.rows / (p.rows + hr) * p.cols / (p.cols + hc));
+        squares += (std::log(p.flops_per_second) - predicted) * (std::log(p.flops_per_second) - predicted);
+      }
+      if (best < 0 || squares < best) {
+        best = squares;
+        *top = std::exp(log_top);
+        *half_rows = hr;
+        *half_cols = hc;
+      }
+    }
+}
+
+// CPU seconds of `work` on this thread, the fastest of `repeats` after one warm-up run.
+template <typename Work>
+double fastest_cpu_seconds(int repeats, const Work& work) {
+  work();
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const double start = alloy::thread_cpu_seconds();
+    work();
+    const double seconds = alloy::thread_cpu_seconds() - start;
+    best = r == 0 ? seconds : std::min(best, seconds);
+  }
+  return best;
+}
+
+// FLOP/s of the runtime's matmul_forward on (n, n) x (n, n)^T.
+double square_gemm_flops(int n) {
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+  const double seconds = fastest_cpu_seconds(3, [&] { alloy::matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n); });
+  return 2.0 * n * static_cast<double>(n) * n / seconds;
+}
+
+// Bytes per second of a[i] = 0.5 a[i] + b[i] over two 128 MiB buffers (two reads, one write).
+double stream_bytes_per_second() {
+  const size_t n = size_t{1} << 25;
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  const double seconds = fastest_cpu_seconds(3, [&] {
+    for (size_t i = 0; i < n; ++i) a[i] = a[i] * 0.5f + b[i];
+  });
+  return 3.0 * static_cast<double>(n) * sizeof(float) / seconds;
+}
+
+// Seconds per parameter of the runtime's optimizer step over 4M parameters: the gradient norm,
+// then AdamW.
+double adamw_seconds_per_parameter() {
+  const int64_t n = int64_t{1} << 22;
+  std::vector<float> params(static_cast<size_t>(n), 0.01f), grads(params.size(), 0.001f), m(params.size(), 0.0f),
+      v(params.size(), 0.0f);
+  int64_t step = 0;
+  const double seconds = fastest_cpu_seconds(3, [&] {
+    alloy::AdamWHyper hyper;
+    hyper.grad_scale = static_cast<float>(1.0 / (1.0 + alloy::grad_norm(grads.data(), n)));
+    alloy::adamw_update(params.data(), m.data(), v.data(), grads.data(), n, hyper, ++step);
+  });
+  return seconds / static_cast<double>(n);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 5;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
+  alloy::runtime_set_threads(1);
+  const alloy::ModelSpec model = alloy::model_load("small-gpt");
+  const int seq = 64, repeats = 5;
+  const alloy::Precision fp32 = alloy::Precision::Precision_fp32;
+
+  std::printf("one thread; medians of %d rounds; CPU seconds per forward + backward\n", rounds);
+  std::printf("%-22s %10s %10s %10s %12s %12s %12s\n", "layer", "matmul", "attention", "other", "GEMM rate", "other bytes",
+              "other rate");
+  std::vector<RatePoint> points;
+  std::vector<double> other_rates;
+  for (const alloy::LayerKind kind : {alloy::LayerKind::LayerKind_block, alloy::LayerKind::LayerKind_head})
+    for (int b : {1, 2, 4, 8})
+      for (int tp : {1, 2}) {
+        std::vector<double> matmul, attention, other;
+        for (int r = 0; r < rounds; ++r) {
+          const LayerSplit s = layer_split(model, {kind, b, seq, tp, false}, repeats);
+          matmul.push_back(s.matmul_seconds);
+          attention.push_back(s.attention_seconds);
+          other.push_back(s.other_seconds);
+        }
+        const bool block = kind == alloy::LayerKind::LayerKind_block;
+        const alloy::LayerWork w = block ? alloy::block_work(model, b, seq, tp, false, fp32) : alloy::head_work(model, b, seq, tp, fp32);
+        // The linear layers' FLOPs: a block's less its attention products; the head's all.
+        const double linear_flops = 3.0 * (block ? w.forward_flops - w.selective_flops : w.forward_flops);
+        // Element-wise bytes the cost model counts in a pass pair, less the score matrix's (the
+        // attention kernel's).
+        const double other_bytes = 3.0 * (w.forward_elementwise_bytes - w.forward_score_bytes);
+        const double rate = linear_flops / median(matmul);
+        points.push_back({w.matmul_rows, w.matmul_cols, rate});
+        if (block) other_rates.push_back(other_bytes / median(other));
+        std::printf("%-5s mb %d tp %d %8s %8.3f ms %7.3f ms %7.3f ms %7.1f GF/s %9.2f MB %7.2f GB/s\n", block ? "block" : "head", b, tp,
+                    "", 1e3 * median(matmul), 1e3 * median(attention), 1e3 * median(other), rate / 1e9, other_bytes / 1e6,
+                    other_bytes / median(other) / 1e9);
+      }
+  double top = 0, half_rows = 0, half_cols = 0;
+  rate_curve_fit(points, &top, &half_rows, &half_cols);
+  std::vector<double> gemm_peaks, bandwidths, optimizer;
+  for (int r = 0; r < rounds; ++r) {
+    gemm_peaks.push_back(square_gemm_flops(1024));
+    bandwidths.push_back(stream_bytes_per_second());
+    optimizer.push_back(adamw_seconds_per_parameter());
+  }
+  std::printf("GEMM curve fitted to the %zu layers: %.1f GFLOP/s x rows / (rows + %.0f) x cols / (cols + %.0f)\n", points.size(),
+              top / 1e9, half_rows, half_cols);
+  std::printf("sgemm 1024^3 (the runtime's matmul_forward): %.1f GFLOP/s, so the curve's top is %.2f of it\n",
+              median(gemm_peaks) / 1e9, top / median(gemm_peaks));
+  std::printf("element-wise kernels of a block: %.2f GB/s of the bytes the cost model counts (median over the shapes)\n",
+              median(other_rates) / 1e9);
+  std::printf("one core streaming a[i] = 0.5 a[i] + b[i] over 128 MiB: %.2f GB/s\n",
+              median(bandwidths) / 1e9);
+  std::printf("the optimizer step (gradient norm, AdamW): %.2f ns per parameter\n", median(optimizer) * 1e9);
+  return 0;
+}

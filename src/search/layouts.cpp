@@ -193,7 +193,7 @@ double StructureBounds::group_send_seconds(const TypeGroup& from, const TypeGrou
   auto it = group_links_.find(key);
   if (it == group_links_.end())
     it = group_links_.emplace(key, cost_.boundary_link(stage_devices(from, from.stages - 1), stage_devices(to, 0))).first;
-  return boundary_seconds(bytes, it->second);
+  return boundary_transfer_seconds(bytes, it->second, from.tp, to.tp);
 }
 
 void StructureBounds::rates_append(const TypeGroup& g, double unit_seconds, const LayerSecondsBound& t,

@@ -171,7 +171,8 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
     const int next = (i + 1) % p;
     if (next != i && (i + 1 < p || s.virtual_chunks > 1)) {
       const StageUnitCosts* u = slot.unit[0] ? slot.unit[0] : slot.unit[1];
-      slot.boundary_seconds = boundary_seconds(u->boundary_bytes, boundary(out[i], out[next]));
+      slot.boundary_seconds = boundary_transfer_seconds(u->boundary_bytes, boundary(out[i], out[next]),
+                                                        slot.shape.tp, out[next].slot.shape.tp);
       slot.chunks_sent = i + 1 < p ? s.virtual_chunks : s.virtual_chunks - 1;
     }
     if (p > 1) slot.chunks_received = i > 0 ? s.virtual_chunks : s.virtual_chunks - 1;

@@ -16,7 +16,8 @@ void stage_choice_set_dense_blocks(StageChoice* c, int dense_blocks) {
   c->dense_selective = std::min(c->dense_blocks - c->dense_full, c->selective);
 }
 
-DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShape& shape, bool sp) const {
+DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShape& shape, bool sp,
+                                             bool mlp_sums_over_tp) const {
   const Precision p = train_.precision;
   const int64_t b = shape.micro_batch;
   const int64_t s = train_.seq_len;
@@ -25,17 +26,20 @@ DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShap
   const LayerWork block = block_work(m, b, s, tp, sp, p);
   out.compute = layer_times(shape, LayerKind::LayerKind_block, sp, block);
   out.times = out.compute;
-  // Two tp collectives on the hidden state in forward, two in backward (all-reduce, or
-  // all-gather plus reduce-scatter under sequence parallelism: the same ring volume). Full
-  // recomputation stops before the MLP's output projection, so it redoes the attention's sum
-  // (and, under sequence parallelism, both norms' gathers) but not the MLP's.
+  // Each pass sums over tp after the attention's output projection and, where the MLP is split
+  // over tp, after its down projection (forward) or its up projection's input gradient
+  // (backward): all-reduces, or reduce-scatters under sequence parallelism, which also gathers
+  // both norms' outputs in forward and the output gradient before each half's backward. An MoE
+  // block's MLP runs whole on every tp rank (model_pass.cpp): no sum of its own. Full
+  // recomputation stops before the MLP's output, so it redoes the attention's sum (and, under
+  // sequence parallelism, both gathers) but not the MLP's.
   double tp_collectives = 0, recompute_collectives = 0;
   if (tp > 1) {
     const double hidden = hidden_state_bytes(m, b, s, p);
     const auto seconds = [&](CollectiveOp op) { return group_seconds(shape.device_type, op, hidden, shape.tp_group); };
     const double gather = sp ? seconds(CollectiveOp::CollectiveOp_all_gather) : 0;
     const double sum = seconds(sp ? CollectiveOp::CollectiveOp_reduce_scatter : CollectiveOp::CollectiveOp_all_reduce);
-    tp_collectives = 2.0 * (gather + sum);
+    tp_collectives = 2.0 * gather + (mlp_sums_over_tp ? 2.0 : 1.0) * sum;
     recompute_collectives = 2.0 * gather + sum;
   }
   out.times.forward_seconds += tp_collectives;

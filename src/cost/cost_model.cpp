@@ -247,14 +247,14 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   StageUnitCosts u;
   u.sequence_parallel = sp;
 
-  const DenseBlockCosts dense = dense_block_costs(m, shape, sp);
+  const DenseBlockCosts dense = dense_block_costs(m, shape, sp, !model_is_moe(model_));
   const LayerTimes compute_only = dense.compute;
   u.block = dense.times;
   u.recompute_selective_seconds = dense.recompute_selective_seconds;
   u.recompute_full_seconds = dense.recompute_full_seconds;
   u.block_parameters = dense.parameters;
   if (model_is_moe(model_) && model_.moe.first_dense_layers > 0) {
-    u.dense_block = dense_block_costs(leading_dense_, shape, sp);
+    u.dense_block = dense_block_costs(leading_dense_, shape, sp, true);
   }
   MoeRoutedWork routed;
   if (model_is_moe(model_)) {

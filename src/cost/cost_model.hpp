@@ -285,8 +285,11 @@ class CostModel {
                                         double reduce, double last_bucket) const;
   // Parameters per device of a stage's layers (all of them, offloaded or not).
   double stage_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
-  // A block of `model` (the dense part of an MoE block, or a dense block) on `shape`.
-  DenseBlockCosts dense_block_costs(const ModelSpec& model, const StageShape& shape, bool sequence_parallel) const;
+  // A block of `model` (the dense part of an MoE block, or a dense block) on `shape`;
+  // `mlp_sums_over_tp`: its MLP is split over tp and sums its output (false for an MoE block's,
+  // which every tp rank runs whole).
+  DenseBlockCosts dense_block_costs(const ModelSpec& model, const StageShape& shape, bool sequence_parallel,
+                                    bool mlp_sums_over_tp) const;
   // Fills priced_types_ (and notes the dilation it applied).
   void priced_types_set();
 

@@ -69,7 +69,7 @@ ShardedTensor slice(const ModelSpec& spec, const std::string& name, std::vector<
 
 // An MoE block's MLP, in flat order: router, each routed expert's gate_up and down, the shared
 // experts as one SwiGLU MLP of their widths together, and Qwen2-MoE's shared-expert gate.
-// Experts are whole tensors on every tensor-parallel rank (the runtime refuses tp with MoE).
+// Experts are whole tensors on every tensor-parallel rank: the runtime runs the MoE MLP whole there.
 // Routed experts [first, last) of block `layer`'s MoE MLP.
 void add_routed_experts(std::vector<ShardedTensor>& out, const ModelSpec& spec, int64_t layer, int first, int last) {
   const int64_t C = spec.hidden_size;

@@ -96,9 +96,11 @@ ReplicaCosts pass_costs(const Plan& plan, int s, int dp_rank, int64_t b, const S
   plan_stage_set_experts(cost, plan, s, dp_rank, &shape);
   const StageUnitCosts unit = cost.unit_costs(shape, st.sequence_parallel);
   double send_seconds = 0;
-  if (choice.chunks_sent > 0)
-    send_seconds = boundary_seconds(unit.boundary_bytes,
-                                    cost.boundary_link(st.device_ids, plan.stages[(s + 1) % p].device_ids));
+  if (choice.chunks_sent > 0) {
+    const PlanStage& next = plan.stages[(s + 1) % p];
+    send_seconds = boundary_transfer_seconds(unit.boundary_bytes, cost.boundary_link(st.device_ids, next.device_ids),
+                                             st.tp, next.tp);
+  }
   ReplicaCosts out;
   out.timing = cost.stage_timing(shape, unit, choice, send_seconds, choice.chunks_sent);
   out.memory = cost.stage_memory(shape, unit, choice, st.micro_batches_in_flight, p > 1);

@@ -208,7 +208,7 @@ double StructureBounds::group_send_seconds(const TypeGroup& from, const TypeGrou
   auto it = group_links_.find(key);
   if (it == group_links_.end())
     it = group_links_.emplace(key, cost_.boundary_link(stage_devices(from, from.stages - 1), stage_devices(to, 0))).first;
-  return boundary_seconds(bytes, it->second);
+  return boundary_transfer_seconds(bytes, it->second, from.tp, to.tp);
 }
 
 void StructureBounds::rates_append(const TypeGroup& g, double unit_seconds, const LayerSecondsBound& t,
@@ -308,6 +308,7 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
                                             const SearchOptions& o, StructureBounds& bounds) {
   const ClusterSpec& cluster = cost.cluster();
   const int layers = static_cast<int>(cost.model().num_layers);
+  const int leading_dense = model_is_moe(cost.model()) ? static_cast<int>(cost.model().moe.first_dense_layers) : 0;
   const std::vector<int64_t> batches = batch_candidates(cost.train());
 
   // Pipeline orders of device types: the pinned one, or every ordered subset.
@@ -401,6 +402,9 @@ std::vector<Structure> structures_enumerate(const CostModel& cost, const std::ve
               s.schedule = sched;
               s.virtual_chunks = v;
               s.split_unit = split_divides(layers, o.layer_split, v) ? v : 1;
+              // A stage's leading dense blocks (DeepSeek-style MoE) are counted from where its first
+              // chunk starts in the first round, which only equal chunks fix.
+              if (s.split_unit != v && leading_dense > 0) continue;
               s.groups = shared_groups;
               s.all_orders = families && groups.size() > 1;
               s.orders = s.all_orders ? factorial(static_cast<int>(groups.size())) : 1;

@@ -85,7 +85,8 @@ class StructureBounds {
   const GroupSync& group_sync(const TypeGroup& g, int64_t per_replica_batch);
   // The group's i-th stage's devices in its type's pool.
   std::vector<int> stage_devices(const TypeGroup& g, int i) const;
-  // One send of a micro-batch's hidden state (`bytes`) from `from`'s last stage to `to`'s first.
+  // One send of a micro-batch's hidden state (`bytes`) from `from`'s last stage to `to`'s first,
+  // as every tp rank of the receiving side takes it whole (boundary_transfer_seconds).
   double group_send_seconds(const TypeGroup& from, const TypeGroup& to, double bytes);
   // Appends a type group's stages: each takes `unit_seconds` per unit of blocks, the pipeline's
   // first stage also the embedding, its last the head, the group's last stage `sends_seconds`

@@ -4,16 +4,21 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <map>
 #include <vector>
 
 #include "search/stage_options.hpp"
 
 namespace alloy {
 
+// `links`: the stage's data-parallel group (and, for MoE models, its expert groups) as the
+// links they run on (GroupLinksIds): two placements of one shape behind unequal networks differ.
 struct UnitKey {
   int type, tp, dp, dp_nodes, concurrent, sp;
   int64_t micro_batch;
   int ep = 1;
+  int links = 0;
   bool operator==(const UnitKey&) const = default;
 };
 
@@ -22,7 +27,7 @@ struct SlotKey {
   UnitKey unit;
   double in_flight, boundary_seconds;
   int chunks_sent, flags, micro_batches;
-  int leading_dense_blocks, virtual_chunks;  // StageSlot's: the blocks an MoE model's first stage prices as dense
+  int leading_dense_blocks, virtual_chunks;  // StageSlot's: an MoE model's dense blocks from the stage's first on
   int interleaved_stages;  // the pipeline's stages under interleaving (unequal chunks' peak), else 0
   bool operator==(const SlotKey&) const = default;
 };
@@ -45,7 +50,7 @@ struct KeyHash {
   size_t operator()(const UnitKey& k) const {
     size_t h = 0;
     for (int64_t v : {int64_t(k.type), int64_t(k.tp), int64_t(k.dp), int64_t(k.dp_nodes), int64_t(k.concurrent),
-                      int64_t(k.sp), k.micro_batch, int64_t(k.ep)})
+                      int64_t(k.sp), k.micro_batch, int64_t(k.ep), int64_t(k.links)})
       h = mix(h, static_cast<uint64_t>(v));
     return h;
   }
@@ -59,6 +64,26 @@ struct KeyHash {
     h = mix(h, static_cast<uint64_t>(k.interleaved_stages));
     return h;
   }
+};
+
+// Small ids for the distinct link sets of communication groups: equal ids, equal placements as
+// the cost model prices them (members, nodes, and every link and shared rate they run on).
+class GroupLinksIds {
+ public:
+  int id(std::initializer_list<const GroupPlacement*> groups) {
+    std::vector<double> key;
+    for (const GroupPlacement* g : groups)
+      key.insert(key.end(), {double(g->ranks), double(g->nodes), double(g->concurrent_per_node),
+                             g->intra_node.bandwidth_bytes_per_second, g->intra_node.latency_seconds,
+                             g->network.bandwidth_bytes_per_second, g->network.latency_seconds,
+                             g->shared_bytes_per_second, g->shared_across_nodes_bytes_per_second, double(g->domains),
+                             double(g->ranks_per_domain), g->inside_bytes_per_second, g->inside_latency_seconds,
+                             g->across_bytes_per_second, g->across_latency_seconds, g->crosses_measured_link ? 1.0 : 0.0});
+    return ids_.emplace(std::move(key), static_cast<int>(ids_.size())).first->second;
+  }
+
+ private:
+  std::map<std::vector<double>, int> ids_;
 };
 
 }  // namespace alloy

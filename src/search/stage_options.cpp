@@ -1,3 +1,5 @@
+// The Pareto set of a stage's options (stage_options.hpp): the exact enumeration, and the
+// affine fast path that scores recomputation and offload counts arithmetically.
 #include "search/stage_options.hpp"
 #include "search/zero_settings.hpp"
 
@@ -261,69 +263,6 @@ std::vector<int> offload_counts(const CostModel& cost, const StageSlot& slot, in
                counts.end());
   return counts;
 }
-
-}  // namespace
-
-std::vector<int> stage_prefetch_depths(const OptionPins& pins) {
-  if (pins.prefetch_depth > 0) return {pins.prefetch_depth};
-  if (!pins.allow_offload) return {1};
-  return {1, 2, 4};
-}
-
-int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks, const ZeroSetting& zero) {
-  const StageUnitCosts* unit = slot.unit[0] ? slot.unit[0] : slot.unit[1];
-  if (!unit || blocks <= 0 || !zero_setting_offloads(slot, zero)) return 0;  // plans keep to what the runtime runs
-  StageOption one;
-  one.offloaded = 1;
-  one.zero = zero.zero;
-  one.shard_gradients = zero.shard;
-  // Host bytes are linear in the offloaded count.
-  const double per_block =
-      cost.stage_memory(slot.shape, *unit, stage_choice_of(slot, one, blocks), slot.in_flight, slot.has_next)
-          .host_offload_bytes;
-  if (per_block <= 0) return blocks;
-  return std::clamp(static_cast<int>(std::floor(slot.host_capacity_bytes / per_block * (1 + 1e-12))), 0, blocks);
-}
-
-std::vector<int> stage_offload_counts(int blocks) {
-  std::vector<int> counts;
-  for (int c = 0; c < blocks; c = c < 4 ? c + 1 : c + c / 2) counts.push_back(c);
-  counts.push_back(blocks);
-  return counts;
-}
-
-StageSlot slot_with_blocks(const StageSlot& slot, int blocks) {
-  StageSlot out = slot;
-  if (blocks % slot.virtual_chunks != 0)
-    out.in_flight = schedule_micro_batches_in_flight(Schedule::Schedule_interleaved, slot.pipeline_stages, slot.stage_index,
-                                                     slot.micro_batches, stage_chunk_blocks(blocks, slot.virtual_chunks));
-  return out;
-}
-
-StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, int blocks) {
-  StageChoice c;
-  c.blocks = blocks;
-  c.selective = option.selective;
-  c.full = option.full;
-  c.offloaded = option.offloaded;
-  c.prefetch_depth = option.prefetch_depth;
-  // Parked blocks are the first ones not under full recomputation (which saves nothing to park).
-  const int parked = std::min(option.parked, blocks - option.full);
-  c.parked_selective = std::min(parked, option.selective);
-  c.parked_none = parked - c.parked_selective;
-  c.micro_batches = slot.micro_batches;
-  c.zero = option.zero;
-  c.shard_gradients = option.shard_gradients;
-  c.has_embedding = slot.has_embedding;
-  c.has_head = slot.has_head;
-  c.head_holds_lm_matrix = slot.head_holds_lm_matrix;
-  c.chunks_sent = slot.chunks_sent;
-  c.chunks_received = slot.chunks_received;
-  stage_choice_set_dense_blocks(&c, std::min(slot.leading_dense_blocks, chunk_blocks(blocks, slot.virtual_chunks, 0)));
-  return c;
-}
-
-namespace {
 
 // Adds `o` to a Pareto front (t ascending, u strictly descending) unless an option there is at
 // least as good; at equal cost the smaller prefetch window stays.
@@ -595,57 +534,6 @@ void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, con
   // Parked activations move the recomputation's memory steps: only the exact path prices them.
   if (!getenv("NOAFF") && blocks >= 3 && pins.offload_activations == 0 && stage_options_affine(cost, slot, blocks, pins, out)) return;
   stage_options_exact(cost, slot, blocks, pins, out);
-}
-
-namespace {
-
-// The most frugal choice with `offloaded` blocks offloaded, over the settings that offload that
-// many (all of host memory's when `host_limited`): its memory (infinite when none does) and host bytes.
-struct Frugal {
-  double memory_bytes = std::numeric_limits<double>::infinity();
-  double host_bytes = std::numeric_limits<double>::infinity();
-};
-Frugal frugal_choice(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins, int offloaded,
-                     bool host_limited) {
-  Frugal best;
-  for (int sp = 0; sp < 2; ++sp) {
-    if (!slot.unit[sp]) continue;
-    for (const ZeroSetting& zero : zero_settings(slot, pins)) {
-      const int most = host_limited ? stage_max_offloaded(cost, slot, blocks, zero)
-                                    : (zero_setting_offloads(slot, zero) ? blocks : 0);
-      if (offloaded > most) continue;
-      StageOption o;
-      o.zero = zero.zero;
-      o.shard_gradients = zero.shard;
-      o.full = pins.recompute >= 0 && pins.recompute != static_cast<int>(Recompute::Recompute_full) ? 0 : blocks;
-      o.selective = pins.recompute == static_cast<int>(Recompute::Recompute_selective) ? blocks : 0;
-      o.offloaded = offloaded;
-      o.prefetch_depth = stage_prefetch_depths(pins).front();
-      const StageChoice choice = stage_choice_of(slot, o, blocks);
-      const MemoryBreakdown mem = cost.stage_memory(slot.shape, *slot.unit[sp], choice, slot.in_flight, slot.has_next);
-      if (mem.total_bytes() < best.memory_bytes) best = {mem.total_bytes(), mem.host_offload_bytes};
-    }
-  }
-  return best;
-}
-
-}  // namespace
-
-double stage_min_memory_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
-                              bool host_limited) {
-  // The offload window can outweigh what a few offloaded blocks free: take the best count.
-  double best = std::numeric_limits<double>::infinity();
-  for (int off : stage_offload_counts(pins.allow_offload ? blocks : 0))
-    best = std::min(best, frugal_choice(cost, slot, blocks, pins, off, host_limited).memory_bytes);
-  return best;
-}
-
-double stage_min_host_bytes(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins) {
-  for (int off : stage_offload_counts(pins.allow_offload ? blocks : 0)) {
-    const Frugal f = frugal_choice(cost, slot, blocks, pins, off, false);
-    if (f.memory_bytes <= slot.capacity_bytes) return f.host_bytes;
-  }
-  return std::numeric_limits<double>::infinity();
 }
 
 }  // namespace alloy

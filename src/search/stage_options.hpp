@@ -26,10 +26,13 @@ struct StageSlot {
   bool has_embedding = false;
   bool has_head = false;
   bool head_holds_lm_matrix = true;
-  // MoE models, the first stage: the model's leading dense blocks, the first of its first chunk
-  // of `virtual_chunks` (a stage whose first chunk has k blocks holds min(leading, k) of them).
+  // MoE models: the model's leading dense blocks from the stage's first block on (those before
+  // it taken off). Its chunk c starts c x round_blocks blocks later (round_blocks: the model's
+  // blocks over virtual_chunks), so of k blocks per chunk it holds
+  // sum over c of clamp(leading - c x round_blocks, 0, k) (stage_slot_dense_blocks).
   int leading_dense_blocks = 0;
   int virtual_chunks = 1;
+  int round_blocks = 0;
   int micro_batches = 1;          // per optimizer step
   double capacity_bytes = 0;
   double host_capacity_bytes = 0;  // this device's share of its node's host memory
@@ -70,6 +73,9 @@ std::vector<int> stage_prefetch_depths(const OptionPins& pins);
 // Offloaded-block counts the planner considers for a stage of `blocks` blocks: 0-4, then
 // steps of about 1.5x (6, 9, 13, ...), and all of them. Offload moves memory in coarse buckets.
 std::vector<int> stage_offload_counts(int blocks);
+
+// Of a stage's `blocks` blocks (all its chunks'), the leading dense blocks of an MoE model.
+int stage_slot_dense_blocks(const StageSlot& slot, int blocks);
 
 StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, int blocks);
 

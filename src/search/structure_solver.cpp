@@ -44,6 +44,7 @@ StructureSolver::StructureSolver(const CostModel& cost, const SearchOptions& opt
   pins_.allow_offload = options.allow_offload && !model_is_moe(cost.model());
   pins_.prefetch_depth = options.prefetch_depth;
   pins_.offload_activations = options.offload_activations;
+  dense_layers_ = model_is_moe(cost.model()) ? static_cast<int>(cost.model().moe.first_dense_layers) : 0;
 }
 
 const StageUnitCosts* StructureSolver::unit(const StageShape& shape, UnitKey key) {
@@ -52,11 +53,11 @@ const StageUnitCosts* StructureSolver::unit(const StageShape& shape, UnitKey key
   return &it->second;
 }
 
-SlotOptionSets& StructureSolver::option_sets(const SlotInfo& info) {
+SlotOptionSets& StructureSolver::option_sets(const SlotInfo& info, int leading) {
   SlotKey key{info.unit_key, info.slot.in_flight, info.slot.boundary_seconds, info.slot.chunks_sent,
               (info.slot.has_embedding ? 1 : 0) | (info.slot.has_head ? 2 : 0) |
                   (info.slot.head_holds_lm_matrix ? 4 : 0) | (info.slot.has_next ? 8 : 0),
-              info.slot.micro_batches, info.slot.leading_dense_blocks, info.slot.virtual_chunks,
+              info.slot.micro_batches, leading, info.slot.virtual_chunks,
               info.slot.virtual_chunks > 1 ? info.slot.pipeline_stages : 0};
   auto it = option_sets_.find(key);
   if (it == option_sets_.end())
@@ -64,16 +65,32 @@ SlotOptionSets& StructureSolver::option_sets(const SlotInfo& info) {
   return it->second;
 }
 
-const std::vector<StageOption>& StructureSolver::options(const SlotInfo& info, SlotOptionSets& sets, int blocks) {
+const std::vector<StageOption>& StructureSolver::options(const SlotInfo& info, int leading, SlotOptionSets& sets,
+                                                         int blocks) {
   std::vector<StageOption>& set = sets.sets[blocks];
   if (!sets.computed[blocks]) {
     ++stats.stage_option_sets;
-    const StageSlot slot = slot_with_blocks(info.slot, blocks);
-    if (model_is_moe(cost_.model())) stage_options_over_ep(cost_, slot, info.at_ep, blocks, pins_, &set);
-    else stage_options(cost_, slot, blocks, pins_, &set);
+    StageSlot slot = slot_with_blocks(info.slot, blocks);
+    if (model_is_moe(cost_.model())) {
+      slot.leading_dense_blocks = leading;
+      stage_options_over_ep(cost_, slot, info.at_ep, blocks, pins_, &set);
+    } else {
+      stage_options(cost_, slot, blocks, pins_, &set);
+    }
     sets.computed[blocks] = 1;
   }
   return set;
+}
+
+std::pair<int, int> StructureSolver::stage_leading_range(int st, int p, int units, int unit, int fewest) const {
+  // Offsets in units: every stage before takes at least `fewest`, or its pinned count.
+  int first = st * fewest, last = units - (p - st) * fewest;
+  if (!options_.layer_split.empty()) {
+    first = 0;
+    for (int i = 0; i < st; ++i) first += options_.layer_split[i] / unit;
+    last = first;
+  }
+  return {leading_dense_from(last), leading_dense_from(first)};
 }
 
 void StructureSolver::add_expert_degrees(SlotInfo* info, int dp, bool plain_allowed, bool sp_allowed) {
@@ -88,6 +105,7 @@ void StructureSolver::add_expert_degrees(SlotInfo* info, int dp, bool plain_allo
                   moe_even_split_skew(cost_.expert_token_shares(), ep));
     UnitKey k = info->unit_key;
     k.ep = ep;
+    k.links = link_ids_.id({&a.shape.dp_group, &a.shape.ep_group, &a.shape.expert_dp_group});
     if (plain_allowed) a.unit[0] = unit(a.shape, k);
     k.sp = 1;
     if (sp_allowed) a.unit[1] = unit(a.shape, k);
@@ -137,13 +155,14 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
         PlacedShape placed;
         placed.shape = cost_.stage_shape(slot_device_ids(info), g.tp, g.dp, 1);
         placed.reduce = cost_.stage_gradient_reduce_bound(placed.shape);
+        placed.links = link_ids_.id({&placed.shape.dp_group});
         cached = shapes_.emplace(info.placement, std::move(placed)).first;
       }
       slot.shape = cached->second.shape;
       info.reduce = cached->second.reduce;
       slot.shape.micro_batch = micro / g.dp;
       info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
-                       0, micro / g.dp, 1};
+                       0, micro / g.dp, 1, cached->second.links};
       const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0 &&
                               group_sequence_parallel_runnable(g, micro, cost_.train().seq_len);
       const bool plain_allowed = pins_.sequence_parallel != 1 || g.tp == 1;
@@ -166,16 +185,15 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
     slot.has_next = p > 1;
     slot.has_embedding = i == 0;
     slot.has_head = i == p - 1;
-    // A later stage holds leading dense blocks only when the first takes fewer: priced as MoE
-    // blocks here, exactly once the plan is evaluated.
-    slot.leading_dense_blocks =
-        i == 0 && model_is_moe(cost_.model()) ? static_cast<int>(cost_.model().moe.first_dense_layers) : 0;
+    // Its leading dense blocks depend on where its blocks start: set per split (options()).
     slot.virtual_chunks = s.virtual_chunks;
+    slot.round_blocks = static_cast<int>(cost_.model().num_layers) / s.virtual_chunks;
     slot.head_holds_lm_matrix = !(cost_.model().tied_embeddings && p == 1);
     const int next = (i + 1) % p;
     if (next != i && (i + 1 < p || s.virtual_chunks > 1)) {
       const StageUnitCosts* u = slot.unit[0] ? slot.unit[0] : slot.unit[1];
-      slot.boundary_seconds = boundary_seconds(u->boundary_bytes, boundary(out[i], out[next]));
+      slot.boundary_seconds = boundary_transfer_seconds(u->boundary_bytes, boundary(out[i], out[next]),
+                                                        slot.shape.tp, out[next].slot.shape.tp);
       slot.chunks_sent = i + 1 < p ? s.virtual_chunks : s.virtual_chunks - 1;
     }
     if (p > 1) slot.chunks_received = i > 0 ? s.virtual_chunks : s.virtual_chunks - 1;
@@ -191,60 +209,70 @@ bool StructureSolver::split_min_sum(const Structure& s, std::vector<SlotInfo>& s
   const int units = static_cast<int>(cost_.model().num_layers) / unit;
   const int fewest = s.min_stage_blocks() / unit;  // units per stage at least
   const size_t width = static_cast<size_t>(units) + 1;
+  const int variants = dense_layers_ + 1;  // leading dense blocks from a stage's first: 0..dense_layers_
   std::vector<double>& best = scratch_.best;
   best.assign((p + 1) * width, kUnbounded);
   std::vector<int>& take = scratch_.take;
   take.assign((p + 1) * width, 0);
   std::vector<const StageOption*>& pick = scratch_.pick;
   pick.assign((p + 1) * width, nullptr);
-  if (option_table_.size() != static_cast<size_t>(p) * width) option_table_.assign(static_cast<size_t>(p) * width, nullptr);
+  const size_t cells = static_cast<size_t>(p) * variants * width;
+  if (option_table_.size() != cells) option_table_.assign(cells, nullptr);
   best[0] = 0;
-  // Per stage, the fastest option under the cap for each layer count. A stage with more
-  // blocks is dominated option by option by one with fewer (less memory, time and
-  // overhead), so the first count without an option fitting memory ends the list, and with
-  // equal chunks (the same steady-state factor for every count) the first without one under
-  // the cap; with unequal chunks the factor varies with the count, and later counts may fit.
+  // Per stage and leading dense blocks (an MoE model's stage prices by where its blocks start),
+  // the fastest option under the cap for each layer count. A stage with more blocks is dominated
+  // option by option by one with fewer (less memory, time and overhead), so the first count
+  // without an option fitting memory ends the list, and with equal chunks (the same
+  // steady-state factor for every count) the first without one under the cap; with unequal
+  // chunks the factor varies with the count, and later counts may fit.
   std::vector<const StageOption*>& under_cap = scratch_.under_cap;
-  under_cap.assign(static_cast<size_t>(p) * width, nullptr);
-  std::vector<int> k_max(p + 1, 0);
+  under_cap.assign(cells, nullptr);
+  std::vector<int>& k_max = scratch_.k_max;
+  k_max.assign(static_cast<size_t>(p) * variants, 0);
+  std::vector<int> most(p + 1, 0);  // per stage, over its variants
   for (int st = 0; st < p; ++st) {
     const int k_first = options_.layer_split.empty() ? fewest : options_.layer_split[st] / unit;
     const int k_last =
         std::min(k_limit[st], options_.layer_split.empty() ? units - (p - 1) * fewest : options_.layer_split[st] / unit);
-    SlotOptionSets* sets = nullptr;
-    for (int k = k_first; k <= k_last; ++k) {
-      const std::vector<StageOption>*& cached = option_table_[st * width + k];
-      if (!cached) {
-        if (!sets) sets = &option_sets(slot_infos[st]);
-        cached = &options(slot_infos[st], *sets, k * unit);
-      }
-      if (cached->empty()) break;
-      const double a = s.micro_batches - stage_fill_fraction(k * unit, s.virtual_chunks);
-      const StageOption* found = nullptr;
-      for (const StageOption& o : *cached)
-        if (a * o.t + o.u + slot_infos[st].slot.tied_table_seconds <= cap) {
-          found = &o;
-          break;
+    const auto [lead_lo, lead_hi] = stage_leading_range(st, p, units, unit, fewest);
+    for (int lead = lead_lo; lead <= lead_hi; ++lead) {
+      SlotOptionSets* sets = nullptr;
+      for (int k = k_first; k <= k_last; ++k) {
+        const std::vector<StageOption>*& cached = option_table_[option_cell(st, lead, k, width)];
+        if (!cached) {
+          if (!sets) sets = &option_sets(slot_infos[st], lead);
+          cached = &options(slot_infos[st], lead, *sets, k * unit);
         }
-      if (!found && unit == s.virtual_chunks) break;
-      if (!found) continue;
-      under_cap[st * width + k] = found;
-      k_max[st] = k;
+        if (cached->empty()) break;
+        const double a = s.micro_batches - stage_fill_fraction(k * unit, s.virtual_chunks);
+        const StageOption* found = nullptr;
+        for (const StageOption& o : *cached)
+          if (a * o.t + o.u + slot_infos[st].slot.tied_table_seconds <= cap) {
+            found = &o;
+            break;
+          }
+        if (!found && unit == s.virtual_chunks) break;
+        if (!found) continue;
+        under_cap[option_cell(st, lead, k, width)] = found;
+        k_max[static_cast<size_t>(st) * variants + lead] = k;
+      }
+      most[st] = std::max(most[st], k_max[static_cast<size_t>(st) * variants + lead]);
     }
-    if (k_max[st] == 0) return false;
+    if (most[st] == 0) return false;
   }
   // Most units the stages from st on can take, for pruning splits that cannot finish.
   std::vector<int> suffix(p + 1, 0);
-  for (int st = p - 1; st >= 0; --st) suffix[st] = suffix[st + 1] + k_max[st];
+  for (int st = p - 1; st >= 0; --st) suffix[st] = suffix[st + 1] + most[st];
   for (int st = 0; st < p; ++st) {
     const int remaining_after = (p - st - 1) * fewest;  // units the later stages take at least
     for (int j = 0; j + remaining_after < units; ++j) {
       const double base = best[st * width + j];
       if (base == kUnbounded) continue;
+      const int lead = leading_dense_from(j);
       const int k_lo = std::max(fewest, units - j - suffix[st + 1]);
-      const int k_hi = std::min(k_max[st], units - j - remaining_after);
+      const int k_hi = std::min(k_max[static_cast<size_t>(st) * variants + lead], units - j - remaining_after);
       for (int k = k_lo; k <= k_hi; ++k) {
-        const StageOption* found = under_cap[st * width + k];
+        const StageOption* found = under_cap[option_cell(st, lead, k, width)];
         if (!found) continue;  // below a pinned split, or over the cap
         const size_t cell = (st + 1) * width + j + k;
         const double total = base + stage_fill_fraction(k * unit, s.virtual_chunks) * found->t;
@@ -325,29 +353,32 @@ double StructureSolver::min_bottleneck(const Structure& s, const std::vector<Slo
   const int unit = s.split_unit;
   const int units = static_cast<int>(cost_.model().num_layers) / unit;
   const size_t width = static_cast<size_t>(units) + 1;
-  // Per (stage, count): the stage's smallest (m - f) t + u; NaN where the structure does not
-  // allow the count (pinned split, fewer blocks than chunks). Counts end at the first without
-  // an option (more blocks need more memory).
+  const int variants = dense_layers_ + 1;
+  // Per (stage, leading dense blocks, count): the stage's smallest (m - f) t + u; NaN where the
+  // structure does not allow the count (pinned split, fewer blocks than chunks) or no split
+  // starts the stage there. Counts end at the first without an option (more blocks need more
+  // memory).
   std::vector<double>& fastest = scratch_.fastest;
-  fastest.assign(p * width, kUnbounded);
+  fastest.assign(static_cast<size_t>(p) * variants * width, kUnbounded);
   std::vector<int>& k_end = scratch_.k_end;
-  k_end.assign(p, units + 1);
+  k_end.assign(static_cast<size_t>(p) * variants, units + 1);
   for (int st = 0; st < p; ++st)
-    for (int k = 1; k <= units; ++k) {
-      const std::vector<StageOption>* set = option_table_[st * width + k];
-      if (!set) {
-        fastest[st * width + k] = std::numeric_limits<double>::quiet_NaN();
-        continue;
+    for (int lead = 0; lead < variants; ++lead)
+      for (int k = 1; k <= units; ++k) {
+        const size_t cell = option_cell(st, lead, k, width);
+        const std::vector<StageOption>* set = option_table_[cell];
+        if (!set) {
+          fastest[cell] = std::numeric_limits<double>::quiet_NaN();
+          continue;
+        }
+        if (set->empty()) {
+          k_end[static_cast<size_t>(st) * variants + lead] = k;
+          break;
+        }
+        const double a = s.micro_batches - stage_fill_fraction(k * unit, s.virtual_chunks);
+        for (const StageOption& o : *set)
+          fastest[cell] = std::min(fastest[cell], a * o.t + o.u + slot_infos[st].slot.tied_table_seconds);
       }
-      if (set->empty()) {
-        k_end[st] = k;
-        break;
-      }
-      const double a = s.micro_batches - stage_fill_fraction(k * unit, s.virtual_chunks);
-      for (const StageOption& o : *set)
-        fastest[st * width + k] =
-            std::min(fastest[st * width + k], a * o.t + o.u + slot_infos[st].slot.tied_table_seconds);
-    }
   std::vector<double>& worst = scratch_.worst;
   worst.assign((p + 1) * width, kUnbounded);
   worst[0] = 0;
@@ -355,9 +386,10 @@ double StructureSolver::min_bottleneck(const Structure& s, const std::vector<Slo
     for (int j = 0; j < units; ++j) {
       const double before = worst[st * width + j];
       if (before == kUnbounded) continue;
-      const int k_last = std::min(units - j, k_end[st] - 1);
+      const int lead = leading_dense_from(j);
+      const int k_last = std::min(units - j, k_end[static_cast<size_t>(st) * variants + lead] - 1);
       for (int k = 1; k <= k_last; ++k) {
-        const double g = fastest[st * width + k];
+        const double g = fastest[option_cell(st, lead, k, width)];
         if (std::isnan(g)) continue;
         double& cell = worst[(st + 1) * width + j + k];
         cell = std::min(cell, std::max(before, g));
@@ -386,6 +418,9 @@ double StructureSolver::refined_lower_bound(const Structure& s, const std::vecto
     for (const StageUnitCosts* u : slot.unit) {
       if (!u) continue;
       per_block = std::min(per_block, u->block.forward_seconds + u->block.backward_seconds);
+      // An MoE model's leading dense blocks may sit on any stage: the faster kind bounds.
+      if (dense_layers_ > 0)
+        per_block = std::min(per_block, u->dense_block.times.forward_seconds + u->dense_block.times.backward_seconds);
       double f = 2.0 * slot.chunks_sent * slot.boundary_seconds;
       if (slot.has_embedding) f += u->embedding.forward_seconds + u->embedding.backward_seconds;
       if (slot.has_head) f += u->head.forward_seconds + u->head.backward_seconds;
@@ -413,9 +448,12 @@ double StructureSolver::frugal_memory_ratio(const Structure& s, std::vector<Slot
   const int units = static_cast<int>(cost_.model().num_layers) / unit;
   double worst = 0;
   HostShortfall need{0, 0, 0};
+  int offset = 0;  // units before the stage
   for (int st = 0; st < p; ++st) {
     const int k = (units / p + (st < units % p ? 1 : 0)) * unit;
-    const StageSlot slot = slot_with_blocks(slot_infos[st].slot, k);
+    StageSlot slot = slot_with_blocks(slot_infos[st].slot, k);
+    slot.leading_dense_blocks = leading_dense_from(offset);
+    offset += k / unit;
     const double bytes_needed = stage_min_memory_bytes(cost_, slot, k, pins_);
     const double ratio = bytes_needed / slot.capacity_bytes;
     if (ratio > worst) {

@@ -4,6 +4,7 @@
 // structures share (per-layer costs, option sets, boundary links).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -76,8 +77,14 @@ class StructureSolver {
 
  private:
   const StageUnitCosts* unit(const StageShape& shape, UnitKey key);
-  SlotOptionSets& option_sets(const SlotInfo& info);
-  const std::vector<StageOption>& options(const SlotInfo& info, SlotOptionSets& sets, int blocks);
+  // A slot's option sets when an MoE model's `leading` dense blocks lie from its first block on
+  // (StageSlot::leading_dense_blocks; 0 for dense models and stages past them).
+  SlotOptionSets& option_sets(const SlotInfo& info, int leading);
+  const std::vector<StageOption>& options(const SlotInfo& info, int leading, SlotOptionSets& sets, int blocks);
+  // The leading dense blocks from the first block of a stage whose chunk starts `offset` blocks in.
+  int leading_dense_from(int offset) const { return std::max(0, dense_layers_ - offset); }
+  // The range of leading_dense_from over the offsets stage `st` of a split may start at.
+  std::pair<int, int> stage_leading_range(int st, int p, int units, int unit, int fewest) const;
   // The slot at each expert-parallel degree its dp allows (ep 1 is the slot itself).
   void add_expert_degrees(SlotInfo* info, int dp, bool plain_allowed, bool sp_allowed);
   // The path between two adjacent stages, by their placements.
@@ -97,18 +104,25 @@ class StructureSolver {
   const CostModel& cost_;
   const SearchOptions& options_;
   OptionPins pins_;
+  int dense_layers_ = 0;  // an MoE model's leading dense blocks (0 for dense models)
+  GroupLinksIds link_ids_;
   std::unordered_map<UnitKey, StageUnitCosts, KeyHash> units_;
   // By placement of (first device, tp, dp): the stage's shape and the least its gradient
   // reduction takes.
   struct PlacedShape {
     StageShape shape;
     GradientReduceBound reduce;
+    int links = 0;  // link_ids_ of its dp group
   };
   std::unordered_map<int64_t, PlacedShape> shapes_;
   std::map<std::pair<int64_t, int64_t>, BoundaryLink> boundaries_;  // by the two stages' placements
   std::map<std::pair<int64_t, int64_t>, double> tied_tables_;       // by the first and last placements
   std::unordered_map<SlotKey, SlotOptionSets, KeyHash> option_sets_;
-  std::vector<const std::vector<StageOption>*> option_table_;  // (stage, units) of the structure in solve()
+  // (stage, leading dense blocks, units) of the structure in solve(), at option_cell().
+  std::vector<const std::vector<StageOption>*> option_table_;
+  size_t option_cell(int st, int leading, int units, size_t width) const {
+    return (static_cast<size_t>(st) * (dense_layers_ + 1) + leading) * width + units;
+  }
   // Tables of split_min_sum, kept between calls to save allocations.
   struct Scratch {
     std::vector<double> best;
@@ -116,7 +130,8 @@ class StructureSolver {
     std::vector<const StageOption*> pick;
     std::vector<const StageOption*> under_cap;
     std::vector<double> fastest;
-    std::vector<int> k_end;
+    std::vector<int> k_end;       // per (stage, leading dense blocks)
+    std::vector<int> k_max;       // the same
     std::vector<double> worst;
     std::vector<StageRate> stage_rates;  // of the structure last given to refined_lower_bound
     std::vector<OverheadRate> overheads;  // of the same stages

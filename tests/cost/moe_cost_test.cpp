@@ -152,6 +152,52 @@ TEST(MoeCost, LeadingDenseBlocksArePricedAsDenseBlocks) {
                        2 * u.block.backward_seconds);
 }
 
+// The runtime runs an MoE block's MLP whole on every tp rank (model_pass.cpp): its tensor-parallel
+// collectives are its attention's alone, one sum per pass (under sequence parallelism two gathers
+// and one reduce-scatter), where a dense block, its MLP split over tp, has two sums. Measured as
+// what a 10x slower tp link adds to each kind of block.
+TEST(MoeCost, MoeBlockSumsOnlyItsAttentionOverTp) {
+  const ModelSpec model = model_load("tiny-moe");
+  TrainSpec train;
+  train.seq_len = 64;
+  train.global_batch_sequences = 8;
+  const ClusterSpec fast_cluster = cluster_load("a100-8", catalog_builtin());
+  const CostModel fast(model, fast_cluster, train);
+  ClusterSpec slow_cluster = fast_cluster;
+  for (NodeGroup& g : slow_cluster.node_groups) {
+    g.intra_node = fast.type_intra_node_link(g.device_type_index);
+    g.intra_node.bandwidth_bytes_per_second /= 10;
+  }
+  const CostModel slow(model, slow_cluster, train);
+  const int64_t micro_batch = 4;
+  const double hidden = hidden_state_bytes(model, micro_batch, train.seq_len, train.precision);
+  for (bool sp : {false, true}) {
+    const StageShape fast_shape = fast.stage_shape({0, 1}, 2, 1, micro_batch);
+    const StageShape slow_shape = slow.stage_shape({0, 1}, 2, 1, micro_batch);
+    const auto added = [&](CollectiveOp op) {
+      return collective_seconds(op, hidden, slow_shape.tp_group) - collective_seconds(op, hidden, fast_shape.tp_group);
+    };
+    const double gather = sp ? added(CollectiveOp::CollectiveOp_all_gather) : 0;
+    const double sum = added(sp ? CollectiveOp::CollectiveOp_reduce_scatter : CollectiveOp::CollectiveOp_all_reduce);
+    ASSERT_GT(sum, 0);
+    const StageUnitCosts f = fast.unit_costs(fast_shape, sp);
+    const StageUnitCosts s = slow.unit_costs(slow_shape, sp);
+    const double tolerance = 1e-9 * sum;
+    EXPECT_NEAR(s.block.forward_seconds - f.block.forward_seconds, 2 * gather + sum, tolerance) << sp;
+    EXPECT_NEAR(s.block.backward_seconds - f.block.backward_seconds, 2 * gather + sum, tolerance) << sp;
+    EXPECT_NEAR(s.dense_block.times.forward_seconds - f.dense_block.times.forward_seconds, 2 * gather + 2 * sum,
+                tolerance)
+        << sp;
+    EXPECT_NEAR(s.dense_block.times.backward_seconds - f.dense_block.times.backward_seconds, 2 * gather + 2 * sum,
+                tolerance)
+        << sp;
+    // Full recomputation redoes the attention's sum and both gathers, in either kind.
+    EXPECT_NEAR(s.recompute_full_seconds - f.recompute_full_seconds, 2 * gather + sum, tolerance) << sp;
+    EXPECT_NEAR(s.dense_block.recompute_full_seconds - f.dense_block.recompute_full_seconds, 2 * gather + sum, tolerance)
+        << sp;
+  }
+}
+
 TEST(MoeCost, MeasuredRoutingSharesAndSkew) {
   const ModelSpec model = model_load("tiny-moe");
   // Three layers x 4 experts as the step log writes them (the dense block's row is 0).

@@ -152,7 +152,8 @@ class Exhaustive {
         split[s] = left;
         std::vector<std::vector<Point>> fronts(p);
         for (int i = 0; i < p; ++i) {
-          fronts[i] = stage_front(stage_ids, *stage_group[i], i, p, m, sched, v, micro, split[i] * unit);
+          fronts[i] = stage_front(stage_ids, *stage_group[i], stage_group[(i + 1) % p]->tp, i, p, m, sched, v, micro,
+                                  split[i] * unit);
           if (fronts[i].empty()) return;
         }
         // A table tied between the first and last stage is summed between them every step.
@@ -189,7 +190,7 @@ class Exhaustive {
     return best;
   }
 
-  std::vector<Point> stage_front(const std::vector<std::vector<int>>& stage_ids, const Group& g, int s, int p, int m,
+  std::vector<Point> stage_front(const std::vector<std::vector<int>>& stage_ids, const Group& g, int next_tp, int s, int p, int m,
                                  Schedule sched, int v, int64_t micro, int blocks) {
     const StageShape shape = cost_.stage_shape(stage_ids[s], g.tp, g.dp, micro / g.dp);
     const int next = (s + 1) % p;
@@ -199,7 +200,8 @@ class Exhaustive {
     for (int sp = 0; sp <= (g.tp > 1 ? 1 : 0); ++sp) {
       const StageUnitCosts unit = cost_.unit_costs(shape, sp == 1);
       if (next != s && (s + 1 < p || v > 1)) {
-        send = boundary_seconds(unit.boundary_bytes, cost_.boundary_link(stage_ids[s], stage_ids[next]));
+        send = boundary_transfer_seconds(unit.boundary_bytes, cost_.boundary_link(stage_ids[s], stage_ids[next]), g.tp,
+                                         next_tp);
         chunks_sent = s + 1 < p ? v : v - 1;
       }
       const double in_flight = schedule_micro_batches_in_flight(sched, p, s, m, stage_chunk_blocks(blocks, v));

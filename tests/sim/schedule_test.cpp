@@ -219,6 +219,44 @@ TEST(Schedule, StagesWithDifferentDataParallelismSplitAndJoinBySamples) {
   EXPECT_NO_THROW(schedule_check(sched));
 }
 
+// Bytes of one micro-batch's sends of `kind` across the boundary after stage `from`, summed over
+// every rank of the schedule.
+int64_t boundary_sent_bytes(const StepSchedule& sched, OpKind kind, int from_stage, int micro_batch) {
+  int64_t bytes = 0;
+  for (const RankSchedule& rs : sched.ranks)
+    for (const ScheduleOp& op : rs.ops)
+      if (op.kind == kind && op.micro_batch == micro_batch && rs.stage == from_stage) bytes += op.bytes;
+  return bytes;
+}
+
+// What the cost model prices a boundary to move is what the schedule sends: every tp rank of the
+// receiving stage takes its replica's samples whole, activations forward and gradients back,
+// for equal tp (tp 2, pp 2) and unequal (dp 2 into tp 2).
+TEST(Schedule, BoundaryBytesThatTheCostModelPricesAreWhatTheScheduleSends) {
+  const ModelSpec model = model_with_layers(2);
+  const ClusterSpec cluster = testing::cluster("four", {testing::a100_80()}, {{0, 1, 4}});
+  struct Case {
+    StageSpec first, second;
+  };
+  for (const Case& c : {Case{StageSpec{2, 1, 0, 1}, StageSpec{2, 1, 0, 1}}, Case{StageSpec{1, 2, 0, 1}, StageSpec{2, 1, 0, 1}},
+                        Case{StageSpec{2, 1, 0, 1}, StageSpec{1, 2, 0, 1}}}) {
+    const Plan plan = hand_plan(model, 4, {c.first, c.second}, 3, 4, Schedule::Schedule_1f1b);
+    const StepSchedule sched = schedule_build(plan, model);
+    const CostModel cost(model, cluster, testing::train(plan.seq_len, plan.global_batch_sequences, plan.precision));
+    const PlanStage& sender = plan.stages[0];
+    const int64_t per_replica = plan.micro_batch_sequences / sender.dp;
+    const StageUnitCosts unit = cost.unit_costs(cost.stage_shape(sender.device_ids, sender.tp, sender.dp, per_replica), false);
+    for (int mb = 0; mb < plan.num_micro_batches; ++mb) {
+      EXPECT_DOUBLE_EQ(static_cast<double>(boundary_sent_bytes(sched, OpKind::OpKind_send_activation, 0, mb)),
+                       boundary_transfer_bytes(unit.boundary_bytes, plan.stages[1].tp))
+          << "tp " << c.first.tp << " -> " << c.second.tp;
+      EXPECT_DOUBLE_EQ(static_cast<double>(boundary_sent_bytes(sched, OpKind::OpKind_send_gradient, 1, mb)),
+                       boundary_transfer_bytes(unit.boundary_bytes, plan.stages[0].tp))
+          << "tp " << c.first.tp << " -> " << c.second.tp;
+    }
+  }
+}
+
 // Uneven data parallelism: replica r's compute ops cover exactly its share of each micro-batch,
 // a share in pieces as forward/backward pairs one piece at a time; a pipeline's next stage takes
 // its samples from whichever replicas hold them.

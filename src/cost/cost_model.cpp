@@ -283,7 +283,13 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.offload_weights_seconds = host_link > 0 ? u.block_parameters * e / host_link : kNoHostLinkSeconds;
   u.offload_gradients_seconds = host_link > 0 ? u.block_parameters * g / host_link : kNoHostLinkSeconds;
   if (shape.dp > 1) {
-    const double gather = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, u.block_parameters * e, shape.dp_group);
+    // Under expert parallelism the member's routed experts are gathered over the members holding
+    // the same ones, the rest of the block over dp.
+    const double expert_bytes = shape.ep > 1 ? u.block_expert_parameters * e : 0;
+    double gather = group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather,
+                                  u.block_parameters * e - expert_bytes, shape.dp_group);
+    if (expert_bytes > 0)
+      gather += group_seconds(shape.device_type, CollectiveOp::CollectiveOp_all_gather, expert_bytes, shape.expert_dp_group);
     // The gradients' reduce-scatters go in buckets, priced per step by
     // stage_gradient_sync_seconds, not one per block.
     // A prefetched gather runs under the previous block's compute, unless it copies on the same

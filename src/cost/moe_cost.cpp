@@ -194,9 +194,9 @@ void moe_shape_set(const CostModel& cost, StageShape* shape, const std::vector<i
   const double group = group_sequences > 0 ? group_sequences : static_cast<double>(shape->micro_batch) * ep;
   const double picks = group * static_cast<double>(cost.train().seq_len) * static_cast<double>(model.moe.experts_per_token);
   shape->expert_load_factor = routing_skew * moe_expected_imbalance(picks, shape->held_experts / experts, ep);
-  // The runtime keeps an expert-parallel member's experts outside the ZeRO buckets and updates
-  // them whole (docs/runtime-distributed.md); with ep 1 they shard like every other tensor.
-  shape->expert_zero_share = ep > 1 ? 1.0 : 1.0 / dp;
+  // Under ZeRO 1-3 an expert-parallel member's experts shard over the dp / ep members holding the
+  // same ones (their own buckets, docs/runtime-distributed.md); with ep 1 over every replica.
+  shape->expert_zero_share = static_cast<double>(ep) / dp;
   const int first = dp_rank / ep * ep;
   std::vector<int> group_ranks, same_experts;
   for (int d = first; d < first + ep && d < dp; ++d) group_ranks.push_back(d);

@@ -50,20 +50,16 @@ StageSupport cuda_supports(const Plan& plan, int s) {
 // ranks with pipeline stages, data and expert parallelism, ZeRO 1 and recomputation.
 StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
   const std::string why = "Mixture-of-Experts models train on CPU ranks with pipeline, tensor, data and expert "
-                          "parallelism, ZeRO 0-2, recomputation and uneven shares in one piece each so far";
+                          "parallelism, ZeRO 0-3, recomputation, weight and activation offload and uneven shares in "
+                          "one piece each so far";
   if (name != "cpu") return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
-    if (st.zero >= 3 && st.dp > 1)
-      return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + "; use zero 0-2");
-    // A member's routed experts lie outside the buckets whose gradient shards it keeps.
-    if (st.ep > 1 && st.gradients_sharded())
-      return refuse("sharded gradients with expert parallelism", fmt::format("stages[{}].shard_gradients", s),
-                    why + "; set shard_gradients to false on that stage");
-    if (flags_any(st.offload))
-      return refuse("weight offload to host memory", fmt::format("stages[{}].offload", s), why);
-    if (flags_any(st.offload_activations))
-      return refuse("activation offload to host memory", fmt::format("stages[{}].offload_activations", s), why);
+    // An offloaded block's weights are one range of host memory; under expert parallelism its
+    // routed experts lie apart from the rest of it (after every other tensor of the shard).
+    if (flags_any(st.offload) && st.ep > 1)
+      return refuse("weight offload with expert parallelism", fmt::format("stages[{}].offload", s),
+                    why + " (weight offload with ep 1); set ep to 1 on that stage or offload none of its blocks");
     // Every replica's MoE blocks meet the others' in collectives once per micro-batch.
     const bool pieces = std::any_of(st.replicas.begin(), st.replicas.end(), [](const PlanReplica& r) { return r.pieces > 1; });
     if (pieces)

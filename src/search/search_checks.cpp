@@ -30,9 +30,6 @@ void zero_pins_validate(const CostModel& cost, const SearchOptions& o) {
                           : devices < 2 ? "the cluster has one device, so every stage has one replica"
                                         : fmt::format("{} devices over tp {} and pp {} leave every stage one replica",
                                                       devices, std::max(1, o.tp), std::max(1, o.pp));
-  if (o.zero >= 3 && model_is_moe(cost.model()))
-    throw Error(fmt::format("ZeRO 3 of Mixture-of-Experts models ({}) does not run yet", cost.model().name),
-                {"", "--zero"}, "pin --zero 0, 1 or 2, or drop --zero");
   if (o.zero >= 1 && one_replica)
     throw Error(fmt::format("ZeRO {} shards over data-parallel replicas, but {}: there is nothing to shard", o.zero, why),
                 {"", "--zero"}, "drop --zero (one replica runs as ZeRO 0), or allow dp 2 or more (more devices, or a smaller --tp/--pp/--dp pin)");

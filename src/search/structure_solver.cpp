@@ -40,8 +40,7 @@ StructureSolver::StructureSolver(const CostModel& cost, const SearchOptions& opt
   pins_.shard_gradients = options.shard_gradients ? (*options.shard_gradients ? 1 : 0) : -1;
   pins_.sequence_parallel = options.sequence_parallel ? (*options.sequence_parallel ? 1 : 0) : -1;
   pins_.recompute = options.recompute ? static_cast<int>(*options.recompute) : -1;
-  // Offload of Mixture-of-Experts blocks does not run yet (src/runtime/stage_backend.cpp).
-  pins_.allow_offload = options.allow_offload && !model_is_moe(cost.model());
+  pins_.allow_offload = options.allow_offload;
   pins_.prefetch_depth = options.prefetch_depth;
   pins_.offload_activations = options.offload_activations;
   dense_layers_ = model_is_moe(cost.model()) ? static_cast<int>(cost.model().moe.first_dense_layers) : 0;

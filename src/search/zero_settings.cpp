@@ -19,9 +19,7 @@ std::vector<int> zero_levels(const StageSlot& slot, const OptionPins& pins) {
   if (slot.shape.dp == 1) return {0};
   if (pins.zero >= 0) return {pins.zero};
   // ZeRO 1 keeps what ZeRO 2 keeps with accumulated gradients and all-reduces where ZeRO 2
-  // reduce-scatters: it never wins (the exhaustive test tries it). Mixture-of-Experts models run
-  // ZeRO 0-2 (src/runtime/stage_backend.cpp).
-  if (slot.shape.held_experts > 0) return {0, 2};
+  // reduce-scatters: it never wins (the exhaustive test tries it).
   return {0, 2, 3};
 }
 
@@ -43,9 +41,7 @@ std::vector<ZeroSetting> zero_settings(const StageSlot& slot, const OptionPins& 
       out.push_back({zero, false});
       continue;
     }
-    // An expert-parallel member's experts lie outside the buckets whose shards it keeps: the
-    // runtime accumulates such a stage's gradients in full.
-    if (pins.shard_gradients != 0 && slot.shape.ep == 1) out.push_back({zero, true});
+    if (pins.shard_gradients != 0) out.push_back({zero, true});
     if (pins.shard_gradients != 1) out.push_back({zero, false});
   }
   return out;

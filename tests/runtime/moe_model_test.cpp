@@ -144,9 +144,15 @@ TEST(MoeModel, PlansTheCpuRanksDoNotRunAreRefused) {
   dp.stages[0].zero = 2;
   EXPECT_EQ(refusal("cpu", dp), "accepted");
   dp.stages[0].shard_gradients = true;
-  EXPECT_EQ(refusal("cpu", dp), prefix + "sharded gradients with expert parallelism is not supported [stages[0].shard_gradients]");
+  EXPECT_EQ(refusal("cpu", dp), "accepted");
   dp.stages[0].zero = 3;
-  EXPECT_EQ(refusal("cpu", dp), prefix + "ZeRO stage 3 is not supported [stages[0].zero]");
+  EXPECT_EQ(refusal("cpu", dp), "accepted");
+  Plan offload_ep = dp;
+  offload_ep.stages[0].shard_gradients = false;
+  offload_ep.stages[0].offload.assign(offload_ep.stages[0].offload.size(), false);
+  offload_ep.stages[0].offload[1] = true;
+  EXPECT_EQ(refusal("cpu", offload_ep),
+            prefix + "weight offload with expert parallelism is not supported [stages[0].offload]");
   Plan tp = one;
   tp.stages[0].tp = 2;
   EXPECT_EQ(refusal("cpu", tp), "accepted");
@@ -155,7 +161,16 @@ TEST(MoeModel, PlansTheCpuRanksDoNotRunAreRefused) {
   EXPECT_EQ(refusal("cpu", pp), "accepted");
   Plan offload = one;
   offload.stages[0].offload[1] = true;
-  EXPECT_EQ(refusal("cpu", offload), prefix + "weight offload to host memory is not supported [stages[0].offload]");
+  EXPECT_EQ(refusal("cpu", offload), "accepted");
+  Plan pieces = dp;
+  pieces.stages[0].replicas.assign(2, PlanReplica{});
+  for (PlanReplica& r : pieces.stages[0].replicas) {
+    r.device_type = pieces.stages[0].device_type;
+    r.sequences = 1;
+    r.pieces = 2;
+  }
+  EXPECT_EQ(refusal("cpu", pieces),
+            prefix + "a data-parallel share run in several pieces is not supported [stages[0].replicas]");
 }
 
 }  // namespace

@@ -30,8 +30,8 @@ TEST(MoeSearch, MixtralSplitsItsExpertsAndNamesThePlacement) {
   EXPECT_TRUE(notes_contain(r.plan, "stage 0 expert placement: ep ")) << r.plan.notes.size();
 }
 
-// The planner offers MoE models only what the runtime trains: ZeRO 0-2, no offload, and
-// gradients accumulated in full where experts are split; a pinned ZeRO 3 is refused.
+// The planner offers MoE models what the runtime trains: ZeRO 0-3 and sharded gradients at any
+// ep, weight offload at ep 1 only; a pinned ZeRO 3 is planned.
 TEST(MoeSearch, PlansStayInsideWhatTheRuntimeTrains) {
   TrainSpec train;
   train.global_batch_sequences = 64;
@@ -42,16 +42,29 @@ TEST(MoeSearch, PlansStayInsideWhatTheRuntimeTrains) {
       SearchOptions options;
       options.ep = ep;
       const SearchResult r = plan_search(cost, options);
-      for (const PlanStage& st : r.plan.stages) {
-        EXPECT_LE(st.zero, 2) << cluster;
-        EXPECT_FALSE(flags_any(st.offload)) << cluster;
-        EXPECT_FALSE(st.ep > 1 && st.gradients_sharded()) << cluster;
-      }
+      for (const PlanStage& st : r.plan.stages) EXPECT_FALSE(st.ep > 1 && flags_any(st.offload)) << cluster;
     }
     SearchOptions zero3;
     zero3.zero = 3;
-    EXPECT_THROW(plan_search(cost, zero3), Error) << cluster;
+    const SearchResult r = plan_search(cost, zero3);
+    for (const PlanStage& st : r.plan.stages) EXPECT_TRUE(st.dp == 1 || st.zero == 3) << cluster;
+    EXPECT_LE(plan_memory_ratio(r.plan), 1.0) << cluster;
   }
+}
+
+// Mixtral-8x7B's weights and AdamW state (about 750 GB) exceed one node of 8 A100-80GB under any
+// sharding: the plan fits by offloading blocks (at ep 1), which it could not before.
+TEST(MoeSearch, MixtralOnOneNodeFitsWithOffload) {
+  const CostModel cost(model_load("mixtral-8x7b"), cluster_load("a100-8", catalog_builtin()), TrainSpec{});
+  const SearchResult r = plan_search(cost, SearchOptions{});
+  EXPECT_LE(plan_memory_ratio(r.plan), 1.0);
+  bool offloads = false;
+  for (const PlanStage& st : r.plan.stages) {
+    offloads = offloads || flags_any(st.offload);
+    EXPECT_FALSE(st.ep > 1 && flags_any(st.offload));
+  }
+  EXPECT_TRUE(offloads);
+  EXPECT_GT(r.plan.step_seconds, 0);
 }
 
 TEST(MoeSearch, PinnedEpOneIsSlowerForMixtral) {

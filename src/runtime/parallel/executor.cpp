@@ -214,10 +214,11 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   layout_ = param_layout_build(plan, model, schedule_, tied_sync);
   // ZeRO 3 and offload move weights with host copies: backends whose memory is not the host's
   // refuse such plans (stage_backend_supports) before they get here.
-  if (layout_.sharded && stage.zero == 3) zero3_ = std::make_unique<Zero3Parameters>(model, layout_, comm, groups_.dp);
+  if (layout_.sharded && stage.zero == 3) zero3_ = std::make_unique<Zero3Parameters>(model, layout_, comm, groups_.dp, groups_.expert_dp);
   const bool bf16_wire = train.gradient_communication == Precision::Precision_bf16;
   if (stage.gradients_sharded())
-    sharded_ = std::make_unique<ShardedGradients>(*backend_, layout_, comm, groups_.dp, plan.gradient_bucket_bytes, bf16_wire);
+    sharded_ = std::make_unique<ShardedGradients>(*backend_, layout_, comm, groups_.dp, groups_.expert_dp,
+                                                  plan.gradient_bucket_bytes, bf16_wire);
   build_moments();
   if (offloads) {
     offload_ = std::make_unique<LayerOffload>(model, offload_uses_from_schedule(schedule_, host.blocks),
@@ -260,6 +261,10 @@ void RankRuntime::record_offload_copies() {
     iv.end_seconds = c.end_seconds - step_start_;
     intervals_.push_back(iv);
   }
+}
+
+const CommGroup& RankRuntime::bucket_group(const GradientBucket& bucket) const {
+  return bucket.experts ? groups_.expert_dp : groups_.dp;
 }
 
 double RankRuntime::now() const { return clock_seconds() - step_start_; }
@@ -441,12 +446,13 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
         if (b.chunk != op.chunk || b.bucket != op.bucket) continue;
         float* data = backend_->gradients_at(b.range.offset, b.range.count);
         CommHandle reduction;
+        const CommGroup& group = bucket_group(b);
         if (op.kind == OpKind::OpKind_all_reduce) {
-          reduction = comm_.all_reduce(data, b.range.count, groups_.dp);
+          reduction = comm_.all_reduce(data, b.range.count, group);
         } else if (train_.gradient_communication == Precision::Precision_bf16) {
-          reduction = comm_.reduce_scatter_bf16(data, b.piece_counts, groups_.dp);
+          reduction = comm_.reduce_scatter_bf16(data, b.piece_counts, group);
         } else {
-          reduction = comm_.reduce_scatter(data, b.piece_counts, groups_.dp);
+          reduction = comm_.reduce_scatter(data, b.piece_counts, group);
         }
         pending_reductions_.push_back(track(reduction, SimStream::SimStream_collective, op, index));
       }
@@ -457,7 +463,7 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       std::vector<CommHandle> handles;
       for (const GradientBucket& b : layout_.buckets)
         if (b.chunk == op.chunk)
-          handles.push_back(track(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, groups_.dp),
+          handles.push_back(track(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, bucket_group(b)),
                                   SimStream::SimStream_collective, op, index));
       if (op.micro_batch >= 0) {  // ZeRO 3: the weights are needed now
         for (const CommHandle& h : handles) wait(h, stats);

@@ -185,6 +185,9 @@ class RankRuntime {
   void sum_sequence_parallel_norms(RankStepStats& stats);
   void sum_tied_embedding(RankStepStats& stats);
   void sum_expert_gradients(RankStepStats& stats);
+  // The group a bucket's gradients are reduced and its ZeRO pieces gathered over: expert-dp for
+  // the routed experts' buckets, else dp.
+  const CommGroup& bucket_group(const GradientBucket& bucket) const;
   void wait(const CommHandle& handle, RankStepStats& stats);
   void record(SimStream stream, const ScheduleOp& op, size_t index, double start, double end);
   void reap_finished_passes(bool wait_all, RankStepStats& stats);

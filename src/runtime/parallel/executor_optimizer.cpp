@@ -37,7 +37,7 @@ double RankRuntime::gradient_square_sum() {
 
 void RankRuntime::optimizer(RankStepStats& stats) {
   if (layout_.tied_embedding.count > 0) sum_tied_embedding(stats);
-  if (layout_.experts.count > 0 && groups_.expert_dp.size() > 1) sum_expert_gradients(stats);
+  if (layout_.experts.count > 0 && !layout_.experts_sharded && groups_.expert_dp.size() > 1) sum_expert_gradients(stats);
   const Model& model = backend_->model();
   if (model.shard.sequence_parallel && model.shard.tp > 1) sum_sequence_parallel_norms(stats);
   if (poison_gradient_) gradient_poison();
@@ -96,7 +96,7 @@ void RankRuntime::gather_offloaded_parameters() {
   const Model& model = backend_->model();
   for (const GradientBucket& b : layout_.buckets) {
     if (model_offset_on_host(model, b.range.offset))
-      pending_gathers_.push_back(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, groups_.dp));
+      pending_gathers_.push_back(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, bucket_group(b)));
   }
 }
 
@@ -132,7 +132,8 @@ void RankRuntime::sum_tied_embedding(RankStepStats& stats) {
 }
 
 // Under expert parallelism each member's routed experts sit outside the data-parallel buckets:
-// their gradients (from every member's tokens) are summed over the replicas of the same experts.
+// their gradients (from every member's tokens) are summed over the replicas of the same experts
+// (unless sharded, when their own buckets reduce them).
 void RankRuntime::sum_expert_gradients(RankStepStats& stats) {
   float* grads = gradients_at(layout_.experts.offset, layout_.experts.count);
   wait(comm_.all_reduce(grads, layout_.experts.count, groups_.expert_dp), stats);

@@ -144,7 +144,7 @@ std::vector<float> RankRuntime::full_parameters() {
   if (layout_.sharded) {  // ZeRO 1-2 gather after every step already; this makes it explicit
     std::vector<CommHandle> handles;
     for (const GradientBucket& b : layout_.buckets)
-      handles.push_back(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, groups_.dp));
+      handles.push_back(comm_.all_gather(backend_->parameters_at(b.range.offset, b.range.count), b.piece_counts, bucket_group(b)));
     for (const CommHandle& h : handles) h.wait();
   }
   const Model& model = backend_->model();

@@ -68,6 +68,42 @@ FlatRange experts_range(const Model& model) {
   return {begin, end - begin};
 }
 
+// The routed experts of blocks [op.block_begin, op.block_end) of a shard that splits them: one
+// range, as the shard lays them out block after block (count 0: none).
+FlatRange bucket_experts_range(const Model& model, const ScheduleOp& op) {
+  int64_t begin = -1, end = -1;
+  for (const TensorView& view : model.views) {
+    if (!shard_is_routed_expert(view.name)) continue;
+    const int block = param_view_unit(model, view);
+    if (block < op.block_begin || block >= op.block_end) continue;
+    if (begin >= 0 && view.offset != end)
+      throw Error(fmt::format("the routed experts of blocks [{}, {}) are not one contiguous range of the parameters",
+                              op.block_begin, op.block_end));
+    if (begin < 0) begin = view.offset;
+    end = view.offset + view.numel;
+  }
+  return begin < 0 ? FlatRange{} : FlatRange{begin, end - begin};
+}
+
+// The experts' bucket of `op`: even pieces over the expert-dp group (dp / ep members, this rank
+// the dp_rank / ep-th).
+GradientBucket experts_bucket(const PlanStage& stage, const ScheduleOp& op, const FlatRange& range, int dp_rank) {
+  GradientBucket b;
+  b.experts = true;
+  b.chunk = op.chunk;
+  b.bucket = op.bucket;
+  b.block_begin = op.block_begin;
+  b.block_end = op.block_end;
+  b.range = range;
+  const int members = stage.dp / stage.ep;
+  for (int m = 0; m < members; ++m) {
+    const int64_t begin = range.count * m / members, end = range.count * (m + 1) / members;
+    b.piece_counts.push_back(end - begin);
+    if (m == dp_rank / stage.ep) b.owned = {range.offset + begin, end - begin};
+  }
+  return b;
+}
+
 }  // namespace
 
 int param_view_unit(const Model& model, const TensorView& view) {
@@ -95,6 +131,8 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
   const PlanStage& stage = plan.stages[schedule.stage];
   ParamLayout layout;
   layout.sharded = stage.zero >= 1 && stage.dp > 1;
+  layout.experts = experts_range(model);
+  layout.experts_sharded = layout.experts.count > 0 && layout.sharded;
   for (const ScheduleOp& op : schedule.ops) {
     if (op.kind != OpKind::OpKind_all_reduce && op.kind != OpKind::OpKind_reduce_scatter) continue;
     // Sharded gradients reduce every bucket once per micro-batch: one entry per bucket.
@@ -116,16 +154,17 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
       }
       layout.buckets.push_back(std::move(b));
     }
+    const FlatRange experts = layout.experts_sharded ? bucket_experts_range(model, op) : FlatRange{};
+    if (experts.count > 0) layout.buckets.push_back(experts_bucket(stage, op, experts, schedule.dp_rank));
   }
   if (tied_sync) layout.tied_embedding = {model_view(model, "embed.token").offset, model_view(model, "embed.token").numel};
-  layout.experts = experts_range(model);
 
   // Ranges this rank reduces as a data-parallel member: its pieces when sharded, else all.
   std::vector<FlatRange> mine;
   if (layout.sharded) {
     for (const GradientBucket& b : layout.buckets) mine.push_back(b.owned);
     if (layout.tied_embedding.count > 0) mine.push_back(layout.tied_embedding);
-    if (layout.experts.count > 0) mine.push_back(layout.experts);
+    if (layout.experts.count > 0 && !layout.experts_sharded) mine.push_back(layout.experts);
     std::sort(mine.begin(), mine.end(), [](const FlatRange& a, const FlatRange& b) { return a.offset < b.offset; });
     layout.optimizer_ranges = mine;
   } else {
@@ -138,7 +177,11 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
     const FlatRange range{view.offset, view.numel};
     if (model.shard.tp_rank != 0 && shard_split_of(view.name) == ShardSplit::ShardSplit_replicated) continue;
     if (model.shard.experts_split() && shard_is_routed_expert(view.name)) {
-      if (schedule.dp_rank < stage.ep) layout.norm_ranges.push_back(range);  // the first expert-parallel group
+      if (layout.experts_sharded) {
+        add_intersections(layout.norm_ranges, range, mine);  // each member its pieces
+      } else if (schedule.dp_rank < stage.ep) {
+        layout.norm_ranges.push_back(range);  // the first expert-parallel group
+      }
       continue;
     }
     if (tied_sync && view.name == "embed.token") {

@@ -14,25 +14,33 @@
 namespace alloy {
 
 struct GradientBucket {
+  bool experts = false;               // the routed experts of blocks [block_begin, block_end), reduced
+                                      // and sharded over the expert-dp group (else: over dp)
   int chunk = 0;
   int bucket = 0;
   int block_begin = 0;
   int block_end = 0;
   FlatRange range;                    // the bucket's gradients (the tied embedding excluded)
-  std::vector<int64_t> piece_counts;  // ZeRO pieces of the range, one per data-parallel member
-                                      // (PlanStage::zero_piece: uneven under uneven shares)
+  std::vector<int64_t> piece_counts;  // ZeRO pieces of the range, one per member of its group
+                                      // (dp: PlanStage::zero_piece, uneven under uneven shares;
+                                      // expert-dp: even)
   FlatRange owned;                    // this rank's piece
 };
 
 struct ParamLayout {
   // One per (chunk, bucket) and place, in schedule order: a bucket whose parameters lie partly in
   // host memory (offloaded blocks) is reduced a place at a time, each with its own ZeRO pieces.
+  // With experts_sharded, each (chunk, bucket) whose blocks hold routed experts has a second
+  // entry for them (experts: true), right after the first.
   std::vector<GradientBucket> buckets;
   bool sharded = false;                    // ZeRO 1-3 with dp > 1: each member updates its pieces
   FlatRange tied_embedding;                // summed over the embedding group at the optimizer (count 0: none)
   FlatRange experts;                       // routed experts of a shard that splits them (expert
-                                           // parallelism): summed over the expert-dp group at the
-                                           // optimizer, updated whole by each member (count 0: none)
+                                           // parallelism), after every other tensor (count 0: none)
+  // How `experts` are reduced. false (ZeRO 0): summed over the expert-dp group at the optimizer.
+  // true (ZeRO 1-3 with dp > 1): in buckets of their own over the expert-dp group, each member
+  // updating its pieces, as the other buckets are over dp.
+  bool experts_sharded = false;
   std::vector<FlatRange> optimizer_ranges; // updated by this rank, ascending
   std::vector<FlatRange> norm_ranges;      // counted by this rank in the global norm, ascending
   int64_t optimizer_floats() const;        // total of optimizer_ranges

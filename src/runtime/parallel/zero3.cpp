@@ -11,18 +11,15 @@
 
 namespace alloy {
 
-Zero3Parameters::Zero3Parameters(Model& model, const ParamLayout& layout, Communicator& comm, const CommGroup& dp)
-    : model_(model), layout_(layout), comm_(comm), dp_(dp), slots_(model_weight_slots(model)) {
+Zero3Parameters::Zero3Parameters(Model& model, const ParamLayout& layout, Communicator& comm, const CommGroup& dp,
+                                 const CommGroup& expert_dp)
+    : model_(model), layout_(layout), comm_(comm), dp_(dp), expert_dp_(expert_dp), slots_(model_weight_slots(model)) {
   for (const ParameterSegment& s : model.segments)
     if (s.host_block >= 0) offloaded_.insert(s.host_block);
   for (size_t k = 0; k < model.views.size(); ++k) {
     const TensorView& view = model.views[k];
     if (model_offset_on_host(model, view.offset)) continue;
-    Unit& unit = units_[param_view_unit(model, view)];
-    const int64_t end = std::max(unit.range.offset + unit.range.count, view.offset + view.numel);
-    unit.range.offset = unit.views.empty() ? view.offset : std::min(unit.range.offset, view.offset);
-    unit.range.count = end - unit.range.offset;
-    unit.views.push_back(k);
+    unit_add_view(units_[param_view_unit(model, view)], k);
   }
   for (const FlatRange& r : layout.optimizer_ranges) {
     if (r.count == 0 || model_offset_on_host(model, r.offset)) continue;
@@ -48,6 +45,32 @@ Zero3Parameters::Zero3Parameters(Model& model, const ParamLayout& layout, Commun
   model.parameter_source = this;
 }
 
+// Views come in flat order: one that continues the unit's last span, and is of its kind, extends
+// it; else (a block's routed experts, in their own buckets after every other tensor) it opens the
+// next span.
+void Zero3Parameters::unit_add_view(Unit& unit, size_t k) {
+  const TensorView& view = model_.views[k];
+  const bool experts = model_.shard.experts_split() && shard_is_routed_expert(view.name);
+  if (unit.spans.empty() || unit.spans.back().range.offset + unit.spans.back().range.count != view.offset ||
+      unit.spans.back().experts != experts) {
+    Span span;
+    span.experts = experts;
+    span.range = {view.offset, 0};
+    span.at = unit.floats;
+    unit.spans.push_back(span);
+  }
+  unit.spans.back().range.count += view.numel;
+  unit.floats += view.numel;
+  unit.views.push_back(k);
+}
+
+float* Zero3Parameters::unit_at(const Unit& unit, int64_t offset) const {
+  for (const Span& span : unit.spans)
+    if (offset >= span.range.offset && offset < span.range.offset + span.range.count)
+      return unit.buffer + span.at + (offset - span.range.offset);
+  throw Error(fmt::format("ZeRO 3: parameter offset {} is in none of its unit's spans", offset));
+}
+
 float* Zero3Parameters::pieces_at(int64_t offset, int64_t count) {
   // The range may run on through pieces that follow each other in the flat index (the optimizer's
   // spans join them), as they do in pieces().
@@ -67,7 +90,7 @@ float* Zero3Parameters::pieces_at(int64_t offset, int64_t count) {
 
 Zero3Parameters::~Zero3Parameters() {
   for (auto& [id, unit] : units_) {
-    if (unit.in_flight) unit.gathering.wait();
+    gather_finish(unit);
     model_.arena->release(unit.buffer);
   }
   model_.arena->release(pieces_);
@@ -76,14 +99,21 @@ Zero3Parameters::~Zero3Parameters() {
 
 double Zero3Parameters::take_wait_seconds() { return std::exchange(wait_seconds_, 0.0); }
 
-// Allocates and fills unit.buffer: the tied table (not sharded) from this member's copy, the rest
-// all-gathered from the members' pieces of the one bucket that holds the unit (left in flight).
+// Allocates unit.buffer and starts filling each span (left in flight).
 void Zero3Parameters::gather_start(Unit& unit) {
-  unit.buffer = model_.arena->allocate_floats(unit.range.count, "zero3 gathered weights");
-  FlatRange sharded = unit.range;
+  unit.buffer = model_.arena->allocate_floats(unit.floats, "zero3 gathered weights");
+  for (Span& span : unit.spans) span_gather_start(unit, span);
+  unit.in_flight = true;
+}
+
+// The tied table (not sharded) from this member's copy, the rest all-gathered from the members'
+// pieces of the one bucket that holds the span, over the bucket's group.
+void Zero3Parameters::span_gather_start(Unit& unit, Span& span) {
+  float* base = unit.buffer + span.at;
+  FlatRange sharded = span.range;
   const FlatRange& tied = layout_.tied_embedding;
-  if (tied.count > 0 && tied.offset >= unit.range.offset && tied.offset < unit.range.offset + unit.range.count) {
-    std::memcpy(unit.buffer + (tied.offset - unit.range.offset), pieces_at(tied.offset, tied.count),
+  if (tied.count > 0 && tied.offset >= span.range.offset && tied.offset < span.range.offset + span.range.count) {
+    std::memcpy(base + (tied.offset - span.range.offset), pieces_at(tied.offset, tied.count),
                 static_cast<size_t>(tied.count) * sizeof(float));
     if (tied.offset == sharded.offset) sharded.offset += tied.count;
     sharded.count -= tied.count;
@@ -93,25 +123,29 @@ void Zero3Parameters::gather_start(Unit& unit) {
   for (const GradientBucket& b : layout_.buckets)
     if (sharded.offset >= b.range.offset && sharded.offset + sharded.count <= b.range.offset + b.range.count) bucket = &b;
   if (bucket == nullptr) throw Error(fmt::format("ZeRO 3: parameters at offset {} lie in no gradient bucket", sharded.offset));
+  const CommGroup& group = bucket->experts ? expert_dp_ : dp_;
   std::vector<int64_t> counts;
   int64_t piece_begin = bucket->range.offset;
   for (size_t d = 0; d < bucket->piece_counts.size(); ++d) {
     const int64_t begin = std::max(piece_begin, sharded.offset);
     const int64_t end = std::min(piece_begin + bucket->piece_counts[d], sharded.offset + sharded.count);
     counts.push_back(std::max<int64_t>(0, end - begin));
-    if (static_cast<int>(d) == dp_.my_index && end > begin) {
-      std::memcpy(unit.buffer + (begin - unit.range.offset), pieces_at(begin, end - begin),
+    if (static_cast<int>(d) == group.my_index && end > begin) {
+      std::memcpy(base + (begin - span.range.offset), pieces_at(begin, end - begin),
                   static_cast<size_t>(end - begin) * sizeof(float));
     }
     piece_begin += bucket->piece_counts[d];
   }
-  unit.gathering = comm_.all_gather(unit.buffer + (sharded.offset - unit.range.offset), counts, dp_);
-  unit.in_flight = true;
+  span.gathering = comm_.all_gather(base + (sharded.offset - span.range.offset), counts, group);
 }
 
 void Zero3Parameters::gather_finish(Unit& unit) {
   if (!unit.in_flight) return;
-  wait_seconds_ += compute_wait([&] { unit.gathering.wait(); });
+  wait_seconds_ += compute_wait([&] {
+    for (Span& span : unit.spans)
+      if (span.gathering.valid()) span.gathering.wait();
+  });
+  for (Span& span : unit.spans) span.gathering = CommHandle();
   unit.in_flight = false;
 }
 
@@ -144,9 +178,9 @@ void Zero3Parameters::drop_prefetched() {
   }
 }
 
-void Zero3Parameters::bind(const Unit& unit, float* base) {
+void Zero3Parameters::bind(const Unit& unit, bool bound) {
   for (size_t k : unit.views) {
-    if (slots_[k] != nullptr) *slots_[k] = base == nullptr ? nullptr : base + (model_.views[k].offset - unit.range.offset);
+    if (slots_[k] != nullptr) *slots_[k] = bound ? unit_at(unit, model_.views[k].offset) : nullptr;
   }
   if (model_.spec.tied_embeddings) model_.weights.lm_head = model_.weights.token;
 }
@@ -172,14 +206,14 @@ void Zero3Parameters::acquire_unit(int id, bool backward, bool prefetch) {
   Unit* next = prefetch ? next_unit(id, backward) : nullptr;
   if (next != nullptr && next->buffer == nullptr) gather_start(*next);
   gather_finish(unit);
-  bind(unit, unit.buffer);
+  bind(unit, true);
 }
 
 void Zero3Parameters::release(int id, bool /*backward*/) {
   if (offloaded_.count(id) > 0) return;
   Unit& unit = units_.at(id);
   if (--unit.holders == 0) {
-    bind(unit, nullptr);
+    bind(unit, false);
     model_.arena->release(unit.buffer);
     unit.buffer = nullptr;
   }
@@ -190,7 +224,8 @@ std::vector<float> Zero3Parameters::full_parameters() {
   std::vector<float> full(static_cast<size_t>(model_.num_parameters));
   for (auto& [id, unit] : units_) {
     acquire(id, false);
-    std::memcpy(full.data() + unit.range.offset, unit.buffer, static_cast<size_t>(unit.range.count) * sizeof(float));
+    for (const Span& span : unit.spans)
+      std::memcpy(full.data() + span.range.offset, unit.buffer + span.at, static_cast<size_t>(span.range.count) * sizeof(float));
     release(id, false);
   }
   drop_prefetched();

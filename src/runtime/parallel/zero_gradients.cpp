@@ -27,8 +27,8 @@ FlatRange overlap(const FlatRange& a, const FlatRange& b) {
 }  // namespace
 
 ShardedGradients::ShardedGradients(StageBackend& backend, const ParamLayout& layout, Communicator& comm,
-                                   const CommGroup& dp, double part_bytes, bool bf16_wire)
-    : backend_(backend), model_(backend.model()), layout_(layout), comm_(comm), dp_(dp),
+                                   const CommGroup& dp, const CommGroup& expert_dp, double part_bytes, bool bf16_wire)
+    : backend_(backend), model_(backend.model()), layout_(layout), comm_(comm), dp_(dp), expert_dp_(expert_dp),
       slots_(model_gradient_slots(backend.model())), reported_(backend.reports_gradient_writes()), bf16_wire_(bf16_wire),
       most_in_flight_(backend.collectives_share_compute() ? 0 : 1) {
   if (model_.segments.size() != 1 || model_.segments.front().host_block >= 0)
@@ -86,6 +86,7 @@ void ShardedGradients::parts_build(double part_bytes) {
     bucket.layout = &g;
     const auto add = [&](const FlatRange& range) {
       Part p;
+      p.experts = g.experts;
       p.range = range;
       int64_t piece_begin = g.range.offset;
       for (int64_t count : g.piece_counts) {
@@ -159,34 +160,38 @@ void ShardedGradients::step_begin() {
   backend_.fill_zero(shard_, layout_.optimizer_floats());
 }
 
-ShardedGradients::Bucket& ShardedGradients::bucket_at(int chunk, int bucket) {
+std::vector<ShardedGradients::Bucket*> ShardedGradients::buckets_at(int chunk, int bucket) {
+  std::vector<Bucket*> found;
   for (Bucket& b : buckets_)
-    if (b.layout->chunk == chunk && b.layout->bucket == bucket) return b;
-  throw Error(fmt::format("no gradient bucket {} in chunk {} of this rank's schedule", bucket, chunk));
+    if (b.layout->chunk == chunk && b.layout->bucket == bucket) found.push_back(&b);
+  if (found.empty()) throw Error(fmt::format("no gradient bucket {} in chunk {} of this rank's schedule", bucket, chunk));
+  return found;
 }
 
 void ShardedGradients::bind(int chunk, int bucket) {
   if (reported_) return;
-  Bucket& b = bucket_at(chunk, bucket);
-  part_bind(b.parts.front());
-  if (head_bucket_ >= 0 && &b == &buckets_[static_cast<size_t>(head_bucket_)])
-    part_bind(buckets_[static_cast<size_t>(embedding_bucket_)].parts.front());
+  for (Bucket* b : buckets_at(chunk, bucket)) {
+    part_bind(b->parts.front());
+    if (head_bucket_ >= 0 && b == &buckets_[static_cast<size_t>(head_bucket_)])
+      part_bind(buckets_[static_cast<size_t>(embedding_bucket_)].parts.front());
+  }
 }
 
 CommHandle ShardedGradients::reduce_scatter(int chunk, int bucket) {
-  Bucket& b = bucket_at(chunk, bucket);
-  if (!reported_ && parts_[b.parts.front()].buffer == nullptr)
-    throw Error(fmt::format("rank {}: reduce-scatter of gradient bucket {} of chunk {} before its backward",
-                            comm_.rank(), bucket, chunk));
   const Part* latest = nullptr;
-  for (size_t index : b.parts) {
-    Part& p = parts_[index];
-    if (!p.posted_this_round) {
-      part_bind(index);  // a part the backward never wrote still adds its zeros
-      part_post(p);
+  for (Bucket* b : buckets_at(chunk, bucket)) {
+    if (!reported_ && parts_[b->parts.front()].buffer == nullptr)
+      throw Error(fmt::format("rank {}: reduce-scatter of gradient bucket {} of chunk {} before its backward",
+                              comm_.rank(), bucket, chunk));
+    for (size_t index : b->parts) {
+      Part& p = parts_[index];
+      if (!p.posted_this_round) {
+        part_bind(index);  // a part the backward never wrote still adds its zeros
+        part_post(p);
+      }
+      p.posted_this_round = false;
+      if (latest == nullptr || p.posted > latest->posted) latest = &p;
     }
-    p.posted_this_round = false;
-    if (latest == nullptr || p.posted > latest->posted) latest = &p;
   }
   return latest->reducing;
 }
@@ -217,7 +222,8 @@ void ShardedGradients::part_bind(size_t index) {
 }
 
 void ShardedGradients::part_post(Part& p) {
-  p.reducing = bf16_wire_ ? comm_.reduce_scatter_bf16(p.buffer, p.counts, dp_) : comm_.reduce_scatter(p.buffer, p.counts, dp_);
+  const CommGroup& group = p.experts ? expert_dp_ : dp_;
+  p.reducing = bf16_wire_ ? comm_.reduce_scatter_bf16(p.buffer, p.counts, group) : comm_.reduce_scatter(p.buffer, p.counts, group);
   p.in_flight = true;
   p.posted_this_round = true;
   p.posted = ++posts_;

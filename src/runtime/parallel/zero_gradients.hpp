@@ -30,8 +30,9 @@ class ShardedGradients final : public GradientSink {
   // part_bytes: the largest part (fp32 gradients), when the backend reports its writes.
   // bf16_wire: parts cross the network in bf16 and each member adds the sum it receives to its
   // shard in fp32 (a backend whose memory is the host's).
+  // dp reduces the buckets' parts, expert_dp the routed experts' (GradientBucket::experts).
   ShardedGradients(StageBackend& backend, const ParamLayout& layout, Communicator& comm, const CommGroup& dp,
-                   double part_bytes, bool bf16_wire);
+                   const CommGroup& expert_dp, double part_bytes, bool bf16_wire);
   ~ShardedGradients() override;
   ShardedGradients(const ShardedGradients&) = delete;
   ShardedGradients& operator=(const ShardedGradients&) = delete;
@@ -61,6 +62,7 @@ class ShardedGradients final : public GradientSink {
 
  private:
   struct Part {
+    bool experts = false;         // reduced over expert-dp (else dp)
     FlatRange range;              // inside its bucket's range
     std::vector<int64_t> counts;  // each member's share: the range's overlap with its ZeRO piece
     FlatRange owned;              // this member's share
@@ -84,7 +86,8 @@ class ShardedGradients final : public GradientSink {
   };
   void parts_build(double part_bytes);
   void managed_build(bool tied_here);
-  Bucket& bucket_at(int chunk, int bucket);
+  // The buckets of (chunk, bucket): its own and, under expert parallelism, its routed experts'.
+  std::vector<Bucket*> buckets_at(int chunk, int bucket);
   size_t part_of_row(const Managed& m, int64_t row) const;
   void part_bind(size_t index);
   void part_post(Part& p);
@@ -98,6 +101,7 @@ class ShardedGradients final : public GradientSink {
   const ParamLayout& layout_;
   Communicator& comm_;
   CommGroup dp_;
+  CommGroup expert_dp_;
   std::vector<float**> slots_;
   std::vector<Part> parts_;
   std::vector<Bucket> buckets_;  // as layout.buckets

@@ -532,7 +532,7 @@ bool stage_options_affine(const CostModel& cost, const StageSlot& slot, int bloc
 void stage_options(const CostModel& cost, const StageSlot& slot, int blocks, const OptionPins& pins,
                    std::vector<StageOption>* out) {
   // Parked activations move the recomputation's memory steps: only the exact path prices them.
-  if (!getenv("NOAFF") && blocks >= 3 && pins.offload_activations == 0 && stage_options_affine(cost, slot, blocks, pins, out)) return;
+  if (blocks >= 3 && pins.offload_activations == 0 && stage_options_affine(cost, slot, blocks, pins, out)) return;
   stage_options_exact(cost, slot, blocks, pins, out);
 }
 

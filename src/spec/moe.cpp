@@ -292,10 +292,9 @@ void model_require_dense(const ModelSpec& m, const std::string& consumer) {
                           "dense MLP blocks only",
                           m.name, moe_summary(m.moe), consumer),
               {m.source_path, moe_field_name(m, MoeField::MoeField_experts)},
-              fmt::format("`alloy check --model {}` counts its parameters (total and active per token) and "
-                          "`alloy train --model {}` trains it on one CPU rank; plan, simulate and profile dense "
-                          "models for now",
-                          name, name));
+              fmt::format("`alloy plan --model {}` and `alloy simulate` price it without a profile, and "
+                          "`alloy train` runs its plans on CPU ranks; profile and convert dense models for now",
+                          name));
 }
 
 }  // namespace alloy

@@ -36,7 +36,7 @@ void expect_moe_refused(const std::string& args) {
                           "here yet"),
             std::string::npos)
       << args << "\n" << r.output;
-  EXPECT_NE(r.output.find("alloy check --model tiny-moe"), std::string::npos) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find("alloy plan --model tiny-moe"), std::string::npos) << args << "\n" << r.output;
   EXPECT_EQ(r.output.find("internal error"), std::string::npos) << args << "\n" << r.output;
 }
 

@@ -222,7 +222,7 @@ TEST(MoeSpec, RequireDenseNamesTheModelAndItsExperts) {
               std::string::npos)
         << e.format();
     EXPECT_EQ(e.where().field, "num_local_experts");
-    EXPECT_NE(e.hint().find("alloy check --model mixtral-8x7b"), std::string::npos) << e.format();
+    EXPECT_NE(e.hint().find("alloy plan --model mixtral-8x7b"), std::string::npos) << e.format();
   }
 }
 

@@ -14,6 +14,7 @@
 #include "cost/cost_model.hpp"
 #include "cost/network_paths.hpp"
 #include "search/planner.hpp"
+#include "sim/collectives.hpp"
 #include "sim/shared_links.hpp"
 #include "spec/error.hpp"
 #include "spec/topology.hpp"
@@ -121,13 +122,12 @@ class Simulator {
   void build_lane(int lane);
   void link_lane(int lane);
   double transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources, std::vector<SharedLinkShare>* links);
-  // A reduction or gather alone on its links: `bytes` over dp, `expert_bytes` over expert-dp.
+  // A reduction or gather alone on its links (sim_collective), with the lane's links it holds.
   double collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources,
                                   std::vector<SharedLinkShare>* links);
-  double group_collective_seconds(int lane, CollectiveOp cop, double bytes, const GroupPlacement& g, bool experts,
-                                  std::vector<int>* resources, std::vector<SharedLinkShare>* links);
-  // ZeRO 3: the gather of blocks [begin, end) of the lane's stage, as a gather op.
-  ScheduleOp zero3_gather_op(int lane, const ScheduleOp& pass, int begin, int end) const;
+  ScheduleOp zero3_gather_op(int lane, const ScheduleOp& pass, int begin, int end) const {
+    return sim_zero3_gather_op(plan_, model_, lane, lanes_[lane].dp_rank, pass, begin, end);
+  }
   // The sum of a table tied between the first and last stage, before their optimizer step.
   double tied_table_seconds(int lane) const {
     if (lane != 0 && lane + 1 != static_cast<int>(plan_.stages.size())) return 0;
@@ -222,85 +222,14 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
   return boundary_seconds(static_cast<double>(op.bytes), link);
 }
 
-double Simulator::group_collective_seconds(int lane, CollectiveOp cop, double bytes, const GroupPlacement& g, bool experts,
-                                           std::vector<int>* resources, std::vector<SharedLinkShare>* links) {
-  if (g.ranks <= 1 || bytes <= 0) return 0;
-  const PlanStage& st = plan_.stages[lane];
-  const bool network = g.nodes > 1;
-  for (int r : {lane * kNumResources + (network ? kNetTx : kIntraTx), lane * kNumResources + (network ? kNetRx : kIntraRx)})
-    if (std::find(resources->begin(), resources->end(), r) == resources->end()) resources->push_back(r);
-  const ProfiledCollective* measured = options_.profile && !g.crosses_measured_link
-                                           ? options_.profile->find_collective(st.device_type, cop, g.ranks, network)
-                                           : nullptr;
-  // A measured collective or a runtime that rings only: the shared links the flat rings cross.
-  CollectiveAlgorithm algorithm = CollectiveAlgorithm::CollectiveAlgorithm_ring;
-  const RuntimeTraits& runtime =
-      runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)]);
-  double seconds = 0;
-  if (measured)
-    seconds = measured->seconds(bytes);
-  else if (runtime.collectives_flat_ring_only)
-    seconds = collective_seconds_with(cop, bytes, g, algorithm);
-  else
-    seconds = collective_seconds(cop, bytes, g, &algorithm);
-  if (!measured) seconds += collective_reduction_seconds(runtime, cop, bytes, g.ranks);
-  if (network && seconds > 0) {
-    // The two parts of an expert-parallel op run one after the other: a link both cross is
-    // taken by the larger share.
-    for (const SharedLinkShare& l : link_demands_.collective(lane, g, algorithm, experts)) {
-      auto same = std::find_if(links->begin(), links->end(), [&](const SharedLinkShare& o) { return o.link == l.link; });
-      if (same == links->end()) links->push_back(l);
-      else same->share = std::max(same->share, l.share);
-    }
-  }
-  return seconds;
-}
-
 double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources,
                                            std::vector<SharedLinkShare>* links) {
-  const PlanStage& st = plan_.stages[lane];
-  const Link intra = cluster_.node_group(cluster_.devices[lanes_[lane].device_id]).intra_node;
-  const CollectiveOp cop = op.kind == OpKind::OpKind_all_reduce       ? CollectiveOp::CollectiveOp_all_reduce
-                           : op.kind == OpKind::OpKind_reduce_scatter ? CollectiveOp::CollectiveOp_reduce_scatter
-                                                                      : CollectiveOp::CollectiveOp_all_gather;
-  const GroupPlacement dp = network_dp_group(cluster_, st.device_ids, st.tp, st.dp, intra);
-  double seconds = group_collective_seconds(lane, cop, static_cast<double>(op.bytes), dp, false, resources, links);
-  if (op.expert_bytes > 0) {  // the routed experts over the members that hold the same ones
-    const std::vector<int> ids = plan_stage_expert_dp_ids(st, lanes_[lane].dp_rank);
-    const GroupPlacement experts = network_dp_group(cluster_, ids, st.tp, static_cast<int>(ids.size()) / st.tp, intra);
-    seconds += group_collective_seconds(lane, cop, static_cast<double>(op.expert_bytes), experts, true, resources, links);
-  }
-  return seconds;
-}
-
-// The block a ZeRO-3 pass uses first: the first of the gather's next forward, the last of its
-// next backward.
-int pass_first_block(const RankSchedule& rs, size_t gather) {
-  for (size_t j = gather + 1; j < rs.ops.size(); ++j) {
-    if (rs.ops[j].kind == OpKind::OpKind_forward) return rs.ops[j].block_begin;
-    if (rs.ops[j].kind == OpKind::OpKind_backward) return rs.ops[j].block_end - 1;
-  }
-  return rs.ops[gather].block_begin;
-}
-
-ScheduleOp Simulator::zero3_gather_op(int lane, const ScheduleOp& pass, int begin, int end) const {
-  const PlanStage& st = plan_.stages[lane];
-  ScheduleOp g = pass;
-  g.kind = OpKind::OpKind_all_gather;
-  g.block_begin = begin;
-  g.block_end = end;
-  g.bytes = g.expert_bytes = 0;
-  // Offloaded blocks come whole from host memory instead.
-  int local = 0;
-  for (const LayerRange& chunk : st.chunks) {
-    for (int b = chunk.begin; b < chunk.end; ++b, ++local) {
-      if (b < begin || b >= end || (!st.offload.empty() && st.offload[static_cast<size_t>(local)])) continue;
-      g.bytes += schedule_parameter_bytes(plan_, model_, lane, b, b + 1);
-      g.expert_bytes +=
-          schedule_expert_bytes(plan_, model_, lane, lanes_[lane].dp_rank, b, b + 1, precision_bytes(plan_.precision));
-    }
-  }
-  return g;
+  const SimCollective c =
+      sim_collective(plan_, cluster_, options_.profile, &link_demands_, lane, lanes_[lane].dp_rank, lanes_[lane].device_id, op);
+  if (c.intra_node) resources->insert(resources->end(), {lane * kNumResources + kIntraTx, lane * kNumResources + kIntraRx});
+  if (c.network) resources->insert(resources->end(), {lane * kNumResources + kNetTx, lane * kNumResources + kNetRx});
+  *links = c.links;
+  return c.seconds;
 }
 
 void Simulator::build_lane(int lane) {
@@ -405,7 +334,7 @@ void Simulator::build_lane(int lane) {
         // ZeRO 3 gathers a pass's weights inside it (zero3.cpp): its first block when it starts,
         // alone; each next one a block ahead, under the compute (gathered_ahead below).
         const bool pass_gather = op.kind == OpKind::OpKind_all_gather && op.micro_batch >= 0;
-        if (pass_gather) first_gathered = pass_first_block(rs, i);
+        if (pass_gather) first_gathered = sim_zero3_first_block(rs, i);
         t.duration_seconds = collective_alone_seconds(
             lane, pass_gather ? zero3_gather_op(lane, op, first_gathered, first_gathered + 1) : op, &t.resources, &t.links);
         add_dep(id, last_collective);

@@ -418,6 +418,13 @@ std::vector<int> plan_expert_dp_group(const Plan& plan, int rank) {
   return group;
 }
 
+std::vector<int> plan_stage_expert_dp_ids(const PlanStage& stage, int dp_rank) {
+  std::vector<int> ids;
+  for (int d = dp_rank % stage.ep; d < stage.dp; d += stage.ep)
+    for (int t = 0; t < stage.tp; ++t) ids.push_back(stage.device_ids[static_cast<size_t>(d * stage.tp + t)]);
+  return ids;
+}
+
 std::pair<int, int> plan_expert_range(const PlanStage& stage, int num_experts, int ep_rank) {
   if (stage.experts_per_member.empty()) {
     const int each = num_experts / stage.ep;

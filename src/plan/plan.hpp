@@ -229,6 +229,8 @@ std::vector<int> plan_dp_group(const Plan& plan, int rank);
 // expert-parallel group: its experts' data-parallel group).
 std::vector<int> plan_ep_group(const Plan& plan, int rank);
 std::vector<int> plan_expert_dp_group(const Plan& plan, int rank);
+// Devices of that group for member `dp_rank` of `stage` (tp fastest, then dp), in rank order.
+std::vector<int> plan_stage_expert_dp_ids(const PlanStage& stage, int dp_rank);
 // Routed experts [begin, end) that member `ep_rank` of a stage's expert-parallel groups holds.
 std::pair<int, int> plan_expert_range(const PlanStage& stage, int num_experts, int ep_rank);
 

@@ -7,10 +7,51 @@
 #include <fmt/format.h>
 
 #include "spec/error.hpp"
+#include "spec/moe.hpp"
 
 namespace alloy {
 
 namespace {
+
+// Parameters per device of a stage for blocks [begin, end) that are sharded and reduced over dp
+// (see schedule_parameter_bytes): an MoE block's attention and norms split over tp, its router and
+// shared experts whole on every tp rank (the runtime replicates the MoE MLP over tp), and its
+// routed experts unless expert parallelism shards them over expert-dp instead.
+int64_t stage_parameter_count(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end) {
+  const ModelParameterCounts counts = model_parameter_counts(model);
+  const PlanStage& st = plan.stages[stage];
+  const int dense_blocks = model_is_moe(model) ? static_cast<int>(model.moe.first_dense_layers) : block_end;
+  const int dense_in = std::clamp(dense_blocks, block_begin, block_end) - block_begin;
+  int64_t params = counts.per_block * dense_in;
+  int64_t replicated = 0;  // whole on every tp rank
+  if (dense_in < block_end - block_begin) {
+    const int64_t moe_blocks = block_end - block_begin - dense_in;
+    const int64_t mlp = moe_mlp_parameters(model).all;
+    const int64_t routed = model.moe.num_experts * schedule_expert_parameters(model);
+    params += moe_blocks * (counts.per_moe_block - mlp);
+    replicated = moe_blocks * (mlp - (st.ep > 1 ? routed : 0));
+  }
+  const int first_block = st.chunks.front().begin;
+  const int last_block = st.chunks.back().end;
+  if (st.has_embedding && block_begin <= first_block && first_block < block_end) params += counts.embedding;
+  if (st.has_head && block_begin < last_block && last_block <= block_end) {
+    params += counts.final_norm + counts.lm_head;
+    // A tied head on its own stage keeps a copy of the embedding matrix.
+    if (counts.lm_head == 0 && plan.stages.size() > 1) params += model.vocab_size * model.hidden_size;
+  }
+  return params / st.tp + replicated;
+}
+
+// Routed experts per MoE block that member `dp_rank` of an expert-parallel stage holds.
+int64_t member_expert_count(const PlanStage& st, const ModelSpec& model, int dp_rank) {
+  const auto [begin, end] = plan_expert_range(st, static_cast<int>(model.moe.num_experts), dp_rank % st.ep);
+  return end - begin;
+}
+
+int64_t moe_blocks_in(const ModelSpec& model, int block_begin, int block_end) {
+  if (!model_is_moe(model)) return 0;
+  return block_end - std::clamp(static_cast<int>(model.moe.first_dense_layers), block_begin, block_end);
+}
 
 struct ComputeItem {
   bool forward = true;
@@ -147,12 +188,14 @@ struct Builder {
     return local;
   }
 
-  int64_t offloaded_bytes(int stage, const LayerRange& blocks) const {
+  int64_t offloaded_bytes(int stage, int dp_rank, const LayerRange& blocks) const {
     const PlanStage& st = plan.stages[stage];
     const int local = chunk_first_local(stage, blocks);
     int64_t bytes = 0;
     for (int b = blocks.begin; b < blocks.end; ++b)
-      if (st.offload[local + b - blocks.begin]) bytes += schedule_parameter_bytes(plan, model, stage, b, b + 1);
+      if (st.offload[local + b - blocks.begin])
+        bytes += schedule_parameter_bytes(plan, model, stage, b, b + 1) +
+                 schedule_expert_bytes(plan, model, stage, dp_rank, b, b + 1, precision_bytes(plan.precision));
     return bytes;
   }
 
@@ -180,13 +223,28 @@ struct Builder {
     return op;
   }
 
+  // Gradient bytes of block b's routed experts on a mean member of an expert-parallel stage: every
+  // member cuts its buckets alike, however unevenly the members share the experts.
+  int64_t mean_expert_bytes(int stage, int b) const {
+    const PlanStage& st = plan.stages[stage];
+    if (st.ep <= 1) return 0;
+    return moe_blocks_in(model, b, b + 1) * model.moe.num_experts / st.ep * schedule_expert_parameters(model) *
+           plan.gradient_bytes;
+  }
+
+  // The routed experts' part of a gather or reduction of blocks `blocks` (expert_bytes).
+  ScheduleOp with_experts(ScheduleOp op, const RankSchedule& rs, int element_bytes) const {
+    op.expert_bytes = schedule_expert_bytes(plan, model, rs.stage, rs.dp_rank, op.block_begin, op.block_end, element_bytes);
+    return op;
+  }
+
   // Buckets of a chunk in backward order (last blocks first), each at least one block.
   std::vector<LayerRange> buckets(int stage, const LayerRange& blocks) const {
     std::vector<LayerRange> out;
     int end = blocks.end;
     int64_t bytes = 0;
     for (int b = blocks.end - 1; b >= blocks.begin; --b) {
-      bytes += schedule_gradient_bytes(plan, model, stage, b, b + 1, plan.gradient_bytes);
+      bytes += schedule_gradient_bytes(plan, model, stage, b, b + 1, plan.gradient_bytes) + mean_expert_bytes(stage, b);
       if (bytes >= options.bucket_bytes || b == blocks.begin) {
         out.push_back({b, end});
         end = b;
@@ -209,7 +267,7 @@ struct Builder {
       for (int k = 0; k < item.piece; ++k) begin += replica.piece_sequences(k);
       end = begin + replica.piece_sequences(item.piece);
     }
-    const int64_t offloaded = offloaded_bytes(s, blocks);
+    const int64_t offloaded = offloaded_bytes(s, rs->dp_rank, blocks);
     const bool sharded_gathers = st.zero == 3 && st.dp > 1;
 
     if (item.forward && vs > 0)
@@ -217,8 +275,9 @@ struct Builder {
     if (!item.forward && vs + 1 < num_virtual)
       add_transfers(rs, false, true, (vs + 1) % p, s, item.micro_batch, item.chunk, vs);
     if (sharded_gathers) {
-      rs->ops.push_back(step_op(OpKind::OpKind_all_gather, item.chunk, blocks,
-                                schedule_parameter_bytes(plan, model, s, blocks.begin, blocks.end)));
+      rs->ops.push_back(with_experts(step_op(OpKind::OpKind_all_gather, item.chunk, blocks,
+                                             schedule_parameter_bytes(plan, model, s, blocks.begin, blocks.end)),
+                                     *rs, precision_bytes(plan.precision)));
       rs->ops.back().micro_batch = item.micro_batch;
     }
     // Weights come in before every pass, parked activations before the backward.
@@ -248,7 +307,7 @@ struct Builder {
         ScheduleOp r = step_op(reduce, item.chunk, pieces[k],
                                schedule_gradient_bytes(plan, model, s, pieces[k].begin, pieces[k].end, wire));
         r.bucket = static_cast<int>(k);
-        rs->ops.push_back(r);
+        rs->ops.push_back(with_experts(r, *rs, wire));
       }
     } else {
       rs->ops.push_back(compute);
@@ -301,25 +360,9 @@ bool op_kind_is_collective(OpKind kind) {
          kind == OpKind::OpKind_all_gather;
 }
 
-namespace {
-
-// Parameters per device of a stage for blocks [begin, end) (see schedule_parameter_bytes).
-int64_t stage_parameter_count(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end) {
-  const ModelParameterCounts counts = model_parameter_counts(model);
-  const PlanStage& st = plan.stages[stage];
-  int64_t params = counts.per_block * (block_end - block_begin);
-  const int first_block = st.chunks.front().begin;
-  const int last_block = st.chunks.back().end;
-  if (st.has_embedding && block_begin <= first_block && first_block < block_end) params += counts.embedding;
-  if (st.has_head && block_begin < last_block && last_block <= block_end) {
-    params += counts.final_norm + counts.lm_head;
-    // A tied head on its own stage keeps a copy of the embedding matrix.
-    if (counts.lm_head == 0 && plan.stages.size() > 1) params += model.vocab_size * model.hidden_size;
-  }
-  return params / st.tp;
+int64_t schedule_expert_parameters(const ModelSpec& model) {
+  return model_is_moe(model) ? 3 * model.hidden_size * model.moe.expert_ffn_hidden_size : 0;
 }
-
-}  // namespace
 
 int64_t schedule_parameter_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end) {
   return stage_parameter_count(plan, model, stage, block_begin, block_end) * precision_bytes(plan.precision);
@@ -328,6 +371,14 @@ int64_t schedule_parameter_bytes(const Plan& plan, const ModelSpec& model, int s
 int64_t schedule_gradient_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end,
                                 int element_bytes) {
   return stage_parameter_count(plan, model, stage, block_begin, block_end) * element_bytes;
+}
+
+int64_t schedule_expert_bytes(const Plan& plan, const ModelSpec& model, int stage, int dp_rank, int block_begin,
+                              int block_end, int element_bytes) {
+  const PlanStage& st = plan.stages[stage];
+  if (st.ep <= 1) return 0;
+  return moe_blocks_in(model, block_begin, block_end) * member_expert_count(st, model, dp_rank) *
+         schedule_expert_parameters(model) * element_bytes;
 }
 
 RankSchedule schedule_build_rank(const Plan& plan, const ModelSpec& model, int rank, const ScheduleOptions& options) {
@@ -363,8 +414,10 @@ RankSchedule schedule_build_rank(const Plan& plan, const ModelSpec& model, int r
   rs.ops.push_back(b.step_op(OpKind::OpKind_optimizer, 0, all_blocks, 0));
   if ((st.zero == 1 || st.zero == 2) && st.dp > 1)
     for (int c = 0; c < plan.virtual_chunks; ++c)
-      rs.ops.push_back(b.step_op(OpKind::OpKind_all_gather, c, st.chunks[c],
-                                 schedule_parameter_bytes(plan, model, rs.stage, st.chunks[c].begin, st.chunks[c].end)));
+      rs.ops.push_back(b.with_experts(
+          b.step_op(OpKind::OpKind_all_gather, c, st.chunks[c],
+                    schedule_parameter_bytes(plan, model, rs.stage, st.chunks[c].begin, st.chunks[c].end)),
+          rs, precision_bytes(plan.precision)));
   return rs;
 }
 

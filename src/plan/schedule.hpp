@@ -43,7 +43,9 @@ struct ScheduleOp {
   int chunk = 0;               // model chunk of the stage (interleaved: 0..v-1)
   int peer = -1;               // send/recv: the other rank
   int tag = -1;                // send/recv: equal on both sides; unique per pair of ranks
-  int64_t bytes = 0;           // payload of a transfer, bucket or gather
+  int64_t bytes = 0;           // payload of a transfer, bucket or gather (over the data-parallel group)
+  int64_t expert_bytes = 0;    // buckets and gathers of an expert-parallel stage: the routed experts'
+                               // part, reduced and gathered over the expert-dp group (plan_expert_dp_group)
   int64_t sample_begin = 0;    // send/recv and compute: global samples [begin, end) of the step
   int64_t sample_end = 0;
   int block_begin = 0;         // model blocks [begin, end) the op works on
@@ -96,14 +98,21 @@ void schedule_check(const StepSchedule& schedule);
 // "recv_activation mb 3 chunk 0 from rank 2 tag 17 (4.0 MiB, samples [12, 16))" and similar.
 std::string schedule_op_describe(const ScheduleOp& op);
 
-// Bytes of gradients (and parameters) per device of a stage for blocks [begin, end), in the
-// plan's precision; the first block also carries the embedding on stage 0, the last block of
-// the last stage the head. Shared by the schedule's buckets and the simulator's memory.
+// Bytes of gradients (and parameters) per device of a stage for blocks [begin, end) that are
+// sharded and reduced over the data-parallel group, in the plan's precision: all of them but the
+// routed experts of an expert-parallel stage (schedule_expert_bytes). The first block also
+// carries the embedding on stage 0, the last block of the last stage the head.
 int64_t schedule_parameter_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin,
                                  int block_end);
 // The same blocks' gradients at `element_bytes` each (the plan's gradient_bytes or
 // reduce_scatter_bytes): what the schedule's buckets and reductions hold and move.
 int64_t schedule_gradient_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end,
                                 int element_bytes);
+// Bytes at `element_bytes` each of the routed experts that member `dp_rank` of an expert-parallel
+// stage holds in blocks [begin, end), sharded and reduced over its expert-dp group; 0 with ep 1.
+int64_t schedule_expert_bytes(const Plan& plan, const ModelSpec& model, int stage, int dp_rank, int block_begin,
+                              int block_end, int element_bytes);
+// Weights of one routed expert (gate, up and down: 3 C F_e); 0 for a dense model.
+int64_t schedule_expert_parameters(const ModelSpec& model);
 
 }  // namespace alloy

@@ -44,14 +44,16 @@ std::vector<SharedLinkShare> SimLinkDemands::boundary(int from, int to, double l
   return shares(it->second, lane_bytes_per_second, static_cast<double>(from_ids.size()) / lanes);
 }
 
-std::vector<SharedLinkShare> SimLinkDemands::collective(int stage, const GroupPlacement& group, CollectiveAlgorithm algorithm) {
+std::vector<SharedLinkShare> SimLinkDemands::collective(int stage, const GroupPlacement& group, CollectiveAlgorithm algorithm,
+                                                        bool experts) {
   if (shared_.links.empty() || group.nodes <= 1) return {};
-  auto it = collective_crossings_.find({stage, static_cast<int>(algorithm)});
+  const std::tuple<int, int, bool> key{stage, static_cast<int>(algorithm), experts};
+  auto it = collective_crossings_.find(key);
   if (it == collective_crossings_.end()) {
     const PlanStage& st = plan_.stages[static_cast<size_t>(stage)];
-    it = collective_crossings_
-             .emplace(std::make_pair(stage, static_cast<int>(algorithm)),
-                      crossings(network_dp_group_hops(cluster_, st.device_ids, st.tp, st.dp, group, algorithm)))
+    const std::vector<int> ids = experts ? plan_stage_expert_dp_ids(st, 0) : st.device_ids;
+    const int members = static_cast<int>(ids.size()) / st.tp;
+    it = collective_crossings_.emplace(key, crossings(network_dp_group_hops(cluster_, ids, st.tp, members, group, algorithm)))
              .first;
   }
   return shares(it->second, collective_network_hop_bytes_per_second(group, algorithm), 1.0);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -27,8 +28,10 @@ class SimLinkDemands {
   std::vector<SharedLinkShare> boundary(int from, int to, double lane_bytes_per_second);
 
   // A data-parallel collective of `stage` (every tp rank's ring at once) by `algorithm`;
-  // `group`: the stage's network_dp_group.
-  std::vector<SharedLinkShare> collective(int stage, const GroupPlacement& group, CollectiveAlgorithm algorithm);
+  // `group`: the stage's network_dp_group, or with `experts` the expert-dp group of its first
+  // member (plan_stage_expert_dp_ids).
+  std::vector<SharedLinkShare> collective(int stage, const GroupPlacement& group, CollectiveAlgorithm algorithm,
+                                          bool experts = false);
 
  private:
   // Per shared link a set of hops crosses: (link id, hops crossing it).
@@ -40,7 +43,7 @@ class SimLinkDemands {
   const ClusterSpec& cluster_;
   TopologySharedLinks shared_;
   std::map<std::pair<int, int>, Crossings> boundary_crossings_;    // (from stage, to stage)
-  std::map<std::pair<int, int>, Crossings> collective_crossings_;  // (stage, algorithm)
+  std::map<std::tuple<int, int, bool>, Crossings> collective_crossings_;  // (stage, algorithm, experts)
 };
 
 // Per link: the time anything crossed it, and the time its transfers together asked for more

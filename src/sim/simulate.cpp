@@ -14,6 +14,7 @@
 #include "cost/cost_model.hpp"
 #include "cost/network_paths.hpp"
 #include "search/planner.hpp"
+#include "sim/collectives.hpp"
 #include "sim/shared_links.hpp"
 #include "spec/error.hpp"
 #include "spec/topology.hpp"
@@ -121,8 +122,12 @@ class Simulator {
   void build_lane(int lane);
   void link_lane(int lane);
   double transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources, std::vector<SharedLinkShare>* links);
+  // A reduction or gather alone on its links (sim_collective), with the lane's links it holds.
   double collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources,
                                   std::vector<SharedLinkShare>* links);
+  ScheduleOp zero3_gather_op(int lane, const ScheduleOp& pass, int begin, int end) const {
+    return sim_zero3_gather_op(plan_, model_, lane, lanes_[lane].dp_rank, pass, begin, end);
+  }
   // The sum of a table tied between the first and last stage, before their optimizer step.
   double tied_table_seconds(int lane) const {
     if (lane != 0 && lane + 1 != static_cast<int>(plan_.stages.size())) return 0;
@@ -219,31 +224,12 @@ double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<i
 
 double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources,
                                            std::vector<SharedLinkShare>* links) {
-  const PlanStage& st = plan_.stages[lane];
-  const GroupPlacement g = network_dp_group(cluster_, st.device_ids, st.tp, st.dp,
-                                            cluster_.node_group(cluster_.devices[lanes_[lane].device_id]).intra_node);
-  const bool network = g.nodes > 1;
-  resources->assign({lane * kNumResources + (network ? kNetTx : kIntraTx), lane * kNumResources + (network ? kNetRx : kIntraRx)});
-  const CollectiveOp cop = op.kind == OpKind::OpKind_all_reduce       ? CollectiveOp::CollectiveOp_all_reduce
-                           : op.kind == OpKind::OpKind_reduce_scatter ? CollectiveOp::CollectiveOp_reduce_scatter
-                                                                      : CollectiveOp::CollectiveOp_all_gather;
-  const ProfiledCollective* measured = options_.profile && !g.crosses_measured_link
-                                           ? options_.profile->find_collective(st.device_type, cop, g.ranks, network)
-                                           : nullptr;
-  // A measured collective or a runtime that rings only: the shared links the flat rings cross.
-  CollectiveAlgorithm algorithm = CollectiveAlgorithm::CollectiveAlgorithm_ring;
-  const RuntimeTraits& runtime =
-      runtime_traits(cluster_.device_types[static_cast<size_t>(cluster_.devices[lanes_[lane].device_id].device_type_index)]);
-  double seconds = 0;
-  if (measured)
-    seconds = measured->seconds(static_cast<double>(op.bytes));
-  else if (runtime.collectives_flat_ring_only)
-    seconds = collective_seconds_with(cop, static_cast<double>(op.bytes), g, algorithm);
-  else
-    seconds = collective_seconds(cop, static_cast<double>(op.bytes), g, &algorithm);
-  if (!measured) seconds += collective_reduction_seconds(runtime, cop, static_cast<double>(op.bytes), g.ranks);
-  if (network && seconds > 0) *links = link_demands_.collective(lane, g, algorithm);
-  return seconds;
+  const SimCollective c =
+      sim_collective(plan_, cluster_, options_.profile, &link_demands_, lane, lanes_[lane].dp_rank, lanes_[lane].device_id, op);
+  if (c.intra_node) resources->insert(resources->end(), {lane * kNumResources + kIntraTx, lane * kNumResources + kIntraRx});
+  if (c.network) resources->insert(resources->end(), {lane * kNumResources + kNetTx, lane * kNumResources + kNetRx});
+  *links = c.links;
+  return c.seconds;
 }
 
 void Simulator::build_lane(int lane) {
@@ -270,6 +256,8 @@ void Simulator::build_lane(int lane) {
   const double host_link = cluster_.node_group(dev).host_link_bytes_per_second;
 
   int last_compute = -1, before_last_compute = -1, last_recv = -1, last_collective = -1, last_copy = -1;
+  const bool gathers = st.zero == 3 && st.dp > 1;
+  int first_gathered = -1;  // ZeRO 3: the block the current pass gathered alone
   std::vector<int> pending_inputs;
   std::map<std::pair<int, int>, int> activation_owner;  // (mb, chunk) -> forward task
   for (size_t i = 0; i < rs.ops.size(); ++i) {
@@ -341,19 +329,21 @@ void Simulator::build_lane(int lane) {
         break;
       case OpKind::OpKind_all_reduce:
       case OpKind::OpKind_reduce_scatter:
-      case OpKind::OpKind_all_gather:
+      case OpKind::OpKind_all_gather: {
         t.stream = SimStream::SimStream_collective;
-        t.duration_seconds = collective_alone_seconds(lane, op, &t.resources, &t.links);
+        // ZeRO 3 gathers a pass's weights inside it (zero3.cpp): its first block when it starts,
+        // alone; each next one a block ahead, under the compute (gathered_ahead below).
+        const bool pass_gather = op.kind == OpKind::OpKind_all_gather && op.micro_batch >= 0;
+        if (pass_gather) first_gathered = sim_zero3_first_block(rs, i);
+        t.duration_seconds = collective_alone_seconds(
+            lane, pass_gather ? zero3_gather_op(lane, op, first_gathered, first_gathered + 1) : op, &t.resources, &t.links);
         add_dep(id, last_collective);
         add_dep(id, last_recv);
-        if (op.kind != OpKind::OpKind_all_gather || op.micro_batch < 0) add_dep(id, last_compute);
-        if (op.kind == OpKind::OpKind_all_gather && op.micro_batch >= 0) {
-          // Gathered one operation ahead at most: the buffer of the next compute only.
-          add_dep(id, before_last_compute);
-          pending_inputs.push_back(id);
-        }
+        add_dep(id, last_compute);
+        if (pass_gather) pending_inputs.push_back(id);
         last_collective = id;
         break;
+      }
       case OpKind::OpKind_prefetch:
       case OpKind::OpKind_evict:
         t.stream = SimStream::SimStream_copy;
@@ -382,6 +372,27 @@ void Simulator::build_lane(int lane) {
       x.duration_seconds = x.remaining_seconds = all_to_all_seconds;
       add_dep(exchange, id);
       last_compute = exchange;  // the next pass and the sends wait for the combined output
+    }
+    if (gathers && (op.kind == OpKind::OpKind_forward || op.kind == OpKind::OpKind_backward)) {
+      // The pass's first block came alone; the other blocks of the op a block ahead of their use.
+      const int begin = op.block_begin + (first_gathered == op.block_begin ? 1 : 0);
+      const int end = op.block_end - (first_gathered == op.block_end - 1 && begin < op.block_end ? 1 : 0);
+      first_gathered = -1;
+      if (begin < end) {
+        const int ahead = static_cast<int>(tasks_.size());
+        tasks_.emplace_back();
+        Task& g = tasks_.back();
+        g.lane = lane;
+        g.op_index = static_cast<int>(i);
+        g.kind = OpKind::OpKind_all_gather;
+        g.stream = SimStream::SimStream_collective;
+        g.duration_seconds = collective_alone_seconds(lane, zero3_gather_op(lane, op, begin, end), &g.resources, &g.links);
+        g.remaining_seconds = g.duration_seconds;
+        add_dep(ahead, last_collective);
+        add_dep(ahead, before_last_compute);
+        last_collective = ahead;
+        pending_inputs.push_back(ahead);  // the next compute waits for this one's weights
+      }
     }
   }
   // Model states, buffers and context stay resident (the ZeRO-3 gather buffer and the offload

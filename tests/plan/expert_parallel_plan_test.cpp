@@ -4,6 +4,7 @@
 
 #include "../support/specs.hpp"
 #include "plan/plan.hpp"
+#include "plan/schedule.hpp"
 #include "spec/error.hpp"
 
 namespace alloy {
@@ -78,6 +79,39 @@ TEST(ExpertParallelPlan, MembersHoldEvenOrStatedRangesOfExperts) {
   p.stages[0].experts_per_member = {5, 3};
   EXPECT_EQ(plan_expert_range(p.stages[0], 8, 0), (std::pair<int, int>{0, 5}));
   EXPECT_EQ(plan_expert_range(p.stages[0], 8, 1), (std::pair<int, int>{5, 8}));
+}
+
+// Under ZeRO 3 with 5 and 3 experts per member, each gather and reduction carries the member's own
+// experts apart (expert_bytes, over expert-dp) and the rest alike on every member (bytes, over dp):
+// the members cut the same buckets and call the same collectives, and the schedule checks.
+TEST(ExpertParallelPlan, ScheduleCarriesEachMembersExpertsApart) {
+  const ModelSpec model = toy_moe(8);
+  Plan p = expert_plan();
+  p.stages[0].zero = 3;
+  p.stages[0].experts_per_member = {5, 3};
+  p.gradient_bucket_bytes = 1;  // a bucket per block
+  const StepSchedule schedule = schedule_build(p, model);
+  EXPECT_NO_THROW(schedule_check(schedule));
+  const int64_t expert = 3 * 256 * 128;
+  for (const RankSchedule& rs : schedule.ranks) {
+    const int64_t held = rs.dp_rank % 2 == 0 ? 5 : 3;
+    int collectives = 0;
+    for (size_t i = 0; i < rs.ops.size(); ++i) {
+      const ScheduleOp& op = rs.ops[i];
+      const ScheduleOp& first = schedule.ranks[0].ops[i];
+      EXPECT_EQ(op.kind, first.kind);
+      if (!op_kind_is_collective(op.kind)) continue;
+      ++collectives;
+      const int element = op.kind == OpKind::OpKind_all_gather ? precision_bytes(p.precision)
+                                                               : p.reduce_scatter_bytes;
+      EXPECT_EQ(op.bytes, first.bytes) << schedule_op_describe(op);
+      EXPECT_EQ(op.expert_bytes, (op.block_end - op.block_begin) * held * expert * element) << schedule_op_describe(op);
+      EXPECT_EQ(op.expert_bytes + op.bytes,
+                schedule_parameter_bytes(p, model, 0, op.block_begin, op.block_end) / precision_bytes(p.precision) * element +
+                    schedule_expert_bytes(p, model, 0, rs.dp_rank, op.block_begin, op.block_end, element));
+    }
+    EXPECT_GT(collectives, 0);
+  }
 }
 
 TEST(ExpertParallelPlan, JsonRoundTripKeepsTheSplit) {

@@ -2,6 +2,8 @@
 // plans on shipped clusters simulate to the very step they did before rack uplinks and WAN
 // ports became resources of their own. The expected steps were recorded, to the last bit, by
 // the simulator before that change; a difference here means flat clusters simulate differently.
+// The ZeRO-3 case was recorded again when the simulator came to gather a pass's weights block by
+// block, as the runtime does, instead of a chunk at a time.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -48,7 +50,7 @@ std::vector<std::pair<FlatCase, Plan>> flat_cases(const ModelSpec& model, const 
   Plan zero3 = hand_plan(model, 32, {StageSpec{1, 16, 3, 6, 0.010, 0.020}, StageSpec{1, 16, 3, 6, 0.015, 0.030}}, 8, 16,
                          Schedule::Schedule_interleaved, 2);
   zero3.gradient_bucket_bytes = 8 << 20;
-  out.push_back({{"pp 2 dp 16 zero-3 interleaved", 0x1.90743b5c93a71p-2}, on_cluster(zero3, cluster)});
+  out.push_back({{"pp 2 dp 16 zero-3 interleaved", 0x1.9c7a664115ef8p-2}, on_cluster(zero3, cluster)});
   // tp 8 per node, four stages, offloaded blocks on the first: host copies and one node per stage.
   out.push_back({{"pp 4 tp 8 gpipe offload", 0x1.35b9c62be9281p-1},
                  on_cluster(hand_plan(model, 32,

@@ -77,6 +77,9 @@ bool split_divides(int layers, const std::vector<int>& layer_split, int v) {
 
 int factorial(int n) { return n <= 1 ? 1 : n * factorial(n - 1); }
 
+// A type group's (type, tp, dp), which fix its stages and their devices.
+int64_t type_group_key(const TypeGroup& g) { return (static_cast<int64_t>(g.dp) * 64 + g.tp) * 64 + g.device_type; }
+
 }  // namespace
 
 bool group_sequence_parallel_runnable(const TypeGroup& group, int64_t micro_batch, int64_t seq_len) {
@@ -163,7 +166,7 @@ std::vector<int> StructureBounds::stage_devices(const TypeGroup& g, int i) const
 }
 
 const StructureBounds::GroupSync& StructureBounds::group_sync(const TypeGroup& g, int64_t per_replica_batch) {
-  const int64_t group_key = (static_cast<int64_t>(g.dp) * 64 + g.tp) * 64 + g.device_type;
+  const int64_t group_key = type_group_key(g);
   const int64_t key = per_replica_batch * (int64_t{1} << 28) + group_key;
   auto it = group_sync_.find(key);
   if (it != group_sync_.end()) return it->second;
@@ -203,17 +206,37 @@ const StructureBounds::GroupSync& StructureBounds::group_sync(const TypeGroup& g
 }
 
 double StructureBounds::group_send_seconds(const TypeGroup& from, const TypeGroup& to, double bytes) {
-  const auto key = std::make_pair((static_cast<int64_t>(from.dp) * 64 + from.tp) * 64 + from.device_type,
-                                  (static_cast<int64_t>(to.dp) * 64 + to.tp) * 64 + to.device_type);
+  const auto key = std::make_pair(type_group_key(from), type_group_key(to));
   auto it = group_links_.find(key);
   if (it == group_links_.end())
     it = group_links_.emplace(key, cost_.boundary_link(stage_devices(from, from.stages - 1), stage_devices(to, 0))).first;
   return boundary_transfer_seconds(bytes, it->second, from.tp, to.tp);
 }
 
+const StructureBounds::InnerSends& StructureBounds::group_inner_sends(const TypeGroup& g, int64_t micro, double bytes) {
+  const int64_t group_key = type_group_key(g);
+  const int64_t key = micro * (int64_t{1} << 28) + group_key;
+  auto it = inner_sends_.find(key);
+  if (it != inner_sends_.end()) return it->second;
+  auto links = inner_links_.find(group_key);
+  if (links == inner_links_.end()) {
+    std::vector<BoundaryLink> each;
+    for (int i = 0; i + 1 < g.stages; ++i) each.push_back(cost_.boundary_link(stage_devices(g, i), stage_devices(g, i + 1)));
+    links = inner_links_.emplace(group_key, std::move(each)).first;
+  }
+  InnerSends sends;
+  if (!links->second.empty()) sends.least_seconds = std::numeric_limits<double>::infinity();
+  for (const BoundaryLink& link : links->second) {
+    const double seconds = boundary_transfer_seconds(bytes, link, g.tp, g.tp);
+    sends.least_seconds = std::min(sends.least_seconds, seconds);
+    sends.total_seconds += seconds;
+  }
+  return inner_sends_.emplace(key, sends).first->second;
+}
+
 void StructureBounds::rates_append(const TypeGroup& g, double unit_seconds, const LayerSecondsBound& t,
                                    const GroupSync& sync, int unit, bool first_group, bool last_group,
-                                   double sends_seconds) {
+                                   double inner_seconds, double sends_seconds) {
   const auto add = [&](int count, double fixed_seconds, int ends) {
     rates_.push_back({count, fixed_seconds, unit_seconds});
     overheads_.push_back(sync_overhead_per_unit(sync[ends], unit));
@@ -223,10 +246,20 @@ void StructureBounds::rates_append(const TypeGroup& g, double unit_seconds, cons
     add(1, (first_group ? t.embedding : 0) + head + sends_seconds, (first_group ? 1 : 0) | (last_group ? 2 : 0));
     return;
   }
-  if (first_group) add(1, t.embedding, 1);
+  if (first_group) add(1, t.embedding + inner_seconds, 1);
   const int middle = g.stages - (first_group ? 1 : 0) - 1;
-  if (middle > 0) add(middle, 0, 0);
+  if (middle > 0) add(middle, inner_seconds, 0);
   add(1, head + sends_seconds, last_group ? 2 : 0);
+}
+
+void StructureBounds::family_rates_append(const TypeGroup& g, double unit_seconds, const GroupSync& sync, int unit,
+                                          double inner_seconds) {
+  if (g.stages > 1) {
+    rates_.push_back({g.stages - 1, inner_seconds, unit_seconds});
+    overheads_.push_back(sync_overhead_per_unit(sync[3], unit));
+  }
+  rates_.push_back({1, 0, unit_seconds});
+  overheads_.push_back(sync_overhead_per_unit(sync[3], unit));
 }
 
 void StructureBounds::set(Structure* s) {
@@ -243,29 +276,35 @@ void StructureBounds::set(Structure* s) {
   double fewest_embedding = std::numeric_limits<double>::infinity();
   double fewest_head = std::numeric_limits<double>::infinity();
   int stages = 0;
-  double sends = 0;  // between groups, per micro-batch, both ways
+  const int pipeline_stages = s->num_stages();
+  double sends = 0;  // per micro-batch, both ways
   const double boundary_bytes =
       hidden_state_bytes(cost_.model(), micro, cost_.train().seq_len, cost_.train().precision);
+  // Every stage sends every chunk of a micro-batch to the next stage and its gradient back; the
+  // pipeline's last stage, when interleaved, all but one chunk to the first stage. Not for
+  // Mixture-of-Experts models: their per-layer bound is ep 1's, which a stage at a larger ep can
+  // beat, so their search is not exact, and a tighter bound would change which of their
+  // near-best plans it reaches (docs/planner.md, Limits).
+  const bool moe = model_is_moe(cost_.model());
   for (size_t g = 0; g < groups.size(); ++g) {
     const LayerSecondsBound t = layer_time(groups[g].device_type, groups[g].tp, micro / groups[g].dp);
     const GroupSync& sync = group_sync(groups[g], micro / groups[g].dp);
     const bool first = g == 0;
     const bool last = g + 1 == groups.size();
-    // A family's order is open: its embedding and head may sit on any group, its groups meet
-    // in any order.
+    const InnerSends inner = moe ? InnerSends{} : group_inner_sends(groups[g], micro, boundary_bytes);
+    const double inner_each = 2.0 * v * inner.least_seconds;
+    sends += 2.0 * v * inner.total_seconds;
     if (s->all_orders) {
-      rates_.push_back({groups[g].stages, 0, unit * t.block});
-      overheads_.push_back(sync_overhead_per_unit(sync[3], unit));
+      // A family's order is open: its embedding and head may sit on any group, its groups meet
+      // in any order. The sends between groups are left to its orders' bounds: the least send
+      // of each group to any other (a bound for every order) cost the 4096-GPU cases of
+      // bench_planner more time per family than the orders it spared.
+      family_rates_append(groups[g], unit * t.block, sync, unit, inner_each);
     } else {
-      // Each group's last stage sends every chunk of a micro-batch to the next group and its
-      // gradient back; the last group's, when interleaved, all but one to the first group.
-      // Not for Mixture-of-Experts models: their per-layer bound is ep 1's, which a stage at a
-      // larger ep can beat, so their search is not exact, and a tighter bound would change
-      // which of their near-best plans it reaches (docs/planner.md, Limits).
-      const int chunks = model_is_moe(cost_.model()) ? 0 : last ? (groups.size() > 1 ? v - 1 : 0) : v;
+      const int chunks = moe ? 0 : last ? (pipeline_stages > 1 ? v - 1 : 0) : v;
       const double group_sends =
           chunks > 0 ? 2.0 * chunks * group_send_seconds(groups[g], groups[last ? 0 : g + 1], boundary_bytes) : 0;
-      rates_append(groups[g], unit * t.block, t, sync, unit, first, last, group_sends);
+      rates_append(groups[g], unit * t.block, t, sync, unit, first, last, inner_each, group_sends);
       sends += group_sends;
     }
     if (first) end_layers += t.embedding;
@@ -279,7 +318,7 @@ void StructureBounds::set(Structure* s) {
   if (s->all_orders) end_layers = fewest_embedding + fewest_head;
   // Every stage's time is at least its layers' time: the sum over stages is at least v blocks
   // per stage at its own speed, the other blocks at the fastest type's, plus the embedding, the
-  // head and the sends between groups, and its first chunk's share at least 1/v of it; the
+  // head and the sends between stages, and its first chunk's share at least 1/v of it; the
   // slowest stage's steady state and per-step overhead together at least the best integer split's.
   s->bottleneck_bound_seconds = split_step_bottleneck_bound(rates_, overheads_, s->min_steady_factor(), layers / unit);
   s->lower_bound_seconds = (v * one_block_per_stage + (layers - stages * v) * fastest_block + end_layers + sends) / v +

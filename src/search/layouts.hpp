@@ -88,11 +88,24 @@ class StructureBounds {
   // One send of a micro-batch's hidden state (`bytes`) from `from`'s last stage to `to`'s first,
   // as every tp rank of the receiving side takes it whole (boundary_transfer_seconds).
   double group_send_seconds(const TypeGroup& from, const TypeGroup& to, double bytes);
+  // One send of a micro-batch's hidden state from each stage of a group but its last to the
+  // next stage of the group: the least of them and their sum (0 and 0 for one stage), for
+  // micro-batches of `micro` sequences (`bytes` their hidden state).
+  struct InnerSends {
+    double least_seconds = 0;
+    double total_seconds = 0;
+  };
+  const InnerSends& group_inner_sends(const TypeGroup& g, int64_t micro, double bytes);
   // Appends a type group's stages: each takes `unit_seconds` per unit of blocks, the pipeline's
-  // first stage also the embedding, its last the head, the group's last stage `sends_seconds`
-  // (to the next group); their overheads, per unit of `unit` blocks.
+  // first stage also the embedding, its last the head, each stage but the group's last at
+  // least `inner_seconds` (its sends within the group), the group's last `sends_seconds` (to
+  // the next group); their overheads, per unit of `unit` blocks.
   void rates_append(const TypeGroup& g, double unit_seconds, const LayerSecondsBound& t, const GroupSync& sync, int unit,
-                    bool first_group, bool last_group, double sends_seconds);
+                    bool first_group, bool last_group, double inner_seconds, double sends_seconds);
+  // The same for a family's group, whose place in the pipeline is open: no embedding, head or
+  // sends to another group, the least gradient sync (as if it held both).
+  void family_rates_append(const TypeGroup& g, double unit_seconds, const GroupSync& sync, int unit,
+                           double inner_seconds);
 
   const CostModel& cost_;
   const SearchOptions& options_;
@@ -101,6 +114,8 @@ class StructureBounds {
   std::unordered_map<int64_t, GradientReduceBound> group_reduce_;  // by (type, tp, dp)
   std::unordered_map<int64_t, GroupSync> group_sync_;               // by (type, tp, dp, per-replica batch)
   std::map<std::pair<int64_t, int64_t>, BoundaryLink> group_links_;  // by the two groups' (type, tp, dp)
+  std::unordered_map<int64_t, std::vector<BoundaryLink>> inner_links_;  // by (type, tp, dp): stage i to i + 1
+  std::unordered_map<int64_t, InnerSends> inner_sends_;                 // by (type, tp, dp, micro-batch)
   std::vector<StageRate> rates_;
   std::vector<OverheadRate> overheads_;  // of the same stages
 };

@@ -142,6 +142,10 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
     for (const TypePool& tp : pools)
       if (tp.device_type == g.device_type) pool = &tp;
     const int size = g.tp * g.dp;
+    // The same for every stage of the group: its replicas' tokens split over tp or not.
+    const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0 &&
+                            group_sequence_parallel_runnable(g, micro, cost_.train().seq_len);
+    const bool plain_allowed = pins_.sequence_parallel != 1 || g.tp == 1;
     for (int j = 0; j < g.stages; ++j) {
       SlotInfo info;
       info.device_ids = std::span<const int>(pool->device_ids).subspan(static_cast<size_t>(j) * size, size);
@@ -162,9 +166,6 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
       slot.shape.micro_batch = micro / g.dp;
       info.unit_key = {g.device_type, g.tp, g.dp, slot.shape.dp_group.nodes, slot.shape.dp_group.concurrent_per_node,
                        0, micro / g.dp, 1, cached->second.links};
-      const bool sp_allowed = g.tp > 1 && pins_.sequence_parallel != 0 &&
-                              group_sequence_parallel_runnable(g, micro, cost_.train().seq_len);
-      const bool plain_allowed = pins_.sequence_parallel != 1 || g.tp == 1;
       UnitKey k = info.unit_key;
       if (plain_allowed) slot.unit[0] = unit(slot.shape, k);
       k.sp = 1;

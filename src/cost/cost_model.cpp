@@ -430,8 +430,12 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   // ZeRO shards the routed experts over the dp / ep members holding them.
   const double expert_params = (c.blocks - c.dense_blocks - c.offloaded) * u.block_expert_parameters;
   const double expert_extra = c.zero >= 1 ? expert_params * (shape.expert_zero_share - share) : 0;
+  // An offloaded block's routed experts update in host memory at the expert-dp share.
+  const double offloaded_experts = c.offloaded * u.block_expert_parameters;
+  const double expert_share = c.zero >= 1 ? shape.expert_zero_share : 1.0;
   t.optimizer_seconds = ((params - offloaded_params) * share + expert_extra) * device_seconds_per_parameter +
-                        offloaded_params * share * host_seconds_per_parameter;
+                        ((offloaded_params - offloaded_experts) * share + offloaded_experts * expert_share) *
+                            host_seconds_per_parameter;
   // The optimizer waits for the last block's gradients to reach host memory.
   if (c.offloaded > 0) t.optimizer_seconds += u.offload_gradients_seconds;
   return t;
@@ -505,10 +509,15 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   if (c.offloaded > 0)
     mem.offload_window_bytes = std::min(c.offloaded, c.prefetch_depth + 1) * u.block_parameters * (e + g);
   // On the host: weights and gradients whole (reduced there once per step), the fp32 master copy
-  // and the optimizer states sharded over the replicas from ZeRO 1 on.
+  // and the optimizer states sharded over the replicas from ZeRO 1 on: the routed experts (this
+  // member's, under expert parallelism) over the members holding the same ones.
   const double offloaded_params = c.offloaded * u.block_parameters;
+  const double offloaded_experts = c.offloaded * u.block_expert_parameters;
   const double host_share = c.zero >= 1 ? shape.zero_share : 1.0;
-  mem.host_offload_bytes = offloaded_params * (e + g + host_share * ((master ? 4.0 : 0) + 4.0 * states));
+  const double expert_host_share = c.zero >= 1 ? shape.expert_zero_share : 1.0;
+  const double per_sharded_param = (master ? 4.0 : 0) + 4.0 * states;
+  mem.host_offload_bytes = offloaded_params * (e + g) + (offloaded_params - offloaded_experts) * host_share * per_sharded_param +
+                           offloaded_experts * expert_host_share * per_sharded_param;
 
   const int none = c.blocks - c.selective - c.full;
   const int dense_none = c.dense_blocks - c.dense_selective - c.dense_full;

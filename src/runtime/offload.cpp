@@ -15,6 +15,16 @@
 
 namespace alloy {
 
+namespace {
+
+size_t offloaded_block_bytes(const std::vector<const ParameterSegment*>& host) {
+  size_t floats = 0;
+  for (const ParameterSegment* s : host) floats += static_cast<size_t>(s->count);
+  return floats * sizeof(float);
+}
+
+}  // namespace
+
 double offload_clock_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -62,11 +72,16 @@ LayerOffload::LayerOffload(Model& model, std::vector<OffloadUse> uses, int prefe
       link_(link),
       weight_slots_(model_weight_slots(model)),
       gradient_slots_(model_gradient_slots(model)) {
+  block_segments_.resize(static_cast<size_t>(model.spec.num_layers));
+  for (const ParameterSegment& s : model.segments)
+    if (s.host_block >= 0) block_segments_[static_cast<size_t>(s.host_block)].push_back(&s);
   int64_t block_floats = 0;
   int blocks = 0;
-  for (const ParameterSegment& s : model.segments) {
-    if (s.host_block < 0) continue;
-    block_floats = std::max(block_floats, s.count);
+  for (const std::vector<const ParameterSegment*>& segments : block_segments_) {
+    if (segments.empty()) continue;
+    int64_t floats = 0;
+    for (const ParameterSegment* s : segments) floats += s->count;
+    block_floats = std::max(block_floats, floats);
     ++blocks;
   }
   const int count = std::min(depth_ + 1, blocks);
@@ -96,10 +111,18 @@ LayerOffload::~LayerOffload() {
   model_.arena->release(slot_memory_);
 }
 
-const ParameterSegment* LayerOffload::host_segment(int block) const {
-  for (const ParameterSegment& s : model_.segments)
-    if (s.host_block == block) return &s;
-  return nullptr;
+const std::vector<const ParameterSegment*>& LayerOffload::host_segments(int block) const {
+  static const std::vector<const ParameterSegment*> none;
+  if (block < 0 || static_cast<size_t>(block) >= block_segments_.size()) return none;
+  return block_segments_[static_cast<size_t>(block)];
+}
+
+// The block's weights (or gradients) from host memory into a slot, segment after segment.
+void LayerOffload::copy_to_slot(float* slot, const std::vector<const ParameterSegment*>& host, bool gradients) const {
+  for (const ParameterSegment* s : host) {
+    std::memcpy(slot, gradients ? s->grads : s->params, static_cast<size_t>(s->count) * sizeof(float));
+    slot += s->count;
+  }
 }
 
 void LayerOffload::step_begin() {
@@ -150,15 +173,15 @@ void LayerOffload::fetch_loop() {
     const OffloadUse use = uses_[i];
     lock.unlock();
 
-    const ParameterSegment& host = *host_segment(use.block);
-    const size_t bytes = static_cast<size_t>(host.count) * sizeof(float);
+    const std::vector<const ParameterSegment*>& host = host_segments(use.block);
+    const size_t bytes = offloaded_block_bytes(host);
     const double start = offload_clock_seconds();
-    std::memcpy(slots_[static_cast<size_t>(slot)].weights, host.params, bytes);
+    copy_to_slot(slots_[static_cast<size_t>(slot)].weights, host, false);
     int64_t moved = static_cast<int64_t>(bytes);
     if (use.backward && use.first_backward) {
       std::memset(slots_[static_cast<size_t>(slot)].gradients, 0, bytes);
     } else if (use.backward) {
-      std::memcpy(slots_[static_cast<size_t>(slot)].gradients, host.grads, bytes);
+      copy_to_slot(slots_[static_cast<size_t>(slot)].gradients, host, true);
       moved += static_cast<int64_t>(bytes);
     }
     const double end = link_.pace(moved, true, start);
@@ -180,10 +203,14 @@ void LayerOffload::write_back_loop() {
     const int slot = use_slot_[i];
     lock.unlock();
 
-    const ParameterSegment& host = *host_segment(use.block);
-    const size_t bytes = static_cast<size_t>(host.count) * sizeof(float);
+    const std::vector<const ParameterSegment*>& host = host_segments(use.block);
+    const size_t bytes = offloaded_block_bytes(host);
     const double start = offload_clock_seconds();
-    std::memcpy(host.grads, slots_[static_cast<size_t>(slot)].gradients, bytes);
+    const float* from = slots_[static_cast<size_t>(slot)].gradients;
+    for (const ParameterSegment* s : host) {
+      std::memcpy(s->grads, from, static_cast<size_t>(s->count) * sizeof(float));
+      from += s->count;
+    }
     const double end = link_.pace(static_cast<int64_t>(bytes), false, start);
 
     lock.lock();
@@ -198,18 +225,21 @@ void LayerOffload::write_back_loop() {
 }
 
 void LayerOffload::bind(int block, const Slot* slot) {
-  const ParameterSegment& host = *host_segment(block);
-  for (size_t k = 0; k < model_.views.size(); ++k) {
-    const TensorView& view = model_.views[k];
-    if (view.offset < host.offset || view.offset >= host.offset + host.count) continue;
-    const int64_t at = view.offset - host.offset;
-    if (weight_slots_[k] != nullptr) *weight_slots_[k] = slot == nullptr ? nullptr : slot->weights + at;
-    if (gradient_slots_[k] != nullptr) *gradient_slots_[k] = slot == nullptr ? nullptr : slot->gradients + at;
+  int64_t packed = 0;  // where the segment starts in the slot
+  for (const ParameterSegment* host : host_segments(block)) {
+    for (size_t k = 0; k < model_.views.size(); ++k) {
+      const TensorView& view = model_.views[k];
+      if (view.offset < host->offset || view.offset >= host->offset + host->count) continue;
+      const int64_t at = packed + view.offset - host->offset;
+      if (weight_slots_[k] != nullptr) *weight_slots_[k] = slot == nullptr ? nullptr : slot->weights + at;
+      if (gradient_slots_[k] != nullptr) *gradient_slots_[k] = slot == nullptr ? nullptr : slot->gradients + at;
+    }
+    packed += host->count;
   }
 }
 
 void LayerOffload::acquire(int unit, bool backward) {
-  if (unit < 0 || host_segment(unit) == nullptr) return;
+  if (host_segments(unit).empty()) return;
   std::unique_lock<std::mutex> lock(mutex_);
   if (cursor_ >= uses_.size() || uses_[cursor_].block != unit || uses_[cursor_].backward != backward) {
     throw Error(fmt::format("offload: the {} of block {} is not the next planned use of an offloaded block", backward ? "backward" : "forward", unit),
@@ -226,7 +256,7 @@ void LayerOffload::acquire(int unit, bool backward) {
 }
 
 void LayerOffload::release(int unit, bool backward) {
-  if (unit < 0 || host_segment(unit) == nullptr) return;
+  if (host_segments(unit).empty()) return;
   std::lock_guard<std::mutex> lock(mutex_);
   const size_t i = cursor_;
   bind(unit, nullptr);

@@ -64,7 +64,7 @@ struct OffloadCopy {
 
 class LayerOffload : public ParameterSource {
  public:
-  // model: its offloaded blocks are its host segments. Allocates min(depth + 1, blocks) slots
+  // model: its offloaded blocks are its host segments (one or two per block). Allocates min(depth + 1, blocks) slots
   // of (weights + gradients) in the device arena.
   LayerOffload(Model& model, std::vector<OffloadUse> uses, int prefetch_depth, HostLink& link);
   ~LayerOffload() override;
@@ -93,7 +93,11 @@ class LayerOffload : public ParameterSource {
     float* weights = nullptr;  // (block floats)
     float* gradients = nullptr;
   };
-  const ParameterSegment* host_segment(int block) const;
+  // The host segments of an offloaded block, in flat order (empty: not offloaded): one, or under
+  // expert parallelism two, its routed experts lying after every other tensor of the shard. A
+  // slot holds them one after another.
+  const std::vector<const ParameterSegment*>& host_segments(int block) const;
+  void copy_to_slot(float* slot, const std::vector<const ParameterSegment*>& host, bool gradients) const;
   bool can_fetch() const;  // under mutex_
   void fetch_loop();
   void write_back_loop();
@@ -106,6 +110,7 @@ class LayerOffload : public ParameterSource {
   std::vector<float**> weight_slots_;    // per view of the model
   std::vector<float**> gradient_slots_;
   std::vector<Slot> slots_;
+  std::vector<std::vector<const ParameterSegment*>> block_segments_;  // per global block
   float* slot_memory_ = nullptr;         // every slot, one arena allocation
 
   std::mutex mutex_;

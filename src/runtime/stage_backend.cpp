@@ -55,11 +55,6 @@ StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
   if (name != "cpu") return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
-    // An offloaded block's weights are one range of host memory; under expert parallelism its
-    // routed experts lie apart from the rest of it (after every other tensor of the shard).
-    if (flags_any(st.offload) && st.ep > 1)
-      return refuse("weight offload with expert parallelism", fmt::format("stages[{}].offload", s),
-                    why + " (weight offload with ep 1); set ep to 1 on that stage or offload none of its blocks");
     // Every replica's MoE blocks meet the others' in collectives once per micro-batch.
     const bool pieces = std::any_of(st.replicas.begin(), st.replicas.end(), [](const PlanReplica& r) { return r.pieces > 1; });
     if (pieces)

@@ -26,23 +26,31 @@ namespace {
 
 // Bytes of host memory the rank of `stage` with the largest ZeRO share needs for its offloaded
 // blocks: parameters and gradients whole, the two AdamW moments of its share (all of them below
-// ZeRO 1), fp32 in the CPU runtime.
+// ZeRO 1), fp32 in the CPU runtime. Under expert parallelism each member holds its own routed
+// experts, whose moments are shared over the members holding the same ones (dp / ep of them).
 double offloaded_host_bytes(const Plan& plan, const ModelSpec& model, size_t stage) {
   const PlanStage& st = plan.stages[stage];
   const std::vector<bool> offloaded = st.layer_flags(st.offload, model.num_layers);
-  double floats = 0;
-  for (const ShardedTensor& t : shard_tensors(model, rank_shard(plan, static_cast<int>(stage), 0))) {
-    if (t.name.rfind("layers.", 0) != 0 || !offloaded[static_cast<size_t>(std::stoi(t.name.substr(7)))]) continue;
-    double numel = 1;
-    for (int64_t extent : t.local_shape) numel *= static_cast<double>(extent);
-    floats += numel;
-  }
+  const bool sharded = st.zero >= 1 && st.dp > 1;
   double share = 1.0;
-  if (st.zero >= 1 && st.dp > 1) {
+  if (sharded) {
     share = 0;
     for (int d = 0; d < st.dp; ++d) share = std::max(share, st.zero_share(plan.micro_batch_sequences, d));
   }
-  return floats * (2.0 + 2.0 * share) * sizeof(float);
+  const int ep = std::max(1, st.ep);
+  const double expert_share = sharded ? static_cast<double>(ep) / st.dp : 1.0;
+  double most = 0;
+  for (int member = 0; member < ep; ++member) {
+    double floats = 0, expert_floats = 0;
+    for (const ShardedTensor& t : shard_tensors(model, rank_shard(plan, static_cast<int>(stage), 0, member))) {
+      if (t.name.rfind("layers.", 0) != 0 || !offloaded[static_cast<size_t>(std::stoi(t.name.substr(7)))]) continue;
+      double numel = 1;
+      for (int64_t extent : t.local_shape) numel *= static_cast<double>(extent);
+      (ep > 1 && shard_is_routed_expert(t.name) ? expert_floats : floats) += numel;
+    }
+    most = std::max(most, floats * (2.0 + 2.0 * share) + expert_floats * (2.0 + 2.0 * expert_share));
+  }
+  return most * sizeof(float);
 }
 
 // The offloaded state of every offloading stage must fit each device's share of its node's host

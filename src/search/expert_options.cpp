@@ -21,11 +21,8 @@ void stage_options_over_ep(const CostModel& cost, const StageSlot& slot, const s
     with.shape = a.shape;
     with.unit[0] = a.unit[0];
     with.unit[1] = a.unit[1];
-    // An offloaded block's weights are one range of host memory, which a member's routed experts
-    // (laid out after its other tensors) are not part of: weight offload runs with ep 1.
-    OptionPins at_pins = pins;
-    if (a.ep > 1) at_pins.allow_offload = false;
-    stage_options(cost, with, blocks, at_pins, &at);
+    // Offloading is searched at every ep: an offloaded block takes this member's experts along.
+    stage_options(cost, with, blocks, pins, &at);
     for (StageOption o : at) {
       o.ep = a.ep;
       out->push_back(o);

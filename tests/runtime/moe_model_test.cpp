@@ -151,8 +151,14 @@ TEST(MoeModel, PlansTheCpuRanksDoNotRunAreRefused) {
   offload_ep.stages[0].shard_gradients = false;
   offload_ep.stages[0].offload.assign(offload_ep.stages[0].offload.size(), false);
   offload_ep.stages[0].offload[1] = true;
-  EXPECT_EQ(refusal("cpu", offload_ep),
-            prefix + "weight offload with expert parallelism is not supported [stages[0].offload]");
+  EXPECT_EQ(refusal("cpu", offload_ep), "accepted");
+  EXPECT_TRUE(stage_backend_supports("cpu", offload_ep, 0).ok);
+  // What offload never runs, for any model: sharded gradients on the offloading stage.
+  offload_ep.stages[0].shard_gradients = true;
+  EXPECT_EQ(refusal("cpu", offload_ep), "accepted");
+  const StageSupport sharded = stage_backend_supports("cpu", offload_ep, 0);
+  EXPECT_FALSE(sharded.ok);
+  EXPECT_EQ(sharded.field, "stages[0].shard_gradients");
   Plan tp = one;
   tp.stages[0].tp = 2;
   EXPECT_EQ(refusal("cpu", tp), "accepted");

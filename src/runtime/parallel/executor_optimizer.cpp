@@ -133,10 +133,11 @@ void RankRuntime::sum_tied_embedding(RankStepStats& stats) {
 
 // Under expert parallelism each member's routed experts sit outside the data-parallel buckets:
 // their gradients (from every member's tokens) are summed over the replicas of the same experts
-// (unless sharded, when their own buckets reduce them).
+// (unless sharded, when their own buckets reduce them): a place at a time, as an offloaded
+// block's experts are in its host memory.
 void RankRuntime::sum_expert_gradients(RankStepStats& stats) {
-  float* grads = gradients_at(layout_.experts.offset, layout_.experts.count);
-  wait(comm_.all_reduce(grads, layout_.experts.count, groups_.expert_dp), stats);
+  for (const FlatRange& part : param_ranges_by_place(backend_->model(), layout_.experts))
+    wait(comm_.all_reduce(gradients_at(part.offset, part.count), part.count, groups_.expert_dp), stats);
 }
 
 // Under sequence parallelism each rank's block norms saw only its rows: their gradients are

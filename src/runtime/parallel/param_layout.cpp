@@ -41,18 +41,6 @@ void add_intersections(std::vector<FlatRange>& out, const FlatRange& range, cons
   }
 }
 
-// `range` cut where the parameters change place: the device's, or one offloaded block's host
-// memory (model.segments).
-std::vector<FlatRange> ranges_by_place(const Model& model, const FlatRange& range) {
-  std::vector<FlatRange> out;
-  for (const ParameterSegment& segment : model.segments) {
-    const int64_t begin = std::max(range.offset, segment.offset);
-    const int64_t end = std::min(range.offset + range.count, segment.offset + segment.count);
-    if (begin < end) out.push_back({begin, end - begin});
-  }
-  return out;
-}
-
 // The routed experts' views of a shard that splits them: one range after every other tensor.
 FlatRange experts_range(const Model& model) {
   if (!model.shard.experts_split()) return {};
@@ -106,6 +94,16 @@ GradientBucket experts_bucket(const PlanStage& stage, const ScheduleOp& op, cons
 
 }  // namespace
 
+std::vector<FlatRange> param_ranges_by_place(const Model& model, const FlatRange& range) {
+  std::vector<FlatRange> out;
+  for (const ParameterSegment& segment : model.segments) {
+    const int64_t begin = std::max(range.offset, segment.offset);
+    const int64_t end = std::min(range.offset + range.count, segment.offset + segment.count);
+    if (begin < end) out.push_back({begin, end - begin});
+  }
+  return out;
+}
+
 int param_view_unit(const Model& model, const TensorView& view) {
   if (view.name.rfind("layers.", 0) == 0) return std::stoi(view.name.substr(7));
   if (view.name.rfind("embed.", 0) == 0 && model.shard.has_embedding) return kUnitEmbedding;
@@ -140,7 +138,7 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
       return b.chunk == op.chunk && b.bucket == op.bucket;
     });
     if (seen) continue;
-    for (const FlatRange& part : ranges_by_place(model, bucket_range(model, stage, op, tied_sync))) {
+    for (const FlatRange& part : param_ranges_by_place(model, bucket_range(model, stage, op, tied_sync))) {
       GradientBucket b;
       b.chunk = op.chunk;
       b.bucket = op.bucket;
@@ -154,8 +152,11 @@ ParamLayout param_layout_build(const Plan& plan, const Model& model, const RankS
       }
       layout.buckets.push_back(std::move(b));
     }
+    // The bucket's routed experts, a place at a time as well (an offloaded block's lie in its host memory).
     const FlatRange experts = layout.experts_sharded ? bucket_experts_range(model, op) : FlatRange{};
-    if (experts.count > 0) layout.buckets.push_back(experts_bucket(stage, op, experts, schedule.dp_rank));
+    if (experts.count > 0)
+      for (const FlatRange& part : param_ranges_by_place(model, experts))
+        layout.buckets.push_back(experts_bucket(stage, op, part, schedule.dp_rank));
   }
   if (tied_sync) layout.tied_embedding = {model_view(model, "embed.token").offset, model_view(model, "embed.token").numel};
 

@@ -30,8 +30,8 @@ struct GradientBucket {
 struct ParamLayout {
   // One per (chunk, bucket) and place, in schedule order: a bucket whose parameters lie partly in
   // host memory (offloaded blocks) is reduced a place at a time, each with its own ZeRO pieces.
-  // With experts_sharded, each (chunk, bucket) whose blocks hold routed experts has a second
-  // entry for them (experts: true), right after the first.
+  // With experts_sharded, each (chunk, bucket) whose blocks hold routed experts has entries for
+  // them (experts: true, a place at a time too), right after the others.
   std::vector<GradientBucket> buckets;
   bool sharded = false;                    // ZeRO 1-3 with dp > 1: each member updates its pieces
   FlatRange tied_embedding;                // summed over the embedding group at the optimizer (count 0: none)
@@ -51,6 +51,10 @@ struct ParamLayout {
 // The unit a view belongs to: its block index, kUnitEmbedding or kUnitHead (a tied model's
 // table on a last stage without the embedding belongs to the head).
 int param_view_unit(const Model& model, const TensorView& view);
+
+// `range` cut where the parameters change place: the device's, or one offloaded block's host
+// memory (model.segments), in flat order.
+std::vector<FlatRange> param_ranges_by_place(const Model& model, const FlatRange& range);
 
 // `model` is the rank's shard; `schedule` its ops (for the buckets); `tied_sync`: the token
 // embedding of a tied model lives on two stages and is summed between them instead of inside

@@ -295,8 +295,9 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
     // A prefetched gather runs under the previous block's compute, unless it copies on the same
     // cores (runtime_traits.cpp) and adds its whole time.
     const bool shares_cores = runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores;
-    u.zero3_forward_seconds = shares_cores ? gather : std::max(0.0, gather - compute_only.forward_seconds);
-    u.zero3_backward_seconds = shares_cores ? gather : std::max(0.0, gather - compute_only.backward_seconds);
+    u.zero3_hiding = shares_cores ? LayerTimes{} : compute_only;
+    u.zero3_forward_seconds = std::max(0.0, gather - u.zero3_hiding.forward_seconds);
+    u.zero3_backward_seconds = std::max(0.0, gather - u.zero3_hiding.backward_seconds);
   }
 
   u.embedding = layer_times(shape, LayerKind::LayerKind_embedding, sp, embedding_work(m, b, s, tp, p));
@@ -330,11 +331,14 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   return u;
 }
 
+double CostModel::stage_head_parameters(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c) const {
+  if (!c.has_head) return 0;
+  return c.head_holds_lm_matrix ? u.head_parameters : static_cast<double>(head_parameters(model_, false)) / shape.tp;
+}
+
 double CostModel::stage_parameters(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c) const {
   return stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) + (c.has_embedding ? u.embedding_parameters : 0) +
-         (c.has_head ? (c.head_holds_lm_matrix ? u.head_parameters
-                                               : static_cast<double>(head_parameters(model_, false)) / shape.tp)
-                     : 0);
+         stage_head_parameters(shape, u, c);
 }
 
 StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
@@ -396,9 +400,14 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
                        (c.full - c.dense_full) * u.recompute_full_seconds + c.dense_full * dense.recompute_full_seconds +
                        t.offload_backward_seconds;
   if (c.zero == 3) {  // offloaded blocks come whole from host memory: only resident ones are gathered
+    const Zero3FirstGathers first = stage_zero3_first_gathers(shape, u, c);
+    t.first_gather_forward_seconds = first.forward_seconds;
+    t.first_gather_backward_seconds = first.backward_seconds;
     const double gathered = c.blocks - c.offloaded;
-    t.forward_seconds += gathered * u.zero3_forward_seconds;
-    t.backward_seconds += gathered * u.zero3_backward_seconds;
+    t.forward_seconds +=
+        first.forward_seconds + first.ahead_forward_seconds + (gathered - first.forward_blocks) * u.zero3_forward_seconds;
+    t.backward_seconds +=
+        first.backward_seconds + first.ahead_backward_seconds + (gathered - first.backward_blocks) * u.zero3_backward_seconds;
   }
   if (c.has_embedding) {
     t.forward_seconds += u.embedding.forward_seconds;

@@ -83,7 +83,8 @@ struct StageUnitCosts {
   double offload_weights_seconds = 0;      // one offloaded block's weights over the host link
   double offload_gradients_seconds = 0;    // one offloaded block's gradients over the host link
   double zero3_forward_seconds = 0;        // exposed per-micro-batch gathers of one block
-  double zero3_backward_seconds = 0;
+  double zero3_backward_seconds = 0;       // fetched a block ahead (not a pass's first: stage_zero3_first_gathers)
+  LayerTimes zero3_hiding;                 // the compute of a block, under which the next unit is gathered
   double block_parameters = 0;             // per device (divided by tp)
   double block_expert_parameters = 0;      // of those, the routed experts' (MoE models)
   double expert_all_to_all_seconds = 0;    // one dispatch or combine of one MoE block (in block times)
@@ -129,6 +130,7 @@ struct StageChoice {
   bool head_holds_lm_matrix = true;
   int chunks_sent = 0;      // of the stage's chunks of one micro-batch: outputs sent to a stage
   int chunks_received = 0;  // and inputs received from one
+  int virtual_chunks = 1;   // chunks of the stage (sized by stage_chunk_blocks), each a pass per micro-batch
 };
 
 struct StageTiming {
@@ -139,8 +141,29 @@ struct StageTiming {
   double offload_forward_seconds = 0;   // per micro-batch, host copies not hidden (in forward_seconds)
   double offload_backward_seconds = 0;  // per micro-batch, host copies not hidden (in backward_seconds)
   double boundary_send_seconds = 0;     // per micro-batch, in forward_seconds and again in backward_seconds
+  // Per micro-batch, ZeRO 3: the gathers the stage's passes wait for before their first block
+  // (stage_zero3_first_gathers), in forward_seconds and in backward_seconds.
+  double first_gather_forward_seconds = 0;
+  double first_gather_backward_seconds = 0;
   double step_overhead_seconds() const { return gradient_sync_seconds + optimizer_seconds; }
   double per_micro_batch_seconds() const { return forward_seconds + backward_seconds; }
+};
+
+// The ZeRO-3 gathers of a stage that nothing hides, per micro-batch. Each pass (a chunk's forward
+// or backward) gathers its first block alone before it starts, with the embedding if it is the
+// stage's first block and the head if it is its last; every later unit is gathered a block
+// ahead, under the compute (Alloy's runtime, Zero3Parameters: the head after the last block's
+// forward, the embedding after the first block's backward). Offloaded blocks come from host
+// memory and are not gathered.
+struct Zero3FirstGathers {
+  double forward_seconds = 0;   // summed over the stage's forward passes
+  double backward_seconds = 0;
+  int forward_blocks = 0;       // blocks gathered so, one per pass whose first block is resident
+  int backward_blocks = 0;
+  // The head gathered a block ahead in forward, the embedding in backward: the part their
+  // block's compute does not hide.
+  double ahead_forward_seconds = 0;
+  double ahead_backward_seconds = 0;
 };
 
 // Forward plus backward seconds of one micro-batch through each kind of layer.
@@ -248,6 +271,10 @@ class CostModel {
                                               bool embedding, bool head) const;
   // The buckets of the stage's backward, per device, in accumulated gradient bytes.
   StageBuckets stage_gradient_buckets(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
+  // ZeRO 3 with dp > 1 (zero otherwise): the gathers each pass waits for before its first block.
+  // A stage's leading dense blocks (MoE models) are taken to open its first chunk.
+  Zero3FirstGathers stage_zero3_first_gathers(const StageShape& shape, const StageUnitCosts& unit,
+                                              const StageChoice& choice) const;
   // Host copies of offloaded weights and parked activations not hidden behind compute, per
   // micro-batch: the part of stage_timing that depends on the offloaded count and the depth.
   OffloadExposure stage_offload_exposure(const StageUnitCosts& unit, const StageChoice& choice) const;
@@ -283,6 +310,8 @@ class CostModel {
   // bucket posted after the backward.
   double earlier_reduce_scatter_seconds(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice,
                                         double reduce, double last_bucket) const;
+  // Parameters per device of the stage's head, if it has one (with or without the lm matrix).
+  double stage_head_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   // Parameters per device of a stage's layers (all of them, offloaded or not).
   double stage_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   // A block of `model` (the dense part of an MoE block, or a dense block) on `shape`;

@@ -96,6 +96,10 @@ struct PlanStage {
   // Per micro-batch, in forward_seconds and again in backward_seconds: the stage's sends to the
   // next stage (its activations forward, the gradients it waits for backward).
   double boundary_send_seconds = 0;
+  // Per micro-batch, ZeRO 3: the gathers the stage's passes wait for before their first block,
+  // in forward_seconds and in backward_seconds (the simulator runs them as gathers of their own).
+  double first_gather_forward_seconds = 0;
+  double first_gather_backward_seconds = 0;
   double micro_batches_in_flight = 0;
   std::vector<MemoryTerm> memory;    // per device
   double memory_capacity_bytes = 0;

@@ -246,6 +246,8 @@ std::string plan_to_json(const Plan& plan) {
                        {"optimizer_seconds", s.optimizer_seconds},
                        {"offload_exposed_seconds", s.offload_exposed_seconds},
                        {"boundary_send_seconds", s.boundary_send_seconds},
+                       {"first_gather_forward_seconds", s.first_gather_forward_seconds},
+                       {"first_gather_backward_seconds", s.first_gather_backward_seconds},
                        {"micro_batches_in_flight", s.micro_batches_in_flight},
                        {"memory_capacity_bytes", s.memory_capacity_bytes},
                        {"memory_bytes", memory_to_json(s.memory)}};
@@ -360,6 +362,8 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
       s.optimizer_seconds = get_number(pr, "optimizer_seconds", source, pp);
       s.offload_exposed_seconds = get_number_or(pr, "offload_exposed_seconds", 0.0, source, pp);
       s.boundary_send_seconds = get_number_or(pr, "boundary_send_seconds", 0.0, source, pp);
+      s.first_gather_forward_seconds = get_number_or(pr, "first_gather_forward_seconds", 0.0, source, pp);
+      s.first_gather_backward_seconds = get_number_or(pr, "first_gather_backward_seconds", 0.0, source, pp);
       s.micro_batches_in_flight = get_number(pr, "micro_batches_in_flight", source, pp);
       s.memory_capacity_bytes = get_number(pr, "memory_capacity_bytes", source, pp);
       s.memory = memory_from_json(get<OrderedJson>(pr, "memory_bytes", source, pp), source, pp + ".memory_bytes");

@@ -75,6 +75,7 @@ StageChoice stage_choice(const Plan& plan, int s, const ModelSpec& model) {
   const bool sends = (s + 1 < p || v > 1) && (s + 1) % p != s;
   choice.chunks_sent = sends ? (s + 1 < p ? v : v - 1) : 0;
   choice.chunks_received = p > 1 ? (s > 0 ? v : v - 1) : 0;
+  choice.virtual_chunks = static_cast<int>(st.chunks.size());
   return choice;
 }
 
@@ -122,6 +123,7 @@ ReplicaCosts replica_costs(const Plan& plan, int s, int dp_rank, const StageChoi
   const PlanReplica& replica = st.replicas[static_cast<size_t>(dp_rank)];
   ReplicaCosts out = pass_costs(plan, s, dp_rank, replica.piece_sequences(0), choice, cost);
   out.timing.forward_seconds = out.timing.backward_seconds = out.recompute_flops = 0;
+  out.timing.first_gather_forward_seconds = out.timing.first_gather_backward_seconds = 0;
   const int larger = static_cast<int>(replica.sequences % replica.pieces);  // pieces one sequence longer
   for (const auto& [sequences, count] : {std::pair{replica.piece_sequences(0), larger > 0 ? larger : replica.pieces},
                                          std::pair{replica.piece_sequences(replica.pieces - 1),
@@ -130,6 +132,8 @@ ReplicaCosts replica_costs(const Plan& plan, int s, int dp_rank, const StageChoi
     const ReplicaCosts piece = pass_costs(plan, s, dp_rank, sequences, choice, cost);
     out.timing.forward_seconds += count * piece.timing.forward_seconds;
     out.timing.backward_seconds += count * piece.timing.backward_seconds;
+    out.timing.first_gather_forward_seconds += count * piece.timing.first_gather_forward_seconds;
+    out.timing.first_gather_backward_seconds += count * piece.timing.first_gather_backward_seconds;
     out.recompute_flops += count * piece.recompute_flops;
   }
   return out;
@@ -229,6 +233,8 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
         st.backward_seconds = r.timing.backward_seconds;
         st.offload_exposed_seconds = r.timing.offload_forward_seconds + r.timing.offload_backward_seconds;
         st.boundary_send_seconds = r.timing.boundary_send_seconds;
+        st.first_gather_forward_seconds = r.timing.first_gather_forward_seconds;
+        st.first_gather_backward_seconds = r.timing.first_gather_backward_seconds;
         per_micro_batch[s] = r.timing.per_micro_batch_seconds();
       }
       if (r.timing.step_overhead_seconds() > slowest_overhead) {

@@ -65,6 +65,7 @@ StageChoice stage_choice_of(const StageSlot& slot, const StageOption& option, in
   c.head_holds_lm_matrix = slot.head_holds_lm_matrix;
   c.chunks_sent = slot.chunks_sent;
   c.chunks_received = slot.chunks_received;
+  c.virtual_chunks = std::max(1, slot.virtual_chunks);
   stage_choice_set_dense_blocks(&c, stage_slot_dense_blocks(slot, blocks));
   return c;
 }

@@ -284,11 +284,14 @@ void Simulator::build_lane(int lane) {
       case OpKind::OpKind_backward:
       case OpKind::OpKind_optimizer: {
         t.stream = SimStream::SimStream_compute;
-        // The stage's times include its boundary sends, which run here as transfers of their own.
-        t.duration_seconds = op.kind == OpKind::OpKind_forward ? (st.forward_seconds - st.boundary_send_seconds) * share
-                             : op.kind == OpKind::OpKind_backward
-                                 ? (st.backward_seconds - st.boundary_send_seconds) * share
-                                 : st.optimizer_seconds + tied_table_seconds(lane);
+        // The stage's times include its boundary sends and its passes' first ZeRO-3 gathers, which
+        // run here as transfers and gathers of their own.
+        t.duration_seconds =
+            op.kind == OpKind::OpKind_forward
+                ? (st.forward_seconds - st.boundary_send_seconds - st.first_gather_forward_seconds) * share
+            : op.kind == OpKind::OpKind_backward
+                ? (st.backward_seconds - st.boundary_send_seconds - st.first_gather_backward_seconds) * share
+                : st.optimizer_seconds + tied_table_seconds(lane);
         // MoE blocks dispatch and combine their tokens inside the pass: shown apart, after it.
         if (op.kind != OpKind::OpKind_optimizer)
           all_to_all_seconds =

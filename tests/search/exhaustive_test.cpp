@@ -234,6 +234,7 @@ class Exhaustive {
                 // Each chunk's input and output between stages is held with its activations.
                 c.chunks_sent = chunks_sent;
                 c.chunks_received = p > 1 ? (s > 0 ? v : v - 1) : 0;
+                c.virtual_chunks = v;
                 const MemoryBreakdown mem = cost_.stage_memory(shape, unit, c, in_flight, p > 1);
                 if (mem.total_bytes() > cost_.device_memory_bytes(shape.device_type)) continue;
                 if (mem.host_offload_bytes > cost_.host_memory_share_bytes(shape.device_type)) continue;

@@ -189,8 +189,7 @@ void Checker::broadcast_check(const CommGroup& group, int64_t bytes, int root_in
          compare(data.download(), want, 0, bytes, "broadcast"));
 }
 
-// Floats member `from` sends member `to`: uneven, some pieces empty (the own piece included on
-// member 1).
+// Floats member `from` sends member `to`: uneven, and with three or more members some empty.
 int64_t all_to_all_count(int from, int to, int64_t scale) {
   return (from + 2 * to) % 3 == 2 ? 0 : scale * (1 + from) + 7 * to;
 }

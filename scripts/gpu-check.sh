@@ -3,7 +3,8 @@
 # uses prebuilt binaries from ALLOY_GPU_BIN), runs the GPU tests and the kernel benchmarks,
 # profiles GPT-2 small (124M) on the GPU, plans it for one H200 with that profile, trains the
 # plan at sequence 1024 (tokens/s, model FLOPs utilisation, peak memory, predicted against
-# measured), and follows a small GPT's loss over 50 steps on the GPU against the CPU backend.
+# measured), checks the Mixture-of-Experts blocks against the CPU backend and tiny-moe's expert
+# parallelism over two GPU ranks against one GPU, and follows a small GPT's loss over 50 steps on the GPU against the CPU backend.
 # Outputs go to $OUT when set, else out/gpu-check/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +38,10 @@ fi
 alloy=$bin/alloy
 
 section "GPU tests"
-run tests timeout 300 "$bin/test_cuda" --gtest_brief=1
+run tests timeout 300 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='-*GpuMoe*'
+
+section "Mixture-of-Experts on the GPU: blocks against the CPU backend, ep 2 against one GPU"
+run moe timeout 180 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='*GpuMoe*'
 
 section "benchmarks"
 for bench in bench_matmul bench_kernels bench_attention; do

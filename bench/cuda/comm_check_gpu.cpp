@@ -113,6 +113,7 @@ class Checker {
   void reduce_scatter_check(const CommGroup& group, const std::vector<int64_t>& counts, const std::string& where);
   void all_gather_check(const CommGroup& group, const std::vector<int64_t>& counts, const std::string& where);
   void broadcast_check(const CommGroup& group, int64_t bytes, int root_index, const std::string& where);
+  void all_to_all_check(const CommGroup& group, int64_t scale, const std::string& where);
   void send_recv_check(int64_t bytes);
   void overlap_check();
   void ordering_check();
@@ -186,6 +187,33 @@ void Checker::broadcast_check(const CommGroup& group, int64_t bytes, int root_in
   comm_.broadcast(data.get(), bytes, root_index, group).wait();
   record("broadcast", fmt::format("{} root {}", where, root_index), bytes,
          compare(data.download(), want, 0, bytes, "broadcast"));
+}
+
+// Floats member `from` sends member `to`: uneven, and with three or more members some empty.
+int64_t all_to_all_count(int from, int to, int64_t scale) {
+  return (from + 2 * to) % 3 == 2 ? 0 : scale * (1 + from) + 7 * to;
+}
+// Element i of the piece member `from` sends member `to`: exact in fp32.
+float all_to_all_value(int from, int to, int64_t i) {
+  return static_cast<float>(from * 100000 + to * 1000 + i % 997);
+}
+
+void Checker::all_to_all_check(const CommGroup& group, int64_t scale, const std::string& where) {
+  const int me = group.my_index;
+  std::vector<int64_t> send_counts, recv_counts;
+  std::vector<float> send, want;
+  for (int j = 0; j < group.size(); ++j) {
+    send_counts.push_back(all_to_all_count(me, j, scale));
+    recv_counts.push_back(all_to_all_count(j, me, scale));
+    for (int64_t i = 0; i < send_counts.back(); ++i) send.push_back(all_to_all_value(me, j, i));
+    for (int64_t i = 0; i < recv_counts.back(); ++i) want.push_back(all_to_all_value(j, me, i));
+  }
+  GpuArray<float> from(send);
+  GpuArray<float> to(std::vector<float>(want.size(), -1.0f));
+  comm_.all_to_all(from.get(), send_counts, to.get(), recv_counts, group).wait();
+  const auto received = static_cast<int64_t>(want.size());
+  record("all_to_all", fmt::format("{} receives {}", where, fmt::join(recv_counts, "/")),
+         (static_cast<int64_t>(send.size()) + received) * 4, compare(to.download(), want, 0, received, "all_to_all"));
 }
 
 // A ring where every rank posts its send before its receive: deadlocks if sends and receives
@@ -284,6 +312,8 @@ void Checker::group_checks(const CommGroup& group, const std::string& where) {
   all_gather_check(group, unequal, where);
   broadcast_check(group, 12345, group.size() - 1, where);
   broadcast_check(group, 777, 0, where);
+  all_to_all_check(group, 1, where);
+  all_to_all_check(group, 40961, where);
 }
 
 void Checker::run_all() {

@@ -266,11 +266,6 @@ void run_train(TrainCommand& c, int* exit_code) {
   if (c.device != "cpu" && c.device != "cuda") {
     throw Error("unknown device '" + c.device + "'", {"", "--device"}, "use cpu, or cuda for one GPU per rank");
   }
-  if (model_is_moe(model) && c.device != "cpu") {
-    throw Error(fmt::format("Mixture-of-Experts model {} ({}) is not trained on --device {}", model.name,
-                            moe_summary(model.moe), c.device),
-                {"", "--device"}, "MoE models train on one CPU rank so far: use --device cpu");
-  }
   if (c.plan.empty() && c.seq_len > model.max_seq_len) {
     throw Error(fmt::format("sequence length {} is longer than model {} allows ({})", c.seq_len, model.name,
                             model.max_seq_len),

@@ -46,13 +46,18 @@ StageSupport cuda_supports(const Plan& plan, int s) {
   return {};
 }
 
-// What a plan asks of an MoE model that the CPU runtime does not run: MoE blocks train on CPU
-// ranks with pipeline stages, data and expert parallelism, ZeRO 1 and recomputation.
-StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
+// What a plan asks of an MoE model that the runtime does not run: MoE blocks train on CPU ranks
+// with every layout the dense models have, and on GPU ranks as whole models with data and expert
+// parallelism (cuda_supports answers for the rest).
+StageSupport moe_plan_supported(const std::string& name, const ModelSpec& model, const Plan& plan) {
   const std::string why = "Mixture-of-Experts models train on CPU ranks with pipeline, tensor, data and expert "
                           "parallelism, ZeRO 0-3, recomputation, weight and activation offload and uneven shares in "
                           "one piece each so far";
-  if (name != "cpu") return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
+  if (name == "cuda" && model.moe.num_shared_experts > 0 && model.moe.shared_expert_gate)
+    return refuse("the shared experts' sigmoid gate on the cuda backend", "--device",
+                  "the cuda backend runs MoE blocks without the shared-expert gate so far; use --device cpu");
+  if (name != "cpu" && name != "cuda")
+    return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
     // Every replica's MoE blocks meet the others' in collectives once per micro-batch.
@@ -69,7 +74,7 @@ StageSupport moe_plan_supported(const std::string& name, const Plan& plan) {
 void stage_backend_check_moe(const std::string& name, const ModelSpec& model, const Plan& plan,
                              const std::string& source) {
   if (!model_is_moe(model) || plan.stages.empty()) return;
-  const StageSupport support = moe_plan_supported(name, plan);
+  const StageSupport support = moe_plan_supported(name, model, plan);
   if (support.ok) return;
   throw Error(fmt::format("Mixture-of-Experts model {} ({}) with {} is not supported", model.name,
                           moe_summary(model.moe), support.feature),

@@ -137,9 +137,9 @@ StageSupport stage_backend_supports(const std::string& name, const Plan& plan, i
 // before anything is allocated. `source` names the plan file.
 void stage_backend_check_plan(const std::string& name, const Plan& plan, const std::string& source);
 
-// Mixture-of-Experts models run on one CPU rank so far: throws alloy::Error naming the first
-// thing `plan` asks of an MoE `model` beyond that (another backend, pipeline, tensor or data
-// parallelism, offload) in one line; nothing for a dense model.
+// Throws alloy::Error naming, in one line, the first thing `plan` asks of an MoE `model` that
+// backend `name` does not run with MoE blocks (stage_backend_check_plan answers for the rest);
+// nothing for a dense model.
 void stage_backend_check_moe(const std::string& name, const ModelSpec& model, const Plan& plan,
                              const std::string& source);
 

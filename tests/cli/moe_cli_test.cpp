@@ -150,12 +150,12 @@ TEST(MoeCli, ResumeContinuesExactly) {
   for (size_t k = 0; k < 3; ++k) EXPECT_EQ(again[k], straight[3 + k]) << "step " << 4 + k;
 }
 
-TEST(MoeCli, TrainingElsewhereThanOneCpuRankIsRefused) {
+// The cuda backend trains MoE blocks: --device cuda is not refused for the model's experts (here
+// it stops at the missing data, or, in a build without CUDA, at the backend).
+TEST(MoeCli, TrainingOnCudaIsNotRefusedForTheExperts) {
   const CommandResult r = alloy("train --model tiny-moe --device cuda --data /no/such.bin --steps 1");
   EXPECT_EQ(r.exit_code, kExitBadInput) << r.output;
-  EXPECT_NE(r.output.find("Mixture-of-Experts model tiny-moe (4 experts, 2 per token) is not trained on --device cuda"),
-            std::string::npos)
-      << r.output;
+  EXPECT_EQ(r.output.find("Mixture-of-Experts model"), std::string::npos) << r.output;
 }
 
 TEST(MoeCli, ImportHfRefusesMoe) {

@@ -35,6 +35,7 @@ TEST(GpuComm, OneRankNcclAndHostStagedAreExact) {
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("nccl: 1 rank(s)"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("host-staged: 1 rank(s)"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("all_to_all"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("all results exact"), std::string::npos) << result.output;
 }
 
@@ -44,6 +45,7 @@ TEST(GpuComm, TwoRanksHostStagedAreExact) {
   const CommandResult result = comm_check_run(2);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("host-staged: 2 rank(s)"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("all_to_all"), std::string::npos) << result.output;
   // One GPU: NCCL must be skipped with a message, not fail; two or more: it must have run.
   const bool nccl_ran = result.output.find("nccl: 2 rank(s)") != std::string::npos;
   const bool nccl_skipped = result.output.find("nccl: skipped") != std::string::npos;

@@ -136,7 +136,19 @@ TEST(MoeModel, PlansTheCpuRanksDoNotRunAreRefused) {
     return std::string("accepted");
   };
   const std::string prefix = "Mixture-of-Experts model tiny-moe (4 experts, 2 per token) with ";
-  EXPECT_EQ(refusal("cuda", one), prefix + "the cuda backend is not supported [--device]");
+  EXPECT_EQ(refusal("cuda", one), "accepted");
+  EXPECT_EQ(refusal("metal", one), prefix + "the metal backend is not supported [--device]");
+  ModelSpec gated = moe;
+  gated.moe.shared_expert_gate = true;
+  try {
+    stage_backend_check_moe("cuda", gated, one, "plan.json");
+    ADD_FAILURE() << "the cuda backend accepted the shared experts' gate";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("the shared experts' sigmoid gate on the cuda backend is not supported"),
+              std::string::npos)
+        << e.format();
+  }
+  EXPECT_NO_THROW(stage_backend_check_moe("cpu", gated, one, "plan.json"));
   Plan dp = trainer_one_stage(moe, train, TrainerOptions{}, nullptr, 2).plan;
   EXPECT_EQ(refusal("cpu", dp), "accepted");
   dp.stages[0].ep = 2;

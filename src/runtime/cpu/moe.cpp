@@ -99,19 +99,22 @@ void moe_scatter_add(float* dx, const float* dxp, const int32_t* slots, int NK, 
   }
 }
 
+void moe_rows_of_slots(int32_t* rows, const int32_t* slots, int NK) {
+  for (int r = 0; r < NK; r++) rows[slots[r]] = r;
+}
+
 namespace {
 
-// rows: (N K) the permuted row of each slot n K + k (the inverse of slots).
-std::vector<int32_t> moe_rows_of_slots(const int32_t* slots, int NK) {
+std::vector<int32_t> moe_rows_of(const int32_t* slots, int NK) {
   std::vector<int32_t> rows(static_cast<size_t>(NK));
-  for (int r = 0; r < NK; r++) rows[static_cast<size_t>(slots[r])] = r;
+  moe_rows_of_slots(rows.data(), slots, NK);
   return rows;
 }
 
 }  // namespace
 
 void moe_combine_forward(float* out, const float* yp, const float* weight, const int32_t* slots, int N, int K, int C) {
-  const std::vector<int32_t> rows = moe_rows_of_slots(slots, N * K);
+  const std::vector<int32_t> rows = moe_rows_of(slots, N * K);
 #pragma omp parallel for
   for (int n = 0; n < N; n++) {
     float* o = out + int64_t{n} * C;
@@ -126,7 +129,7 @@ void moe_combine_forward(float* out, const float* yp, const float* weight, const
 
 void moe_combine_backward(float* dyp, float* dweight, const float* dout, const float* yp, const float* weight,
                           const int32_t* slots, int N, int K, int C) {
-  const std::vector<int32_t> rows = moe_rows_of_slots(slots, N * K);
+  const std::vector<int32_t> rows = moe_rows_of(slots, N * K);
 #pragma omp parallel for
   for (int n = 0; n < N; n++) {
     const float* d = dout + int64_t{n} * C;

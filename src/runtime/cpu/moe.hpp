@@ -32,6 +32,9 @@ void moe_gather(float* xp, const float* x, const int32_t* slots, int NK, int K, 
 // dxp: (N K, C) -> dx: (N, C) += each permuted row into its token's row.
 void moe_scatter_add(float* dx, const float* dxp, const int32_t* slots, int NK, int K, int C);
 
+// slots: (N K) from moe_permute -> rows: (N K) the permuted row of each slot n K + k (its inverse).
+void moe_rows_of_slots(int32_t* rows, const int32_t* slots, int NK);
+
 // yp: (N K, C) expert outputs in permuted order, weight: (N, K) -> out: (N, C) += weight * y.
 void moe_combine_forward(float* out, const float* yp, const float* weight, const int32_t* slots, int N, int K, int C);
 // dout: (N, C) -> dyp: (N K, C) = weight * dout, dweight: (N, K) = <dout, y>.

@@ -104,4 +104,10 @@ std::vector<int64_t> comm_counts_offsets(const std::vector<int64_t>& counts, con
   return offsets;
 }
 
+void comm_own_piece_check(int64_t send_count, int64_t recv_count, const char* kind) {
+  if (send_count == recv_count) return;
+  throw Error(fmt::format("{} sends this member {} floats of its own and expects {} back", kind, send_count, recv_count),
+              {}, "recv_counts[j] must equal member j's send_counts[my_index], this member's own piece included");
+}
+
 }  // namespace alloy

@@ -52,4 +52,7 @@ void comm_group_check(const std::vector<std::vector<int>>& members_by_id, const 
 // entries, the last being the total).
 std::vector<int64_t> comm_counts_offsets(const std::vector<int64_t>& counts, const CommGroup& group, const char* kind);
 
+// Throws unless the floats a member sends itself equal those it receives from itself (all_to_all).
+void comm_own_piece_check(int64_t send_count, int64_t recv_count, const char* kind);
+
 }  // namespace alloy

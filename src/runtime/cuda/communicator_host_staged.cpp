@@ -188,6 +188,8 @@ class HostStagedCommunicator final : public Communicator {
   CommHandle all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) override {
     return mpi_.all_gather_bytes(in, out, bytes, group);  // host memory: nothing to stage
   }
+  CommHandle all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                        const std::vector<int64_t>& recv_counts, const CommGroup& group) override;
   double take_busy_seconds() override { return mpi_.take_busy_seconds(); }
   [[noreturn]] void abort(const std::string& message, int exit_code) override {
     mpi_.abort(message, exit_code);
@@ -323,6 +325,26 @@ CommHandle HostStagedCommunicator::broadcast(void* data, int64_t bytes, int root
   }
   CommHandle transfer = mpi_.broadcast(buffer->data, bytes, root_index, group);
   return handle_make(std::move(transfer), buffer, root ? CopyBack{} : CopyBack{static_cast<char*>(data), 0, bytes});
+}
+
+// One pinned buffer holds the pieces to send, then the pieces received; only the received ones
+// go back to the device.
+CommHandle HostStagedCommunicator::all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                                              const std::vector<int64_t>& recv_counts, const CommGroup& group) {
+  const char* kind = "all_to_all";
+  group_member_check(group, kind);
+  const int64_t send_total = comm_counts_offsets(send_counts, group, kind).back();
+  const int64_t recv_total = comm_counts_offsets(recv_counts, group, kind).back();
+  const auto me = static_cast<size_t>(group.my_index);
+  comm_own_piece_check(send_counts[me], recv_counts[me], kind);
+  const int64_t send_bytes = send_total * int64_t{sizeof(float)};
+  auto buffer = pool_->lease(send_bytes + recv_total * int64_t{sizeof(float)});
+  stage_in(*buffer, 0, send, send_bytes);
+  float* host_send = reinterpret_cast<float*>(buffer->data);
+  CommHandle transfer = mpi_.all_to_all(host_send, send_counts, host_send + send_total, recv_counts, group);
+  return handle_make(std::move(transfer), buffer,
+                     CopyBack{reinterpret_cast<char*>(recv), static_cast<size_t>(send_bytes),
+                              recv_total * int64_t{sizeof(float)}});
 }
 
 }  // namespace

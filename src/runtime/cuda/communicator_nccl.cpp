@@ -85,6 +85,8 @@ class NcclCommunicator final : public Communicator {
   CommHandle all_gather(float* data, const std::vector<int64_t>& counts, const CommGroup& group) override;
   CommHandle broadcast(void* data, int64_t bytes, int root_index, const CommGroup& group) override;
   CommHandle all_gather_bytes(const void* in, void* out, int64_t bytes, const CommGroup& group) override;
+  CommHandle all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                        const std::vector<int64_t>& recv_counts, const CommGroup& group) override;
   double take_busy_seconds() override { return mpi_.take_busy_seconds(); }
   [[noreturn]] void abort(const std::string& message, int exit_code) override;
 
@@ -353,6 +355,44 @@ CommHandle NcclCommunicator::all_gather_bytes(const void* in, void* out, int64_t
     mpi_group = group_of(group, "all_gather_bytes").mpi_group;
   }
   return mpi_.all_gather_bytes(in, out, bytes, mpi_group);
+}
+
+// One grouped call of a send and a receive per other member; this member's own piece is a copy on
+// the same stream, so no peer pairs with itself.
+CommHandle NcclCommunicator::all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                                        const std::vector<int64_t>& recv_counts, const CommGroup& group) {
+  const char* kind = "all_to_all";
+  std::lock_guard lock(post_mutex_);
+  const NcclGroup& g = group_of(group, kind);
+  const std::vector<int64_t> send_offsets = comm_counts_offsets(send_counts, group, kind);
+  const std::vector<int64_t> recv_offsets = comm_counts_offsets(recv_counts, group, kind);
+  const auto me = static_cast<size_t>(group.my_index);
+  comm_own_piece_check(send_counts[me], recv_counts[me], kind);
+  post_begin(collective_stream_);
+  if (send_counts[me] > 0) {
+    cuda_check(cudaMemcpyAsync(recv + recv_offsets[me], send + send_offsets[me],
+                               static_cast<size_t>(send_counts[me]) * sizeof(float), cudaMemcpyDeviceToDevice,
+                               collective_stream_),
+               "copying this member's own all_to_all piece");
+  }
+  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  for (size_t j = 0; j < send_counts.size(); ++j) {
+    if (j == me) continue;
+    const int peer = static_cast<int>(j);
+    if (send_counts[j] > 0) {
+      nccl_check(ncclSend(send + send_offsets[j], static_cast<size_t>(send_counts[j]), ncclFloat32, peer, g.comm,
+                          collective_stream_),
+                 "ncclSend (an all_to_all piece)");
+    }
+    if (recv_counts[j] > 0) {
+      nccl_check(ncclRecv(recv + recv_offsets[j], static_cast<size_t>(recv_counts[j]), ncclFloat32, peer, g.comm,
+                          collective_stream_),
+                 "ncclRecv (an all_to_all piece)");
+    }
+  }
+  nccl_check(ncclGroupEnd(), "ncclGroupEnd (all_to_all)");
+  const int64_t bytes = (send_offsets.back() + recv_offsets.back()) * int64_t{sizeof(float)};
+  return post_end(collective_stream_, g.comm, comm_describe(kind, bytes, g.members));
 }
 
 }  // namespace

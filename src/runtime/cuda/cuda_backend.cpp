@@ -10,6 +10,7 @@
 
 #include "runtime/cuda/device.hpp"
 #include "runtime/cuda/gpu_model.hpp"
+#include "runtime/cpu/moe.hpp"
 #include "runtime/cuda/kernels.hpp"
 #include "spec/error.hpp"
 
@@ -82,6 +83,9 @@ class CudaBackend final : public StageBackend {
         host_(*r.model, host_arena_, r.shard, r.host),
         arena_(r.memory_cap_bytes, r.device_name, cuda_arena_memory()),
         gpu_(initialised(host_, r.seed), arena_, stream) {
+    if (model_is_moe(host_.spec)) {
+      gpu_.routing = &host_.moe_routing;
+    }
     loss_sum_ = static_cast<double*>(arena_.allocate(sizeof(double), "loss sum"));
     squares_ = arena_.allocate_floats(1, "gradient norm");
     cuda_check(cudaMemsetAsync(loss_sum_, 0, sizeof(double), stream_), "zeroing the loss sum");
@@ -126,7 +130,23 @@ class CudaBackend final : public StageBackend {
     GpuActivations& a = cuda_pass(pass).activations;
     gpu_model_forward(gpu_, a);
     cuda_sum(loss_sum_, a.losses, int64_t{a.B} * a.T, stream_);
+    // The per-block balance is known now; the pooled one once pooled (pass_balance_pool).
+    if (model_is_moe(host_.spec) && !model_balance_is_pooled(host_.spec)) balance_sum_ += a.aux_loss * tokens_of(a);
     return nullptr;  // the pass heads
+  }
+  std::vector<double> pass_balance_sums(const StagePass& pass) override {
+    const GpuActivations& a = cuda_pass(pass).activations;
+    if (!a.balance_sums.empty()) return a.balance_sums;
+    return std::vector<double>(2 * static_cast<size_t>(host_.spec.moe.num_experts) + 1, 0.0);  // no MoE block ran
+  }
+  void pass_balance_pool(StagePass& pass, const double* sums) override {
+    GpuActivations& a = cuda_pass(pass).activations;
+    if (!model_balance_is_pooled(host_.spec)) return;
+    const int E = static_cast<int>(host_.spec.moe.num_experts);
+    a.balance_sums.assign(sums, sums + 2 * E + 1);
+    a.balance_pooled = true;
+    a.aux_loss = moe_aux_loss_from_sums(sums, sums[2 * E], E);
+    balance_sum_ += a.aux_loss * tokens_of(a);  // the pass heads: its micro-batch's loss, counted once
   }
   void* pass_output_gradient(StagePass&) override { throw whole_model_only("an output gradient"); }
   const void* pass_backward(StagePass& pass, int block_begin, int block_end, float loss_scale) override {
@@ -136,7 +156,9 @@ class CudaBackend final : public StageBackend {
   bool pass_finished(const StagePass& pass) const override { return cuda_pass(pass).activations.backward_next == 0; }
   void pass_release(StagePass& pass) override { gpu_activations_release(gpu_, cuda_pass(pass).activations); }
   PassLossSums take_loss_sums() override {
-    PassLossSums sums;  // no load-balancing loss: the CUDA backend trains dense models
+    PassLossSums sums;
+    sums.balance = balance_sum_;
+    balance_sum_ = 0;
     cuda_check(cudaMemcpyAsync(&sums.cross_entropy, loss_sum_, sizeof(double), cudaMemcpyDeviceToHost, stream_),
                "reading the losses");
     fence();
@@ -198,6 +220,7 @@ class CudaBackend final : public StageBackend {
                               gpu_.num_parameters));
     return offset;
   }
+  static double tokens_of(const GpuActivations& a) { return static_cast<double>(a.B) * a.T; }
   static Error whole_model_only(const char* what) {
     return Error(fmt::format("the cuda backend runs whole models and has no {}", what), {"", "--device"},
                  "run pipeline plans on CPU ranks (--device cpu)");
@@ -211,6 +234,7 @@ class CudaBackend final : public StageBackend {
   TokenStaging tokens_;
   double* loss_sum_ = nullptr;  // (1) the heading passes' token losses since take_loss_sums
   float* squares_ = nullptr;    // (1) square_sum's
+  double balance_sum_ = 0;      // MoE: the passes' load-balancing losses times their tokens since take_loss_sums
 };
 
 }  // namespace

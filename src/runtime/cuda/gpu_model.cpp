@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "runtime/cuda/attention.hpp"
+#include "runtime/cuda/gpu_moe.hpp"
 #include "runtime/cuda/kernels.hpp"
 #include "runtime/model_internal.hpp"
 #include "spec/error.hpp"
@@ -76,7 +77,8 @@ void norm_backward(const GpuModel& m, const GpuDims& d, bf16* dinp, const bf16* 
   }
 }
 
-void allocate_block(GpuModel& m, const GpuDims& d, GpuBlockActivations& a) {
+// The dense MLP's activations only for a dense block: an MoE block takes its own (gpu_moe.cpp).
+void allocate_block(GpuModel& m, const GpuDims& d, GpuBlockActivations& a, bool moe) {
   const int64_t NC = int64_t{d.N} * d.C;
   a.ln1 = take<bf16>(m, NC, "attn_norm.out");
   if (d.gpt2) a.ln1_mean = take<float>(m, d.N, "attn_norm.mean");
@@ -88,8 +90,10 @@ void allocate_block(GpuModel& m, const GpuDims& d, GpuBlockActivations& a) {
   a.ln2 = take<bf16>(m, NC, "mlp_norm.out");
   if (d.gpt2) a.ln2_mean = take<float>(m, d.N, "mlp_norm.mean");
   a.ln2_rstd = take<float>(m, d.N, "mlp_norm.rstd");
-  a.mlp_up = take<bf16>(m, int64_t{d.N} * d.U, "mlp.up");
-  a.mlp_act = take<bf16>(m, int64_t{d.N} * d.F, "mlp.act");
+  if (!moe) {
+    a.mlp_up = take<bf16>(m, int64_t{d.N} * d.U, "mlp.up");
+    a.mlp_act = take<bf16>(m, int64_t{d.N} * d.F, "mlp.act");
+  }
   if (a.out == nullptr) a.out = take<bf16>(m, NC, "output");
 }
 
@@ -107,13 +111,16 @@ void release_block_internals(GpuModel& m, GpuBlockActivations& a) {
   give(m, a.ln2_rstd);
   give(m, a.mlp_up);
   give(m, a.mlp_act);
+  gpu_moe_release(m, a);
 }
 
 // x: (N, C) -> a.out: (N, C) = block(x), filling every activation on the way. Without
 // `with_output` it stops before the MLP's output projection: a recomputation keeps a.out, which
 // the backward does not read.
-void block_forward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const bf16* x, GpuBlockActivations& a,
-                   bool with_output) {
+// An MoE block's MLP is gpu_moe_forward's; `counted`: the pass's first forward of it.
+void block_forward(GpuModel& m, GpuActivations& pass, const GpuDims& d, int layer, const bf16* x,
+                   GpuBlockActivations& a, bool with_output, bool counted) {
+  const BlockTensors& w = m.host->weights.blocks[static_cast<size_t>(layer)];
   cudaStream_t s = m.stream;
   norm_forward(m, d, a.ln1, a.ln1_mean, a.ln1_rstd, x, w.attn_norm_w, w.attn_norm_b);
   m.matmul.forward(a.qkv, a.ln1, m.weight(w.qkv_w), m.weight(w.qkv_b), nullptr, d.N, d.C, d.R, d.R, s);
@@ -121,6 +128,10 @@ void block_forward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const b
   cuda_attention_forward(a.context, a.lse, a.qkv, d.B, d.T, d.Hq, d.Hkv, d.D, s);
   m.matmul.forward(a.residual1, a.context, m.weight(w.out_w), m.weight(w.out_b), x, d.N, d.Hq * d.D, d.C, d.C, s);
   norm_forward(m, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual1, w.mlp_norm_w, w.mlp_norm_b);
+  if (model_block_is_moe(m.host->spec, layer)) {
+    gpu_moe_forward(m, pass, layer, a, with_output, counted);
+    return;
+  }
   m.matmul.forward(a.mlp_up, a.ln2, m.weight(w.up_w), m.weight(w.up_b), nullptr, d.N, d.C, d.U, d.U, s);
   if (d.gpt2) {
     cuda_gelu_forward(a.mlp_act, a.mlp_up, int64_t{d.N} * d.F, s);
@@ -132,8 +143,10 @@ void block_forward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const b
 }
 
 // scratch.dres holds dL/d(block output) on entry and dL/d(block input x) on exit.
-void block_backward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const bf16* x, const GpuBlockActivations& a,
-                    GpuBackwardScratch& sc) {
+// sc.dres: (N, C) d(block output) -> sc.dln: (N, C) d(mlp_norm.out) (overwritten), and the
+// dense MLP's weight gradients.
+void dense_mlp_backward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const GpuBlockActivations& a,
+                        GpuBackwardScratch& sc) {
   cudaStream_t s = m.stream;
   CudaMatmul& mm = m.matmul;
   mm.backward_input(sc.dact, sc.dres, m.weight(w.down_w), d.N, d.F, d.C, d.C, false, s);
@@ -149,6 +162,20 @@ void block_backward(GpuModel& m, const GpuDims& d, const BlockTensors& w, const 
   mm.backward_input(sc.dln, dup, m.weight(w.up_w), d.N, d.C, d.U, d.U, false, s);
   mm.backward_weight(m.gradient(w.up_w), dup, a.ln2, d.N, d.C, d.U, d.U, s);
   if (w.up_b != nullptr) cuda_bias_backward(m.gradient(w.up_b), dup, d.N, d.U, s);
+}
+
+// scratch.dres holds dL/d(block output) on entry and dL/d(block input x) on exit. aux_scale:
+// d(objective) / d(an MoE block's load-balancing term).
+void block_backward(GpuModel& m, const GpuActivations& pass, const GpuDims& d, int layer, const bf16* x,
+                    const GpuBlockActivations& a, GpuBackwardScratch& sc, float aux_scale) {
+  cudaStream_t s = m.stream;
+  CudaMatmul& mm = m.matmul;
+  const BlockTensors& w = m.host->weights.blocks[static_cast<size_t>(layer)];
+  if (model_block_is_moe(m.host->spec, layer)) {
+    gpu_moe_backward(m, pass, layer, a, sc.dres, sc.dln, aux_scale);
+  } else {
+    dense_mlp_backward(m, d, w, a, sc);
+  }
   norm_backward(m, d, sc.dres, sc.dln, a.residual1, w.mlp_norm_w, w.mlp_norm_b, a.ln2_mean, a.ln2_rstd);
 
   const int HD = d.Hq * d.D;
@@ -245,6 +272,7 @@ GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t co
   }
   cuda_attention_check_shape(static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
                              static_cast<int>(s.head_dim));
+  gpu_moe_check(*host);
   params = take<float>(*this, num_parameters, "parameters (fp32)");
   grads = take<float>(*this, num_parameters, "gradients (fp32)");
   weights = take<bf16>(*this, num_parameters, "weights (bf16 copy)");
@@ -306,14 +334,18 @@ void gpu_model_forward(GpuModel& m, GpuActivations& a) {
   cudaStream_t s = m.stream;
   const size_t L = static_cast<size_t>(m.host->spec.num_layers);
   mark(m, &GpuPhaseEvents::forward, 0);
+  a.aux_loss = 0;
+  a.balance_sums.clear();
+  a.balance_pooled = false;
   a.embedded = take<bf16>(m, int64_t{d.N} * d.C, "embedding.out");
   cuda_embedding_forward(a.embedded, a.tokens, m.weight(w.token), m.weight(w.position), d.B, d.T, d.C, s);
   mark(m, &GpuPhaseEvents::forward, 1);
   a.blocks.assign(L, GpuBlockActivations{});
   for (size_t layer = 0; layer < L; ++layer) {
     GpuBlockActivations& b = a.blocks[layer];
-    allocate_block(m, d, b);
-    block_forward(m, d, w.blocks[layer], block_input(a, layer), b, true);
+    const int l = static_cast<int>(layer);
+    allocate_block(m, d, b, model_block_is_moe(m.host->spec, l));
+    block_forward(m, a, d, l, block_input(a, layer), b, true, true);
     // Under full recomputation only the output stays; the backward runs the block again.
     if (m.host->recompute[layer] == Recompute::Recompute_full) release_block_internals(m, b);
     mark(m, &GpuPhaseEvents::forward, 2 + layer);
@@ -338,6 +370,13 @@ void gpu_model_backward(GpuModel& m, GpuActivations& a, int block_begin, int blo
                             block_begin, block_end, a.backward_next,
                             a.embedded == nullptr ? ", after a forward" : ""));
   }
+  const ModelSpec& spec = m.host->spec;
+  if (model_balance_is_pooled(spec) && !a.balance_pooled)
+    throw Error("backward started without the micro-batch's pooled load-balancing sums (pass_balance_pool)");
+  const int64_t moe_blocks = moe_block_count(spec);
+  const float aux_scale =
+      moe_blocks == 0 ? 0.0f
+                      : static_cast<float>(loss_scale * spec.moe.router_aux_loss_coef / static_cast<double>(moe_blocks));
   const GpuDims d = gpu_dims(m, a);
   const ModelTensors& w = m.host->weights;
   GpuBackwardScratch& sc = a.scratch;
@@ -351,10 +390,10 @@ void gpu_model_backward(GpuModel& m, GpuActivations& a, int block_begin, int blo
     GpuBlockActivations& b = a.blocks[static_cast<size_t>(layer)];
     const bf16* x = block_input(a, static_cast<size_t>(layer));
     if (b.qkv == nullptr) {  // dropped by full recomputation
-      allocate_block(m, d, b);
-      block_forward(m, d, w.blocks[static_cast<size_t>(layer)], x, b, false);
+      allocate_block(m, d, b, model_block_is_moe(m.host->spec, layer));
+      block_forward(m, a, d, layer, x, b, false, false);
     }
-    block_backward(m, d, w.blocks[static_cast<size_t>(layer)], x, b, sc);
+    block_backward(m, a, d, layer, x, b, sc, aux_scale);
     release_block_internals(m, b);
     give(m, b.out);
     mark(m, &GpuPhaseEvents::backward, static_cast<size_t>(2 + (L - 1 - layer)));

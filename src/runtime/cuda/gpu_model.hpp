@@ -31,6 +31,22 @@ struct GpuBlockActivations {
   bf16* mlp_up = nullptr;      // (N, F) GPT-2, (N, 2F) LLaMA
   bf16* mlp_act = nullptr;     // (N, F)
   bf16* out = nullptr;         // (N, C), kept at every recomputation level
+  // MoE blocks instead of mlp_up and mlp_act (gpu_moe.cpp). R = N K, or under expert parallelism
+  // the rows this member's experts received.
+  float* moe_probs = nullptr;     // (N, E) router probabilities
+  int32_t* moe_experts = nullptr; // (N, K) picked experts
+  float* moe_weights = nullptr;   // (N, K) their routing weights
+  int32_t* moe_slots = nullptr;   // (N K) slot n K + k of each permuted row, grouped by expert
+  int32_t* moe_rows = nullptr;    // (N K) permuted row of each slot
+  bf16* moe_up = nullptr;         // (R, 2 Fe)
+  bf16* moe_act = nullptr;        // (R, Fe)
+  bf16* moe_out = nullptr;        // (N K, C) experts' outputs, permuted rows
+  bf16* moe_ep_in = nullptr;      // (R, C) received rows, expert-major, under expert parallelism
+  bf16* shared_up = nullptr;      // (N, 2 Fs)
+  bf16* shared_act = nullptr;     // (N, Fs)
+  std::vector<int32_t> moe_offsets;    // (E + 1) host: each expert's first permuted row
+  std::vector<int64_t> moe_ep_counts;  // (G x E) host: rows each member routes to each expert
+  std::vector<double> moe_aux_sums;    // (2 E + 1) host: per-block balance sums (over the replicas)
 };
 
 // Gradient buffers of one backward, shared by its blocks: taken by the top piece, returned by
@@ -60,6 +76,12 @@ struct GpuActivations {
   float* losses = nullptr;      // (N) per-token losses, after the forward
   GpuBackwardScratch scratch;
   int backward_next = 0;        // blocks [0, backward_next) still wait for their backward
+  // MoE models: the load-balancing loss of the pass (the per-block balance's mean over its MoE
+  // blocks, or the pooled one once pooled), and under the pooled balance its sums (2 E + 1): the
+  // forwarded blocks' own, then the micro-batch's pooled ones (balance_pooled).
+  double aux_loss = 0;
+  std::vector<double> balance_sums;
+  bool balance_pooled = false;
 };
 
 // Events a profiler has the passes record at their phase boundaries (L blocks):
@@ -90,6 +112,7 @@ struct GpuModel {
   bf16* head_weight = nullptr;     // (ld, C) the LM head's bf16 rows, zero past the vocabulary:
                                    // products over an aligned vocabulary run ~7x faster
   GpuPhaseEvents* phases = nullptr;  // recorded when set (alloy profile --device cuda)
+  MoeRouting* routing = nullptr;     // MoE models: the first forwards' picks counted into it when set
 
   // The device copy of one of host's tensors (a pointer into host->params): the bf16 weight or
   // the fp32 gradient at the same offset; nullptr for nullptr.

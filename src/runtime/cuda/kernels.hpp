@@ -68,6 +68,32 @@ void cuda_adamw_update(float* params, bf16* params_bf16, const float* grads, flo
 // *sum += sum of x[i]^2 over n floats (sum: one float on the device).
 void cuda_sum_squares(float* sum, const float* x, int64_t n, cudaStream_t stream);
 
+// Mixture-of-Experts, as runtime/cpu/moe.hpp (routing weights, probabilities and their gradients
+// fp32; rows bf16). E <= kCudaMoeMaxExperts (the router's backward keeps a token's E gradients in
+// local memory).
+inline constexpr int kCudaMoeMaxExperts = 256;
+// logits: (N, E) -> probs: (N, E), expert: (N, K), weight: (N, K), as moe_route_forward.
+void cuda_moe_route_forward(float* probs, int32_t* expert, float* weight, const bf16* logits, int N, int E, int K,
+                            bool normalize, cudaStream_t stream);
+// dweight: (N, K), aux_dprobs: (E) or nullptr -> dlogits: (N, E) OVERWRITTEN, as moe_route_backward.
+void cuda_moe_route_backward(bf16* dlogits, const float* dweight, const float* aux_dprobs, const float* probs,
+                             const int32_t* expert, const float* weight, int N, int E, int K, bool normalize,
+                             cudaStream_t stream);
+// x: (N, C), slots: (N K) -> xp: (N K, C), permuted row r = x[slots[r] / K].
+void cuda_moe_gather(bf16* xp, const bf16* x, const int32_t* slots, int64_t NK, int K, int C, cudaStream_t stream);
+// dxp: (N K, C), rows: (N K) the permuted row of each slot (moe_rows_of_slots) -> dx: (N, C) +=
+// each token's K rows.
+void cuda_moe_scatter_add(bf16* dx, const bf16* dxp, const int32_t* rows, int64_t N, int K, int C,
+                          cudaStream_t stream);
+// yp: (N K, C) permuted expert outputs, weight: (N, K), rows: (N K) -> out: (N, C) += weight * y.
+void cuda_moe_combine_forward(bf16* out, const bf16* yp, const float* weight, const int32_t* rows, int64_t N, int K,
+                              int C, cudaStream_t stream);
+// dout: (N, C) -> dyp: (N K, C) = weight * dout, dweight: (N, K) = <dout, y>.
+void cuda_moe_combine_backward(bf16* dyp, float* dweight, const bf16* dout, const bf16* yp, const float* weight,
+                               const int32_t* rows, int64_t N, int K, int C, cudaStream_t stream);
+// probs: (N, E) -> sums: (E) += the column sums (double).
+void cuda_moe_prob_sums(double* sums, const float* probs, int N, int E, cudaStream_t stream);
+
 void cuda_float_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream);
 void cuda_bf16_to_float(float* out, const bf16* in, int64_t n, cudaStream_t stream);
 

@@ -121,7 +121,7 @@ class Communicator {
   // Variable counts from every member to every member: send holds send_counts[j] floats for member
   // j, one piece after another in member order; recv gets recv_counts[j] floats from member j the
   // same way. recv_counts[j] here must equal member j's send_counts[my_index]. Expert parallelism's
-  // dispatch and combine. Communicators without it refuse (the GPU ones so far).
+  // dispatch and combine. The GPU communicators take device memory here, like their collectives.
   virtual CommHandle all_to_all(const float* send, const std::vector<int64_t>& send_counts, float* recv,
                                 const std::vector<int64_t>& recv_counts, const CommGroup& group);
 

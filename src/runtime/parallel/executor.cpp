@@ -171,6 +171,8 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
   schedule_options.bucket_bytes = plan.gradient_bucket_bytes;
   schedule_ = schedule_build_rank(plan, spec, comm.rank(), schedule_options);
   groups_ = rank_groups_build(plan, spec, comm);
+  const bool control_apart = &control_ != &comm;  // the same on every rank: all split, or none
+  control_groups_ = control_apart && model_is_moe(spec) ? rank_groups_build(plan, spec, control_) : groups_;
   for (const ScheduleOp& op : schedule_.ops)
     if (op.kind == OpKind::OpKind_send_gradient) gradient_sends_[{op.micro_batch, op.chunk}]++;
   const PlanStage& stage = plan.stages[schedule_.stage];
@@ -199,11 +201,12 @@ RankRuntime::RankRuntime(const Plan& plan, const ModelSpec& spec, const TrainSpe
     model.tp_ops = tp_ops_.get();
   }
   if (model_is_moe(spec) && stage.dp > 1) {
-    moe_exchange_ = std::make_unique<CommMoeExchange>(comm, groups_.dp, groups_.ep);
+    moe_exchange_ = std::make_unique<CommMoeExchange>(comm, groups_.ep, control_, control_groups_.dp,
+                                                      control_groups_.ep);
     model.moe_exchange = moe_exchange_.get();
   }
   if (model_balance_is_pooled(spec)) {
-    balance_pool_ = std::make_unique<BalancePool>(comm, groups_.balance, schedule_.tp_rank == 0,
+    balance_pool_ = std::make_unique<BalancePool>(control_, control_groups_.balance, schedule_.tp_rank == 0,
                                                   forwards_per_micro_batch(plan, schedule_),
                                                   2 * spec.moe.num_experts + 1);
   }

@@ -217,6 +217,9 @@ class RankRuntime {
   Communicator& control_;
   RankSchedule schedule_;
   RankGroups groups_;
+  // The same groups on control_ for host values (the MoE blocks' sums and counts), when control_
+  // is not comm (a GPU communicator moves device memory only); else a copy of groups_.
+  RankGroups control_groups_;
   std::unique_ptr<Arena> host_arena_;       // offloaded blocks' parameters, gradients and moments
   std::unique_ptr<CommTensorParallel> tp_ops_;
   std::unique_ptr<CommMoeExchange> moe_exchange_;  // MoE models with dp > 1

@@ -25,11 +25,11 @@ double CommMoeExchange::take_wait_seconds() {
 }
 
 void CommMoeExchange::replicas_sum(double* data, int64_t count) {
-  wait_on(comm_.all_reduce(data, count, replicas_));
+  wait_on(control_.all_reduce(data, count, host_replicas_));
 }
 
 void CommMoeExchange::members_gather(const int64_t* mine, int64_t* all, int64_t count) {
-  wait_on(comm_.all_gather_bytes(mine, all, count * static_cast<int64_t>(sizeof(int64_t)), members_));
+  wait_on(control_.all_gather_bytes(mine, all, count * static_cast<int64_t>(sizeof(int64_t)), host_members_));
 }
 
 void CommMoeExchange::members_exchange(const float* send, const std::vector<int64_t>& send_rows, float* recv,
@@ -37,7 +37,7 @@ void CommMoeExchange::members_exchange(const float* send, const std::vector<int6
   std::vector<int64_t> send_floats, recv_floats;
   for (int64_t rows : send_rows) send_floats.push_back(rows * width);
   for (int64_t rows : recv_rows) recv_floats.push_back(rows * width);
-  wait_on(comm_.all_to_all(send, send_floats, recv, recv_floats, members_));
+  wait_on(data_.all_to_all(send, send_floats, recv, recv_floats, members_));
 }
 
 }  // namespace alloy

@@ -17,13 +17,15 @@ namespace alloy {
 std::vector<std::vector<int>> expert_groups_partition(const Plan& plan,
                                                       std::vector<int> (*group_of)(const Plan&, int));
 
-// The MoE blocks' collectives of one rank: sums over `replicas` (the stage's data-parallel group)
-// and the exchange of token rows within `members` (its expert-parallel group). Blocking: the
-// block's next step needs the result.
+// The MoE blocks' collectives of one rank: the exchange of token rows (the backend's memory) within
+// `members` (its expert-parallel group) on `data`, and host values on `control`: sums over
+// `host_replicas` (the stage's data-parallel group) and counts within `host_members` (the same
+// members). Blocking: the block's next step needs the result.
 class CommMoeExchange final : public MoeExchange {
  public:
-  CommMoeExchange(Communicator& comm, const CommGroup& replicas, const CommGroup& members)
-      : comm_(comm), replicas_(replicas), members_(members) {}
+  CommMoeExchange(Communicator& data, const CommGroup& members, Communicator& control, const CommGroup& host_replicas,
+                  const CommGroup& host_members)
+      : data_(data), members_(members), control_(control), host_replicas_(host_replicas), host_members_(host_members) {}
   void replicas_sum(double* data, int64_t count) override;
   void members_gather(const int64_t* mine, int64_t* all, int64_t count) override;
   void members_exchange(const float* send, const std::vector<int64_t>& send_rows, float* recv,
@@ -34,9 +36,11 @@ class CommMoeExchange final : public MoeExchange {
  private:
   void wait_on(const CommHandle& handle);
 
-  Communicator& comm_;
-  CommGroup replicas_;
+  Communicator& data_;
   CommGroup members_;
+  Communicator& control_;
+  CommGroup host_replicas_;
+  CommGroup host_members_;
   double wait_seconds_ = 0;
 };
 

@@ -11,6 +11,9 @@
 // inverted), so + means Alloy is optimistic. Rows alternate, per source in table order, between
 // the fit set (1st, 3rd, ...) and the held-out set; the summary gives both.
 //
+// A row that names the framework it ran on (`framework: torchtitan-eager`) is priced with that
+// framework's runtime traits (cost/runtime_traits.hpp); the others with Alloy's GPU runtime's.
+//
 // Usage: bench_published [--table path/to/throughputs.yaml] [--row ID] [--fit]
 // --row prints that row's plan (stages, step time by part, memory) after the comparison.
 // --fit scans each device generation's matmul_efficiency on the fit rows (the value that
@@ -27,6 +30,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "cost/runtime_traits.hpp"
 #include "hw/catalog.hpp"
 #include "search/planner.hpp"
 #include "spec/error.hpp"
@@ -277,6 +281,11 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
   if (precision_text.find("fp8") != std::string::npos || precision_text.find("float8") != std::string::npos)
     throw Skip{"fp8 matrix products (Alloy prices a run in one precision)"};
 
+  // The framework the row ran on prices it (its runtime traits); Alloy's own runtime otherwise.
+  const std::string framework = row["framework"] ? row["framework"].as<std::string>() : "";
+  if (!framework.empty() && framework_runtime_traits(framework) == nullptr)
+    throw Error(fmt::format("row {}: no runtime traits for framework \"{}\"", row["id"].as<std::string>(), framework),
+                ErrorWhere{"", "framework", 0, 0}, fmt::format("name one of: {}, or leave it out for Alloy's runtime", framework_names()));
   // The row's devices, and the same without a memory limit: what a layout Alloy does not fit
   // would need.
   const auto cluster_of = [&](const std::string& memory) {
@@ -289,7 +298,9 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
             ? fmt::format(", matmul_efficiency: {}", efficiencies.at(device->generation))
             : "",
         (devices + per_node - 1) / per_node, std::min(per_node, devices));
-    return cluster_load_text(yaml, "published cluster", "published", catalog);
+    ClusterSpec cluster = cluster_load_text(yaml, "published cluster", "published", catalog);
+    for (DeviceType& type : cluster.device_types) type.framework = framework;
+    return cluster;
   };
   TrainSpec train;
   train.seq_len = model.max_seq_len;
@@ -415,7 +426,13 @@ int main(int argc, char** argv) {
   }
   const YAML::Node rows = YAML::LoadFile(table);
   const DeviceCatalog catalog = catalog_builtin();
-  const std::vector<RowResult> results = compare_rows(rows, catalog, {});
+  std::vector<RowResult> results;
+  try {
+    results = compare_rows(rows, catalog, {});
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s: %s\n", table.c_str(), e.format().c_str());
+    return kExitBadInput;
+  }
   std::printf("Un-profiled predictions against %zu published rows (%s)\n", rows.size(), table.c_str());
   std::printf("error: predicted over published speed, less 1 (+: Alloy optimistic)\n\n");
   std::printf("%-48s %-8s %-22s %12s %12s %8s  %s\n", "row", "set", "metric", "published", "predicted", "error", "assumed");

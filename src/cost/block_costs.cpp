@@ -23,7 +23,8 @@ DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShap
   const int64_t s = train_.seq_len;
   const int tp = shape.tp;
   DenseBlockCosts out;
-  const LayerWork block = block_work(m, b, s, tp, sp, p);
+  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
+  const LayerWork block = block_work(m, b, s, tp, sp, p, runtime.elementwise_kernels, runtime.selective_recompute);
   out.compute = layer_times(shape, LayerKind::LayerKind_block, sp, block);
   out.times = out.compute;
   // Each pass sums over tp after the attention's output projection and, where the MLP is split
@@ -44,14 +45,18 @@ DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShap
   }
   out.times.forward_seconds += tp_collectives;
   out.times.backward_seconds += tp_collectives;
+  // Recomputing the attention core reruns its share of the forward; recomputing all but the
+  // kept matrix products reruns those products and every element-wise kernel of the block.
   out.recompute_selective_seconds =
-      out.compute.forward_seconds * recompute_forward_share(block, Recompute::Recompute_selective);
+      runtime.selective_recompute == SelectiveRecompute::SelectiveRecompute_attention_core
+          ? out.compute.forward_seconds * recompute_forward_share(block, Recompute::Recompute_selective)
+          : compute_seconds(priced_types_[shape.device_type], p, alternate_matmuls_recompute_work(block), false);
   out.recompute_full_seconds =
       out.compute.forward_seconds * recompute_forward_share(block, Recompute::Recompute_full) + recompute_collectives;
   out.parameters = static_cast<double>(block_parameters(m)) / tp;
-  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
   for (Recompute r : {Recompute::Recompute_none, Recompute::Recompute_selective, Recompute::Recompute_full})
-    out.activation_bytes[static_cast<int>(r)] = block_activation_bytes(m, b, s, tp, sp, r, p, runtime.attention_memory);
+    out.activation_bytes[static_cast<int>(r)] =
+        block_activation_bytes(m, b, s, tp, sp, r, p, runtime.attention_memory, runtime.selective_recompute);
   out.backward_workspace_bytes = runtime.backward_workspace == BackwardWorkspace::BackwardWorkspace_fused
                                      ? block_backward_workspace_bytes(m, b, s, tp, p)
                                      : cpu_block_backward_workspace_bytes(m, b, s, tp, sp, p);

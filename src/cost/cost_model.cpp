@@ -301,7 +301,8 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   }
 
   u.embedding = layer_times(shape, LayerKind::LayerKind_embedding, sp, embedding_work(m, b, s, tp, p));
-  u.head = layer_times(shape, LayerKind::LayerKind_head, sp, head_work(m, b, s, tp, p));
+  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
+  u.head = layer_times(shape, LayerKind::LayerKind_head, sp, head_work(m, b, s, tp, p, runtime.loss_logits));
   if (tp > 1) {
     // Vocabulary-parallel embedding all-reduces its output; the head all-reduces its input gradient.
     const double hidden = hidden_state_bytes(m, b, s, p);
@@ -312,10 +313,10 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.embedding_parameters = static_cast<double>(embedding_parameters(m)) / tp;
   u.head_parameters = static_cast<double>(head_parameters(m, true)) / tp;
 
-  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
   for (int r = 0; r < 3; ++r)
     u.block_activation_bytes[r] = dense.activation_bytes[r] + (r == 2 ? 0 : routed.activation_bytes);
-  u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, runtime.attention_memory);
+  u.head_activation_bytes = head_activation_bytes(m, b, s, tp, p, runtime.attention_memory, runtime.loss_logits);
+  u.head_backward_workspace_bytes = head_backward_workspace_bytes(m, b, s, tp, runtime.loss_logits);
   u.backward_workspace_bytes = std::max(dense.backward_workspace_bytes, routed.workspace_bytes);
   u.boundary_bytes = hidden_state_bytes(m, b * shape.dp, s, p);
   u.block_output_bytes = hidden_state_bytes(m, b, s, p) / (sp ? tp : 1);
@@ -573,6 +574,8 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
     block_backward_peak = std::max(block_backward_peak, u.dense_block.backward_workspace_bytes +
                                                             transient(c.dense_full, c.dense_selective, dense_bytes));
   }
+  // The head's backward runs before its stage's blocks', holding its loss's gradients.
+  if (c.has_head) block_backward_peak = std::max(block_backward_peak, u.head_backward_workspace_bytes);
   if (c.has_head && runtime.head_stage_peak_is_larger_phase) {
     // Alloy's CPU runtime (measured; the GPU runtime's head stage is not, so it keeps the sum):
     // the stage peaks either in the head's backward (all of the micro-batch's activations held,

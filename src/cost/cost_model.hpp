@@ -93,6 +93,7 @@ struct StageUnitCosts {
   double block_activation_bytes[3] = {0, 0, 0};  // by Recompute
   double embedding_activation_bytes = 0;
   double head_activation_bytes = 0;
+  double head_backward_workspace_bytes = 0;  // its loss's gradients beyond what the head keeps
   double backward_workspace_bytes = 0;     // gradient buffers of one block's backward
   double boundary_bytes = 0;               // one hidden state of the whole micro-batch
   double block_output_bytes = 0;           // one block's output on this device, per micro-batch

@@ -39,8 +39,48 @@ int64_t head_parameters(const ModelSpec& m, bool holds_lm_matrix) {
   return norm + (holds_lm_matrix ? m.vocab_size * m.hidden_size : 0);
 }
 
+double eager_block_elementwise_bytes_per_token(const ModelSpec& m, int tp, bool sequence_parallel, Precision precision) {
+  const double e = precision_bytes(precision);
+  const double x = static_cast<double>(m.hidden_size);
+  const double q = static_cast<double>(query_width(m)) / tp;
+  const double kv = static_cast<double>(kv_width(m)) / tp;
+  const double f = static_cast<double>(m.ffn_hidden_size) / tp;
+  const double x_share = sequence_parallel ? 1.0 / tp : 1.0;
+  // Hidden-sized steps split by sequence parallelism: two norms and two residual adds. The
+  // projections read their input whole (gathered) and a row-parallel product writes its whole
+  // partial sum.
+  const double norms_and_adds = 2.0 * (4.0 * e + 28.0) + 2.0 * 3.0 * e;
+  const double projections_x = 3.0 * e + e + 2.0 * e + e;
+  const double query = e + (2.0 * e + 16.0) + 2.0 * e + 4.0 * e + e;
+  const double key_value = 2.0 * e + (2.0 * e + 16.0) + 2.0 * e;
+  const double mlp = 2.0 * e + 2.0 * e + 3.0 * e + e;
+  return x * (x_share * norms_and_adds + projections_x) + q * query + kv * key_value + f * mlp;
+}
+
+std::vector<BlockMatmul> block_matmuls_in_call_order(const ModelSpec& m, int tp) {
+  const double x = static_cast<double>(m.hidden_size);
+  const double q = static_cast<double>(query_width(m)) / tp;
+  const double kv = static_cast<double>(kv_width(m)) / tp;
+  const double f = static_cast<double>(m.ffn_hidden_size) / tp;
+  std::vector<BlockMatmul> order = {{x, q}, {x, kv}, {x, kv}, {q, x}};
+  if (is_llama(m)) order.insert(order.end(), {{x, f}, {x, f}, {f, x}});
+  else order.insert(order.end(), {{x, f}, {f, x}});
+  return order;
+}
+
+LayerWork alternate_matmuls_recompute_work(const LayerWork& block) {
+  LayerWork r;
+  r.forward_flops = block.selective_flops;
+  r.forward_elementwise_bytes = block.forward_elementwise_bytes - block.forward_score_bytes;
+  r.forward_bytes = r.forward_elementwise_bytes;
+  r.matmul_rows = block.matmul_rows;
+  r.matmul_cols = block.matmul_cols;
+  return r;
+}
+
 LayerWork block_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
-                     bool sequence_parallel, Precision precision) {
+                     bool sequence_parallel, Precision precision, ElementwiseKernels kernels,
+                     SelectiveRecompute selective) {
   const double e = precision_bytes(precision);
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double c = static_cast<double>(m.hidden_size);
@@ -58,7 +98,10 @@ LayerWork block_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, i
   // Weights read once, hidden-sized tensors (norms, residuals, projections) read and written a
   // few times, the score matrix written and read by the softmax.
   const double weight_bytes = static_cast<double>(block_parameters(m)) * e / tp;
-  const double hidden_traffic = tokens * (8.0 * c * elementwise_share + (4.0 * f + 4.0 * c) / tp) * e;
+  const double hidden_traffic =
+      kernels == ElementwiseKernels::ElementwiseKernels_eager
+          ? tokens * eager_block_elementwise_bytes_per_token(m, tp, sequence_parallel, precision)
+          : tokens * (8.0 * c * elementwise_share + (4.0 * f + 4.0 * c) / tp) * e;
   const double score_traffic = 3.0 * scores * e / tp;
   w.forward_bytes = weight_bytes + hidden_traffic + score_traffic;
   w.forward_elementwise_bytes = hidden_traffic + score_traffic;
@@ -66,6 +109,11 @@ LayerWork block_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, i
   w.backward_flops = 2.0 * w.forward_flops;
   w.backward_bytes = 2.0 * w.forward_bytes;
   w.selective_flops = attention_flops / tp;
+  if (selective == SelectiveRecompute::SelectiveRecompute_alternate_matmuls) {
+    const std::vector<BlockMatmul> order = block_matmuls_in_call_order(m, tp);
+    w.selective_flops = 0;
+    for (size_t i = 1; i < order.size(); i += 2) w.selective_flops += 2.0 * tokens * order[i].input_width * order[i].output_width;
+  }
   w.full_recompute_flops = w.forward_flops - 2.0 * tokens * f * c / tp;  // less the (F -> C) projection
   w.selective_bytes = score_traffic + tokens * 3.0 * static_cast<double>(query_width(m)) * e / tp;
   w.matmul_rows = tokens;
@@ -88,7 +136,7 @@ LayerWork embedding_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_le
 }
 
 LayerWork head_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
-                    Precision precision) {
+                    Precision precision, LossLogits loss) {
   const double e = precision_bytes(precision);
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double c = static_cast<double>(m.hidden_size);
@@ -98,6 +146,12 @@ LayerWork head_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, in
   // Logits written in the compute precision, read back by an fp32 softmax cross-entropy.
   w.forward_bytes = v * c * e / tp + tokens * v * (e + 4.0) / tp + tokens * c * e;
   w.forward_elementwise_bytes = tokens * v * (e + 4.0) / tp;
+  if (loss == LossLogits::LossLogits_fp32_copy) {
+    // Logits written, copied to fp32 (e in, 4 out), log-softmax over the copy (4 in, 4 out).
+    const double copied = tokens * v * (e + (e + 4.0) + 8.0) / tp;
+    w.forward_bytes += copied - w.forward_elementwise_bytes;
+    w.forward_elementwise_bytes = copied;
+  }
   w.backward_flops = 2.0 * w.forward_flops;
   w.backward_bytes = 2.0 * w.forward_bytes;
   w.matmul_rows = tokens;
@@ -130,7 +184,7 @@ double model_flops_per_sequence(const ModelSpec& m, int64_t seq_len) {
 
 double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
                               bool sequence_parallel, Recompute recompute, Precision precision,
-                              AttentionMemory attention) {
+                              AttentionMemory attention, SelectiveRecompute selective) {
   const bool megatron = attention == AttentionMemory::AttentionMemory_megatron;
   const double e = precision_bytes(precision);
   const double sb = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
@@ -145,6 +199,13 @@ double block_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t s
   const double boundary_share = sequence_parallel ? 1.0 / tp : 1.0;
 
   if (recompute == Recompute::Recompute_full) return sb * c * e * boundary_share;
+  if (recompute == Recompute::Recompute_selective && selective == SelectiveRecompute::SelectiveRecompute_alternate_matmuls) {
+    const std::vector<BlockMatmul> order = block_matmuls_in_call_order(m, tp);
+    double kept_width = 0;
+    for (size_t i = 0; i < order.size(); i += 2) kept_width += order[i].output_width;
+    const double log_sum_exp = scores / static_cast<double>(seq_len) * 4.0 / tp;
+    return sb * c * e * boundary_share + sb * (kept_width + q / tp) * e + log_sum_exp;
+  }
 
   // Replicated across tp without sequence parallelism: two norm inputs, the attention and MLP
   // inputs (the norms' outputs), and (Megatron, GPT-2) the two dropout masks (1 byte per element).
@@ -205,11 +266,13 @@ double cpu_block_backward_workspace_bytes(const ModelSpec& m, int64_t micro_batc
 }
 
 double head_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
-                             Precision precision, AttentionMemory attention) {
+                             Precision precision, AttentionMemory attention, LossLogits loss) {
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double logits = tokens * static_cast<double>(m.vocab_size) * precision_bytes(precision) / tp;
   const double norm_out = hidden_state_bytes(m, micro_batch, seq_len, precision);
   const double statistics = tokens * (m.family == ModelFamily::ModelFamily_gpt2 ? 8.0 : 4.0);
+  if (loss == LossLogits::LossLogits_fp32_copy)
+    return norm_out + statistics + tokens * static_cast<double>(m.vocab_size) * 4.0 / tp;
   switch (attention) {
     case AttentionMemory::AttentionMemory_fused:  // the loss works in place; one fp32 loss per token
       return norm_out + statistics + logits + tokens * 4.0;
@@ -219,6 +282,13 @@ double head_activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t se
       return norm_out + logits + tokens * static_cast<double>(m.vocab_size) * 4.0 / tp;
   }
   return norm_out + logits;
+}
+
+double head_backward_workspace_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
+                                     LossLogits loss) {
+  if (loss != LossLogits::LossLogits_fp32_copy) return 0;
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  return 2.0 * tokens * static_cast<double>(m.vocab_size) * 4.0 / tp;
 }
 
 double hidden_state_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Precision precision) {

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "spec/error.hpp"
 #include "spec/units.hpp"
 
 namespace alloy {
@@ -82,9 +83,57 @@ constexpr RuntimeTraits kCpuRuntime = {
     .allocator_margin_fraction = 0,
 };
 
+// torchtitan's Llama trainer in eager PyTorch as its December 2024 benchmarks ran it
+// (docs/catalog.md, "Frameworks of published rows", for each value's source): Alloy's GPU
+// runtime but where torchtitan's code differs.
+constexpr RuntimeTraits torchtitan_traits(ElementwiseKernels kernels) {
+  RuntimeTraits t = kGpuRuntime;
+  // Every RMSNorm step, rotary embedding, SiLU, product and residual add is a kernel of its own
+  // (fused: torch.compile of each block).
+  t.elementwise_kernels = kernels;
+  // Op-level selective checkpointing keeps every other matrix product's output and the
+  // attention kernel's.
+  t.selective_recompute = SelectiveRecompute::SelectiveRecompute_alternate_matmuls;
+  // The logits are cast to fp32 before PyTorch's cross-entropy, outside the compiled blocks.
+  t.loss_logits = LossLogits::LossLogits_fp32_copy;
+  return t;
+}
+constexpr RuntimeTraits kTorchtitanEager = torchtitan_traits(ElementwiseKernels::ElementwiseKernels_eager);
+constexpr RuntimeTraits kTorchtitanCompile = torchtitan_traits(ElementwiseKernels::ElementwiseKernels_fused);
+
+struct NamedFramework {
+  const char* name;
+  const RuntimeTraits* traits;
+};
+constexpr NamedFramework kFrameworks[] = {
+    {"torchtitan-eager", &kTorchtitanEager},
+    {"torchtitan-compile", &kTorchtitanCompile},
+};
+
 }  // namespace
 
-const RuntimeTraits& runtime_traits(const DeviceType& type) { return type.is_cpu ? kCpuRuntime : kGpuRuntime; }
+const RuntimeTraits* framework_runtime_traits(const std::string& framework) {
+  for (const NamedFramework& f : kFrameworks)
+    if (framework == f.name) return f.traits;
+  return nullptr;
+}
+
+std::string framework_names() {
+  std::string names;
+  for (const NamedFramework& f : kFrameworks) names += std::string(names.empty() ? "" : ", ") + f.name;
+  return names;
+}
+
+const RuntimeTraits& runtime_traits(const DeviceType& type) {
+  if (!type.framework.empty()) {
+    const RuntimeTraits* framework = framework_runtime_traits(type.framework);
+    if (framework == nullptr)
+      throw Error(fmt::format("device type {}: no runtime traits for framework \"{}\"", type.name, type.framework),
+                  ErrorWhere{}, fmt::format("name one of: {}", framework_names()));
+    return *framework;
+  }
+  return type.is_cpu ? kCpuRuntime : kGpuRuntime;
+}
 
 SharedCores shared_cores_of(const ClusterSpec& cluster) {
   SharedCores shared;

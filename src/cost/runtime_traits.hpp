@@ -39,6 +39,12 @@ struct RuntimeTraits {
   // reduce-scatter, on top of the link's time: (members - 1) / members of the buffer at this rate.
   // 0: hidden in the link time (reduction kernels at memory bandwidth).
   double collective_reduction_bytes_per_second = 0;
+  // How the element-wise work between the matrix products is counted (layer_cost.hpp).
+  ElementwiseKernels elementwise_kernels = ElementwiseKernels::ElementwiseKernels_fused;
+  // What selective recomputation keeps and runs again.
+  SelectiveRecompute selective_recompute = SelectiveRecompute::SelectiveRecompute_attention_core;
+  // How the loss reads the logits: what the head keeps and its backward holds.
+  LossLogits loss_logits = LossLogits::LossLogits_runtime_kernel;
   AttentionMemory attention_memory = AttentionMemory::AttentionMemory_fused;
   BackwardWorkspace backward_workspace = BackwardWorkspace::BackwardWorkspace_fused;
   // Under sequence parallelism the embedding's output, a chunk's received input and its output
@@ -63,7 +69,14 @@ struct RuntimeTraits {
 };
 
 // The traits of the runtime that runs a device type: the one place that maps a type to it.
+// A type priced as another framework runs (DeviceType::framework) gets that framework's record.
 const RuntimeTraits& runtime_traits(const DeviceType& type);
+
+// The record of a training framework other than Alloy by name ("torchtitan-eager",
+// "torchtitan-compile"), or nullptr when there is none by that name.
+const RuntimeTraits* framework_runtime_traits(const std::string& framework);
+// The names framework_runtime_traits knows, comma-separated, for error messages.
+std::string framework_names();
 
 // How many times slower than on a free core the devices of a runtime that shares the host's
 // cores compute when `devices` of them run on `cores` cores: devices / cores, at least 1 (the

@@ -40,6 +40,11 @@ struct DeviceType {
   // prediction above it is a red flag. 0: none known.
   double best_published_mfu = 0;
 
+  // The training framework whose runtime traits price this device (cost/runtime_traits.hpp):
+  // empty for the runtime Alloy runs it with. Set only to price a run of another framework
+  // (bench_published); cluster files do not name it.
+  std::string framework = "";
+
   bool is_cpu = false;  // a rank on this machine; speed scales its compute
   double speed = 1.0;   // relative compute rate (cpu emulation); 1 for real devices
 

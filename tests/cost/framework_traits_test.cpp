@@ -1,0 +1,122 @@
+// The runtime traits of another framework (torchtitan's Llama trainer): its op-level selective
+// checkpointing, eager element-wise traffic and fp32 loss copy against hand counts for a Llama 3
+// 8B block, and Alloy's GPU runtime left as it was.
+#include <gtest/gtest.h>
+
+#include "../support/specs.hpp"
+#include "cost/cost_model.hpp"
+#include "cost/runtime_traits.hpp"
+#include "hw/catalog.hpp"
+#include "spec/error.hpp"
+
+namespace alloy {
+namespace {
+
+// Llama 3.1 8B: hidden 4096, 32 query heads of 128, 8 key/value heads, MLP 14336.
+ModelSpec llama3_8b() { return testing::llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256); }
+
+constexpr double kTokens = 2.0 * 8192.0;  // micro-batch 2 of 8192 tokens
+constexpr Precision kBf16 = Precision::Precision_bf16;
+
+TEST(FrameworkTraits, AlternateMatmulsKeepTheOddProductsAndTheAttentionOutput) {
+  const ModelSpec m = llama3_8b();
+  const double kept = block_activation_bytes(m, 2, 8192, 1, false, Recompute::Recompute_selective, kBf16,
+                                             AttentionMemory::AttentionMemory_fused,
+                                             SelectiveRecompute::SelectiveRecompute_alternate_matmuls);
+  // Block input 4096; q 4096 (1st), v 1024 (3rd), gate 14336 (5th), down 4096 (7th); attention
+  // output 4096: bf16. Log-sum-exp: 32 heads in fp32.
+  const double by_hand = kTokens * (4096.0 + 4096 + 1024 + 14336 + 4096 + 4096) * 2 + kTokens * 32 * 4;
+  EXPECT_DOUBLE_EQ(kept, by_hand);
+  // Less than half of what Alloy's selective recomputation keeps.
+  const double alloy = block_activation_bytes(m, 2, 8192, 1, false, Recompute::Recompute_selective, kBf16,
+                                              AttentionMemory::AttentionMemory_fused);
+  EXPECT_LT(kept, 0.5 * alloy);
+}
+
+TEST(FrameworkTraits, AlternateMatmulsRecomputeTheEvenProducts) {
+  const ModelSpec m = llama3_8b();
+  const LayerWork w = block_work(m, 2, 8192, 1, false, kBf16, ElementwiseKernels::ElementwiseKernels_eager,
+                                 SelectiveRecompute::SelectiveRecompute_alternate_matmuls);
+  // k (4096 -> 1024), output (4096 -> 4096), up (4096 -> 14336).
+  const double by_hand = 2.0 * kTokens * (4096.0 * 1024 + 4096.0 * 4096 + 4096.0 * 14336);
+  EXPECT_DOUBLE_EQ(w.selective_flops, by_hand);
+  const LayerWork again = alternate_matmuls_recompute_work(w);
+  EXPECT_DOUBLE_EQ(again.forward_flops, by_hand);
+  EXPECT_DOUBLE_EQ(again.forward_elementwise_bytes, w.forward_elementwise_bytes - w.forward_score_bytes);
+  // Under tp 2 each rank recomputes half.
+  const LayerWork half = block_work(m, 2, 8192, 2, false, kBf16, ElementwiseKernels::ElementwiseKernels_eager,
+                                    SelectiveRecompute::SelectiveRecompute_alternate_matmuls);
+  EXPECT_DOUBLE_EQ(half.selective_flops, by_hand / 2);
+}
+
+TEST(FrameworkTraits, EagerKernelsMoveEachOperationsBytes) {
+  const ModelSpec m = llama3_8b();
+  // bf16: 98 x hidden + 36 x query + 28 x key/value + 16 x MLP width (layer_cost.hpp's count).
+  const double by_hand = 98.0 * 4096 + 36.0 * 4096 + 28.0 * 1024 + 16.0 * 14336;
+  EXPECT_DOUBLE_EQ(eager_block_elementwise_bytes_per_token(m, 1, false, kBf16), by_hand);
+  const LayerWork fused = block_work(m, 2, 8192, 1, false, kBf16);
+  const LayerWork eager = block_work(m, 2, 8192, 1, false, kBf16, ElementwiseKernels::ElementwiseKernels_eager);
+  EXPECT_DOUBLE_EQ(eager.forward_elementwise_bytes - eager.forward_score_bytes, kTokens * by_hand);
+  EXPECT_GT(eager.forward_elementwise_bytes, 3.0 * fused.forward_elementwise_bytes - 3.0 * fused.forward_score_bytes);
+  EXPECT_DOUBLE_EQ(eager.forward_flops, fused.forward_flops);
+}
+
+TEST(FrameworkTraits, Fp32LossCopyKeepsLogProbabilitiesAndHoldsTheirGradients) {
+  const ModelSpec m = llama3_8b();
+  const double vocab = 128256;
+  const double kept = head_activation_bytes(m, 2, 8192, 1, kBf16, AttentionMemory::AttentionMemory_fused,
+                                            LossLogits::LossLogits_fp32_copy);
+  EXPECT_DOUBLE_EQ(kept, kTokens * 4096 * 2 + kTokens * 4 + kTokens * vocab * 4);
+  EXPECT_DOUBLE_EQ(head_backward_workspace_bytes(m, 2, 8192, 1, LossLogits::LossLogits_fp32_copy), 2 * kTokens * vocab * 4);
+  EXPECT_DOUBLE_EQ(head_backward_workspace_bytes(m, 2, 8192, 1, LossLogits::LossLogits_runtime_kernel), 0);
+}
+
+TEST(FrameworkTraits, RecordsByNameAndAlloysRuntimeByDefault) {
+  DeviceType h100 = *catalog_builtin().find("h100-sxm");
+  const RuntimeTraits& gpu = runtime_traits(h100);
+  EXPECT_EQ(gpu.elementwise_kernels, ElementwiseKernels::ElementwiseKernels_fused);
+  EXPECT_EQ(gpu.selective_recompute, SelectiveRecompute::SelectiveRecompute_attention_core);
+  EXPECT_EQ(gpu.loss_logits, LossLogits::LossLogits_runtime_kernel);
+
+  h100.framework = "torchtitan-eager";
+  const RuntimeTraits& eager = runtime_traits(h100);
+  EXPECT_EQ(&eager, framework_runtime_traits("torchtitan-eager"));
+  EXPECT_EQ(eager.elementwise_kernels, ElementwiseKernels::ElementwiseKernels_eager);
+  EXPECT_EQ(eager.selective_recompute, SelectiveRecompute::SelectiveRecompute_alternate_matmuls);
+  EXPECT_EQ(eager.loss_logits, LossLogits::LossLogits_fp32_copy);
+  // Everything else is the GPU runtime's.
+  EXPECT_DOUBLE_EQ(eager.matmul_half_rows, gpu.matmul_half_rows);
+  EXPECT_DOUBLE_EQ(eager.allocator_margin_fraction, gpu.allocator_margin_fraction);
+  EXPECT_EQ(framework_runtime_traits("torchtitan-compile")->elementwise_kernels, ElementwiseKernels::ElementwiseKernels_fused);
+
+  h100.framework = "megatron";
+  EXPECT_EQ(framework_runtime_traits("megatron"), nullptr);
+  EXPECT_THROW(runtime_traits(h100), Error);
+}
+
+// A Llama 3 8B stage on one H100 priced as torchtitan runs it: eager blocks take longer than the
+// compiled ones, and its selective level keeps less than Alloy's.
+TEST(FrameworkTraits, CostModelAsksTheFrameworksRecord) {
+  const ModelSpec m = llama3_8b();
+  const auto unit = [&](const std::string& framework) {
+    DeviceType h100 = *catalog_builtin().find("h100-sxm");
+    h100.framework = framework;
+    const ClusterSpec cluster = testing::cluster("h100x1", {h100}, {{0, 1, 1, 0}});
+    TrainSpec train;
+    train.seq_len = 8192;
+    train.global_batch_sequences = 2;
+    train.precision = kBf16;
+    const CostModel cost(m, cluster, train);
+    return cost.unit_costs(cost.stage_shape({0}, 1, 1, 2), false);
+  };
+  const StageUnitCosts alloy = unit(""), eager = unit("torchtitan-eager"), compiled = unit("torchtitan-compile");
+  EXPECT_GT(eager.block.forward_seconds, 1.1 * compiled.block.forward_seconds);
+  EXPECT_DOUBLE_EQ(compiled.block.forward_seconds, alloy.block.forward_seconds);
+  EXPECT_LT(eager.block_activation_bytes[1], 0.5 * alloy.block_activation_bytes[1]);
+  EXPECT_GT(eager.recompute_selective_seconds, alloy.recompute_selective_seconds);
+  EXPECT_GT(eager.head_backward_workspace_bytes, 0);
+  EXPECT_DOUBLE_EQ(alloy.head_backward_workspace_bytes, 0);
+}
+
+}  // namespace
+}  // namespace alloy

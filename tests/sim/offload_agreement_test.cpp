@@ -67,7 +67,7 @@ Plan offload_plan(const OffloadCase& c, const ClusterSpec& cluster) {
 // slots; the cost model prices each pass on its own (up to +6% on these plans). Depth 1 with a
 // link slower than the compute stays out: the cost model adds each block's write-back to its
 // fetch there, while the link carries both directions at once (it over-prices by 20-28%).
-// Before the simulator fetched block by block, it simulated these plans 8-49% slower.
+// Before the simulator fetched block by block, it simulated these plans 8-88% slower.
 constexpr double kOffloadTolerance = 0.07;
 
 TEST(OffloadAgreement, BlockByBlockFetchesArePricedAsSimulated) {

@@ -93,6 +93,9 @@ struct PlanStage {
   double gradient_sync_seconds = 0;  // per step, exposed part
   double optimizer_seconds = 0;      // per step
   double offload_exposed_seconds = 0;  // per micro-batch: host copies not hidden (in fwd + bwd)
+  // Per micro-batch, the part of offload_exposed_seconds in forward_seconds (the rest is in
+  // backward_seconds; the simulator runs the copies as copies of their own).
+  double offload_exposed_forward_seconds = 0;
   // Per micro-batch, in forward_seconds and again in backward_seconds: the stage's sends to the
   // next stage (its activations forward, the gradients it waits for backward).
   double boundary_send_seconds = 0;

@@ -245,6 +245,7 @@ std::string plan_to_json(const Plan& plan) {
                        {"gradient_sync_seconds", s.gradient_sync_seconds},
                        {"optimizer_seconds", s.optimizer_seconds},
                        {"offload_exposed_seconds", s.offload_exposed_seconds},
+                       {"offload_exposed_forward_seconds", s.offload_exposed_forward_seconds},
                        {"boundary_send_seconds", s.boundary_send_seconds},
                        {"first_gather_forward_seconds", s.first_gather_forward_seconds},
                        {"first_gather_backward_seconds", s.first_gather_backward_seconds},
@@ -361,6 +362,7 @@ Plan plan_from_json(const std::string& text, const std::string& source) {
       s.gradient_sync_seconds = get_number(pr, "gradient_sync_seconds", source, pp);
       s.optimizer_seconds = get_number(pr, "optimizer_seconds", source, pp);
       s.offload_exposed_seconds = get_number_or(pr, "offload_exposed_seconds", 0.0, source, pp);
+      s.offload_exposed_forward_seconds = get_number_or(pr, "offload_exposed_forward_seconds", 0.0, source, pp);
       s.boundary_send_seconds = get_number_or(pr, "boundary_send_seconds", 0.0, source, pp);
       s.first_gather_forward_seconds = get_number_or(pr, "first_gather_forward_seconds", 0.0, source, pp);
       s.first_gather_backward_seconds = get_number_or(pr, "first_gather_backward_seconds", 0.0, source, pp);

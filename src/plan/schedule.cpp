@@ -17,7 +17,10 @@ namespace {
 // (see schedule_parameter_bytes): an MoE block's attention and norms split over tp, its router and
 // shared experts whole on every tp rank (the runtime replicates the MoE MLP over tp), and its
 // routed experts unless expert parallelism shards them over expert-dp instead.
-int64_t stage_parameter_count(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end) {
+// `with_edges`: the embedding and head count with the stage's first and last block; without,
+// the blocks alone (what an offloaded block keeps in host memory).
+int64_t stage_parameter_count(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end,
+                              bool with_edges = true) {
   const ModelParameterCounts counts = model_parameter_counts(model);
   const PlanStage& st = plan.stages[stage];
   const int dense_blocks = model_is_moe(model) ? static_cast<int>(model.moe.first_dense_layers) : block_end;
@@ -31,6 +34,7 @@ int64_t stage_parameter_count(const Plan& plan, const ModelSpec& model, int stag
     params += moe_blocks * (counts.per_moe_block - mlp);
     replicated = moe_blocks * (mlp - (st.ep > 1 ? routed : 0));
   }
+  if (!with_edges) return params / st.tp + replicated;
   const int first_block = st.chunks.front().begin;
   const int last_block = st.chunks.back().end;
   if (st.has_embedding && block_begin <= first_block && first_block < block_end) params += counts.embedding;
@@ -194,8 +198,7 @@ struct Builder {
     int64_t bytes = 0;
     for (int b = blocks.begin; b < blocks.end; ++b)
       if (st.offload[local + b - blocks.begin])
-        bytes += schedule_parameter_bytes(plan, model, stage, b, b + 1) +
-                 schedule_expert_bytes(plan, model, stage, dp_rank, b, b + 1, precision_bytes(plan.precision));
+        bytes += schedule_offloaded_block_bytes(plan, model, stage, dp_rank, b, precision_bytes(plan.precision));
     return bytes;
   }
 
@@ -371,6 +374,12 @@ int64_t schedule_parameter_bytes(const Plan& plan, const ModelSpec& model, int s
 int64_t schedule_gradient_bytes(const Plan& plan, const ModelSpec& model, int stage, int block_begin, int block_end,
                                 int element_bytes) {
   return stage_parameter_count(plan, model, stage, block_begin, block_end) * element_bytes;
+}
+
+int64_t schedule_offloaded_block_bytes(const Plan& plan, const ModelSpec& model, int stage, int dp_rank, int block,
+                                       int element_bytes) {
+  return stage_parameter_count(plan, model, stage, block, block + 1, false) * element_bytes +
+         schedule_expert_bytes(plan, model, stage, dp_rank, block, block + 1, element_bytes);
 }
 
 int64_t schedule_expert_bytes(const Plan& plan, const ModelSpec& model, int stage, int dp_rank, int block_begin,

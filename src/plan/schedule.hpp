@@ -112,6 +112,10 @@ int64_t schedule_gradient_bytes(const Plan& plan, const ModelSpec& model, int st
 // stage holds in blocks [begin, end), sharded and reduced over its expert-dp group; 0 with ep 1.
 int64_t schedule_expert_bytes(const Plan& plan, const ModelSpec& model, int stage, int dp_rank, int block_begin,
                               int block_end, int element_bytes);
+// Bytes at `element_bytes` each of block `block` alone (no embedding or head) on member `dp_rank`
+// of `stage`, its routed experts included: what an offloaded block moves over the host link.
+int64_t schedule_offloaded_block_bytes(const Plan& plan, const ModelSpec& model, int stage, int dp_rank, int block,
+                                       int element_bytes);
 // Weights of one routed expert (gate, up and down: 3 C F_e); 0 for a dense model.
 int64_t schedule_expert_parameters(const ModelSpec& model);
 

@@ -13,6 +13,8 @@
 namespace alloy {
 
 // all_to_all: Mixture-of-Experts dispatch and combine of a forward or backward operation's blocks.
+// copy: host to device (offloaded weights, parked activations); copy_out: device to host
+// (gradients written back, activations parked), at the same time on the other direction.
 enum class SimStream {
   SimStream_compute,
   SimStream_send,
@@ -20,6 +22,7 @@ enum class SimStream {
   SimStream_collective,
   SimStream_copy,
   SimStream_all_to_all,
+  SimStream_copy_out,
 };
 const char* sim_stream_name(SimStream stream);
 

@@ -19,6 +19,7 @@ const char* sim_stream_name(SimStream stream) {
     case SimStream::SimStream_collective: return "collective";
     case SimStream::SimStream_copy: return "copy";
     case SimStream::SimStream_all_to_all: return "all_to_all";
+    case SimStream::SimStream_copy_out: return "copy_out";
   }
   return "?";
 }
@@ -28,7 +29,7 @@ namespace {
 
 constexpr SimStream kStreams[] = {SimStream::SimStream_compute, SimStream::SimStream_send, SimStream::SimStream_recv,
                                   SimStream::SimStream_collective, SimStream::SimStream_copy,
-                                  SimStream::SimStream_all_to_all};
+                                  SimStream::SimStream_all_to_all, SimStream::SimStream_copy_out};
 
 std::string event_name(const SimInterval& iv) {
   std::string name = op_kind_name(iv.kind);

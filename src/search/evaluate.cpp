@@ -124,6 +124,7 @@ ReplicaCosts replica_costs(const Plan& plan, int s, int dp_rank, const StageChoi
   ReplicaCosts out = pass_costs(plan, s, dp_rank, replica.piece_sequences(0), choice, cost);
   out.timing.forward_seconds = out.timing.backward_seconds = out.recompute_flops = 0;
   out.timing.first_gather_forward_seconds = out.timing.first_gather_backward_seconds = 0;
+  out.timing.offload_forward_seconds = out.timing.offload_backward_seconds = 0;
   const int larger = static_cast<int>(replica.sequences % replica.pieces);  // pieces one sequence longer
   for (const auto& [sequences, count] : {std::pair{replica.piece_sequences(0), larger > 0 ? larger : replica.pieces},
                                          std::pair{replica.piece_sequences(replica.pieces - 1),
@@ -134,6 +135,8 @@ ReplicaCosts replica_costs(const Plan& plan, int s, int dp_rank, const StageChoi
     out.timing.backward_seconds += count * piece.timing.backward_seconds;
     out.timing.first_gather_forward_seconds += count * piece.timing.first_gather_forward_seconds;
     out.timing.first_gather_backward_seconds += count * piece.timing.first_gather_backward_seconds;
+    out.timing.offload_forward_seconds += count * piece.timing.offload_forward_seconds;
+    out.timing.offload_backward_seconds += count * piece.timing.offload_backward_seconds;
     out.recompute_flops += count * piece.recompute_flops;
   }
   return out;
@@ -232,6 +235,7 @@ void plan_evaluate(Plan* plan, const CostModel& cost) {
         st.forward_seconds = r.timing.forward_seconds;
         st.backward_seconds = r.timing.backward_seconds;
         st.offload_exposed_seconds = r.timing.offload_forward_seconds + r.timing.offload_backward_seconds;
+        st.offload_exposed_forward_seconds = r.timing.offload_forward_seconds;
         st.boundary_send_seconds = r.timing.boundary_send_seconds;
         st.first_gather_forward_seconds = r.timing.first_gather_forward_seconds;
         st.first_gather_backward_seconds = r.timing.first_gather_backward_seconds;

@@ -16,6 +16,7 @@
 #include "search/planner.hpp"
 #include "sim/collectives.hpp"
 #include "sim/shared_links.hpp"
+#include "sim/simulator.hpp"
 #include "spec/error.hpp"
 #include "spec/topology.hpp"
 #include "spec/units.hpp"
@@ -41,28 +42,6 @@ std::vector<std::array<int64_t, 2>> parked_block_bytes(const Plan& plan, const M
   return bytes;
 }
 
-// Links of one lane's device that transfers share: fabric and network, each direction, and
-// the host link for offload copies.
-enum Resource { kIntraTx, kIntraRx, kNetTx, kNetRx, kHostIn, kHostOut, kNumResources };
-
-struct Task {
-  int lane = 0;
-  int op_index = 0;
-  OpKind kind = OpKind::OpKind_forward;
-  SimStream stream = SimStream::SimStream_compute;
-  double duration_seconds = 0;   // compute: fixed; transfers: alone on their links
-  double remaining_seconds = 0;  // transfers: work left at full rate
-  std::vector<int> resources;    // global resource ids, each taken whole
-  std::vector<SharedLinkShare> links;  // rack uplinks and WAN ports crossed, and the part of each taken
-  int unmet = 0;
-  std::vector<int> dependents;
-  int critical_pred = -1;
-  double start = -1;
-  double end = -1;
-  double alloc_bytes = 0;        // allocated when the task starts
-  std::vector<std::pair<int, double>> frees;  // (task whose end frees it, bytes)
-};
-
 // What the running transfers ask of each link: a lane's links count whole transfers, a shared
 // link the sum of its transfers' shares. A transfer runs at 1 / the most oversubscribed of them.
 class LinkLoads {
@@ -70,21 +49,21 @@ class LinkLoads {
   LinkLoads(size_t lane_links, size_t shared_links)
       : load_(lane_links + shared_links, 0.0), shared_users_(shared_links, 0), first_shared_(lane_links) {}
 
-  void add(const Task& t) {
+  void add(const SimTask& t) {
     for (int r : t.resources) load_[static_cast<size_t>(r)] += 1;
     for (const SharedLinkShare& l : t.links) {
       load_[first_shared_ + static_cast<size_t>(l.link)] += l.share;
       ++shared_users_[static_cast<size_t>(l.link)];
     }
   }
-  void remove(const Task& t) {
+  void remove(const SimTask& t) {
     for (int r : t.resources) load_[static_cast<size_t>(r)] -= 1;
     for (const SharedLinkShare& l : t.links) {
       double& load = load_[first_shared_ + static_cast<size_t>(l.link)];
       load = --shared_users_[static_cast<size_t>(l.link)] == 0 ? 0 : load - l.share;  // no rounding left behind
     }
   }
-  double slowdown(const Task& t) const {
+  double slowdown(const SimTask& t) const {
     double worst = 1;
     for (int r : t.resources) worst = std::max(worst, load_[static_cast<size_t>(r)]);
     for (const SharedLinkShare& l : t.links) worst = std::max(worst, load_[first_shared_ + static_cast<size_t>(l.link)]);
@@ -95,67 +74,6 @@ class LinkLoads {
   std::vector<double> load_;
   std::vector<int> shared_users_;
   size_t first_shared_;
-};
-
-double memory_term(const PlanStage& st, const char* name) {
-  for (const MemoryTerm& t : st.memory)
-    if (t.name == name) return t.bytes;
-  return 0;
-}
-
-// One stage's MoE blocks as the lanes' ops need them (sim_block_costs).
-struct SimBlockCosts {
-  double all_to_all_seconds = 0;
-  double dense_forward = 1;
-  double dense_backward = 1;
-  double dense_activations = 1;
-};
-
-class Simulator {
- public:
-  Simulator(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options)
-      : plan_(plan), model_(model), cluster_(cluster), options_(options), link_demands_(plan, cluster) {}
-
-  SimResult run();
-
- private:
-  void build_lane(int lane);
-  void link_lane(int lane);
-  double transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources, std::vector<SharedLinkShare>* links);
-  // A reduction or gather alone on its links (sim_collective), with the lane's links it holds.
-  double collective_alone_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources,
-                                  std::vector<SharedLinkShare>* links);
-  ScheduleOp zero3_gather_op(int lane, const ScheduleOp& pass, int begin, int end) const {
-    return sim_zero3_gather_op(plan_, model_, lane, lanes_[lane].dp_rank, pass, begin, end);
-  }
-  // The sum of a table tied between the first and last stage, before their optimizer step.
-  double tied_table_seconds(int lane) const {
-    if (lane != 0 && lane + 1 != static_cast<int>(plan_.stages.size())) return 0;
-    return network_tied_table_seconds(cluster_, model_, plan_.gradient_bytes, plan_.stages.front().device_ids,
-                                      plan_.stages.front().tp, plan_.stages.back().device_ids, plan_.stages.back().tp);
-  }
-  void add_dep(int task, int on) {
-    if (on < 0) return;
-    tasks_[task].unmet++;
-    tasks_[on].dependents.push_back(task);
-  }
-  void replay();
-  void finish(SimResult* out);
-
-  const Plan& plan_;
-  const ModelSpec& model_;
-  const ClusterSpec& cluster_;
-  const SimOptions& options_;
-  SimLinkDemands link_demands_;
-  std::vector<RankInfo> rank_map_;
-  std::vector<RankSchedule> lanes_;
-  std::vector<int> lane_first_task_;
-  std::vector<Task> tasks_;
-  // (lane, tag, recv kind) -> sends of that lane with the tag
-  std::map<std::tuple<int, int, int>, std::vector<int>> sends_by_tag_;
-  std::vector<double> static_bytes_;
-  std::vector<std::vector<int>> op_task_;        // per lane and schedule op: its (first) task
-  std::vector<SimBlockCosts> block_costs_;  // per lane
 };
 
 // Per stage, as the cost model prices replica 0: one MoE block's dispatch and combine for a whole
@@ -181,6 +99,8 @@ std::vector<SimBlockCosts> sim_block_costs(const Plan& plan, const ModelSpec& mo
   }
   return out;
 }
+
+}  // namespace
 
 double Simulator::transfer_seconds(int lane, const ScheduleOp& op, std::vector<int>* resources,
                                    std::vector<SharedLinkShare>* links) {
@@ -232,178 +152,6 @@ double Simulator::collective_alone_seconds(int lane, const ScheduleOp& op, std::
   return c.seconds;
 }
 
-void Simulator::build_lane(int lane) {
-  const RankSchedule& rs = lanes_[lane];
-  const PlanStage& st = plan_.stages[lane];
-  const SimBlockCosts& costs = block_costs_[static_cast<size_t>(lane)];
-  // Blocks [begin, end) weighted by kind: an MoE model's leading dense blocks take `dense` of an
-  // MoE block (the stage's times and activations split over its blocks so).
-  const int dense_blocks = model_is_moe(model_) ? static_cast<int>(model_.moe.first_dense_layers) : 0;
-  const auto weight = [&](int begin, int end, double dense) {
-    const int dense_in = std::clamp(dense_blocks, begin, end) - begin;
-    return (end - begin - dense_in) + dense_in * dense;
-  };
-  const auto stage_weight = [&](double dense) {
-    double sum = 0;
-    for (const LayerRange& c : st.chunks) sum += weight(c.begin, c.end, dense);
-    return std::max(sum, 1e-30);
-  };
-  const double forward_total = stage_weight(costs.dense_forward), backward_total = stage_weight(costs.dense_backward);
-  const double activation_total = stage_weight(costs.dense_activations);
-  const double in_flight = st.micro_batches_in_flight > 0 ? st.micro_batches_in_flight : 0;
-  const double activation_per_mb = in_flight > 0 ? memory_term(st, "activations") / in_flight : 0;
-  const Device& dev = cluster_.devices[rs.device_id];
-  const double host_link = cluster_.node_group(dev).host_link_bytes_per_second;
-
-  int last_compute = -1, before_last_compute = -1, last_recv = -1, last_collective = -1, last_copy = -1;
-  const bool gathers = st.zero == 3 && st.dp > 1;
-  int first_gathered = -1;  // ZeRO 3: the block the current pass gathered alone
-  std::vector<int> pending_inputs;
-  std::map<std::pair<int, int>, int> activation_owner;  // (mb, chunk) -> forward task
-  for (size_t i = 0; i < rs.ops.size(); ++i) {
-    const ScheduleOp& op = rs.ops[i];
-    const int id = static_cast<int>(tasks_.size());
-    op_task_[lane].push_back(id);
-    double all_to_all_seconds = 0;
-    tasks_.emplace_back();
-    Task& t = tasks_.back();
-    t.lane = lane;
-    t.op_index = static_cast<int>(i);
-    t.kind = op.kind;
-    // The op's share of the stage's time per micro-batch: its blocks', and, for a replica whose
-    // share runs in pieces, its piece's sequences.
-    const bool backward = op.kind == OpKind::OpKind_backward;
-    double share = weight(op.block_begin, op.block_end, backward ? costs.dense_backward : costs.dense_forward) /
-                   (backward ? backward_total : forward_total);
-    double samples = 1;
-    if (op.sample_end > op.sample_begin)
-      samples = static_cast<double>(op.sample_end - op.sample_begin) / st.replica_sequences(plan_.micro_batch_sequences, rs.dp_rank);
-    share *= samples;
-    switch (op.kind) {
-      case OpKind::OpKind_forward:
-      case OpKind::OpKind_backward:
-      case OpKind::OpKind_optimizer: {
-        t.stream = SimStream::SimStream_compute;
-        // The stage's times include its boundary sends and its passes' first ZeRO-3 gathers, which
-        // run here as transfers and gathers of their own.
-        t.duration_seconds =
-            op.kind == OpKind::OpKind_forward
-                ? (st.forward_seconds - st.boundary_send_seconds - st.first_gather_forward_seconds) * share
-            : op.kind == OpKind::OpKind_backward
-                ? (st.backward_seconds - st.boundary_send_seconds - st.first_gather_backward_seconds) * share
-                : st.optimizer_seconds + tied_table_seconds(lane);
-        // MoE blocks dispatch and combine their tokens inside the pass: shown apart, after it.
-        if (op.kind != OpKind::OpKind_optimizer)
-          all_to_all_seconds =
-              std::min(t.duration_seconds, costs.all_to_all_seconds * weight(op.block_begin, op.block_end, 0) * samples);
-        t.duration_seconds -= all_to_all_seconds;
-        add_dep(id, last_compute);
-        for (int in : pending_inputs) add_dep(id, in);
-        pending_inputs.clear();
-        if (op.kind == OpKind::OpKind_optimizer) {
-          add_dep(id, last_collective);
-          add_dep(id, last_copy);
-        }
-        const LayerRange& chunk = st.chunks[op.chunk];
-        const double act = activation_per_mb * weight(chunk.begin, chunk.end, costs.dense_activations) / activation_total;
-        if (op.kind == OpKind::OpKind_forward) {
-          tasks_[id].alloc_bytes += act;
-          activation_owner[{op.micro_batch, op.chunk}] = id;
-        }
-        if (op.kind == OpKind::OpKind_backward && op.block_begin == st.chunks[op.chunk].begin)
-          tasks_[activation_owner[{op.micro_batch, op.chunk}]].frees.emplace_back(id, act);
-        before_last_compute = last_compute;
-        last_compute = id;
-        break;
-      }
-      case OpKind::OpKind_send_activation:
-      case OpKind::OpKind_send_gradient:
-        t.stream = SimStream::SimStream_send;
-        t.duration_seconds = transfer_seconds(lane, op, &t.resources, &t.links);
-        add_dep(id, last_compute);
-        add_dep(id, last_recv);
-        sends_by_tag_[{lane, op.tag, static_cast<int>(op.kind)}].push_back(id);
-        break;
-      case OpKind::OpKind_recv_activation:
-      case OpKind::OpKind_recv_gradient:
-        t.stream = SimStream::SimStream_recv;
-        pending_inputs.push_back(id);
-        last_recv = id;
-        break;
-      case OpKind::OpKind_all_reduce:
-      case OpKind::OpKind_reduce_scatter:
-      case OpKind::OpKind_all_gather: {
-        t.stream = SimStream::SimStream_collective;
-        // ZeRO 3 gathers a pass's weights inside it (zero3.cpp): its first block when it starts,
-        // alone; each next one a block ahead, under the compute (gathered_ahead below).
-        const bool pass_gather = op.kind == OpKind::OpKind_all_gather && op.micro_batch >= 0;
-        if (pass_gather) first_gathered = sim_zero3_first_block(rs, i);
-        t.duration_seconds = collective_alone_seconds(
-            lane, pass_gather ? zero3_gather_op(lane, op, first_gathered, first_gathered + 1) : op, &t.resources, &t.links);
-        add_dep(id, last_collective);
-        add_dep(id, last_recv);
-        add_dep(id, last_compute);
-        if (pass_gather) pending_inputs.push_back(id);
-        last_collective = id;
-        break;
-      }
-      case OpKind::OpKind_prefetch:
-      case OpKind::OpKind_evict:
-        t.stream = SimStream::SimStream_copy;
-        t.duration_seconds = host_link > 0 ? static_cast<double>(op.bytes) / host_link : 0;
-        t.resources.assign({lane * kNumResources + (op.kind == OpKind::OpKind_prefetch ? kHostIn : kHostOut)});
-        add_dep(id, last_copy);
-        if (op.kind == OpKind::OpKind_prefetch) {
-          add_dep(id, before_last_compute);
-          add_dep(id, last_recv);
-          pending_inputs.push_back(id);
-        } else {
-          add_dep(id, last_compute);
-        }
-        last_copy = id;
-        break;
-    }
-    tasks_[id].remaining_seconds = tasks_[id].duration_seconds;
-    if (all_to_all_seconds > 0) {
-      const int exchange = static_cast<int>(tasks_.size());
-      tasks_.emplace_back();
-      Task& x = tasks_.back();
-      x.lane = lane;
-      x.op_index = static_cast<int>(i);
-      x.kind = op.kind;
-      x.stream = SimStream::SimStream_all_to_all;
-      x.duration_seconds = x.remaining_seconds = all_to_all_seconds;
-      add_dep(exchange, id);
-      last_compute = exchange;  // the next pass and the sends wait for the combined output
-    }
-    if (gathers && (op.kind == OpKind::OpKind_forward || op.kind == OpKind::OpKind_backward)) {
-      // The pass's first block came alone; the other blocks of the op a block ahead of their use.
-      const int begin = op.block_begin + (first_gathered == op.block_begin ? 1 : 0);
-      const int end = op.block_end - (first_gathered == op.block_end - 1 && begin < op.block_end ? 1 : 0);
-      first_gathered = -1;
-      if (begin < end) {
-        const int ahead = static_cast<int>(tasks_.size());
-        tasks_.emplace_back();
-        Task& g = tasks_.back();
-        g.lane = lane;
-        g.op_index = static_cast<int>(i);
-        g.kind = OpKind::OpKind_all_gather;
-        g.stream = SimStream::SimStream_collective;
-        g.duration_seconds = collective_alone_seconds(lane, zero3_gather_op(lane, op, begin, end), &g.resources, &g.links);
-        g.remaining_seconds = g.duration_seconds;
-        add_dep(ahead, last_collective);
-        add_dep(ahead, before_last_compute);
-        last_collective = ahead;
-        pending_inputs.push_back(ahead);  // the next compute waits for this one's weights
-      }
-    }
-  }
-  // Model states, buffers and context stay resident (the ZeRO-3 gather buffer and the offload
-  // window are reused by every gather and prefetch, as the cost model counts them); activations
-  // come and go with the micro-batches.
-  static_bytes_[lane] = st.memory_total_bytes() - memory_term(st, "activations");
-}
-
 // Receives wait for the sending lane's sends of the same tag (the representative's sends stand
 // for those of its replicas, which run at the same times).
 void Simulator::link_lane(int lane) {
@@ -433,7 +181,7 @@ void Simulator::replay() {
   double now = 0;
   size_t done = 0;
   auto complete = [&](int id) {
-    Task& t = tasks_[id];
+    SimTask& t = tasks_[id];
     t.end = now;
     ++done;
     for (int d : t.dependents) {
@@ -445,7 +193,7 @@ void Simulator::replay() {
     while (!ready.empty()) {
       const int id = ready.back();
       ready.pop_back();
-      Task& t = tasks_[id];
+      SimTask& t = tasks_[id];
       t.start = now;
       if (t.resources.empty() || t.duration_seconds <= 0) {
         ends.push({now + t.duration_seconds, id});
@@ -505,10 +253,11 @@ void Simulator::finish(SimResult* out) {
     lane.static_memory_bytes = static_bytes_[l];
     std::vector<std::pair<double, double>> changes;  // (time, delta)
     for (int id = lane_first_task_[l]; id < lane_first_task_[l + 1]; ++id) {
-      const Task& t = tasks_[id];
+      const SimTask& t = tasks_[id];
       if (t.stream == SimStream::SimStream_compute) lane.busy_seconds += t.end - t.start;
       if (t.stream == SimStream::SimStream_send || t.stream == SimStream::SimStream_collective ||
-          t.stream == SimStream::SimStream_copy || t.stream == SimStream::SimStream_all_to_all)
+          t.stream == SimStream::SimStream_copy || t.stream == SimStream::SimStream_copy_out ||
+          t.stream == SimStream::SimStream_all_to_all)
         lane.communication_seconds += t.end - t.start;
       if (t.alloc_bytes > 0) changes.emplace_back(t.start, t.alloc_bytes);
       for (const auto& [by, bytes] : t.frees) changes.emplace_back(tasks_[by].end, -bytes);
@@ -535,17 +284,17 @@ void Simulator::finish(SimResult* out) {
     out->lanes.push_back(std::move(lane));
   }
   for (int id = last; id >= 0; id = tasks_[id].critical_pred) {
-    const Task& t = tasks_[id];
+    const SimTask& t = tasks_[id];
     out->critical_path.push_back({t.lane, t.op_index, t.kind, lanes_[t.lane].ops[t.op_index].micro_batch, t.start, t.end});
   }
   std::reverse(out->critical_path.begin(), out->critical_path.end());
   std::vector<std::vector<LinkSpan>> spans(link_demands_.links().size());
-  for (const Task& t : tasks_)
+  for (const SimTask& t : tasks_)
     for (const SharedLinkShare& l : t.links) spans[static_cast<size_t>(l.link)].push_back({t.start, t.end, l.share});
   out->shared_links = sim_shared_link_usage(link_demands_.links(), spans);
   if (options_.record_intervals) {
     out->intervals.reserve(tasks_.size());
-    for (const Task& t : tasks_) {
+    for (const SimTask& t : tasks_) {
       const ScheduleOp& op = lanes_[t.lane].ops[t.op_index];
       SimInterval iv{t.lane, t.stream, t.kind, t.op_index, op.micro_batch, op.chunk, t.start, t.end,
                      static_cast<int>(out->link_uses.size()), static_cast<int>(t.links.size())};
@@ -577,6 +326,7 @@ SimResult Simulator::run() {
   }
   static_bytes_.assign(num_lanes, 0);
   op_task_.assign(num_lanes, {});
+  offload_uses_.assign(num_lanes, {});
   block_costs_ = sim_block_costs(plan_, model_, cluster_);
   for (int l = 0; l < num_lanes; ++l) {
     lane_first_task_.push_back(static_cast<int>(tasks_.size()));
@@ -589,9 +339,6 @@ SimResult Simulator::run() {
   finish(&out);
   return out;
 }
-
-}  // namespace
-
 
 SimResult simulate(const Plan& plan, const ModelSpec& model, const ClusterSpec& cluster, const SimOptions& options) {
   std::optional<ClusterSpec> measured;  // the cluster with the profile's links between node groups

@@ -24,7 +24,7 @@ constexpr double kNvlink4 = 450 * kGigabytesPerSecond;   // H100/H200: 900 GB/s 
 // runs by `bench_published --fit` (docs/catalog.md, Calibration [27]). H100 and H200 share one
 // value: the same GH100 compute; the H200's wider memory is in its bandwidth, not here.
 constexpr double kA100MatmulEfficiency = 0.73;
-constexpr double kHopperMatmulEfficiency = 0.56;
+constexpr double kHopperMatmulEfficiency = 0.55;
 // The highest published training MFU at 16 bits (bench/published/throughputs.yaml): A100s 65.3%
 // (MegaScale, 175B on 256 GPUs), H100s 47% (the Megatron-LM README, 96 GPUs) [27].
 constexpr double kA100BestPublishedMfu = 0.653;

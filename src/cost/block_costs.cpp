@@ -14,6 +14,15 @@ void stage_choice_set_dense_blocks(StageChoice* c, int dense_blocks) {
   c->dense_blocks = std::clamp(dense_blocks, 0, c->blocks);
   c->dense_full = std::min(c->dense_blocks, c->full);
   c->dense_selective = std::min(c->dense_blocks - c->dense_full, c->selective);
+  c->dense_offloaded = std::min(c->dense_blocks, c->offloaded);
+}
+
+double stage_offloaded_parameters(const StageUnitCosts& u, const StageChoice& c) {
+  return (c.offloaded - c.dense_offloaded) * u.block_parameters + c.dense_offloaded * u.dense_block.parameters;
+}
+
+double stage_offloaded_expert_parameters(const StageUnitCosts& u, const StageChoice& c) {
+  return (c.offloaded - c.dense_offloaded) * u.block_expert_parameters;
 }
 
 DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShape& shape, bool sp,

@@ -67,9 +67,11 @@ TEST_F(HostMemoryTest, DenseOffloadedBlocksHostPeakMatchesThePrediction) {
 
 // tiny-moe's two MoE blocks (1 and 2) offloaded under ep 2: each member holds its own experts in
 // host memory, their moments whole (dp 2, ZeRO 0) or shared with the member holding the same ones
-// (dp 4, ZeRO 2; ZeRO 3 with block 1 offloaded and block 2 gathered).
+// (dp 4, ZeRO 2; ZeRO 3 with block 1 offloaded and block 2 gathered). Then the leading dense block
+// offloaded with the first MoE block: each in host memory at its own size.
 TEST_F(HostMemoryTest, MoeOffloadedBlocksUnderExpertParallelismHostPeakMatchesThePrediction) {
   expect_host_peak_as_predicted(offloading(moe_plan({{1, 2, 0, {3}}}, 2, 2), {false, true, true}), "moe-dp2-ep2-zero0");
+  expect_host_peak_as_predicted(offloading(moe_plan({{1, 2, 0, {3}}}, 2, 2), {true, true, false}), "moe-dense-dp2-ep2-zero0");
   expect_host_peak_as_predicted(offloading(moe_plan({{1, 4, 2, {3}}}, 2, 2), {false, true, true}), "moe-dp4-ep2-zero2");
   expect_host_peak_as_predicted(offloading(moe_plan({{1, 4, 3, {3}}}, 2, 2), {false, true, false}), "moe-dp4-ep2-zero3");
 }

@@ -159,7 +159,8 @@ struct StageTiming {
 // stage's first block and the head if it is its last; every later unit is gathered a block
 // ahead, under the compute (Alloy's runtime, Zero3Parameters: the head after the last block's
 // forward, the embedding after the first block's backward). Offloaded blocks come from host
-// memory and are not gathered.
+// memory and are not gathered, nor do they prefetch: a forward pass that opens on them gathers
+// its first resident block alone when it reaches it (unless the embedding opens the pass).
 struct Zero3FirstGathers {
   double forward_seconds = 0;   // summed over the stage's forward passes
   double backward_seconds = 0;

@@ -337,7 +337,7 @@ void Simulator::build_lane(int lane) {
         // ZeRO 3 gathers a pass's weights inside it (zero3.cpp): its first block when it starts,
         // alone; each next one a block ahead, under the compute (gathered_ahead below).
         const bool pass_gather = op.kind == OpKind::OpKind_all_gather && op.micro_batch >= 0;
-        if (pass_gather) first_gathered = sim_zero3_first_block(rs, i);
+        if (pass_gather) first_gathered = sim_zero3_first_block(rs, i, st);
         t.duration_seconds = collective_alone_seconds(
             lane, pass_gather ? zero3_gather_op(lane, op, first_gathered, first_gathered + 1) : op, &t.resources, &t.links);
         add_dep(id, last_collective);
@@ -377,9 +377,16 @@ void Simulator::build_lane(int lane) {
       last_compute = exchange;  // the next pass and the sends wait for the combined output
     }
     if (gathers && (op.kind == OpKind::OpKind_forward || op.kind == OpKind::OpKind_backward)) {
-      // The pass's first block came alone; the other blocks of the op a block ahead of their use.
-      const int begin = op.block_begin + (first_gathered == op.block_begin ? 1 : 0);
-      const int end = op.block_end - (first_gathered == op.block_end - 1 && begin < op.block_end ? 1 : 0);
+      // The pass's first resident block came alone (a forward's blocks before it are offloaded);
+      // the other blocks of the op a block ahead of their use.
+      int begin = op.block_begin, end = op.block_end;
+      if (first_gathered >= begin && first_gathered < end) {
+        if (op.kind == OpKind::OpKind_forward) {
+          begin = first_gathered + 1;
+        } else {
+          end = first_gathered;
+        }
+      }
       first_gathered = -1;
       if (begin < end) {
         const int ahead = static_cast<int>(tasks_.size());

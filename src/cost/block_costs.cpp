@@ -17,14 +17,6 @@ void stage_choice_set_dense_blocks(StageChoice* c, int dense_blocks) {
   c->dense_offloaded = std::min(c->dense_blocks, c->offloaded);
 }
 
-double stage_offloaded_parameters(const StageUnitCosts& u, const StageChoice& c) {
-  return (c.offloaded - c.dense_offloaded) * u.block_parameters + c.dense_offloaded * u.dense_block.parameters;
-}
-
-double stage_offloaded_expert_parameters(const StageUnitCosts& u, const StageChoice& c) {
-  return (c.offloaded - c.dense_offloaded) * u.block_expert_parameters;
-}
-
 DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShape& shape, bool sp,
                                              bool mlp_sums_over_tp) const {
   const Precision p = train_.precision;

@@ -184,6 +184,9 @@ void print_run_summary(const ModelSpec& model, const Plan& plan, const TrainerRe
              units_format_seconds(step_seconds), ranks, plan.num_micro_batches, tokens_per_second, 100.0 * mfu,
              units_format_flops(r.gemm_peak_flops), c.device == "cpu" ? fmt::format(", {} kernels", blas_core().name) : "",
              units_format_bytes(static_cast<double>(r.peak_arena_bytes)));
+  if (r.peak_host_arena_bytes > 0)
+    fmt::print("peak host arena memory (offloaded blocks and parked activations) {}\n",
+               units_format_bytes(static_cast<double>(r.peak_host_arena_bytes)));
   if (!c.plan.empty() || ranks > 1) fmt::print("{}", dist_render_summary(r, plan));
   if (!c.trace.empty()) fmt::print("trace of the last step: {} (open in https://ui.perfetto.dev)\n", c.trace);
   if (!c.export_weights.empty()) fmt::print("full weights: {}\n", c.export_weights);

@@ -14,6 +14,7 @@ void stage_choice_set_dense_blocks(StageChoice* c, int dense_blocks) {
   c->dense_blocks = std::clamp(dense_blocks, 0, c->blocks);
   c->dense_full = std::min(c->dense_blocks, c->full);
   c->dense_selective = std::min(c->dense_blocks - c->dense_full, c->selective);
+  c->dense_offloaded = std::min(c->dense_blocks, c->offloaded);
 }
 
 DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShape& shape, bool sp,

@@ -1,3 +1,6 @@
+// The cost model: unit costs of a stage shape, a stage's time and memory from its layer choices,
+// devices, links and collectives. Offload pricing is in offload_cost.cpp, one block's dense
+// arithmetic in block_costs.cpp, ZeRO-3 first gathers in zero3_gathers.cpp.
 #include "cost/cost_model.hpp"
 #include "cost/moe_cost.hpp"
 #include "cost/network_paths.hpp"
@@ -21,18 +24,6 @@ constexpr double kDefaultIntraNodeLatencySeconds = 5e-6;
 constexpr double kNoHostLinkSeconds = 1e9;
 
 int optimizer_states(const TrainSpec& train) { return train.optimizer == "sgd" ? 1 : 2; }
-
-// Link seconds of one offloaded block's backward (0 without weight offload). It fetches the
-// weights again plus the gradients accumulated by the step's earlier micro-batches ((m - 1) / m
-// of the time) while it writes the new ones back. With depth 1 the window's two slots serialise
-// the directions: the next fetch needs the slot whose gradients are still being written back.
-// Deeper windows overlap them.
-double weights_backward_link_seconds(const StageUnitCosts& u, const StageChoice& c) {
-  if (c.offloaded <= 0) return 0;
-  const double m = std::max(1, c.micro_batches);
-  const double fetch_in = u.offload_weights_seconds + u.offload_gradients_seconds * (m - 1.0) / m;
-  return c.prefetch_depth <= 1 ? fetch_in + u.offload_gradients_seconds : std::max(fetch_in, u.offload_gradients_seconds);
-}
 
 }  // namespace
 
@@ -282,6 +273,10 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   const double g = gradient_element_bytes();
   u.offload_weights_seconds = host_link > 0 ? u.block_parameters * e / host_link : kNoHostLinkSeconds;
   u.offload_gradients_seconds = host_link > 0 ? u.block_parameters * g / host_link : kNoHostLinkSeconds;
+  if (u.dense_block.parameters > 0) {
+    u.dense_block.offload_weights_seconds = host_link > 0 ? u.dense_block.parameters * e / host_link : kNoHostLinkSeconds;
+    u.dense_block.offload_gradients_seconds = host_link > 0 ? u.dense_block.parameters * g / host_link : kNoHostLinkSeconds;
+  }
   if (shape.dp > 1) {
     // Under expert parallelism the member's routed experts are gathered over the members holding
     // the same ones, the rest of the block over dp.
@@ -349,44 +344,6 @@ StageTiming CostModel::stage_timing(const StageShape& shape, const StageUnitCost
   return t;
 }
 
-OffloadExposure CostModel::stage_offload_exposure(const StageUnitCosts& u, const StageChoice& c) const {
-  OffloadExposure t;
-  if (c.offloaded > 0) {
-    const double forward_transfer = u.offload_weights_seconds;
-    const double backward_transfer = weights_backward_link_seconds(u, c);
-    // The first fetches hide behind the work that precedes the offloaded run inside its own
-    // pass, whatever the schedule puts before the pass: the embedding in forward (the offloaded
-    // blocks come first), the head and the resident blocks in backward (they come last).
-    const double resident = c.blocks - c.offloaded;
-    const double before_forward = c.has_embedding ? u.embedding.forward_seconds : 0;
-    const double before_backward = resident * u.block.backward_seconds + (c.has_head ? u.head.backward_seconds : 0);
-    // Recomputation would hide more of the backward copies; leaving it out keeps the estimate an
-    // upper bound and the time separable in the recomputation counts.
-    t.forward_seconds = offload_exposed_seconds(c.offloaded, c.prefetch_depth, forward_transfer,
-                                                u.block.forward_seconds, before_forward);
-    t.backward_seconds = offload_exposed_seconds(c.offloaded, c.prefetch_depth, backward_transfer,
-                                                 u.block.backward_seconds, before_backward);
-  }
-  const int parked = c.parked_selective + c.parked_none;
-  if (parked > 0) {
-    // Parked activations leave after each forward (the other direction from weight fetches; a
-    // forward waits once `depth` are on their way out) and come back ahead of the backward,
-    // sharing the way in with the weights.
-    // Blocks with weights and activations in host memory are priced as if they were the same
-    // blocks (their copies add up on the way in): an upper bound when they are not.
-    const double activations = c.parked_none > 0 ? u.activations_link_seconds[0] : u.activations_link_seconds[1];
-    t.forward_seconds +=
-        std::max(0, parked - c.prefetch_depth) * std::max(0.0, activations - u.block.forward_seconds);
-    const double weights_in = c.offloaded > 0 ? t.backward_seconds : 0;
-    const double resident = c.blocks - parked;
-    const double before_backward = resident * u.block.backward_seconds + (c.has_head ? u.head.backward_seconds : 0);
-    t.backward_seconds = std::max(weights_in, offload_exposed_seconds(std::max(parked, c.offloaded), c.prefetch_depth,
-                                                                      activations + weights_backward_link_seconds(u, c),
-                                                                      u.block.backward_seconds, before_backward));
-  }
-  return t;
-}
-
 StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c,
                                                  double boundary_send_seconds, int chunks_sent) const {
   StageTiming t;
@@ -429,7 +386,7 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   const bool master = train_.master_weights_fp32 && e < 4;
   const double bytes_per_update = 8.0 * states + e + (master ? 8.0 + e : 2.0 * e);
   const double share = c.zero >= 1 ? shape.zero_share : 1.0;
-  const double offloaded_params = c.offloaded * u.block_parameters;
+  const double offloaded_params = stage_offloaded_parameters(u, c);
   const DeviceType& type = priced_types_[shape.device_type];
   const double measured_rate = profile_ ? profile_->optimizer_rate(type.name) : 0.0;
   const double device_seconds_per_parameter =
@@ -438,16 +395,18 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
                                                 ? device_seconds_per_parameter
                                                 : bytes_per_update / kHostOptimizerBytesPerSecond;
   // ZeRO shards the routed experts over the dp / ep members holding them.
-  const double expert_params = (c.blocks - c.dense_blocks - c.offloaded) * u.block_expert_parameters;
+  const double offloaded_experts = stage_offloaded_expert_parameters(u, c);
+  const double expert_params = (c.blocks - c.dense_blocks) * u.block_expert_parameters - offloaded_experts;
   const double expert_extra = c.zero >= 1 ? expert_params * (shape.expert_zero_share - share) : 0;
   // An offloaded block's routed experts update in host memory at the expert-dp share.
-  const double offloaded_experts = c.offloaded * u.block_expert_parameters;
   const double expert_share = c.zero >= 1 ? shape.expert_zero_share : 1.0;
   t.optimizer_seconds = ((params - offloaded_params) * share + expert_extra) * device_seconds_per_parameter +
                         ((offloaded_params - offloaded_experts) * share + offloaded_experts * expert_share) *
                             host_seconds_per_parameter;
-  // The optimizer waits for the last block's gradients to reach host memory.
-  if (c.offloaded > 0) t.optimizer_seconds += u.offload_gradients_seconds;
+  // The optimizer waits for the last block's gradients to reach host memory: the stage's first,
+  // a leading dense block if one is offloaded.
+  if (c.offloaded > 0)
+    t.optimizer_seconds += c.dense_offloaded > 0 ? u.dense_block.offload_gradients_seconds : u.offload_gradients_seconds;
   return t;
 }
 
@@ -459,9 +418,10 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const int states = optimizer_states(train_);
   const double head_params = c.head_holds_lm_matrix ? u.head_parameters
                                                     : static_cast<double>(head_parameters(model_, false)) / shape.tp;
-  const double params = stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) -
-                        c.offloaded * u.block_parameters + (c.has_embedding ? u.embedding_parameters : 0) +
-                        (c.has_head ? head_params : 0);
+  const double offloaded_params = stage_offloaded_parameters(u, c);
+  const double offloaded_experts = stage_offloaded_expert_parameters(u, c);
+  const double params = stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) - offloaded_params +
+                        (c.has_embedding ? u.embedding_parameters : 0) + (c.has_head ? head_params : 0);
   const double dp = shape.dp;
   // A table tied between the pipeline's first and last stage is synchronised whole between them,
   // so the runtime keeps it (and its optimizer state) unsharded under ZeRO.
@@ -469,7 +429,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
                                   (c.has_embedding || (c.has_head && c.head_holds_lm_matrix));
   const double whole = tied_across_stages ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
   // The routed experts shard over the members holding the same ones (dp / ep of them).
-  const double experts = (c.blocks - c.dense_blocks - c.offloaded) * u.block_expert_parameters;
+  const double experts = (c.blocks - c.dense_blocks) * u.block_expert_parameters - offloaded_experts;
   const auto sharded = [&](bool by_zero) {
     return by_zero ? (params - whole - experts) * shape.zero_share + experts * shape.expert_zero_share + whole : params;
   };
@@ -515,14 +475,14 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
     mem.zero3_gather_bytes = pair * e;
   }
   // The block in use and `depth` fetched ahead are resident, each with its weights and its
-  // gradient buffer (fp32 under master weights).
-  if (c.offloaded > 0)
-    mem.offload_window_bytes = std::min(c.offloaded, c.prefetch_depth + 1) * u.block_parameters * (e + g);
+  // gradient buffer (fp32 under master weights), in slots the size of the largest offloaded block.
+  if (c.offloaded > 0) {
+    const double slot_params = c.offloaded > c.dense_offloaded ? u.block_parameters : u.dense_block.parameters;
+    mem.offload_window_bytes = std::min(c.offloaded, c.prefetch_depth + 1) * slot_params * (e + g);
+  }
   // On the host: weights and gradients whole (reduced there once per step), the fp32 master copy
   // and the optimizer states sharded over the replicas from ZeRO 1 on: the routed experts (this
   // member's, under expert parallelism) over the members holding the same ones.
-  const double offloaded_params = c.offloaded * u.block_parameters;
-  const double offloaded_experts = c.offloaded * u.block_expert_parameters;
   const double host_share = c.zero >= 1 ? shape.zero_share : 1.0;
   const double expert_host_share = c.zero >= 1 ? shape.expert_zero_share : 1.0;
   const double per_sharded_param = (master ? 4.0 : 0) + 4.0 * states;
@@ -596,16 +556,6 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   mem.allocator_margin_bytes = runtime.allocator_margin_fraction *
                                (mem.activations_bytes + mem.workspace_bytes + mem.communication_buffers_bytes);
   return mem;
-}
-
-double offload_exposed_seconds(int offloaded, int depth, double transfer_seconds, double compute_seconds,
-                               double window_compute_seconds) {
-  if (offloaded <= 0) return 0;
-  const double t = transfer_seconds;
-  // The first fetch plus the link's excess over compute for every later block, less the head
-  // start the prefetcher gets during the work before the run (at most `depth` fetches).
-  const double head_start = std::min(window_compute_seconds, std::max(1, depth) * t);
-  return std::max(0.0, t + (offloaded - 1) * std::max(0.0, t - compute_seconds) - head_start);
 }
 
 }  // namespace alloy

@@ -68,6 +68,8 @@ struct DenseBlockCosts {
   double parameters = 0;                   // per device (divided by tp)
   double activation_bytes[3] = {0, 0, 0};  // by Recompute
   double backward_workspace_bytes = 0;     // gradient buffers of its backward
+  double offload_weights_seconds = 0;      // its weights over the host link, when offloaded
+  double offload_gradients_seconds = 0;    // its gradients over the host link, when offloaded
 };
 
 // Costs of a (stage shape, sequence parallelism) pair that do not depend on the layer choices.
@@ -118,6 +120,9 @@ struct StageChoice {
   int dense_selective = 0;
   int dense_full = 0;
   int offloaded = 0;   // blocks whose weights and optimizer state live in host memory
+  // MoE models: of those, the leading dense blocks' (offloaded blocks are a stage's first, so its
+  // dense blocks go first).
+  int dense_offloaded = 0;
   int prefetch_depth = 1;  // offloaded blocks fetched ahead of their use (window: depth + 1)
   int micro_batches = 1;   // per optimizer step: later backwards also fetch the gradients so far
   int parked_selective = 0;  // blocks under selective recompute whose saved activations wait in host memory
@@ -155,7 +160,8 @@ struct StageTiming {
 // stage's first block and the head if it is its last; every later unit is gathered a block
 // ahead, under the compute (Alloy's runtime, Zero3Parameters: the head after the last block's
 // forward, the embedding after the first block's backward). Offloaded blocks come from host
-// memory and are not gathered.
+// memory and are not gathered, nor do they prefetch: a forward pass that opens on them gathers
+// its first resident block alone when it reaches it (unless the embedding opens the pass).
 struct Zero3FirstGathers {
   double forward_seconds = 0;   // summed over the stage's forward passes
   double backward_seconds = 0;
@@ -344,9 +350,13 @@ class CostModel {
 double stage_blocks_sum(const StageChoice& choice, double per_block, double per_dense_block);
 
 // Sets choice's dense counts for `dense_blocks` leading dense blocks of its blocks, recomputed
-// as a plan recomputes a stage's blocks: the first `full` fully, the next `selective`
-// selectively (search/explain.cpp).
+// and offloaded as a plan does a stage's blocks: the first `full` fully, the next `selective`
+// selectively, the first `offloaded` to host memory (search/explain.cpp).
 void stage_choice_set_dense_blocks(StageChoice* choice, int dense_blocks);
+
+// Parameters per device of a stage's offloaded blocks, and of those the routed experts'.
+double stage_offloaded_parameters(const StageUnitCosts& unit, const StageChoice& choice);
+double stage_offloaded_expert_parameters(const StageUnitCosts& unit, const StageChoice& choice);
 
 // Whether a stage keeps only its shard of the gradients (strategy (a), PlanStage::gradients_sharded):
 // choice.shard_gradients under ZeRO 2-3 with someone to shard over.
@@ -357,6 +367,18 @@ bool stage_gradients_sharded(const StageShape& shape, const StageChoice& choice)
 // `window_compute_seconds` of other work before the run to hide the first fetches behind:
 // max(0, t + (k - 1) max(0, t - c) - min(W, depth t)); 0 without offloaded blocks.
 double offload_exposed_seconds(int offloaded, int depth, double transfer_seconds, double compute_seconds,
+                               double window_compute_seconds);
+// Blocks of one kind in a run streamed from host memory: how many, and each one's link and
+// compute seconds.
+struct OffloadedRun {
+  int count = 0;
+  double transfer_seconds = 0;
+  double compute_seconds = 0;
+};
+// The same over a run of two kinds of blocks, `first` streamed before `then` (an MoE model's
+// leading dense blocks and its MoE blocks): the run's first fetch, plus each later block's link
+// excess over its compute, less the head start (at most `depth` of the first fetches).
+double offload_exposed_seconds(const OffloadedRun& first, const OffloadedRun& then, int depth,
                                double window_compute_seconds);
 
 // Micro-batches whose activations a stage holds at its peak under a schedule; for interleaved

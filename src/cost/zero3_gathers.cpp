@@ -1,4 +1,5 @@
-// The ZeRO-3 weight gathers of a stage that no compute hides: the first block of every pass.
+// The ZeRO-3 weight gathers of a stage that no compute hides: the first block of every pass, or
+// of a forward that opens on offloaded blocks, the first resident one after them.
 #include <algorithm>
 #include <vector>
 
@@ -39,8 +40,13 @@ Zero3FirstGathers CostModel::stage_zero3_first_gathers(const StageShape& shape, 
     const int forward_first = begin;
     const int backward_first = begin + size - 1;
     begin += size;
-    if (forward_first >= c.offloaded) {
-      out.forward_seconds += gather_seconds(forward_first, beside(forward_first));
+    // Offloaded blocks prefetch nothing: a forward that opens on them gathers its first resident
+    // block (the stage's `offloaded`-th) alone once it gets there, unless the embedding opens the
+    // pass and prefetches it. The backward reaches the offloaded blocks last.
+    const bool embedding_opens = forward_first == 0 && embedding > 0;
+    const int forward_alone = forward_first >= c.offloaded || embedding_opens ? forward_first : c.offloaded;
+    if (forward_alone >= c.offloaded && forward_alone <= backward_first) {
+      out.forward_seconds += gather_seconds(forward_alone, beside(forward_alone));
       ++out.forward_blocks;
     }
     if (backward_first >= c.offloaded) {

@@ -197,6 +197,7 @@ StepReport RankTrainer::report_of(int64_t step, const RankStepStats& stats, std:
     loss_tokens += r.loss_tokens;
     report.step_seconds = std::max(report.step_seconds, r.step_seconds);
     report.peak_arena_bytes = std::max(report.peak_arena_bytes, r.peak_arena_bytes);
+    report.peak_host_arena_bytes = std::max(report.peak_host_arena_bytes, r.peak_host_arena_bytes);
   }
   report.loss = loss_sum / loss_tokens;
   Model& model = runtime_.backend().model();
@@ -267,6 +268,7 @@ TrainerResult RankTrainer::run(const std::function<void(const StepReport&)>& on_
     history.push_back(stats);
     result.steps.push_back(report);
     result.peak_arena_bytes = std::max(result.peak_arena_bytes, report.peak_arena_bytes);
+    result.peak_host_arena_bytes = std::max(result.peak_host_arena_bytes, report.peak_host_arena_bytes);
     // Every rank switches at the same step boundary, after this step's gather of the figures.
     if (history.size() == 1)
       comm_.collective_timing(true);

@@ -59,6 +59,7 @@ struct StepReport {
   double tokens_per_second = 0;
   double mfu = 0;                 // model FLOPs / (step time x the ranks' measured matmul peaks)
   int64_t peak_arena_bytes = 0;   // the largest of any rank
+  int64_t peak_host_arena_bytes = 0;  // the largest host arena of any rank (0 without offload)
   std::optional<double> val_loss; // when this step ran a validation pass
   // Mixture-of-Experts models: the step's load-balancing loss, unweighted (the model's form,
   // MoeBalance), averaged over its micro-batches; the objective trained is loss +
@@ -84,6 +85,7 @@ struct RankSummary {
   double optimizer_seconds = 0;
   double peak_arena_bytes = 0;            // the largest of the steps
   MemoryTermBytes peak_term_bytes = {};   // that step's peak by term
+  double peak_host_arena_bytes = 0;       // the largest of the steps (0 without offload)
 };
 
 // Which of a rank's groups a collective ran on.
@@ -116,6 +118,7 @@ struct TrainerResult {
   std::optional<double> final_val_loss;
   double gemm_peak_flops = 0;     // the ranks' measured matmul peaks, summed: the MFU denominator
   int64_t peak_arena_bytes = 0;   // the largest of any rank over the run
+  int64_t peak_host_arena_bytes = 0;  // the same for the host arenas (0 without offload)
   std::vector<RankSummary> ranks;  // every rank, on every rank
   std::vector<JoinedCollective> collectives;  // on rank 0 only
   int64_t collective_steps = 0;               // steps whose collectives were timed

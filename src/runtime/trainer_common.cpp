@@ -42,7 +42,8 @@ void StepLog::write(const StepReport& r, const std::vector<RankStepStats>* ranks
   nlohmann::json j = {{"step", r.step},       {"loss", r.loss},
                       {"lr", r.learning_rate}, {"grad_norm", r.grad_norm},
                       {"step_seconds", r.step_seconds}, {"tokens_per_second", r.tokens_per_second},
-                      {"mfu", r.mfu},         {"peak_arena_bytes", r.peak_arena_bytes}};
+                      {"mfu", r.mfu},         {"peak_arena_bytes", r.peak_arena_bytes},
+                      {"peak_host_arena_bytes", r.peak_host_arena_bytes}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   if (r.aux_loss) j["aux_loss"] = *r.aux_loss;
   if (!r.expert_tokens.empty()) j["expert_tokens"] = r.expert_tokens;
@@ -57,7 +58,8 @@ void StepLog::write(const StepReport& r, const std::vector<RankStepStats>* ranks
         by_term[memory_term_key(static_cast<MemoryTermKind>(k))] = rank.peak_term_bytes[static_cast<size_t>(k)];
       j["ranks"].push_back({{"step_seconds", rank.step_seconds}, {"compute_seconds", rank.compute_seconds},
                             {"wait_seconds", rank.wait_seconds}, {"communication_seconds", rank.communication_seconds},
-                            {"peak_arena_bytes", rank.peak_arena_bytes}, {"peak_by_term", by_term}});
+                            {"peak_arena_bytes", rank.peak_arena_bytes}, {"peak_by_term", by_term},
+                            {"peak_host_arena_bytes", rank.peak_host_arena_bytes}});
     }
   }
   text_fd_append(fd_, path_, j.dump() + "\n", "log file", "--log");
@@ -67,6 +69,7 @@ void trainer_print_progress(const StepReport& r, int64_t total_steps) {
   std::string line = fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  gnorm {:.3f}  {:.0f} tok/s  mfu {:.1f}%  peak {}",
                                  r.step, total_steps, r.loss, r.learning_rate, r.grad_norm, r.tokens_per_second,
                                  100.0 * r.mfu, units_format_bytes(static_cast<double>(r.peak_arena_bytes)));
+  if (r.peak_host_arena_bytes > 0) line += fmt::format("  host {}", units_format_bytes(static_cast<double>(r.peak_host_arena_bytes)));
   if (r.val_loss) line += fmt::format("  val {:.4f}", *r.val_loss);
   if (r.aux_loss) line += fmt::format("  aux {:.4f}", *r.aux_loss);
   std::fprintf(stderr, "%s\n", line.c_str());

@@ -112,6 +112,7 @@ RankSummary trainer_summarise(const std::vector<RankStepStats>& steps, const Ran
       s.peak_arena_bytes = static_cast<double>(steps[i].peak_arena_bytes);
       s.peak_term_bytes = steps[i].peak_term_bytes;
     }
+    s.peak_host_arena_bytes = std::max(s.peak_host_arena_bytes, static_cast<double>(steps[i].peak_host_arena_bytes));
   }
   s.step_seconds = median(step);
   s.compute_seconds = median(compute);

@@ -59,7 +59,10 @@ StageChoice stage_choice(const Plan& plan, int s, const ModelSpec& model) {
       ++choice.full;
       choice.dense_full += is_dense ? 1 : 0;
     }
-    if (st.offload[i]) ++choice.offloaded;
+    if (st.offload[i]) {
+      ++choice.offloaded;
+      choice.dense_offloaded += is_dense ? 1 : 0;
+    }
     if (i < st.offload_activations.size() && st.offload_activations[i]) {
       if (st.recompute[i] == Recompute::Recompute_selective) ++choice.parked_selective;
       if (st.recompute[i] == Recompute::Recompute_none) ++choice.parked_none;

@@ -19,16 +19,25 @@ std::vector<int> stage_prefetch_depths(const OptionPins& pins) {
 int stage_max_offloaded(const CostModel& cost, const StageSlot& slot, int blocks, const ZeroSetting& zero) {
   const StageUnitCosts* unit = slot.unit[0] ? slot.unit[0] : slot.unit[1];
   if (!unit || blocks <= 0 || !zero_setting_offloads(slot, zero)) return 0;  // plans keep to what the runtime runs
-  StageOption one;
-  one.offloaded = 1;
-  one.zero = zero.zero;
-  one.shard_gradients = zero.shard;
-  // Host bytes are linear in the offloaded count.
-  const double per_block =
-      cost.stage_memory(slot.shape, *unit, stage_choice_of(slot, one, blocks), slot.in_flight, slot.has_next)
-          .host_offload_bytes;
-  if (per_block <= 0) return blocks;
-  return std::clamp(static_cast<int>(std::floor(slot.host_capacity_bytes / per_block * (1 + 1e-12))), 0, blocks);
+  StageOption option;
+  option.zero = zero.zero;
+  option.shard_gradients = zero.shard;
+  const auto host_bytes = [&](int offloaded) {
+    option.offloaded = offloaded;
+    return cost.stage_memory(slot.shape, *unit, stage_choice_of(slot, option, blocks), slot.in_flight, slot.has_next)
+        .host_offload_bytes;
+  };
+  // Host bytes are linear in the offloaded count of each kind of block: an MoE model's leading
+  // dense blocks are offloaded first, then its MoE blocks.
+  const double capacity = slot.host_capacity_bytes * (1 + 1e-12);
+  const auto most_of = [&](int count, double per_block, double room) {
+    return per_block <= 0 ? count : std::clamp(static_cast<int>(std::floor(room / per_block)), 0, count);
+  };
+  const int dense = stage_slot_dense_blocks(slot, blocks);
+  const double dense_bytes = dense > 0 ? host_bytes(dense) : 0;
+  if (dense > 0 && dense_bytes > capacity) return most_of(dense, dense_bytes / dense, capacity);
+  if (dense == blocks) return blocks;
+  return dense + most_of(blocks - dense, host_bytes(dense + 1) - dense_bytes, capacity - dense_bytes);
 }
 
 std::vector<int> stage_offload_counts(int blocks) {

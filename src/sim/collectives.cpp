@@ -63,10 +63,19 @@ SimCollective sim_collective(const Plan& plan, const ClusterSpec& cluster, const
   return out;
 }
 
-int sim_zero3_first_block(const RankSchedule& rs, size_t gather) {
+int sim_zero3_first_block(const RankSchedule& rs, size_t gather, const PlanStage& stage) {
   for (size_t j = gather + 1; j < rs.ops.size(); ++j) {
-    if (rs.ops[j].kind == OpKind::OpKind_forward) return rs.ops[j].block_begin;
-    if (rs.ops[j].kind == OpKind::OpKind_backward) return rs.ops[j].block_end - 1;
+    const ScheduleOp& pass = rs.ops[j];
+    if (pass.kind == OpKind::OpKind_backward) return pass.block_end - 1;
+    if (pass.kind != OpKind::OpKind_forward) continue;
+    if (stage.has_embedding && pass.block_begin == stage.chunks.front().begin) return pass.block_begin;
+    int local = 0;  // the block's index among the stage's (chunks in order), as `offload` counts
+    for (const LayerRange& chunk : stage.chunks)
+      for (int b = chunk.begin; b < chunk.end; ++b, ++local) {
+        const bool offloaded = local < static_cast<int>(stage.offload.size()) && stage.offload[static_cast<size_t>(local)];
+        if (b >= pass.block_begin && b < pass.block_end && !offloaded) return b;
+      }
+    return pass.block_begin;
   }
   return rs.ops[gather].block_begin;
 }

@@ -28,9 +28,12 @@ struct SimCollective {
 SimCollective sim_collective(const Plan& plan, const ClusterSpec& cluster, const Profile* profile, SimLinkDemands* demands,
                              int stage, int dp_rank, int device_id, const ScheduleOp& op);
 
-// ZeRO 3 (Zero3Parameters): the block a pass gathers first and alone, once it starts: the first
-// block of the next forward after op `gather` of `rs`, the last of the next backward.
-int sim_zero3_first_block(const RankSchedule& rs, size_t gather);
+// ZeRO 3 (Zero3Parameters): the block a pass gathers alone, the first it uses from device
+// memory: the first block of the next forward after op `gather` of `rs`, the last of the next
+// backward. Offloaded blocks (`stage`'s, the first of its blocks) prefetch nothing, so a forward
+// that opens on them gathers its first resident block alone when it gets there, unless the
+// embedding opens the pass (it prefetches that block, riding with the pass's first block).
+int sim_zero3_first_block(const RankSchedule& rs, size_t gather, const PlanStage& stage);
 // The gather of blocks [begin, end) of `pass`'s stage that member `dp_rank` runs, offloaded
 // blocks left out (their weights come whole from host memory).
 ScheduleOp sim_zero3_gather_op(const Plan& plan, const ModelSpec& model, int stage, int dp_rank, const ScheduleOp& pass,

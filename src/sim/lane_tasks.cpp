@@ -203,7 +203,7 @@ int Simulator::add_optimizer(int lane, size_t i, SimLaneCursor* c) {
 int Simulator::add_collective(int lane, size_t i, SimLaneCursor* c) {
   const ScheduleOp& op = lanes_[lane].ops[i];
   const bool pass_gather = op.kind == OpKind::OpKind_all_gather && op.micro_batch >= 0;
-  if (pass_gather) c->first_gathered = sim_zero3_first_block(lanes_[lane], i);
+  if (pass_gather) c->first_gathered = sim_zero3_first_block(lanes_[lane], i, plan_.stages[lane]);
   const int id = add_task(lane, i, op.kind, SimStream::SimStream_collective, 0);
   SimTask& t = tasks_[id];
   t.duration_seconds = t.remaining_seconds = collective_alone_seconds(
@@ -219,12 +219,18 @@ int Simulator::add_collective(int lane, size_t i, SimLaneCursor* c) {
   return id;
 }
 
-// After a ZeRO-3 pass op: the pass's first block came alone; the op's other blocks come a block
-// ahead of their use.
+// After a ZeRO-3 pass op: the pass's first resident block came alone (a forward's blocks before
+// it are offloaded); the op's other blocks come a block ahead of their use.
 void Simulator::add_gathers_ahead(int lane, size_t i, SimLaneCursor* c) {
   const ScheduleOp& op = lanes_[lane].ops[i];
-  const int begin = op.block_begin + (c->first_gathered == op.block_begin ? 1 : 0);
-  const int end = op.block_end - (c->first_gathered == op.block_end - 1 && begin < op.block_end ? 1 : 0);
+  int begin = op.block_begin, end = op.block_end;
+  if (c->first_gathered >= begin && c->first_gathered < end) {
+    if (op.kind == OpKind::OpKind_forward) {
+      begin = c->first_gathered + 1;
+    } else {
+      end = c->first_gathered;
+    }
+  }
   c->first_gathered = -1;
   if (begin >= end) return;
   const int ahead = add_task(lane, i, OpKind::OpKind_all_gather, SimStream::SimStream_collective, 0);

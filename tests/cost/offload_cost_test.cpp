@@ -7,6 +7,7 @@
 
 #include "../support/specs.hpp"
 #include "cost/cost_model.hpp"
+#include "hw/catalog.hpp"
 
 namespace alloy {
 namespace {
@@ -188,6 +189,71 @@ TEST(OffloadCost, ParkedActivationsLeaveTheDeviceForHostMemoryAndCostLinkTime) {
             fast_time.offload_backward_seconds + fast_time.offload_forward_seconds);
   EXPECT_GT(slow_time.offload_backward_seconds, 0);
   EXPECT_GT(slow_time.per_micro_batch_seconds(), cost.stage_timing(shape, unit, plain, 0, 0).per_micro_batch_seconds());
+}
+
+// An MoE model's leading dense block offloaded (it leads its stage, so it goes first) moves its
+// own weights, gradients and states, not an MoE block's: priced at its size in host memory, in the
+// offload window and on the host link.
+TEST(OffloadCost, OffloadedLeadingDenseBlockIsPricedAtItsOwnSize) {
+  const ModelSpec model = model_load("deepseek-moe-16b");
+  ClusterSpec cluster = cluster_load("h100-a100", catalog_builtin());
+  const double host_link = 25e9;
+  for (NodeGroup& g : cluster.node_groups) g.host_link_bytes_per_second = host_link;
+  const TrainSpec train = testing::train(1024, 8);
+  const CostModel cost(model, cluster, train);
+  const StageShape shape = cost.stage_shape({0}, 1, 1, 1);
+  const StageUnitCosts u = cost.unit_costs(shape, false);
+  const double dense = u.dense_block.parameters, moe = u.block_parameters;
+  ASSERT_GT(dense, 0);
+  ASSERT_GT(moe, 3 * dense);  // so that pricing one as the other would show
+  const auto choice = [](int offloaded) {
+    StageChoice c = offload_choice(offloaded, 1, 4);
+    c.blocks = 4;
+    stage_choice_set_dense_blocks(&c, 1);
+    return c;
+  };
+  EXPECT_EQ(choice(1).dense_offloaded, 1);
+  EXPECT_EQ(choice(3).dense_offloaded, 1);
+  const MemoryBreakdown none = cost.stage_memory(shape, u, choice(0), 1, false);
+  const MemoryBreakdown first = cost.stage_memory(shape, u, choice(1), 1, false);
+  const MemoryBreakdown two = cost.stage_memory(shape, u, choice(2), 1, false);
+  const double e = precision_bytes(train.precision), g = cost.gradient_element_bytes();
+  // Host bytes per parameter are the same for both kinds (ZeRO 0): host memory in proportion to
+  // the blocks' parameters; the device gives back the dense block's weights.
+  EXPECT_DOUBLE_EQ(first.host_offload_bytes * moe, (two.host_offload_bytes - first.host_offload_bytes) * dense);
+  EXPECT_DOUBLE_EQ(none.parameters_bytes - first.parameters_bytes, dense * e);
+  EXPECT_DOUBLE_EQ(first.parameters_bytes - two.parameters_bytes, moe * e);
+  // The window's slots take the largest offloaded block.
+  EXPECT_DOUBLE_EQ(first.offload_window_bytes, dense * (e + g));
+  EXPECT_DOUBLE_EQ(two.offload_window_bytes, 2 * moe * (e + g));
+  // On the link: the dense block's own bytes, fetched behind the embedding in forward.
+  EXPECT_DOUBLE_EQ(u.dense_block.offload_weights_seconds, dense * e / host_link);
+  EXPECT_DOUBLE_EQ(u.dense_block.offload_gradients_seconds, dense * g / host_link);
+  const OffloadExposure one = cost.stage_offload_exposure(u, choice(1));
+  EXPECT_DOUBLE_EQ(one.forward_seconds,
+                   offload_exposed_seconds(1, 1, u.dense_block.offload_weights_seconds,
+                                           u.dense_block.times.forward_seconds, u.embedding.forward_seconds));
+  // The optimizer updates the offloaded parameters in host memory and first waits for the dense
+  // block's gradients, the stage's last to reach it, however many MoE blocks are offloaded too.
+  const auto optimizer_extra = [&](int offloaded) {
+    return cost.stage_timing(shape, u, choice(offloaded), 0, 0).optimizer_seconds -
+           cost.stage_timing(shape, u, choice(0), 0, 0).optimizer_seconds - u.dense_block.offload_gradients_seconds;
+  };
+  EXPECT_GT(optimizer_extra(1), 0);
+  EXPECT_NEAR(optimizer_extra(2) / optimizer_extra(1), (dense + moe) / dense, 1e-9);
+}
+
+// A run of two kinds of blocks: the first fetch is the first kind's, every later block adds its
+// own link excess over its compute, and the head start covers `depth` of the first fetches.
+TEST(OffloadCost, ExposureOfARunOfTwoKindsOfBlocks) {
+  const OffloadedRun dense{1, 2e-3, 1e-3}, moe{3, 10e-3, 4e-3};
+  // 2 ms first fetch + 3 x 6 ms excess - min(1 ms, 2 ms head start).
+  EXPECT_NEAR(offload_exposed_seconds(dense, moe, 1, 1e-3), 19e-3, 1e-12);
+  // Backward order: the MoE blocks first, 10 ms + 2 x 6 ms + 1 ms, less 10 ms of head start.
+  EXPECT_NEAR(offload_exposed_seconds(moe, dense, 2, 10e-3), 13e-3, 1e-12);
+  // One kind alone is the one-kind formula.
+  EXPECT_DOUBLE_EQ(offload_exposed_seconds(OffloadedRun{}, moe, 2, 5e-3), offload_exposed_seconds(3, 2, 10e-3, 4e-3, 5e-3));
+  EXPECT_DOUBLE_EQ(offload_exposed_seconds(OffloadedRun{}, OffloadedRun{}, 1, 0), 0);
 }
 
 }  // namespace

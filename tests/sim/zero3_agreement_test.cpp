@@ -83,5 +83,38 @@ TEST(Zero3Agreement, FirstGatherOfEachPassIsPricedAsSimulated) {
   }
 }
 
+// Offloaded blocks prefetch nothing: on a stage without the embedding whose first block is
+// offloaded, the forward gathers the block after it alone when it gets there (Zero3Parameters).
+// The cost model prices that gather where the runtime pays it, as the simulator runs it.
+TEST(Zero3Agreement, BlockAfterAnOffloadedOneIsGatheredAloneAsSimulated) {
+  // A host link fast enough that the offloaded block's copies hide in both models: the step
+  // then differs from the plan without offload by the gathers alone (the copies' own agreement
+  // is offload_agreement_test's).
+  ClusterSpec cluster = eight_single_nodes();
+  for (NodeGroup& group : cluster.node_groups) group.host_link_bytes_per_second = 10e12;
+  const ModelSpec model = testing::llama("llama-4-blocks", 4, 4096, 32, 8, 14336, 32000);
+  Plan plan = zero3_plan({"dense pp 2", model, 2, 0}, cluster);
+  ASSERT_EQ(plan.stages.size(), 2u);
+  const CostModel cost(model, cluster, testing::train(1024, 32));
+  plan_evaluate(&plan, cost);
+  const double resident_first_gather = plan.stages[1].first_gather_forward_seconds;
+  for (PlanStage& st : plan.stages) {
+    ASSERT_EQ(st.num_blocks(), 2);
+    st.shard_gradients = false;  // the runtime offloads with gradients accumulated in full
+    st.offload = {true, false};
+  }
+  plan_evaluate(&plan, cost);
+  // The second stage's forward opens on its offloaded block, then gathers its resident one alone
+  // (its last, with the head beside it): more than its first block alone took without offload.
+  EXPECT_GT(plan.stages[1].first_gather_forward_seconds, resident_first_gather);
+  // The first stage's embedding opens its forward and prefetches the resident block.
+  EXPECT_EQ(plan.stages[0].first_gather_forward_seconds, 0);
+  const SimResult sim = simulate(plan, model, cluster);
+  std::printf("%-16s simulated %.4f s, cost model %.4f s, difference %+.2f%%\n", "dense pp 2 offload", sim.step_seconds,
+              plan.step_seconds, 100.0 * (sim.step_seconds / plan.step_seconds - 1));
+  EXPECT_LT(std::abs(sim.step_seconds / plan.step_seconds - 1.0), kZero3Tolerance)
+      << "simulated " << sim.step_seconds << " s, predicted " << plan.step_seconds << " s";
+}
+
 }  // namespace
 }  // namespace alloy

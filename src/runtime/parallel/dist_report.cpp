@@ -26,6 +26,12 @@ double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory) {
   return bytes;
 }
 
+double dist_predicted_host_bytes(const std::vector<MemoryTerm>& memory) {
+  for (const MemoryTerm& t : memory)
+    if (t.name == "host_offload") return t.bytes;
+  return 0;
+}
+
 double dist_measured_step_seconds(const TrainerResult& result) {
   double slowest = 0;
   for (const RankSummary& r : result.ranks) slowest = std::max(slowest, r.step_seconds);
@@ -100,6 +106,48 @@ std::string memory_table_render(const TrainerResult& result, const Plan& plan) {
          "  error: (predicted - measured) / measured total; terms are described in docs/runtime-distributed.md\n";
 }
 
+bool plan_offloads(const Plan& plan) {
+  return std::any_of(plan.stages.begin(), plan.stages.end(),
+                     [](const PlanStage& st) { return flags_any(st.offload) || flags_any(st.offload_activations); });
+}
+
+// Measured against predicted host memory of the ranks of offloading stages: a row per rank (per
+// stage beyond kMemoryTableRanks, its rank furthest from the prediction).
+std::string host_memory_table_render(const TrainerResult& result, const Plan& plan) {
+  struct Row {
+    const RankSummary* rank;
+    double predicted;
+    double error() const {
+      return rank->peak_host_arena_bytes > 0 ? (predicted - rank->peak_host_arena_bytes) / rank->peak_host_arena_bytes : 0.0;
+    }
+  };
+  std::vector<Row> rows;
+  for (const RankSummary& r : result.ranks) {
+    const PlanStage& st = plan.stages[static_cast<size_t>(r.stage)];
+    if (!flags_any(st.offload) && !flags_any(st.offload_activations)) continue;
+    rows.push_back({&r, dist_predicted_host_bytes(st.replica(plan.micro_batch_sequences, r.dp_rank).memory)});
+  }
+  const bool per_stage = rows.size() > kMemoryTableRanks;
+  if (per_stage) {
+    std::map<int, Row> worst;
+    for (const Row& row : rows) {
+      auto it = worst.find(row.rank->stage);
+      if (it == worst.end() || std::abs(row.error()) > std::abs(it->second.error())) worst.insert_or_assign(row.rank->stage, row);
+    }
+    rows.clear();
+    for (const auto& [stage, row] : worst) rows.push_back(row);
+  }
+  TextTable table({"rank>", "stage>", "measured>", "predicted>", "error>"});
+  for (const Row& row : rows)
+    table.add_row({std::to_string(row.rank->rank), std::to_string(row.rank->stage),
+                   units_format_bytes(row.rank->peak_host_arena_bytes), units_format_bytes(row.predicted),
+                   fmt::format("{:+.1f}%", 100 * row.error())});
+  return fmt::format("host memory of the offloading ranks, measured (the host arena's peak) against predicted "
+                     "(host_offload){}:\n",
+                     per_stage ? " (per stage, its rank with the largest error)" : "") +
+         table.render();
+}
+
 }  // namespace
 
 std::string dist_render_summary(const TrainerResult& result, const Plan& plan) {
@@ -123,7 +171,9 @@ std::string dist_render_summary(const TrainerResult& result, const Plan& plan) {
                       "per-device memory in {} without the framework context, communication buffers and allocator margin "
                       "(not in the arena)\n",
                       result.backend, computed, precision_name(plan.precision));
-  return text + memory_table_render(result, plan);
+  text += memory_table_render(result, plan);
+  if (plan_offloads(plan)) text += host_memory_table_render(result, plan);
+  return text;
 }
 
 void dist_save_trace(RankRuntime& runtime, const Plan& plan, Communicator& comm, const std::string& path) {

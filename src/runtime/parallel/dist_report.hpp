@@ -17,8 +17,13 @@ namespace alloy {
 // (the sum of memory_terms_predicted).
 double dist_predicted_arena_bytes(const std::vector<MemoryTerm>& memory);
 
+// The plan's per-device host memory (its host_offload term: offloaded blocks' state and parked
+// activations), which a rank's host arena holds.
+double dist_predicted_host_bytes(const std::vector<MemoryTerm>& memory);
+
 // Rank 0's tables: predicted against measured step time and memory per rank, then the arena's
-// peak by term against the prediction by term (a row pair per rank; per stage beyond 8 ranks).
+// peak by term against the prediction by term (a row pair per rank; per stage beyond 8 ranks),
+// and where the plan offloads, each offloading rank's host arena peak against its prediction.
 std::string dist_render_summary(const TrainerResult& result, const Plan& plan);
 // The run's step time: the slowest rank's median step after the first.
 double dist_measured_step_seconds(const TrainerResult& result);

@@ -513,6 +513,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   memory_.clear();
   step_start_ = clock_seconds();
   backend_->arena().reset_peak();
+  if (host_arena_) host_arena_->reset_peak();
   comm_.take_busy_seconds();
   if (sharded_) {
     sharded_->step_begin();
@@ -539,6 +540,7 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
   stats.communication_seconds = comm_.take_busy_seconds();
   stats.peak_arena_bytes = backend_->arena().peak_bytes();
   stats.peak_term_bytes = memory_terms_measured(backend_->arena().peak_breakdown());
+  stats.peak_host_arena_bytes = host_arena_ ? host_arena_->peak_bytes() : 0;
   stats.layer_cpu_seconds = layer_cpu_seconds_;
   return stats;
 }

@@ -63,6 +63,9 @@ struct RankStepStats {
   double learning_rate = 0;
   int64_t peak_arena_bytes = 0;
   MemoryTermBytes peak_term_bytes = {};  // what the arena held at that peak, by term (sums to it)
+  // The host arena's peak: offloaded blocks' weights, gradients and moments, and parked
+  // activations (0 without offload).
+  int64_t peak_host_arena_bytes = 0;
   // Agreed by every rank: some rank's loss, or gradient, held NaN or Inf, so no rank updated its
   // weights this step (they stay as they were; the learning-rate schedule still advances).
   bool loss_finite = true;

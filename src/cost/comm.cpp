@@ -96,6 +96,17 @@ double collective_seconds_with(CollectiveOp op, double bytes, const GroupPlaceme
   return 0;
 }
 
+GroupPlacement group_bandwidth_divided(const GroupPlacement& group, double factor) {
+  GroupPlacement out = group;
+  out.intra_node.bandwidth_bytes_per_second /= factor;
+  out.network.bandwidth_bytes_per_second /= factor;
+  out.shared_bytes_per_second /= factor;
+  out.shared_across_nodes_bytes_per_second /= factor;
+  out.inside_bytes_per_second /= factor;
+  out.across_bytes_per_second /= factor;
+  return out;
+}
+
 double collective_network_hop_bytes_per_second(const GroupPlacement& g, CollectiveAlgorithm a) {
   if (a == CollectiveAlgorithm::CollectiveAlgorithm_hierarchical) return across_nodes_bytes_per_second(g);
   if (a == CollectiveAlgorithm::CollectiveAlgorithm_domains && g.domains > 1) return g.across_bytes_per_second;

@@ -52,6 +52,9 @@ double collective_seconds(CollectiveOp op, double buffer_bytes, const GroupPlace
 double collective_seconds_with(CollectiveOp op, double buffer_bytes, const GroupPlacement& group,
                                CollectiveAlgorithm algorithm);
 
+// `group` with every rate its collectives move bytes at divided by `factor` (latencies kept).
+GroupPlacement group_bandwidth_divided(const GroupPlacement& group, double factor);
+
 // The rate of one hop of the step that crosses the network by `algorithm` (ring and tree: the
 // flat ring's; hierarchical: the ring across nodes; domains: the ring across domains), per ring.
 double collective_network_hop_bytes_per_second(const GroupPlacement& group, CollectiveAlgorithm algorithm);

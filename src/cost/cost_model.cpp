@@ -89,7 +89,8 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
 }
 
 void CostModel::priced_types_set() {
-  const SharedCores shared = shared_cores_of(cluster_);
+  shared_cores_ = shared_cores_of(cluster_);
+  const SharedCores& shared = shared_cores_;
   priced_types_ = cluster_.device_types;
   for (DeviceType& type : priced_types_)
     if (runtime_traits(type).devices_share_host_cores) type.speed /= shared.dilation;
@@ -203,10 +204,12 @@ double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, 
     }
   }
   const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[device_type]);
-  const double reduction = collective_reduction_seconds(runtime, op, bytes, group.ranks);
+  const double dilation = shared_cores_collective_dilation(runtime, shared_cores_);
+  const double reduction = dilation * collective_reduction_seconds(runtime, op, bytes, group.ranks);
+  const GroupPlacement slowed = group_bandwidth_divided(group, dilation);
   if (runtime.collectives_flat_ring_only)
-    return collective_seconds_with(op, bytes, group, CollectiveAlgorithm::CollectiveAlgorithm_ring) + reduction;
-  return collective_seconds(op, bytes, group) + reduction;
+    return collective_seconds_with(op, bytes, slowed, CollectiveAlgorithm::CollectiveAlgorithm_ring) + reduction;
+  return collective_seconds(op, bytes, slowed) + reduction;
 }
 
 LayerSecondsBound CostModel::layer_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sp) const {
@@ -332,6 +335,12 @@ double CostModel::stage_head_parameters(const StageShape& shape, const StageUnit
   return c.head_holds_lm_matrix ? u.head_parameters : static_cast<double>(head_parameters(model_, false)) / shape.tp;
 }
 
+double CostModel::stage_unsharded_tied_parameters(const StageShape& shape, const StageChoice& c) const {
+  const bool tied_across_stages = model_.tied_embeddings && !(c.has_embedding && c.has_head) &&
+                                  (c.has_embedding || (c.has_head && c.head_holds_lm_matrix));
+  return tied_across_stages ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
+}
+
 double CostModel::stage_parameters(const StageShape& shape, const StageUnitCosts& u, const StageChoice& c) const {
   return stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) + (c.has_embedding ? u.embedding_parameters : 0) +
          stage_head_parameters(shape, u, c);
@@ -390,7 +399,8 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   const DeviceType& type = priced_types_[shape.device_type];
   const double measured_rate = profile_ ? profile_->optimizer_rate(type.name) : 0.0;
   const double device_seconds_per_parameter =
-      measured_rate > 0 ? measured_rate : bytes_per_update / device_memory_bytes_per_second(type);
+      measured_rate > 0 ? measured_rate
+                        : bytes_per_update / (device_memory_bytes_per_second(type) * runtime_traits(type).optimizer_bandwidth_share);
   const double host_seconds_per_parameter = runtime_traits(type).host_is_device
                                                 ? device_seconds_per_parameter
                                                 : bytes_per_update / kHostOptimizerBytesPerSecond;
@@ -400,7 +410,9 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   const double expert_extra = c.zero >= 1 ? expert_params * (shape.expert_zero_share - share) : 0;
   // An offloaded block's routed experts update in host memory at the expert-dp share.
   const double expert_share = c.zero >= 1 ? shape.expert_zero_share : 1.0;
-  t.optimizer_seconds = ((params - offloaded_params) * share + expert_extra) * device_seconds_per_parameter +
+  // A tied table kept whole on this stage updates whole on every member.
+  const double whole_extra = c.zero >= 1 ? stage_unsharded_tied_parameters(shape, c) * (1.0 - share) : 0;
+  t.optimizer_seconds = ((params - offloaded_params) * share + expert_extra + whole_extra) * device_seconds_per_parameter +
                         ((offloaded_params - offloaded_experts) * share + offloaded_experts * expert_share) *
                             host_seconds_per_parameter;
   // The optimizer waits for the last block's gradients to reach host memory: the stage's first,
@@ -423,11 +435,7 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const double params = stage_blocks_sum(c, u.block_parameters, u.dense_block.parameters) - offloaded_params +
                         (c.has_embedding ? u.embedding_parameters : 0) + (c.has_head ? head_params : 0);
   const double dp = shape.dp;
-  // A table tied between the pipeline's first and last stage is synchronised whole between them,
-  // so the runtime keeps it (and its optimizer state) unsharded under ZeRO.
-  const bool tied_across_stages = model_.tied_embeddings && !(c.has_embedding && c.has_head) &&
-                                  (c.has_embedding || (c.has_head && c.head_holds_lm_matrix));
-  const double whole = tied_across_stages ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
+  const double whole = stage_unsharded_tied_parameters(shape, c);
   // The routed experts shard over the members holding the same ones (dp / ep of them).
   const double experts = (c.blocks - c.dense_blocks) * u.block_expert_parameters - offloaded_experts;
   const auto sharded = [&](bool by_zero) {

@@ -321,6 +321,10 @@ class CostModel {
   double stage_head_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
   // Parameters per device of a stage's layers (all of them, offloaded or not).
   double stage_parameters(const StageShape& shape, const StageUnitCosts& unit, const StageChoice& choice) const;
+  // Parameters of a table tied between the pipeline's first and last stage that this stage holds:
+  // synchronised whole between them, the runtime keeps the table (and its optimizer state)
+  // unsharded under ZeRO, and every member updates it whole. 0 for other stages.
+  double stage_unsharded_tied_parameters(const StageShape& shape, const StageChoice& choice) const;
   // A block of `model` (the dense part of an MoE block, or a dense block) on `shape`;
   // `mlp_sums_over_tp`: its MLP is split over tp and sums its output (false for an MoE block's,
   // which every tp rank runs whole).
@@ -338,6 +342,8 @@ class CostModel {
   // The cluster's device types as the analytic model prices their compute: a type whose runtime
   // shares the host's cores runs at its speed over the time dilation of the cluster's devices.
   std::vector<DeviceType> priced_types_;
+  // The CPU devices sharing this machine's cores and their time dilation.
+  SharedCores shared_cores_;
   ModelSpec dense_part_;  // MoE models: the blocks without their routed experts (moe_cost.hpp)
   ModelSpec leading_dense_;  // MoE models: the leading dense blocks, the model without its experts
   std::vector<double> expert_shares_;

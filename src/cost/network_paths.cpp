@@ -307,10 +307,14 @@ double network_tied_table_seconds(const ClusterSpec& cluster, const ModelSpec& m
   const double table_bytes = static_cast<double>(model.vocab_size) * static_cast<double>(model.hidden_size) /
                              (same_rows ? first_tp : 1) * gradient_bytes;
   const DeviceType& type = cluster.device_type(cluster.devices[static_cast<size_t>(first_ids.front())]);
-  if (runtime_traits(type).collectives_flat_ring_only)
-    return collective_seconds_with(CollectiveOp::CollectiveOp_all_reduce, table_bytes, group,
-                                   CollectiveAlgorithm::CollectiveAlgorithm_ring);
-  return collective_seconds(CollectiveOp::CollectiveOp_all_reduce, table_bytes, group);
+  const RuntimeTraits& runtime = runtime_traits(type);
+  const CollectiveOp op = CollectiveOp::CollectiveOp_all_reduce;
+  const double dilation = shared_cores_collective_dilation(runtime, shared_cores_of(cluster));
+  const GroupPlacement slowed = group_bandwidth_divided(group, dilation);
+  const double link_seconds = runtime.collectives_flat_ring_only
+                                  ? collective_seconds_with(op, table_bytes, slowed, CollectiveAlgorithm::CollectiveAlgorithm_ring)
+                                  : collective_seconds(op, table_bytes, slowed);
+  return link_seconds + dilation * collective_reduction_seconds(runtime, op, table_bytes, group.ranks);
 }
 
 }  // namespace alloy

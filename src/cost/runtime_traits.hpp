@@ -52,6 +52,9 @@ struct RuntimeTraits {
   bool sequence_parallel_keeps_whole_hidden_states = false;
   // The host is the device: offloaded blocks update at the device's own optimizer rate.
   bool host_is_device = false;
+  // The share of the device's memory bandwidth at which the optimizer step (the gradient norm and
+  // AdamW) moves the bytes the cost model counts per parameter.
+  double optimizer_bandwidth_share = 1;
   // Every device is a rank on one machine's cores: with more devices than cores, the runtime
   // slows each rank's compute by devices / cores (its time dilation, runtime/device_speed.hpp).
   bool devices_share_host_cores = false;
@@ -92,6 +95,13 @@ struct SharedCores {
   double dilation = 1;
 };
 SharedCores shared_cores_of(const ClusterSpec& cluster);
+
+// How many times slower than on cores of their own the collectives of `runtime`'s devices move and
+// combine bytes when `shared` describes the host: its time dilation where the runtime's devices
+// share the host's cores and its collectives copy and combine on the cores that compute (the
+// progress threads get the share of a core the compute gets); 1 otherwise. It stretches a
+// collective's bandwidth and reduction terms, not its latency.
+double shared_cores_collective_dilation(const RuntimeTraits& runtime, const SharedCores& shared);
 
 // Seconds a collective of `ranks` members over `bytes` spends combining what its members receive,
 // beyond the link's time: (ranks - 1) / ranks of the buffer at the runtime's reduction rate for

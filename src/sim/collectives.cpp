@@ -24,14 +24,16 @@ void add_group_part(const ClusterSpec& cluster, const Profile* profile, SimLinkD
   CollectiveAlgorithm algorithm = CollectiveAlgorithm::CollectiveAlgorithm_ring;
   const RuntimeTraits& runtime =
       runtime_traits(cluster.device_types[static_cast<size_t>(cluster.devices[static_cast<size_t>(device_id)].device_type_index)]);
+  const double dilation = shared_cores_collective_dilation(runtime, shared_cores_of(cluster));
+  const GroupPlacement slowed = group_bandwidth_divided(g, dilation);
   double seconds = 0;
   if (measured)
     seconds = measured->seconds(bytes);
   else if (runtime.collectives_flat_ring_only)
-    seconds = collective_seconds_with(cop, bytes, g, algorithm);
+    seconds = collective_seconds_with(cop, bytes, slowed, algorithm);
   else
-    seconds = collective_seconds(cop, bytes, g, &algorithm);
-  if (!measured) seconds += collective_reduction_seconds(runtime, cop, bytes, g.ranks);
+    seconds = collective_seconds(cop, bytes, slowed, &algorithm);
+  if (!measured) seconds += dilation * collective_reduction_seconds(runtime, cop, bytes, g.ranks);
   out->seconds += seconds;
   if (!network || seconds <= 0) return;
   // The parts run one after the other: a link both cross is taken by the larger share.

@@ -207,6 +207,31 @@ TEST(StageCostTied, ZeroKeepsATableTiedAcrossStagesWhole) {
                    cost.stage_memory(shape, unit, both0, 1, false).optimizer_states_bytes / 2);
 }
 
+// The table kept whole (above) is also updated whole by every member: under ZeRO the optimizer
+// step covers the member's share of the rest and all of the table.
+TEST(StageCostTied, TableAcrossStagesUpdatesWholeOnEveryMember) {
+  const ModelSpec model = testing::gpt2("gpt", 4, 768, 12, 50257, 1024);
+  const ClusterSpec cluster = testing::cluster("a100x8", {testing::a100_80()}, {{0, 1, 8}});
+  const CostModel cost{model, cluster, testing::train(1024, 16)};
+  const StageShape shape = cost.stage_shape({0, 1}, 1, 2, 1);
+  const StageUnitCosts unit = cost.unit_costs(shape, false);
+  StageChoice first;
+  first.blocks = 2;
+  first.has_embedding = true;
+  const auto optimizer_seconds = [&](const StageChoice& base, int zero) {
+    StageChoice c = base;
+    c.zero = zero;
+    return cost.stage_timing(shape, unit, c, 0, 0).optimizer_seconds;
+  };
+  const double whole = optimizer_seconds(first, 0);
+  const double table_share = 50257.0 * 768 / (2 * unit.block_parameters + unit.embedding_parameters);
+  EXPECT_NEAR(optimizer_seconds(first, 2) / whole, (1 - table_share) / 2 + table_share, 1e-9);
+  // A stage holding both ends shards everything.
+  StageChoice both = first;
+  both.has_head = true;
+  EXPECT_NEAR(optimizer_seconds(both, 2) / optimizer_seconds(both, 0), 0.5, 1e-9);
+}
+
 TEST_F(StageCost, RecomputeAndOffloadTradeMemoryForTime) {
   // On GPUs attention is fused: no scores are kept, so selective recomputation drops nothing.
   EXPECT_DOUBLE_EQ(memory(0, 32, 0, 0).activations_bytes, memory(0, 0, 0, 0).activations_bytes);

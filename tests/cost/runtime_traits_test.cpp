@@ -180,5 +180,73 @@ TEST(RuntimeTraits, CpuCollectivesAddTheirReduction) {
   EXPECT_DOUBLE_EQ(collective_reduction_seconds(gpu, CollectiveOp::CollectiveOp_all_reduce, bytes, 4), 0);
 }
 
+// The progress threads of CPU ranks copy and combine on the cores the ranks share: with more
+// devices than cores a collective's bytes move and combine slower by the time dilation (two
+// data-parallel pairs' reduce-scatters at once took 2.2-2.6x one pair's on 4 ranks over 2 cores);
+// a GPU's do not.
+TEST(RuntimeTraits, CpuCollectivesBeyondTheCoresTakeTheDilation) {
+  const RuntimeTraits& cpu = runtime_traits(*catalog_builtin().find("cpu"));
+  const RuntimeTraits& gpu = runtime_traits(*catalog_builtin().find("h100-sxm"));
+  const SharedCores doubled{4, 2, 2.0};
+  EXPECT_DOUBLE_EQ(shared_cores_collective_dilation(cpu, doubled), 2.0);
+  EXPECT_DOUBLE_EQ(shared_cores_collective_dilation(gpu, doubled), 1.0);
+  EXPECT_DOUBLE_EQ(shared_cores_collective_dilation(cpu, SharedCores{2, 2, 1.0}), 1.0);
+
+  if (std::getenv("ALLOY_TIME_DILATION") != nullptr) GTEST_SKIP() << "ALLOY_TIME_DILATION sets the dilation instead";
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const DeviceType& type = *catalog_builtin().find("cpu");
+  const ModelSpec model = testing::gpt2("m", 2, 256, 4, 1000, 64);
+  const TrainSpec train = testing::train(64, 8, Precision::Precision_fp32);
+  // A pair of data-parallel replicas among `devices` CPU devices: its gradient reduce-scatter and
+  // re-gather per step.
+  const auto pair_sync = [&](int devices) {
+    const CostModel cost(model, testing::cluster("cpus", {type}, {{0, 1, devices, 0}}), train);
+    const StageShape shape = cost.stage_shape({0, 1}, 1, 2, 1);
+    StageChoice c;
+    c.blocks = 2;
+    c.zero = 2;
+    return cost.stage_gradient_sync_seconds(shape, cost.unit_costs(shape, false), c);
+  };
+  EXPECT_GT(pair_sync(cores), 0);
+  EXPECT_DOUBLE_EQ(pair_sync(std::max(2, cores)), pair_sync(2));
+  // Megabytes of gradients: the bytes' terms double, the two ring steps' latencies do not.
+  EXPECT_GT(pair_sync(2 * cores) / pair_sync(cores), 1.9);
+  EXPECT_LT(pair_sync(2 * cores) / pair_sync(cores), 2.0);
+
+  GroupPlacement pair;
+  pair.ranks = 2;
+  pair.intra_node = {"shm", 12e9, 30e-6};
+  const double bytes = 8e6;
+  const auto ring = [&](const GroupPlacement& g) {
+    return collective_seconds_with(CollectiveOp::CollectiveOp_reduce_scatter, bytes, g, CollectiveAlgorithm::CollectiveAlgorithm_ring);
+  };
+  EXPECT_NEAR(ring(group_bandwidth_divided(pair, 2)) - 30e-6, 2 * (ring(pair) - 30e-6), 1e-12);
+}
+
+// The CPU runtime's optimizer step moves the optimizer's bytes per parameter at its measured share
+// of the memory bandwidth; a GPU's at the whole bandwidth.
+TEST(RuntimeTraits, OptimizerStepRunsAtTheRuntimesShareOfTheBandwidth) {
+  const RuntimeTraits& cpu = runtime_traits(*catalog_builtin().find("cpu"));
+  EXPECT_GT(cpu.optimizer_bandwidth_share, 0);
+  EXPECT_LT(cpu.optimizer_bandwidth_share, 1);
+  EXPECT_DOUBLE_EQ(runtime_traits(*catalog_builtin().find("h100-sxm")).optimizer_bandwidth_share, 1);
+  if (std::getenv("ALLOY_TIME_DILATION") != nullptr) GTEST_SKIP() << "ALLOY_TIME_DILATION sets the dilation instead";
+  const DeviceType& type = *catalog_builtin().find("cpu");
+  const ModelSpec model = testing::gpt2("m", 2, 256, 4, 1000, 64);
+  const CostModel cost(model, testing::cluster("cpus", {type}, {{0, 1, 1, 0}}), testing::train(64, 8, Precision::Precision_fp32));
+  const StageShape shape = cost.stage_shape({0}, 1, 1, 1);
+  const StageUnitCosts unit = cost.unit_costs(shape, false);
+  StageChoice c;
+  c.blocks = 2;
+  c.has_embedding = true;
+  c.has_head = true;
+  const double parameters = 2 * unit.block_parameters + unit.embedding_parameters + unit.head_parameters;
+  // fp32 AdamW: the weight read and written, the gradient read, two moments read and written.
+  const double bytes_per_parameter = 8.0 * 2 + 4 + 2 * 4;
+  EXPECT_NEAR(cost.stage_timing(shape, unit, c, 0, 0).optimizer_seconds,
+              parameters * bytes_per_parameter / (type.memory_bandwidth_bytes_per_second * cpu.optimizer_bandwidth_share),
+              1e-12);
+}
+
 }  // namespace
 }  // namespace alloy

@@ -76,10 +76,16 @@ TEST(OffloadAgreement, BlockByBlockFetchesArePricedAsSimulated) {
       {"dense, depth 2, link-bound", dense, 0, 4, 2, 30e9},
       {"dense, depth 4, link-bound", dense, 0, 4, 4, 8e9},
       {"dense, depth 1, copies hide", dense, 0, 4, 1, 200e9},
+      {"dense, depth 1, link-bound", dense, 0, 4, 1, 30e9},
+      {"dense, depth 1, link far slower", dense, 0, 4, 1, 8e9},
+      {"dense, depth 1, one block, link-bound", dense, 0, 1, 1, 8e9},
+      {"dense, depth 2, one block, link-bound", dense, 0, 1, 2, 8e9},
+      {"dense, depth 2, two blocks, link-bound", dense, 0, 2, 2, 8e9},
       {"dense, depth 2, copies hide", dense, 0, 4, 2, 200e9},
       {"moe ep 8, depth 2, 3 blocks, link-bound", mixtral_four_offloadable_blocks(), 8, 3, 2, 30e9},
       {"moe ep 8, depth 2, all blocks, link-bound", mixtral_four_offloadable_blocks(), 8, 4, 2, 8e9},
       {"moe ep 8, depth 1, copies hide", mixtral_four_offloadable_blocks(), 8, 2, 1, 200e9},
+      {"moe ep 8, depth 1, all blocks, link-bound", mixtral_four_offloadable_blocks(), 8, 4, 1, 8e9},
   };
   for (const OffloadCase& c : cases) {
     SCOPED_TRACE(c.name);

@@ -173,7 +173,7 @@ void predict(const std::string& dir, const std::string& plan_path, const std::st
   const alloy::ModelSpec model = alloy::model_load(dir + "/model.yaml");
   alloy::ClusterSpec cluster = alloy::cluster_load(cluster_path, alloy::catalog_builtin());
   for (alloy::DeviceType& type : cluster.device_types) type.speed *= speed;
-  plan.cluster_fingerprint.clear();  // the same cluster, its compute rate calibrated
+  plan.cluster_fingerprint = alloy::cluster_fingerprint(cluster);  // the same cluster, its compute calibrated
   alloy::TrainSpec train;
   train.seq_len = plan.seq_len;
   train.global_batch_sequences = plan.global_batch_sequences;

@@ -136,15 +136,20 @@ OffloadExposure offload_window_micro_batch(const OffloadedPasses& p, bool accumu
 OffloadExposure offload_window_exposure(const OffloadedPasses& passes, int depth, int micro_batches) {
   const int blocks = passes.first.count + passes.then.count;
   if (blocks <= 0) return {};
+  // The window settles into its steady state within a few micro-batches: the last one run stands
+  // for the rest of the step.
+  constexpr int kMicroBatchesRun = 4;
   OffloadWindowClock clock(std::min(std::max(1, depth) + 1, blocks), blocks);
-  const OffloadExposure first = offload_window_micro_batch(passes, false, &clock);
   const int m = std::max(1, micro_batches);
-  if (m == 1) return first;
-  const OffloadExposure later = offload_window_micro_batch(passes, true, &clock);
-  OffloadExposure t;
-  t.forward_seconds = (first.forward_seconds + (m - 1) * later.forward_seconds) / m;
-  t.backward_seconds = (first.backward_seconds + (m - 1) * later.backward_seconds) / m;
-  return t;
+  OffloadExposure total, last;
+  for (int mb = 0; mb < std::min(m, kMicroBatchesRun); ++mb) {
+    last = offload_window_micro_batch(passes, mb > 0, &clock);
+    total.forward_seconds += last.forward_seconds;
+    total.backward_seconds += last.backward_seconds;
+  }
+  const int rest = std::max(0, m - kMicroBatchesRun);
+  return {(total.forward_seconds + rest * last.forward_seconds) / m,
+          (total.backward_seconds + rest * last.backward_seconds) / m};
 }
 
 double offload_exposed_seconds(int offloaded, int depth, double transfer_seconds, double compute_seconds,

@@ -406,7 +406,7 @@ struct OffloadedPasses {
 // freed when a forward ends or a backward's gradients are home (a second thread writes them
 // back, the link's other direction), a later backward's accumulated gradients fetched once the
 // block's previous write-back landed. Runs the step's first micro-batches (a forward then a
-// backward each, up to four), the last standing for the rest; O(blocks).
+// backward each, up to three), the last standing for the rest; O(blocks).
 OffloadExposure offload_window_exposure(const OffloadedPasses& passes, int depth, int micro_batches);
 
 // Micro-batches whose activations a stage holds at its peak under a schedule; for interleaved

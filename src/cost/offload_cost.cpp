@@ -78,22 +78,29 @@ namespace {
 
 // The offload window over a step's uses, in time from the step's start (when the fetch thread
 // starts): the compute's clock, each thread's, and when each slot and each block's last
-// write-back come free.
+// write-back come free. The planner runs it in its inner loop: its buffers are the thread's,
+// reused from one evaluation to the next.
 class OffloadWindowClock {
  public:
-  OffloadWindowClock(int slots, int blocks)
-      : slot_free_(static_cast<size_t>(slots), 0.0), written_back_(static_cast<size_t>(blocks), 0.0) {}
+  OffloadWindowClock(int slots, int blocks) : slots_(static_cast<size_t>(slots)) {
+    thread_local std::vector<double> slot_free, written_back;
+    slot_free.assign(slots_, 0.0);
+    written_back.assign(static_cast<size_t>(blocks), 0.0);
+    slot_free_ = slot_free.data();
+    written_back_ = written_back.data();
+  }
   void compute(double seconds) { now_ += seconds; }
   // One use of `block`, whose fetch takes `fetch_seconds`; a backward writes back for
   // `write_back_seconds` after its compute. Returns the seconds the compute waited.
   double use(int block, double fetch_seconds, double compute_seconds, bool backward, double write_back_seconds) {
-    double& slot = slot_free_[use_ % slot_free_.size()];  // freed by the use `slots` before
-    ++use_;
-    double& block_home = written_back_[static_cast<size_t>(block)];
-    const double fetched = std::max({fetch_free_, slot, backward ? block_home : 0.0}) + fetch_seconds;
-    fetch_free_ = fetched;
-    const double waited = std::max(0.0, fetched - now_);
-    now_ = std::max(now_, fetched) + compute_seconds;
+    double& slot = slot_free_[next_slot_];  // freed by the use `slots` before
+    next_slot_ = next_slot_ + 1 == slots_ ? 0 : next_slot_ + 1;
+    double& block_home = written_back_[block];
+    double start = std::max(fetch_free_, slot);
+    if (backward) start = std::max(start, block_home);
+    fetch_free_ = start + fetch_seconds;
+    const double waited = std::max(0.0, fetch_free_ - now_);
+    now_ += waited + compute_seconds;
     slot = now_;
     if (backward) {
       write_free_ = std::max(write_free_, now_) + write_back_seconds;
@@ -103,9 +110,10 @@ class OffloadWindowClock {
   }
 
  private:
-  std::vector<double> slot_free_;
-  std::vector<double> written_back_;  // per offloaded block, in forward order
-  size_t use_ = 0;
+  size_t slots_;
+  size_t next_slot_ = 0;
+  double* slot_free_;
+  double* written_back_;  // per offloaded block, in forward order
   double now_ = 0;
   double fetch_free_ = 0;
   double write_free_ = 0;
@@ -136,9 +144,9 @@ OffloadExposure offload_window_micro_batch(const OffloadedPasses& p, bool accumu
 OffloadExposure offload_window_exposure(const OffloadedPasses& passes, int depth, int micro_batches) {
   const int blocks = passes.first.count + passes.then.count;
   if (blocks <= 0) return {};
-  // The window settles into its steady state within a few micro-batches: the last one run stands
-  // for the rest of the step.
-  constexpr int kMicroBatchesRun = 4;
+  // The first micro-batch fetches no gradients, the second follows it; the third follows one like
+  // itself and stands for the rest of the step.
+  constexpr int kMicroBatchesRun = 3;
   OffloadWindowClock clock(std::min(std::max(1, depth) + 1, blocks), blocks);
   const int m = std::max(1, micro_batches);
   OffloadExposure total, last;

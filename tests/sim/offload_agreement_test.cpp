@@ -64,11 +64,10 @@ Plan offload_plan(const OffloadCase& c, const ClusterSpec& cluster) {
 
 // Both run the runtime's window (slots freed by forwards and by write-backs, one fetch and one
 // write-back thread) and agree within 1% on these plans; the tolerance leaves room for what
-// differs around it (the cost model runs the passes back to back, and past four micro-batches
-// repeats the fourth). Before the cost model ran the window, it priced depth 1 with a link
-// slower than the compute 22-26% above the simulator (a fetch after each
-// write-back) and one offloaded block at depth 2 35% below it (no wait for the write-back that
-// holds the only slot).
+// differs around it (the cost model runs the passes back to back, and past three micro-batches
+// repeats the third). Before the cost model ran the window, it priced depth 1 with a link
+// slower than the compute 22-26% above the simulator (a fetch after each write-back) and one
+// offloaded block at depth 2 35% below it (no wait for the write-back that holds the only slot).
 constexpr double kOffloadTolerance = 0.07;
 
 TEST(OffloadAgreement, BlockByBlockFetchesArePricedAsSimulated) {

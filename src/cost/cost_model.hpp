@@ -389,6 +389,7 @@ struct OffloadedBlockKind {
   double gradients_seconds = 0;
   double forward_seconds = 0;
   double backward_seconds = 0;
+  bool operator==(const OffloadedBlockKind&) const = default;
 };
 // A stage's passes around its offloaded run (the stage's first blocks): `first` kind then `then`
 // forward (an MoE model's leading dense blocks, then its MoE blocks), the other way backward,
@@ -400,6 +401,7 @@ struct OffloadedPasses {
   double after_forward_seconds = 0;    // the resident blocks' and the head's forward
   double before_backward_seconds = 0;  // the head's and the resident blocks' backward
   double after_backward_seconds = 0;   // the embedding's backward
+  bool operator==(const OffloadedPasses&) const = default;
 };
 // Seconds per micro-batch that a stage's forward and backward wait for the offload window
 // (LayerOffload): one fetch thread filling min(depth + 1, blocks) slots use after use, a slot

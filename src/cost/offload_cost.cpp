@@ -139,11 +139,9 @@ OffloadExposure offload_window_micro_batch(const OffloadedPasses& p, bool accumu
   return waited;
 }
 
-}  // namespace
-
-OffloadExposure offload_window_exposure(const OffloadedPasses& passes, int depth, int micro_batches) {
+// offload_window_exposure without its memory of the last call.
+OffloadExposure run_offload_window(const OffloadedPasses& passes, int depth, int micro_batches) {
   const int blocks = passes.first.count + passes.then.count;
-  if (blocks <= 0) return {};
   // The first micro-batch fetches no gradients, the second follows it; the third follows one like
   // itself and stands for the rest of the step.
   constexpr int kMicroBatchesRun = 3;
@@ -158,6 +156,29 @@ OffloadExposure offload_window_exposure(const OffloadedPasses& passes, int depth
   const int rest = std::max(0, m - kMicroBatchesRun);
   return {(total.forward_seconds + rest * last.forward_seconds) / m,
           (total.backward_seconds + rest * last.backward_seconds) / m};
+}
+
+}  // namespace
+
+OffloadExposure offload_window_exposure(const OffloadedPasses& passes, int depth, int micro_batches) {
+  const int blocks = passes.first.count + passes.then.count;
+  if (blocks <= 0) return {};
+  // The planner prices a stage's recomputation choices one after another at the same offload
+  // setting, which this does not depend on: the thread's last answer is often the next.
+  struct Last {
+    OffloadedPasses passes;
+    int depth = 0;
+    int micro_batches = 0;
+    OffloadExposure exposure;
+  };
+  thread_local Last last_call;
+  if (last_call.depth == depth && last_call.micro_batches == micro_batches && last_call.passes == passes)
+    return last_call.exposure;
+  last_call.exposure = run_offload_window(passes, depth, micro_batches);
+  last_call.passes = passes;
+  last_call.depth = depth;
+  last_call.micro_batches = micro_batches;
+  return last_call.exposure;
 }
 
 double offload_exposed_seconds(int offloaded, int depth, double transfer_seconds, double compute_seconds,

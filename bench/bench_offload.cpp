@@ -244,7 +244,8 @@ int main(int argc, char** argv) {
     const std::string cluster = fmt::format("{}/cluster-{}.yaml", dir, 0.5);
     for (int depth : {1, 2}) {
       const std::string tag = fmt::format("offload-{}-x0.5-d{}", offloaded, depth);
-      Row row{fmt::format("offload {} block{}, link x0.5", offloaded, offloaded > 1 ? "s" : ""), depth, matched * 0.5, {}, 0, 0, 0};
+      const std::string name = fmt::format("offload {} block{}, link x0.5", offloaded, offloaded > 1 ? "s" : "");
+      Row row{name, depth, matched * 0.5, {}, 0, 0, 0};
       const std::string plan = plan_for(alloy, dir, cluster, tag, depth, false, offloaded);
       if (plan.empty()) return 1;
       row.m = measure(alloy, dir, tag, plan, cluster, steps);
@@ -263,8 +264,9 @@ int main(int argc, char** argv) {
     rows.push_back(row);
   }
 
-  std::printf("%-26s %5s %10s %12s %8s %10s %8s %12s %7s %12s %7s %14s %6s\n", "plan", "depth", "link MB/s", "peak MiB",
-              "vs none", "step s", "vs none", "cost model s", "error", "simulated s", "error", "pred. peak MiB", "load");
+  std::printf("%-26s %5s %10s %12s %8s %10s %8s %12s %7s %12s %7s %14s %6s\n", "plan", "depth", "link MB/s",
+              "peak MiB", "vs none", "step s", "vs none", "cost model s", "error", "simulated s", "error",
+              "pred. peak MiB", "load");
   const auto error = [](double predicted, double measured) {
     return fmt::format("{:+.0f}%", 100.0 * (predicted / measured - 1.0));
   };
@@ -275,7 +277,8 @@ int main(int argc, char** argv) {
                 mib(r.m.peak_arena_bytes).c_str(), r.m.peak_arena_bytes / baseline.m.peak_arena_bytes, r.m.step_seconds,
                 r.m.step_seconds / baseline.m.step_seconds, r.predicted_step_seconds,
                 error(r.predicted_step_seconds, r.m.step_seconds).c_str(), r.simulated_step_seconds,
-                error(r.simulated_step_seconds, r.m.step_seconds).c_str(), mib(r.predicted_peak_bytes).c_str(), r.m.load);
+                error(r.simulated_step_seconds, r.m.step_seconds).c_str(), mib(r.predicted_peak_bytes).c_str(),
+                r.m.load);
   };
   print(baseline);
   bool met = false;

@@ -45,7 +45,8 @@ OffloadExposure CostModel::stage_offload_exposure(const StageUnitCosts& u, const
                    u.block.forward_seconds, u.block.backward_seconds};
     passes.before_forward_seconds = c.has_embedding ? u.embedding.forward_seconds : 0;
     passes.after_forward_seconds = resident_moe * u.block.forward_seconds +
-                                   resident_dense * dense.times.forward_seconds + (c.has_head ? u.head.forward_seconds : 0);
+                                   resident_dense * dense.times.forward_seconds +
+                                   (c.has_head ? u.head.forward_seconds : 0);
     passes.before_backward_seconds = resident_moe * u.block.backward_seconds +
                                      resident_dense * dense.times.backward_seconds +
                                      (c.has_head ? u.head.backward_seconds : 0);

@@ -192,9 +192,12 @@ int Simulator::add_pass(int lane, size_t i, SimLaneCursor* c) {
 int Simulator::add_optimizer(int lane, size_t i, SimLaneCursor* c) {
   const int before = c->last_compute;
   const std::vector<SimOffloadUse>& uses = offload_uses_[static_cast<size_t>(lane)];
-  const auto last_backward = std::find_if(uses.rbegin(), uses.rend(), [](const SimOffloadUse& u) { return u.backward; });
-  const double last_write_back = last_backward != uses.rend() ? copy_seconds(lane, last_backward->write_back_bytes) : 0.0;
-  const double seconds = std::max(0.0, plan_.stages[lane].optimizer_seconds - last_write_back) + tied_table_seconds(lane);
+  const auto last_backward =
+      std::find_if(uses.rbegin(), uses.rend(), [](const SimOffloadUse& u) { return u.backward; });
+  const double last_write_back =
+      last_backward != uses.rend() ? copy_seconds(lane, last_backward->write_back_bytes) : 0.0;
+  const double seconds =
+      std::max(0.0, plan_.stages[lane].optimizer_seconds - last_write_back) + tied_table_seconds(lane);
   const int id = add_compute_piece(lane, i, seconds, c);
   add_dep(id, c->last_collective);
   add_dep(id, c->last_fetch);

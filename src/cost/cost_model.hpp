@@ -387,6 +387,36 @@ struct OffloadedRun {
 double offload_exposed_seconds(const OffloadedRun& first, const OffloadedRun& then, int depth,
                                double window_compute_seconds);
 
+// One kind of offloaded block as the offload window streams it: its weights' and gradients'
+// seconds on the host link (each direction) and its passes' seconds on the device.
+struct OffloadedBlockKind {
+  int count = 0;
+  double weights_seconds = 0;
+  double gradients_seconds = 0;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  bool operator==(const OffloadedBlockKind&) const = default;
+};
+// A stage's passes around its offloaded run (the stage's first blocks): `first` kind then `then`
+// forward (an MoE model's leading dense blocks, then its MoE blocks), the other way backward,
+// with the work before and after the run in each pass.
+struct OffloadedPasses {
+  OffloadedBlockKind first;
+  OffloadedBlockKind then;
+  double before_forward_seconds = 0;   // the embedding's forward
+  double after_forward_seconds = 0;    // the resident blocks' and the head's forward
+  double before_backward_seconds = 0;  // the head's and the resident blocks' backward
+  double after_backward_seconds = 0;   // the embedding's backward
+  bool operator==(const OffloadedPasses&) const = default;
+};
+// Seconds per micro-batch that a stage's forward and backward wait for the offload window
+// (LayerOffload): one fetch thread filling min(depth + 1, blocks) slots use after use, a slot
+// freed when a forward ends or a backward's gradients are home (a second thread writes them
+// back, the link's other direction), a later backward's accumulated gradients fetched once the
+// block's previous write-back landed. Runs the step's first micro-batches (a forward then a
+// backward each, up to three), the last standing for the rest; O(blocks).
+OffloadExposure offload_window_exposure(const OffloadedPasses& passes, int depth, int micro_batches);
+
 // Micro-batches whose activations a stage holds at its peak under a schedule; for interleaved
 // schedules in units of whole-stage activations (chunks held / v).
 double schedule_micro_batches_in_flight(Schedule schedule, int stages, int stage, int micro_batches,

@@ -187,9 +187,18 @@ int Simulator::add_pass(int lane, size_t i, SimLaneCursor* c) {
   return first;
 }
 
+// The plan's optimizer time holds the stage's last write-back (the cost model's wait for it);
+// here the optimizer waits for the write-back task itself instead.
 int Simulator::add_optimizer(int lane, size_t i, SimLaneCursor* c) {
   const int before = c->last_compute;
-  const int id = add_compute_piece(lane, i, plan_.stages[lane].optimizer_seconds + tied_table_seconds(lane), c);
+  const std::vector<SimOffloadUse>& uses = offload_uses_[static_cast<size_t>(lane)];
+  const auto last_backward =
+      std::find_if(uses.rbegin(), uses.rend(), [](const SimOffloadUse& u) { return u.backward; });
+  const double last_write_back =
+      last_backward != uses.rend() ? copy_seconds(lane, last_backward->write_back_bytes) : 0.0;
+  const double seconds =
+      std::max(0.0, plan_.stages[lane].optimizer_seconds - last_write_back) + tied_table_seconds(lane);
+  const int id = add_compute_piece(lane, i, seconds, c);
   add_dep(id, c->last_collective);
   add_dep(id, c->last_fetch);
   add_dep(id, c->last_copy_out);

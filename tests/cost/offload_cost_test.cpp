@@ -105,13 +105,23 @@ TEST(OffloadCost, StageTimeChargesTheCopiesOfBothPasses) {
   const double fetch = params * 2 / 25e9;
   const double in = params * (2 + 4.0 * (m - 1) / m) / 25e9;
   const double out = params * 4 / 25e9;
-  // Before the offloaded run (the stage's first five blocks): the embedding in forward; the head
-  // and the three resident blocks in backward, which walks the blocks in reverse.
-  const double before_forward = u.embedding.forward_seconds;
-  const double before_backward = 3 * u.block.backward_seconds + u.head.backward_seconds;
-  EXPECT_DOUBLE_EQ(t.offload_forward_seconds, offload_exposed_seconds(5, 2, fetch, u.block.forward_seconds, before_forward));
-  EXPECT_DOUBLE_EQ(t.offload_backward_seconds,
-                   offload_exposed_seconds(5, 2, std::max(in, out), u.block.backward_seconds, before_backward));
+  // The stage's first five blocks stream through the window: the embedding, then the head and
+  // the three resident blocks in backward (which walks the blocks in reverse), around them.
+  OffloadedPasses passes;
+  passes.then = {5, fetch, out, u.block.forward_seconds, u.block.backward_seconds};
+  passes.before_forward_seconds = u.embedding.forward_seconds;
+  passes.after_forward_seconds = 3 * u.block.forward_seconds + u.head.forward_seconds;
+  passes.before_backward_seconds = 3 * u.block.backward_seconds + u.head.backward_seconds;
+  passes.after_backward_seconds = u.embedding.backward_seconds;
+  const OffloadExposure window = offload_window_exposure(passes, 2, m);
+  EXPECT_DOUBLE_EQ(t.offload_forward_seconds, window.forward_seconds);
+  EXPECT_DOUBLE_EQ(t.offload_backward_seconds, window.backward_seconds);
+  // Each pass waits at least for what the link carries beyond its blocks' compute, less the
+  // work it could hide behind (the other pass's, its own resident blocks').
+  const double hiding = passes.before_forward_seconds + passes.after_forward_seconds +
+                        passes.before_backward_seconds + passes.after_backward_seconds;
+  EXPECT_GE(t.offload_forward_seconds + t.offload_backward_seconds,
+            5 * (fetch + in - u.block.forward_seconds - u.block.backward_seconds) - hiding);
   const StageTiming plain = cost.stage_timing(shape, u, offload_choice(0, 2, m), 0, 0);
   EXPECT_DOUBLE_EQ(t.forward_seconds - plain.forward_seconds, t.offload_forward_seconds);
   EXPECT_DOUBLE_EQ(t.backward_seconds - plain.backward_seconds, t.offload_backward_seconds);
@@ -230,9 +240,16 @@ TEST(OffloadCost, OffloadedLeadingDenseBlockIsPricedAtItsOwnSize) {
   EXPECT_DOUBLE_EQ(u.dense_block.offload_weights_seconds, dense * e / host_link);
   EXPECT_DOUBLE_EQ(u.dense_block.offload_gradients_seconds, dense * g / host_link);
   const OffloadExposure one = cost.stage_offload_exposure(u, choice(1));
-  EXPECT_DOUBLE_EQ(one.forward_seconds,
-                   offload_exposed_seconds(1, 1, u.dense_block.offload_weights_seconds,
-                                           u.dense_block.times.forward_seconds, u.embedding.forward_seconds));
+  OffloadedPasses passes;
+  passes.first = {1, u.dense_block.offload_weights_seconds, u.dense_block.offload_gradients_seconds,
+                  u.dense_block.times.forward_seconds, u.dense_block.times.backward_seconds};
+  passes.before_forward_seconds = u.embedding.forward_seconds;
+  passes.after_forward_seconds = 3 * u.block.forward_seconds + u.head.forward_seconds;
+  passes.before_backward_seconds = 3 * u.block.backward_seconds + u.head.backward_seconds;
+  passes.after_backward_seconds = u.embedding.backward_seconds;
+  const OffloadExposure window = offload_window_exposure(passes, 1, 4);
+  EXPECT_DOUBLE_EQ(one.forward_seconds, window.forward_seconds);
+  EXPECT_DOUBLE_EQ(one.backward_seconds, window.backward_seconds);
   // The optimizer updates the offloaded parameters in host memory and first waits for the dense
   // block's gradients, the stage's last to reach it, however many MoE blocks are offloaded too.
   const auto optimizer_extra = [&](int offloaded) {
@@ -241,6 +258,34 @@ TEST(OffloadCost, OffloadedLeadingDenseBlockIsPricedAtItsOwnSize) {
   };
   EXPECT_GT(optimizer_extra(1), 0);
   EXPECT_NEAR(optimizer_extra(2) / optimizer_extra(1), (dense + moe) / dense, 1e-9);
+}
+
+// The window as the runtime runs it, on timelines worked out by hand (link and compute in units
+// of seconds): a fetch waits for the previous one and for the slot the use `slots` before frees,
+// at the end of a forward or once a backward's gradients are home.
+TEST(OffloadCost, OffloadWindowRunsTheRuntimesSlots) {
+  OffloadedPasses passes;
+  passes.then = {3, 10, 10, 2, 4};  // weights 10 s each way, forward 2 s, backward 4 s
+  // Depth 1, two slots over three blocks: F0 fetched 0-10, F1 10-20, F2 20-30 (waits 10 + 8 + 8),
+  // B2 30-40 (the slot F1 freed at 22; waits 8, written back 44-54), B1 40-50 (waits 6, home
+  // 54-64), B0 54-64 (the slot of B2's write-back; waits 10).
+  OffloadExposure e = offload_window_exposure(passes, 1, 1);
+  EXPECT_DOUBLE_EQ(e.forward_seconds, 26);
+  EXPECT_DOUBLE_EQ(e.backward_seconds, 24);
+  // Depth 2, three slots: the backward's fetches follow one another, 30-40, 40-50, 50-60.
+  e = offload_window_exposure(passes, 2, 1);
+  EXPECT_DOUBLE_EQ(e.forward_seconds, 26);
+  EXPECT_DOUBLE_EQ(e.backward_seconds, 8 + 6 + 6);
+  // One block, two micro-batches, 20 s of resident work in each pass: F0 0-10 (waits 10), B0
+  // fetched 12-22 behind the resident work (from 12 to 32: no wait), home 36-46; the second
+  // forward's fetch waits for that slot, 46-56 (waits 20), and its backward fetches the weights
+  // and the gradients so far, 58-78 (from 58 to 78: no wait).
+  passes.then.count = 1;
+  passes.after_forward_seconds = 10;
+  passes.before_backward_seconds = 10;
+  e = offload_window_exposure(passes, 2, 2);
+  EXPECT_DOUBLE_EQ(e.forward_seconds, (10 + 20) / 2.0);
+  EXPECT_DOUBLE_EQ(e.backward_seconds, 0);
 }
 
 // A run of two kinds of blocks: the first fetch is the first kind's, every later block adds its

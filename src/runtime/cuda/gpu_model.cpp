@@ -46,17 +46,6 @@ GpuDims gpu_dims(const GpuModel& m, const GpuActivations& a) {
   return d;
 }
 
-template <typename T>
-T* take(GpuModel& m, int64_t count, const char* what) {
-  return static_cast<T*>(m.arena->allocate(count * static_cast<int64_t>(sizeof(T)), what));
-}
-
-template <typename T>
-void give(GpuModel& m, T*& buffer) {
-  m.arena->release(buffer);
-  buffer = nullptr;
-}
-
 void norm_forward(const GpuModel& m, const GpuDims& d, bf16* out, float* mean, float* rstd, const bf16* inp,
                   const float* w, const float* b) {
   if (d.gpt2) {
@@ -80,37 +69,37 @@ void norm_backward(const GpuModel& m, const GpuDims& d, bf16* dinp, const bf16* 
 // The dense MLP's activations only for a dense block: an MoE block takes its own (gpu_moe.cpp).
 void allocate_block(GpuModel& m, const GpuDims& d, GpuBlockActivations& a, bool moe) {
   const int64_t NC = int64_t{d.N} * d.C;
-  a.ln1 = take<bf16>(m, NC, "attn_norm.out");
-  if (d.gpt2) a.ln1_mean = take<float>(m, d.N, "attn_norm.mean");
-  a.ln1_rstd = take<float>(m, d.N, "attn_norm.rstd");
-  a.qkv = take<bf16>(m, int64_t{d.N} * d.R, "attn.qkv");
-  a.context = take<bf16>(m, int64_t{d.N} * d.Hq * d.D, "attn.context");
-  a.lse = take<float>(m, int64_t{d.B} * d.Hq * d.T, "attn.lse");
-  a.residual1 = take<bf16>(m, NC, "attn.residual");
-  a.ln2 = take<bf16>(m, NC, "mlp_norm.out");
-  if (d.gpt2) a.ln2_mean = take<float>(m, d.N, "mlp_norm.mean");
-  a.ln2_rstd = take<float>(m, d.N, "mlp_norm.rstd");
+  a.ln1 = gpu_take<bf16>(m, NC, "attn_norm.out");
+  if (d.gpt2) a.ln1_mean = gpu_take<float>(m, d.N, "attn_norm.mean");
+  a.ln1_rstd = gpu_take<float>(m, d.N, "attn_norm.rstd");
+  a.qkv = gpu_take<bf16>(m, int64_t{d.N} * d.R, "attn.qkv");
+  a.context = gpu_take<bf16>(m, int64_t{d.N} * d.Hq * d.D, "attn.context");
+  a.lse = gpu_take<float>(m, int64_t{d.B} * d.Hq * d.T, "attn.lse");
+  a.residual1 = gpu_take<bf16>(m, NC, "attn.residual");
+  a.ln2 = gpu_take<bf16>(m, NC, "mlp_norm.out");
+  if (d.gpt2) a.ln2_mean = gpu_take<float>(m, d.N, "mlp_norm.mean");
+  a.ln2_rstd = gpu_take<float>(m, d.N, "mlp_norm.rstd");
   if (!moe) {
-    a.mlp_up = take<bf16>(m, int64_t{d.N} * d.U, "mlp.up");
-    a.mlp_act = take<bf16>(m, int64_t{d.N} * d.F, "mlp.act");
+    a.mlp_up = gpu_take<bf16>(m, int64_t{d.N} * d.U, "mlp.up");
+    a.mlp_act = gpu_take<bf16>(m, int64_t{d.N} * d.F, "mlp.act");
   }
-  if (a.out == nullptr) a.out = take<bf16>(m, NC, "output");
+  if (a.out == nullptr) a.out = gpu_take<bf16>(m, NC, "output");
 }
 
 // Everything but the block's output, which the next block reads.
 void release_block_internals(GpuModel& m, GpuBlockActivations& a) {
-  give(m, a.ln1);
-  give(m, a.ln1_mean);
-  give(m, a.ln1_rstd);
-  give(m, a.qkv);
-  give(m, a.context);
-  give(m, a.lse);
-  give(m, a.residual1);
-  give(m, a.ln2);
-  give(m, a.ln2_mean);
-  give(m, a.ln2_rstd);
-  give(m, a.mlp_up);
-  give(m, a.mlp_act);
+  gpu_give(m, a.ln1);
+  gpu_give(m, a.ln1_mean);
+  gpu_give(m, a.ln1_rstd);
+  gpu_give(m, a.qkv);
+  gpu_give(m, a.context);
+  gpu_give(m, a.lse);
+  gpu_give(m, a.residual1);
+  gpu_give(m, a.ln2);
+  gpu_give(m, a.ln2_mean);
+  gpu_give(m, a.ln2_rstd);
+  gpu_give(m, a.mlp_up);
+  gpu_give(m, a.mlp_act);
   gpu_moe_release(m, a);
 }
 
@@ -200,20 +189,20 @@ const bf16* block_input(const GpuActivations& a, size_t layer) {
 }
 
 void release_head(GpuModel& m, GpuActivations& a) {
-  give(m, a.lnf);
-  give(m, a.lnf_mean);
-  give(m, a.lnf_rstd);
-  give(m, a.logits);
+  gpu_give(m, a.lnf);
+  gpu_give(m, a.lnf_mean);
+  gpu_give(m, a.lnf_rstd);
+  gpu_give(m, a.logits);
 }
 
 void take_scratch(GpuModel& m, const GpuDims& d, GpuBackwardScratch& sc) {
   const int64_t NC = int64_t{d.N} * d.C;
-  sc.dres = take<bf16>(m, NC, "d residual");
-  sc.dact = take<bf16>(m, int64_t{d.N} * d.F, "d mlp.act");
-  if (!d.gpt2) sc.dup = take<bf16>(m, int64_t{d.N} * d.U, "d mlp.up");
-  sc.dln = take<bf16>(m, NC, "d norm.out");
-  sc.dcontext = take<bf16>(m, int64_t{d.N} * d.Hq * d.D, "d attn.context");
-  sc.dqkv = take<bf16>(m, int64_t{d.N} * d.R, "d attn.qkv");
+  sc.dres = gpu_take<bf16>(m, NC, "d residual");
+  sc.dact = gpu_take<bf16>(m, int64_t{d.N} * d.F, "d mlp.act");
+  if (!d.gpt2) sc.dup = gpu_take<bf16>(m, int64_t{d.N} * d.U, "d mlp.up");
+  sc.dln = gpu_take<bf16>(m, NC, "d norm.out");
+  sc.dcontext = gpu_take<bf16>(m, int64_t{d.N} * d.Hq * d.D, "d attn.context");
+  sc.dqkv = gpu_take<bf16>(m, int64_t{d.N} * d.R, "d attn.qkv");
   sc.attention_workspace =
       m.arena->allocate(cuda_attention_backward_workspace_bytes(d.B, d.T, d.Hq, d.Hkv, d.D), "attention workspace");
 }
@@ -221,7 +210,7 @@ void take_scratch(GpuModel& m, const GpuDims& d, GpuBackwardScratch& sc) {
 void give_scratch(GpuModel& m, GpuBackwardScratch& sc) {
   m.arena->release(sc.attention_workspace);
   sc.attention_workspace = nullptr;
-  for (bf16** buffer : {&sc.dres, &sc.dact, &sc.dup, &sc.dln, &sc.dcontext, &sc.dqkv}) give(m, *buffer);
+  for (bf16** buffer : {&sc.dres, &sc.dact, &sc.dup, &sc.dln, &sc.dcontext, &sc.dqkv}) gpu_give(m, *buffer);
 }
 
 // The head's backward, the top piece's first part. The loss's gradient is computed here rather
@@ -273,11 +262,11 @@ GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t co
   cuda_attention_check_shape(static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
                              static_cast<int>(s.head_dim));
   gpu_moe_check(*host);
-  params = take<float>(*this, num_parameters, "parameters (fp32)");
-  grads = take<float>(*this, num_parameters, "gradients (fp32)");
-  weights = take<bf16>(*this, num_parameters, "weights (bf16 copy)");
+  params = gpu_take<float>(*this, num_parameters, "parameters (fp32)");
+  grads = gpu_take<float>(*this, num_parameters, "gradients (fp32)");
+  weights = gpu_take<bf16>(*this, num_parameters, "weights (bf16 copy)");
   const int64_t head_elements = int64_t{gpu_logits_ld(s.vocab_size)} * s.hidden_size;
-  head_weight = take<bf16>(*this, head_elements, "lm_head (bf16, padded)");
+  head_weight = gpu_take<bf16>(*this, head_elements, "lm_head (bf16, padded)");
   cuda_check(cudaMemsetAsync(head_weight, 0, static_cast<size_t>(head_elements) * sizeof(bf16), stream),
              "zeroing the padded head");
   upload_weights(*this);
@@ -285,10 +274,10 @@ GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t co
 }
 
 GpuModel::~GpuModel() {
-  give(*this, head_weight);
-  give(*this, weights);
-  give(*this, grads);
-  give(*this, params);
+  gpu_give(*this, head_weight);
+  gpu_give(*this, weights);
+  gpu_give(*this, grads);
+  gpu_give(*this, params);
 }
 
 bf16* GpuModel::weight(const float* host_tensor) const {
@@ -320,8 +309,8 @@ void gpu_activations_begin(GpuModel& m, GpuActivations& a, const int32_t* inputs
   a.T = T;
   const int64_t N = int64_t{B} * T;
   const size_t token_bytes = static_cast<size_t>(N) * sizeof(int32_t);
-  a.tokens = take<int32_t>(m, N, "token ids");
-  a.targets = take<int32_t>(m, N, "target ids");
+  a.tokens = gpu_take<int32_t>(m, N, "token ids");
+  a.targets = gpu_take<int32_t>(m, N, "target ids");
   cuda_check(cudaMemcpyAsync(a.tokens, inputs, token_bytes, cudaMemcpyHostToDevice, m.stream), "uploading tokens");
   cuda_check(cudaMemcpyAsync(a.targets, targets, token_bytes, cudaMemcpyHostToDevice, m.stream), "uploading targets");
 }
@@ -337,7 +326,7 @@ void gpu_model_forward(GpuModel& m, GpuActivations& a) {
   a.aux_loss = 0;
   a.balance_sums.clear();
   a.balance_pooled = false;
-  a.embedded = take<bf16>(m, int64_t{d.N} * d.C, "embedding.out");
+  a.embedded = gpu_take<bf16>(m, int64_t{d.N} * d.C, "embedding.out");
   cuda_embedding_forward(a.embedded, a.tokens, m.weight(w.token), m.weight(w.position), d.B, d.T, d.C, s);
   mark(m, &GpuPhaseEvents::forward, 1);
   a.blocks.assign(L, GpuBlockActivations{});
@@ -350,14 +339,14 @@ void gpu_model_forward(GpuModel& m, GpuActivations& a) {
     if (m.host->recompute[layer] == Recompute::Recompute_full) release_block_internals(m, b);
     mark(m, &GpuPhaseEvents::forward, 2 + layer);
   }
-  a.lnf = take<bf16>(m, int64_t{d.N} * d.C, "final_norm.out");
-  if (d.gpt2) a.lnf_mean = take<float>(m, d.N, "final_norm.mean");
-  a.lnf_rstd = take<float>(m, d.N, "final_norm.rstd");
+  a.lnf = gpu_take<bf16>(m, int64_t{d.N} * d.C, "final_norm.out");
+  if (d.gpt2) a.lnf_mean = gpu_take<float>(m, d.N, "final_norm.mean");
+  a.lnf_rstd = gpu_take<float>(m, d.N, "final_norm.rstd");
   norm_forward(m, d, a.lnf, a.lnf_mean, a.lnf_rstd, a.blocks.back().out, w.final_norm_w, w.final_norm_b);
-  a.logits = take<bf16>(m, int64_t{d.N} * d.ld, "logits");
+  a.logits = gpu_take<bf16>(m, int64_t{d.N} * d.ld, "logits");
   // Over the padded vocabulary: columns [V, ld) come out 0 and the loss ignores them.
   m.matmul.forward(a.logits, a.lnf, m.head_weight, nullptr, nullptr, d.N, d.C, d.ld, d.ld, s);
-  a.losses = take<float>(m, d.N, "losses");
+  a.losses = gpu_take<float>(m, d.N, "losses");
   cuda_crossentropy(a.logits, a.losses, a.targets, d.N, d.V, d.ld, 0.0f, false, s);
   mark(m, &GpuPhaseEvents::forward, L + 2);
   a.backward_next = static_cast<int>(L);
@@ -395,7 +384,7 @@ void gpu_model_backward(GpuModel& m, GpuActivations& a, int block_begin, int blo
     }
     block_backward(m, a, d, layer, x, b, sc, aux_scale);
     release_block_internals(m, b);
-    give(m, b.out);
+    gpu_give(m, b.out);
     mark(m, &GpuPhaseEvents::backward, static_cast<size_t>(2 + (L - 1 - layer)));
   }
   a.backward_next = block_begin;
@@ -410,13 +399,13 @@ void gpu_activations_release(GpuModel& m, GpuActivations& a) {
   release_head(m, a);
   for (GpuBlockActivations& b : a.blocks) {
     release_block_internals(m, b);
-    give(m, b.out);
+    gpu_give(m, b.out);
   }
   a.blocks.clear();
-  give(m, a.losses);
-  give(m, a.embedded);
-  give(m, a.tokens);
-  give(m, a.targets);
+  gpu_give(m, a.losses);
+  gpu_give(m, a.embedded);
+  gpu_give(m, a.tokens);
+  gpu_give(m, a.targets);
   a.backward_next = 0;
 }
 

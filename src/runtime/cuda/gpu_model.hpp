@@ -120,6 +120,18 @@ struct GpuModel {
   float* gradient(const float* host_tensor) const;
 };
 
+// `count` elements of T from the model's device arena (`what` names them in its reports), and
+// their release (the pointer is cleared).
+template <typename T>
+T* gpu_take(GpuModel& m, int64_t count, const char* what) {
+  return static_cast<T*>(m.arena->allocate(count * static_cast<int64_t>(sizeof(T)), what));
+}
+template <typename T>
+void gpu_give(GpuModel& m, T*& buffer) {
+  m.arena->release(buffer);
+  buffer = nullptr;
+}
+
 // Copies the LM head's bf16 weights into head_weight (after every change of the weights).
 void gpu_model_refresh_head(GpuModel& model);
 void gpu_model_zero_grad(GpuModel& model);

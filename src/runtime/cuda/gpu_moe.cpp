@@ -39,17 +39,6 @@ GpuMoeDims gpu_moe_dims(const GpuModel& m, const GpuActivations& pass) {
 }
 
 template <typename T>
-T* moe_take(GpuModel& m, int64_t count, const char* what) {
-  return static_cast<T*>(m.arena->allocate(count * static_cast<int64_t>(sizeof(T)), what));
-}
-
-template <typename T>
-void moe_give(GpuModel& m, T*& buffer) {
-  m.arena->release(buffer);
-  buffer = nullptr;
-}
-
-template <typename T>
 void upload(T* device, const std::vector<T>& host, cudaStream_t stream) {
   // Pageable memory: the call returns once the host data is copied out, so `host` may go.
   cuda_check(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream),
@@ -89,8 +78,8 @@ void experts_forward(GpuModel& m, const GpuMoeDims& d, const BlockTensors& w, co
 void experts_backward(GpuModel& m, const GpuMoeDims& d, const BlockTensors& w, const bf16* x, const bf16* up,
                       const bf16* act, const bf16* dout, const int64_t* offsets, int first, int count, bf16* dx,
                       int64_t capacity_rows) {
-  bf16* dact = moe_take<bf16>(m, capacity_rows * d.Fe, "d moe.act");
-  bf16* dup = moe_take<bf16>(m, capacity_rows * 2 * d.Fe, "d moe.up");
+  bf16* dact = gpu_take<bf16>(m, capacity_rows * d.Fe, "d moe.act");
+  bf16* dup = gpu_take<bf16>(m, capacity_rows * 2 * d.Fe, "d moe.up");
   CudaMatmul& mm = m.matmul;
   for (int j = 0; j < count; ++j) {
     const int64_t r0 = offsets[j];
@@ -107,8 +96,8 @@ void experts_backward(GpuModel& m, const GpuMoeDims& d, const BlockTensors& w, c
     mm.backward_weight(m.gradient(gate_up), dup + r0 * 2 * d.Fe, x + r0 * d.C, rows, d.C, 2 * d.Fe, 2 * d.Fe,
                        m.stream);
   }
-  moe_give(m, dup);
-  moe_give(m, dact);
+  gpu_give(m, dup);
+  gpu_give(m, dact);
 }
 
 // Rows (R, C) from `in` to `out` by the copies of moe_ep_reorder_copies.
@@ -136,18 +125,18 @@ void ep_forward(GpuModel& m, const GpuMoeDims& d, const BlockTensors& w, GpuBloc
   m.host->moe_exchange->members_gather(mine.data(), b.moe_ep_counts.data(), d.E);
   const MoeEpRoute r = moe_ep_route(m.host->spec, shard, b.moe_offsets.data(), b.moe_ep_counts.data());
   const int64_t rows = moe_ep_rows_capacity(r.R, d.NK);
-  bf16* arrived = moe_take<bf16>(m, rows * d.C, "moe.ep arrived rows");
+  bf16* arrived = gpu_take<bf16>(m, rows * d.C, "moe.ep arrived rows");
   ep_exchange(m, xp, r.send_rows, arrived, r.recv_rows, d.C);
-  b.moe_ep_in = moe_take<bf16>(m, rows * d.C, "moe.ep in");
+  b.moe_ep_in = gpu_take<bf16>(m, rows * d.C, "moe.ep in");
   ep_reorder(m, b.moe_ep_in, arrived, r, d.C, true);
-  b.moe_up = moe_take<bf16>(m, rows * 2 * d.Fe, "moe.up");
-  b.moe_act = moe_take<bf16>(m, rows * d.Fe, "moe.act");
-  bf16* out = moe_take<bf16>(m, rows * d.C, "moe.ep out");
+  b.moe_up = gpu_take<bf16>(m, rows * 2 * d.Fe, "moe.up");
+  b.moe_act = gpu_take<bf16>(m, rows * d.Fe, "moe.act");
+  bf16* out = gpu_take<bf16>(m, rows * d.C, "moe.ep out");
   experts_forward(m, d, w, b.moe_ep_in, r.expert_rows.data(), r.lo, r.hi - r.lo, b.moe_up, b.moe_act, out);
   ep_reorder(m, arrived, out, r, d.C, false);
   ep_exchange(m, arrived, r.recv_rows, b.moe_out, r.send_rows, d.C);
-  moe_give(m, out);
-  moe_give(m, arrived);
+  gpu_give(m, out);
+  gpu_give(m, arrived);
 }
 
 // dyp: (N K, C) d(b.moe_out) -> dxp: (N K, C) d(the permuted rows), overwritten, from the members.
@@ -155,18 +144,18 @@ void ep_backward(GpuModel& m, const GpuMoeDims& d, const BlockTensors& w, const 
                  const bf16* dyp, bf16* dxp) {
   const MoeEpRoute r = moe_ep_route(m.host->spec, m.host->shard, b.moe_offsets.data(), b.moe_ep_counts.data());
   const int64_t rows = moe_ep_rows_capacity(r.R, d.NK);
-  bf16* arrived = moe_take<bf16>(m, rows * d.C, "d moe.ep arrived rows");
+  bf16* arrived = gpu_take<bf16>(m, rows * d.C, "d moe.ep arrived rows");
   ep_exchange(m, dyp, r.send_rows, arrived, r.recv_rows, d.C);
-  bf16* dout = moe_take<bf16>(m, rows * d.C, "d moe.ep out");
+  bf16* dout = gpu_take<bf16>(m, rows * d.C, "d moe.ep out");
   ep_reorder(m, dout, arrived, r, d.C, true);
-  bf16* din = moe_take<bf16>(m, rows * d.C, "d moe.ep in");
+  bf16* din = gpu_take<bf16>(m, rows * d.C, "d moe.ep in");
   experts_backward(m, d, w, b.moe_ep_in, b.moe_up, b.moe_act, dout, r.expert_rows.data(), r.lo, r.hi - r.lo, din,
                    rows);
   ep_reorder(m, arrived, din, r, d.C, false);
   ep_exchange(m, arrived, r.recv_rows, dxp, r.send_rows, d.C);
-  moe_give(m, din);
-  moe_give(m, dout);
-  moe_give(m, arrived);
+  gpu_give(m, din);
+  gpu_give(m, dout);
+  gpu_give(m, arrived);
 }
 
 // b.moe_experts -> b.moe_offsets (host), b.moe_slots and b.moe_rows (device), by the CPU's
@@ -177,19 +166,19 @@ void permute(GpuModel& m, const GpuMoeDims& d, GpuBlockActivations& b, int64_t* 
   b.moe_offsets.assign(static_cast<size_t>(d.E) + 1, 0);
   moe_permute(b.moe_offsets.data(), slots.data(), counts, experts.data(), d.N, d.E, d.K);
   moe_rows_of_slots(rows.data(), slots.data(), d.NK);
-  b.moe_slots = moe_take<int32_t>(m, d.NK, "moe.slots");
-  b.moe_rows = moe_take<int32_t>(m, d.NK, "moe.rows");
+  b.moe_slots = gpu_take<int32_t>(m, d.NK, "moe.slots");
+  b.moe_rows = gpu_take<int32_t>(m, d.NK, "moe.rows");
   upload(b.moe_slots, slots, m.stream);
   upload(b.moe_rows, rows, m.stream);
 }
 
 // (2 E + 1) the block's picks per expert, router probabilities summed per expert, and N.
 std::vector<double> balance_sums(GpuModel& m, const GpuMoeDims& d, const GpuBlockActivations& b) {
-  double* column_sums = moe_take<double>(m, d.E, "moe.probability sums");
+  double* column_sums = gpu_take<double>(m, d.E, "moe.probability sums");
   cuda_check(cudaMemsetAsync(column_sums, 0, static_cast<size_t>(d.E) * sizeof(double), m.stream), "zeroing sums");
   cuda_moe_prob_sums(column_sums, b.moe_probs, d.N, d.E, m.stream);
   const std::vector<double> probabilities = download(column_sums, d.E, m.stream);
-  moe_give(m, column_sums);
+  gpu_give(m, column_sums);
   std::vector<double> sums(2 * static_cast<size_t>(d.E) + 1, 0.0);
   for (int e = 0; e < d.E; ++e) {
     sums[static_cast<size_t>(e)] = b.moe_offsets[static_cast<size_t>(e) + 1] - b.moe_offsets[static_cast<size_t>(e)];
@@ -242,15 +231,15 @@ void shared_backward(GpuModel& m, const GpuMoeDims& d, const BlockTensors& w, co
     return;
   }
   CudaMatmul& mm = m.matmul;
-  bf16* dact = moe_take<bf16>(m, int64_t{d.N} * d.Fs, "d moe.shared.act");
+  bf16* dact = gpu_take<bf16>(m, int64_t{d.N} * d.Fs, "d moe.shared.act");
   mm.backward_input(dact, dout, m.weight(w.shared_down_w), d.N, d.Fs, d.C, d.C, false, m.stream);
   mm.backward_weight(m.gradient(w.shared_down_w), dout, b.shared_act, d.N, d.Fs, d.C, d.C, m.stream);
-  bf16* dup = moe_take<bf16>(m, int64_t{d.N} * 2 * d.Fs, "d moe.shared.up");
+  bf16* dup = gpu_take<bf16>(m, int64_t{d.N} * 2 * d.Fs, "d moe.shared.up");
   cuda_swiglu_backward(dup, b.shared_up, dact, d.N, d.Fs, m.stream);
-  moe_give(m, dact);
+  gpu_give(m, dact);
   mm.backward_input(dln, dup, m.weight(w.shared_gate_up_w), d.N, d.C, 2 * d.Fs, 2 * d.Fs, false, m.stream);
   mm.backward_weight(m.gradient(w.shared_gate_up_w), dup, b.ln2, d.N, d.C, 2 * d.Fs, 2 * d.Fs, m.stream);
-  moe_give(m, dup);
+  gpu_give(m, dup);
 }
 
 // dweights: (N, K) -> dln += the router's input gradient, with the load-balancing loss's, and
@@ -260,15 +249,15 @@ void router_backward(GpuModel& m, const GpuMoeDims& d, const BlockTensors& w, co
   const std::vector<double>& sums = pass.balance_pooled ? pass.balance_sums : b.moe_aux_sums;
   std::vector<float> aux_dprobs(static_cast<size_t>(d.E));
   moe_aux_backward_from_sums(aux_dprobs.data(), sums.data(), sums[2 * static_cast<size_t>(d.E)], d.N, d.E, aux_scale);
-  float* daux = moe_take<float>(m, d.E, "d moe.probs (balance)");
+  float* daux = gpu_take<float>(m, d.E, "d moe.probs (balance)");
   upload(daux, aux_dprobs, m.stream);
-  bf16* dlogits = moe_take<bf16>(m, int64_t{d.N} * d.E, "d moe.logits");
+  bf16* dlogits = gpu_take<bf16>(m, int64_t{d.N} * d.E, "d moe.logits");
   cuda_moe_route_backward(dlogits, dweights, daux, b.moe_probs, b.moe_experts, b.moe_weights, d.N, d.E, d.K,
                           d.normalize, m.stream);
   m.matmul.backward_input(dln, dlogits, m.weight(w.router_w), d.N, d.C, d.E, d.E, true, m.stream);
   m.matmul.backward_weight(m.gradient(w.router_w), dlogits, b.ln2, d.N, d.C, d.E, d.E, m.stream);
-  moe_give(m, dlogits);
-  moe_give(m, daux);
+  gpu_give(m, dlogits);
+  gpu_give(m, daux);
 }
 
 }  // namespace
@@ -291,31 +280,31 @@ void gpu_moe_forward(GpuModel& m, GpuActivations& pass, int layer, GpuBlockActiv
                      bool counted) {
   const GpuMoeDims d = gpu_moe_dims(m, pass);
   const BlockTensors& w = m.host->weights.blocks[static_cast<size_t>(layer)];
-  bf16* logits = moe_take<bf16>(m, int64_t{d.N} * d.E, "moe.logits");
+  bf16* logits = gpu_take<bf16>(m, int64_t{d.N} * d.E, "moe.logits");
   m.matmul.forward(logits, b.ln2, m.weight(w.router_w), nullptr, nullptr, d.N, d.C, d.E, d.E, m.stream);
-  b.moe_probs = moe_take<float>(m, int64_t{d.N} * d.E, "moe.probs");
-  b.moe_experts = moe_take<int32_t>(m, d.NK, "moe.experts");
-  b.moe_weights = moe_take<float>(m, d.NK, "moe.weights");
+  b.moe_probs = gpu_take<float>(m, int64_t{d.N} * d.E, "moe.probs");
+  b.moe_experts = gpu_take<int32_t>(m, d.NK, "moe.experts");
+  b.moe_weights = gpu_take<float>(m, d.NK, "moe.weights");
   cuda_moe_route_forward(b.moe_probs, b.moe_experts, b.moe_weights, logits, d.N, d.E, d.K, d.normalize, m.stream);
-  moe_give(m, logits);
+  gpu_give(m, logits);
   const bool counts = counted && m.routing != nullptr;
   permute(m, d, b, counts ? m.routing->expert_tokens.data() + int64_t{layer} * d.E : nullptr);
 
-  bf16* xp = moe_take<bf16>(m, int64_t{d.NK} * d.C, "moe gathered input");
+  bf16* xp = gpu_take<bf16>(m, int64_t{d.NK} * d.C, "moe gathered input");
   cuda_moe_gather(xp, b.ln2, b.moe_slots, d.NK, d.K, d.C, m.stream);
-  b.moe_out = moe_take<bf16>(m, int64_t{d.NK} * d.C, "moe.out");
+  b.moe_out = gpu_take<bf16>(m, int64_t{d.NK} * d.C, "moe.out");
   if (m.host->shard.experts_split()) {
     ep_forward(m, d, w, b, xp);
   } else {
-    b.moe_up = moe_take<bf16>(m, int64_t{d.NK} * 2 * d.Fe, "moe.up");
-    b.moe_act = moe_take<bf16>(m, int64_t{d.NK} * d.Fe, "moe.act");
+    b.moe_up = gpu_take<bf16>(m, int64_t{d.NK} * 2 * d.Fe, "moe.up");
+    b.moe_act = gpu_take<bf16>(m, int64_t{d.NK} * d.Fe, "moe.act");
     const std::vector<int64_t> offsets = offsets64(b.moe_offsets);
     experts_forward(m, d, w, xp, offsets.data(), 0, d.E, b.moe_up, b.moe_act, b.moe_out);
   }
-  moe_give(m, xp);
+  gpu_give(m, xp);
   if (d.Fs > 0) {
-    b.shared_up = moe_take<bf16>(m, int64_t{d.N} * 2 * d.Fs, "moe.shared.up");
-    b.shared_act = moe_take<bf16>(m, int64_t{d.N} * d.Fs, "moe.shared.act");
+    b.shared_up = gpu_take<bf16>(m, int64_t{d.N} * 2 * d.Fs, "moe.shared.up");
+    b.shared_act = gpu_take<bf16>(m, int64_t{d.N} * d.Fs, "moe.shared.act");
     m.matmul.forward(b.shared_up, b.ln2, m.weight(w.shared_gate_up_w), nullptr, nullptr, d.N, d.C, 2 * d.Fs,
                      2 * d.Fs, m.stream);
     cuda_swiglu_forward(b.shared_act, b.shared_up, d.N, d.Fs, m.stream);
@@ -329,38 +318,38 @@ void gpu_moe_backward(GpuModel& m, const GpuActivations& pass, int layer, const 
   const GpuMoeDims d = gpu_moe_dims(m, pass);
   const BlockTensors& w = m.host->weights.blocks[static_cast<size_t>(layer)];
   shared_backward(m, d, w, b, dout, dln);
-  bf16* dyp = moe_take<bf16>(m, int64_t{d.NK} * d.C, "d moe.out");
-  float* dweights = moe_take<float>(m, d.NK, "d moe.weights");
+  bf16* dyp = gpu_take<bf16>(m, int64_t{d.NK} * d.C, "d moe.out");
+  float* dweights = gpu_take<float>(m, d.NK, "d moe.weights");
   cuda_moe_combine_backward(dyp, dweights, dout, b.moe_out, b.moe_weights, b.moe_rows, d.N, d.K, d.C, m.stream);
-  bf16* dxp = moe_take<bf16>(m, int64_t{d.NK} * d.C, "d moe gathered input");
+  bf16* dxp = gpu_take<bf16>(m, int64_t{d.NK} * d.C, "d moe gathered input");
   if (m.host->shard.experts_split()) {
     ep_backward(m, d, w, b, dyp, dxp);
   } else {
-    bf16* xp = moe_take<bf16>(m, int64_t{d.NK} * d.C, "moe gathered input");
+    bf16* xp = gpu_take<bf16>(m, int64_t{d.NK} * d.C, "moe gathered input");
     cuda_moe_gather(xp, b.ln2, b.moe_slots, d.NK, d.K, d.C, m.stream);
     const std::vector<int64_t> offsets = offsets64(b.moe_offsets);
     experts_backward(m, d, w, xp, b.moe_up, b.moe_act, dyp, offsets.data(), 0, d.E, dxp, d.NK);
-    moe_give(m, xp);
+    gpu_give(m, xp);
   }
   cuda_moe_scatter_add(dln, dxp, b.moe_rows, d.N, d.K, d.C, m.stream);
-  moe_give(m, dxp);
-  moe_give(m, dyp);
+  gpu_give(m, dxp);
+  gpu_give(m, dyp);
   router_backward(m, d, w, pass, b, dweights, dln, aux_scale);
-  moe_give(m, dweights);
+  gpu_give(m, dweights);
 }
 
 void gpu_moe_release(GpuModel& m, GpuBlockActivations& b) {
-  moe_give(m, b.moe_probs);
-  moe_give(m, b.moe_experts);
-  moe_give(m, b.moe_weights);
-  moe_give(m, b.moe_slots);
-  moe_give(m, b.moe_rows);
-  moe_give(m, b.moe_up);
-  moe_give(m, b.moe_act);
-  moe_give(m, b.moe_out);
-  moe_give(m, b.moe_ep_in);
-  moe_give(m, b.shared_up);
-  moe_give(m, b.shared_act);
+  gpu_give(m, b.moe_probs);
+  gpu_give(m, b.moe_experts);
+  gpu_give(m, b.moe_weights);
+  gpu_give(m, b.moe_slots);
+  gpu_give(m, b.moe_rows);
+  gpu_give(m, b.moe_up);
+  gpu_give(m, b.moe_act);
+  gpu_give(m, b.moe_out);
+  gpu_give(m, b.moe_ep_in);
+  gpu_give(m, b.shared_up);
+  gpu_give(m, b.shared_act);
 }
 
 }  // namespace alloy

@@ -178,13 +178,9 @@ const ProfiledLayer* Profile::find_layer(const std::string& device_type, LayerKi
 namespace {
 
 // Seconds = a + b x sequences through the points (sequences, seconds), minimising the relative
-// residuals; through the origin when the best line would start below zero. Two points or more.
-struct SecondsLine {
-  double a = 0, b = 0;
-  double at(double sequences) const { return a + b * sequences; }
-};
-
-SecondsLine line_fit(const std::vector<std::pair<double, double>>& points) {
+// residuals, read at `sequences`; through the origin when the best line falls with size or
+// would read zero or less there. Two points or more.
+double line_fit_at(const std::vector<std::pair<double, double>>& points, double sequences) {
   // Weighted least squares with weights 1 / seconds^2.
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (const auto& [x, y] : points) {
@@ -195,14 +191,29 @@ SecondsLine line_fit(const std::vector<std::pair<double, double>>& points) {
     sxx += w * x * x;
     sxy += w * x * y;
   }
-  SecondsLine line;
   const double det = sw * sxx - sx * sx;
   if (det > 0) {
-    line.b = (sw * sxy - sx * sy) / det;
-    line.a = (sy - line.b * sx) / sw;
+    const double b = (sw * sxy - sx * sy) / det;
+    const double a = (sy - b * sx) / sw;
+    if (b >= 0 && a + b * sequences > 0) return a + b * sequences;
   }
-  if (det <= 0 || line.a < 0 || line.b < 0) line = {0, sxy / sxx};
-  return line;
+  return sxy / sxx * sequences;
+}
+
+// The measured sizes a time at `sequences` is read from: those within a factor of 2 of it and
+// the nearest on each side. A line over every size bends away from the largest ones on a GPU,
+// whose small sizes are bound by launches (an H200's GPT-2 block: 0.10 ms at 1 sequence, 1.24
+// ms at 32, where a line over 1..32 reads 1.16); the neighbours alone still smooth one noisy
+// timing.
+std::vector<const ProfiledLayer*> neighbours(const std::vector<const ProfiledLayer*>& sorted, double sequences) {
+  std::vector<const ProfiledLayer*> out;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const double b = sorted[i]->micro_batch;
+    const bool below_nearest = b <= sequences && (i + 1 == sorted.size() || sorted[i + 1]->micro_batch > sequences);
+    const bool above_nearest = b >= sequences && (i == 0 || sorted[i - 1]->micro_batch < sequences);
+    if ((b >= sequences / 2 && b <= sequences * 2) || below_nearest || above_nearest) out.push_back(sorted[i]);
+  }
+  return out;
 }
 
 }  // namespace
@@ -219,24 +230,23 @@ std::optional<ProfiledLayer> Profile::layer_at(const std::string& device_type, L
   if (same.empty()) return std::nullopt;
   std::sort(same.begin(), same.end(), [](const ProfiledLayer* x, const ProfiledLayer* y) { return x->micro_batch < y->micro_batch; });
   if (micro_batch < same.front()->micro_batch) return std::nullopt;
-  ProfiledLayer out = *same.front();
-  out.micro_batch = micro_batch;
-  if (same.size() == 1 && micro_batch == same.front()->micro_batch) return out;
-  const double largest = same.back()->micro_batch;
-  const double x = std::min<double>(micro_batch, largest);
+  const double x = std::min<double>(micro_batch, same.back()->micro_batch);
   const double beyond = micro_batch / x;  // past the largest size: its time per sequence
-  std::vector<std::pair<double, double>> forward, backward;
-  for (const ProfiledLayer* l : same) {
-    forward.emplace_back(l->micro_batch, l->forward_seconds);
-    backward.emplace_back(l->micro_batch, l->backward_seconds);
-  }
-  if (same.size() == 1) {
+  const std::vector<const ProfiledLayer*> near = neighbours(same, x);
+  ProfiledLayer out = *near.front();
+  out.micro_batch = micro_batch;
+  if (near.size() == 1) {
     out.forward_seconds *= beyond;
     out.backward_seconds *= beyond;
     return out;
   }
-  out.forward_seconds = line_fit(forward).at(x) * beyond;
-  out.backward_seconds = line_fit(backward).at(x) * beyond;
+  std::vector<std::pair<double, double>> forward, backward;
+  for (const ProfiledLayer* l : near) {
+    forward.emplace_back(l->micro_batch, l->forward_seconds);
+    backward.emplace_back(l->micro_batch, l->backward_seconds);
+  }
+  out.forward_seconds = line_fit_at(forward, x) * beyond;
+  out.backward_seconds = line_fit_at(backward, x) * beyond;
   return out;
 }
 

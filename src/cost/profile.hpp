@@ -89,11 +89,11 @@ struct Profile {
 
   const ProfiledLayer* find_layer(const std::string& device_type, LayerKind kind, int micro_batch,
                                   int seq_len, int tp, bool sequence_parallel) const;
-  // Seconds of a layer at any micro-batch size from those measured for the same shape: with
-  // three sizes or more, the line a + b x sequences fitted to them (relative residuals; one
-  // size's timing on a shared machine moved by 25% between neighbours, where the line holds);
-  // with two, the line through them; with one, that one's time per sequence. Past the largest
-  // size, that size's time per sequence; nothing below the smallest.
+  // Seconds of a layer at any micro-batch size from those measured for the same shape: the line
+  // a + b x sequences fitted to the measured sizes within a factor of 2 and the nearest on each
+  // side (relative residuals; one size's timing on a shared machine moved by 25% between
+  // neighbours, where the line holds); with one such size, its time per sequence. Past the
+  // largest size, that size's time per sequence; nothing below the smallest.
   std::optional<ProfiledLayer> layer_at(const std::string& device_type, LayerKind kind, int micro_batch, int seq_len,
                                         int tp, bool sequence_parallel) const;
   const ProfiledCollective* find_collective(const std::string& device_type, CollectiveOp op,

@@ -391,6 +391,30 @@ TEST(Profile, LayerTimesBetweenMeasuredMicroBatches) {
   EXPECT_FALSE(p.layer_at("gpu", LayerKind::LayerKind_block, 3, 64, 1, false));
 }
 
+// A GPU's layer times are bound by launches at small micro-batches and grow faster than a line
+// at large ones (GPT-2 small's block forward on an H200, ms): the sizes near the one asked for
+// price it, so the largest measured size reads its own time and those between stay within 3%.
+TEST(Profile, LayerTimesFollowTheNearestSizesOnAGpu) {
+  const std::vector<std::pair<int, double>> block_ms = {{1, 0.096}, {2, 0.123}, {4, 0.187},
+                                                        {8, 0.322}, {16, 0.601}, {32, 1.241}};
+  Profile p;
+  p.model_name = "gpt2";
+  for (const auto& [b, ms] : block_ms)
+    p.device_types["h200"].layers.push_back({LayerKind::LayerKind_block, b, 1024, 1, false, ms * 1e-3, 2 * ms * 1e-3});
+  for (const auto& [b, ms] : block_ms) {
+    const auto at = p.layer_at("h200", LayerKind::LayerKind_block, b, 1024, 1, false);
+    ASSERT_TRUE(at);
+    EXPECT_NEAR(at->forward_seconds, ms * 1e-3, 0.03 * ms * 1e-3) << "micro-batch " << b;
+  }
+  EXPECT_NEAR(p.layer_at("h200", LayerKind::LayerKind_block, 32, 1024, 1, false)->forward_seconds, 1.241e-3, 1e-12);
+  EXPECT_NEAR(p.layer_at("h200", LayerKind::LayerKind_block, 64, 1024, 1, false)->forward_seconds, 2 * 1.241e-3, 1e-12)
+      << "past the largest size, its time per sequence";
+  const auto between = p.layer_at("h200", LayerKind::LayerKind_block, 24, 1024, 1, false);
+  ASSERT_TRUE(between);
+  EXPECT_GT(between->forward_seconds, 0.601e-3);
+  EXPECT_LT(between->forward_seconds, 1.241e-3);
+}
+
 // A CPU's collectives bend where buffers leave the cache: the samples are followed between
 // them, their last segment past the largest, and the fit's rate below the smallest.
 TEST(Profile, CollectiveTimesFollowTheSamples) {

@@ -153,12 +153,18 @@ TEST(GradientSink, PiecesGiveTheGradientsOfOneWrite) {
   for (const ModelSpec& spec : sink_specs()) {
     const Backward whole = backward(spec, false), pieces = backward(spec, true);
     ASSERT_EQ(whole.gradients.size(), pieces.gradients.size());
+    // Pieces run the same products in other shapes, so OpenBLAS may sum them in another order
+    // (its AVX2 kernels do; its AVX-512 ones did not): each gradient is compared on a scale of
+    // at least 1/1000 of the largest, where fp32 sums of reordered terms differ in their last
+    // places; a wrong piece would be off by its whole size.
+    double largest = 0;
+    for (float g : whole.gradients) largest = std::max(largest, std::abs(static_cast<double>(g)));
     double worst = 0;
     for (size_t i = 0; i < whole.gradients.size(); ++i) {
-      const double scale = std::max(1e-6, std::abs(static_cast<double>(whole.gradients[i])));
+      const double scale = std::max(1e-3 * largest, std::abs(static_cast<double>(whole.gradients[i])));
       worst = std::max(worst, std::abs(static_cast<double>(whole.gradients[i]) - pieces.gradients[i]) / scale);
     }
-    EXPECT_LT(worst, 1e-5) << spec.name;
+    EXPECT_LT(worst, 1e-4) << spec.name;  // AVX2 kernels: 2e-5; AVX-512 ones: 0
   }
 }
 

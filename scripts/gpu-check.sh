@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# The GPU check, sized for one H200 in under 8 minutes: builds the CUDA backend (or
-# uses prebuilt binaries from ALLOY_GPU_BIN), runs the GPU tests and the kernel benchmarks,
-# profiles GPT-2 small (124M) on the GPU, plans it for one H200 with that profile, trains the
-# plan at sequence 1024 (tokens/s, model FLOPs utilisation, peak memory, predicted against
-# measured), checks the Mixture-of-Experts blocks against the CPU backend and tiny-moe's expert
-# parallelism over two GPU ranks against one GPU, and follows a small GPT's loss over 50 steps on the GPU against the CPU backend.
-# Outputs go to $OUT when set, else out/gpu-check/.
+# The GPU check, sized for one H200 in under 8 minutes: builds the CUDA backend (or uses
+# prebuilt binaries from ALLOY_GPU_BIN), runs the GPU tests and the kernel benchmarks, trains
+# small-gpt in pipeline stages (1F1B, GPipe, interleaved, with recomputation) and with ZeRO 1 on
+# GPU ranks against one GPU, checks
+# the Mixture-of-Experts blocks against the CPU backend and a small MoE's expert parallelism
+# over two GPU ranks against one GPU, profiles GPT-2 small (124M) on the GPU, plans it for one
+# H200 with that profile and without one (the catalog's defaults), trains each plan at sequence
+# 1024 (tokens/s, model FLOPs utilisation, peak memory, predicted against measured), trains it in
+# two pipeline stages on two ranks sharing the GPU (memory per rank, predicted against measured),
+# and follows a small GPT's loss over 50 steps on the GPU against the CPU backend.
+# Logs, profiles and plans go to out/gpu-check/ (ALLOY_GPU_CHECK_DIR); where OUT names a folder,
+# they are also packed there as gpu-check.tgz (without the token files), with a summary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-out/gpu-check}
+out=${ALLOY_GPU_CHECK_DIR:-out/gpu-check}
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 start=$(date +%s)
@@ -38,7 +43,10 @@ fi
 alloy=$bin/alloy
 
 section "GPU tests"
-run tests timeout 300 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='-*GpuMoe*'
+run tests timeout 300 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='-*GpuMoe*:*GpuLayouts*'
+
+section "pipeline stages, interleaved chunks, recomputation and ZeRO 1 on GPU ranks against one GPU"
+run layouts timeout 240 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='*GpuLayouts*'
 
 section "Mixture-of-Experts on the GPU: blocks against the CPU backend, ep 2 against one GPU"
 run moe timeout 180 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='*GpuMoe*'
@@ -67,6 +75,22 @@ run gpt2_plan "$alloy" plan --model gpt2 --cluster examples/clusters/h200-1.yaml
 run gpt2_train "$alloy" train --device cuda --plan "$out/gpt2-plan.json" --model gpt2 --data "$out/fsf_train.bin" \
   --train examples/train/gpt2-h200.yaml --log "$out/gpt2-train.jsonl"
 
+section "GPT-2 small on one H200 without a profile: plan from the catalog's defaults, train"
+run gpt2_plan_unprofiled "$alloy" plan --model gpt2 --cluster examples/clusters/h200-1.yaml \
+  --train examples/train/gpt2-h200.yaml --no-offload -o "$out/gpt2-plan-unprofiled.json"
+run gpt2_train_unprofiled "$alloy" train --device cuda --plan "$out/gpt2-plan-unprofiled.json" --model gpt2 \
+  --data "$out/fsf_train.bin" --train examples/train/gpt2-h200.yaml --log "$out/gpt2-train-unprofiled.jsonl"
+
+section "GPT-2 small in two pipeline stages, two ranks sharing the GPU: memory per rank, predicted against measured"
+# The step times do not compare here: the plan prices two GPUs, and the ranks share one.
+printf 'name: h200-2\nnodes:\n  - {name: h200-node, count: 1, device: h200-sxm, devices_per_node: 2, host_memory: 128GiB, host_link: 25GB/s}\n' \
+  > "$out/h200-2.yaml"
+run gpt2_pp2_plan "$alloy" plan --model gpt2 --cluster "$out/h200-2.yaml" --train examples/train/gpt2-h200.yaml \
+  --pp 2 --dp 1 --tp 1 --zero 0 --schedule 1f1b --micro-batch 8 --no-offload -o "$out/gpt2-pp2-plan.json"
+run gpt2_pp2_train timeout 120 mpirun -np 2 "$alloy" train --device cuda --gpu 0 --gpu-comm host \
+  --plan "$out/gpt2-pp2-plan.json" --cluster "$out/h200-2.yaml" --model gpt2 --data "$out/fsf_train.bin" \
+  --train examples/train/gpt2-h200.yaml --steps 10 --no-progress
+
 section "loss over 50 steps: GPU (bf16) against CPU (fp32), small-gpt"
 # At learning rate 3e-4: at 1e-3 this small data set makes both backends spike (gradient norms
 # of 60-200 for one step), each in a different step, which says nothing about the numerics.
@@ -87,6 +111,22 @@ print(f"largest relative difference over 50 steps: {worst:.2%} (bf16 tolerance: 
 sys.exit(0 if worst <= 0.03 else 1)
 PY
 [ "${PIPESTATUS[0]}" = 0 ] || failures+=("loss comparison")
+
+section "summary"
+{
+  grep -h "tests ran\|PASSED\|FAILED" "$out/tests.log" "$out/layouts.log" "$out/moe.log"
+  for run in gpt2_train gpt2_train_unprofiled; do
+    echo "$run:"
+    grep -h "^median step\|^step time:\|^measured / predicted\|^     0      0" "$out/$run.log"
+  done
+  echo "gpt2_pp2_train:"
+  grep -h -A7 "^arena memory at each rank" "$out/gpt2_pp2_train.log"
+  tail -1 "$out/loss-compare.txt"
+} 2>/dev/null | tee "$out/summary.txt"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+  cp "$out/summary.txt" "$OUT/"
+  tar czf "$OUT/gpu-check.tgz" --exclude='*.bin' -C "$out" .
+fi
 
 section "done"
 if [ ${#failures[@]} -gt 0 ]; then

@@ -22,20 +22,17 @@ StageSupport cpu_supports(const Plan& plan, int s) {
   return stage_features_runnable(stage_layout_of(plan, s));
 }
 
-// The CUDA backend runs whole models on each GPU with data parallelism between them.
+// The CUDA backend runs pipeline stages (interleaved chunks too) of whole layers, with data
+// parallelism and ZeRO 1 between replicas.
 StageSupport cuda_supports(const Plan& plan, int s) {
   const PlanStage& st = plan.stages[static_cast<size_t>(s)];
-  const std::string why = "the cuda backend runs one whole model per GPU with data parallelism so far; "
-                          "run this plan on CPU ranks (--device cpu), or re-plan";
-  if (plan.stages.size() > 1)
-    return refuse(fmt::format("pipeline parallelism ({} stages)", plan.stages.size()), "stages", why + " with --pp 1");
-  if (plan.virtual_chunks > 1)
-    return refuse(fmt::format("interleaved chunks ({})", plan.virtual_chunks), "virtual_chunks", why + " with --pp 1");
+  const std::string why = "the cuda backend runs pipeline stages of whole layers with data parallelism and ZeRO 1 "
+                          "so far; run this plan on CPU ranks (--device cpu), or re-plan";
   if (st.tp > 1) return refuse(fmt::format("tensor parallelism (tp {})", st.tp), fmt::format("stages[{}].tp", s), why + " with --tp 1");
   if (st.sequence_parallel)
     return refuse("sequence parallelism", fmt::format("stages[{}].sequence_parallel", s), why + " with --tp 1");
-  if (st.zero > 0 && st.dp > 1)
-    return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + " with --zero 0");
+  if (st.zero > 1 && st.dp > 1)
+    return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + " with --zero 1");
   if (flags_any(st.offload))
     return refuse("weight offload to host memory", fmt::format("stages[{}].offload", s), why + " with --no-offload");
   if (flags_any(st.offload_activations))
@@ -58,6 +55,10 @@ StageSupport moe_plan_supported(const std::string& name, const ModelSpec& model,
                   "the cuda backend runs MoE blocks without the shared-expert gate so far; use --device cpu");
   if (name != "cpu" && name != "cuda")
     return refuse(fmt::format("the {} backend", name), "--device", why + "; use --device cpu");
+  if (name == "cuda" && (plan.stages.size() > 1 || plan.virtual_chunks > 1))
+    return refuse(fmt::format("pipeline parallelism ({} stages{}) on the cuda backend", plan.stages.size(),
+                              plan.virtual_chunks > 1 ? fmt::format(" of {} chunks", plan.virtual_chunks) : ""),
+                  "stages", "the cuda backend runs MoE models in one pipeline stage so far; re-plan with --pp 1 or use --device cpu");
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const PlanStage& st = plan.stages[s];
     // Every replica's MoE blocks meet the others' in collectives once per micro-batch.

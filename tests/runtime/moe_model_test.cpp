@@ -137,6 +137,9 @@ TEST(MoeModel, PlansTheCpuRanksDoNotRunAreRefused) {
   };
   const std::string prefix = "Mixture-of-Experts model tiny-moe (4 experts, 2 per token) with ";
   EXPECT_EQ(refusal("cuda", one), "accepted");
+  Plan two = one;
+  two.stages.push_back(two.stages.front());
+  EXPECT_EQ(refusal("cuda", two), prefix + "pipeline parallelism (2 stages) on the cuda backend is not supported [stages]");
   EXPECT_EQ(refusal("metal", one), prefix + "the metal backend is not supported [--device]");
   ModelSpec gated = moe;
   gated.moe.shared_expert_gate = true;

@@ -29,11 +29,20 @@ Plan plan_of(int stages, int dp) {
   return plan;
 }
 
-TEST(StageBackend, BothRunWholeModelsWithDataParallelism) {
+TEST(StageBackend, BothRunPipelinesWithDataParallelismAndZeroOne) {
+  Plan zero_one = plan_of(2, 2);
+  for (PlanStage& st : zero_one.stages) st.zero = 1;
+  Plan interleaved = plan_of(2, 1);
+  interleaved.virtual_chunks = 2;
+  interleaved.stages[0].chunks = {{0, 1}, {2, 3}};
+  interleaved.stages[1].chunks = {{1, 2}, {3, 4}};
+  interleaved.stages[0].has_head = false;
   for (const char* backend : {"cpu", "cuda"}) {
     EXPECT_TRUE(stage_backend_supports(backend, plan_of(1, 1), 0).ok) << backend;
     EXPECT_TRUE(stage_backend_supports(backend, plan_of(1, 4), 0).ok) << backend;
     EXPECT_NO_THROW(stage_backend_check_plan(backend, plan_of(1, 4), "plan.json")) << backend;
+    for (const Plan& plan : {plan_of(2, 1), zero_one, interleaved})
+      EXPECT_NO_THROW(stage_backend_check_plan(backend, plan, "plan.json")) << backend;
   }
 }
 
@@ -45,13 +54,14 @@ TEST(StageBackend, CudaClaimsOnlyWhatItRuns) {
     const char* field;
   };
   std::vector<Case> cases;
-  cases.push_back({"pipeline", plan_of(2, 1), "pipeline parallelism (2 stages)", "stages"});
   Plan tp = plan_of(1, 1);
   tp.stages[0].tp = 2;
   cases.push_back({"tensor parallel", tp, "tensor parallelism (tp 2)", "stages[0].tp"});
   Plan zero = plan_of(1, 2);
-  zero.stages[0].zero = 1;
-  cases.push_back({"ZeRO", zero, "ZeRO stage 1", "stages[0].zero"});
+  zero.stages[0].zero = 2;
+  cases.push_back({"ZeRO 2", zero, "ZeRO stage 2", "stages[0].zero"});
+  zero.stages[0].zero = 3;
+  cases.push_back({"ZeRO 3", zero, "ZeRO stage 3", "stages[0].zero"});
   Plan offload = plan_of(1, 1);
   offload.stages[0].offload[1] = true;
   cases.push_back({"offload", offload, "weight offload to host memory", "stages[0].offload"});

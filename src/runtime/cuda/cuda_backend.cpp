@@ -45,7 +45,8 @@ class TokenStaging {
   TokenStaging(const TokenStaging&) = delete;
   TokenStaging& operator=(const TokenStaging&) = delete;
 
-  // inputs, targets: (n) ids -> their pinned copies, one after the other: (2 n).
+  // inputs, targets: (n) ids (either may be nullptr: not copied) -> their pinned copies, one
+  // after the other: (2 n).
   int32_t* stage(const int32_t* inputs, const int32_t* targets, int64_t n) {
     cuda_check(cudaEventSynchronize(uploaded_), "uploading tokens");
     if (2 * n > capacity_) {
@@ -54,8 +55,8 @@ class TokenStaging {
       cuda_check(cudaMallocHost(&host_, static_cast<size_t>(2 * n) * sizeof(int32_t)), "allocating pinned host memory");
       capacity_ = 2 * n;
     }
-    std::memcpy(host_, inputs, static_cast<size_t>(n) * sizeof(int32_t));
-    std::memcpy(host_ + n, targets, static_cast<size_t>(n) * sizeof(int32_t));
+    if (inputs != nullptr) std::memcpy(host_, inputs, static_cast<size_t>(n) * sizeof(int32_t));
+    if (targets != nullptr) std::memcpy(host_ + n, targets, static_cast<size_t>(n) * sizeof(int32_t));
     return host_;
   }
   // After the uploads from the staged copies were queued on `stream`.
@@ -112,27 +113,29 @@ class CudaBackend final : public StageBackend {
 
   std::unique_ptr<StagePass> pass_begin(int block_begin, int block_end, bool embeds, bool heads, const int32_t* inputs,
                                         const int32_t* targets, int B, int T) override {
-    if (!embeds || !heads || block_begin != 0 || block_end != host_.spec.num_layers) {
-      throw Error(fmt::format("the cuda backend runs whole models; asked for blocks [{}, {}){}{}", block_begin,
-                              block_end, embeds ? "" : " without the embedding", heads ? "" : " without the head"),
-                  {"", "--device"}, "run pipeline plans on CPU ranks (--device cpu)");
-    }
     auto pass = std::make_unique<CudaPass>(gpu_);
     pass->describe(block_begin, block_end, embeds, heads, B, T);
     const int64_t N = int64_t{B} * T;
-    const int32_t* staged = tokens_.stage(inputs, targets, N);
-    gpu_activations_begin(gpu_, pass->activations, staged, staged + N, B, T);
+    const int32_t* staged = tokens_.stage(embeds ? inputs : nullptr, heads ? targets : nullptr, N);
+    gpu_chunk_activations_begin(gpu_, pass->activations, GpuChunk{block_begin, block_end, embeds, heads}, staged,
+                                staged + N, B, T);
     tokens_.queued(stream_);
     return pass;
   }
-  void* pass_input(StagePass&) override { throw whole_model_only("a stage input"); }
+  void* pass_input(StagePass& pass) override {
+    GpuActivations& a = cuda_pass(pass).activations;
+    if (a.chunk.embeds) throw Error("a pass that embeds receives no hidden state");
+    return a.input;
+  }
   const void* pass_forward(StagePass& pass) override {
     GpuActivations& a = cuda_pass(pass).activations;
     gpu_model_forward(gpu_, a);
-    cuda_sum(loss_sum_, a.losses, int64_t{a.B} * a.T, stream_);
-    // The per-block balance is known now; the pooled one once pooled (pass_balance_pool).
+    // Every chunk holds its MoE blocks' share of the per-block balance now; the pooled one is
+    // known once pooled (pass_balance_pool).
     if (model_is_moe(host_.spec) && !model_balance_is_pooled(host_.spec)) balance_sum_ += a.aux_loss * tokens_of(a);
-    return nullptr;  // the pass heads
+    if (!a.chunk.heads) return gpu_chunk_output(a);
+    cuda_sum(loss_sum_, a.losses, int64_t{a.B} * a.T, stream_);
+    return nullptr;
   }
   std::vector<double> pass_balance_sums(const StagePass& pass) override {
     const GpuActivations& a = cuda_pass(pass).activations;
@@ -146,14 +149,19 @@ class CudaBackend final : public StageBackend {
     a.balance_sums.assign(sums, sums + 2 * E + 1);
     a.balance_pooled = true;
     a.aux_loss = moe_aux_loss_from_sums(sums, sums[2 * E], E);
-    balance_sum_ += a.aux_loss * tokens_of(a);  // the pass heads: its micro-batch's loss, counted once
+    // The micro-batch's whole loss, counted once per token: by the heading pass.
+    if (a.chunk.heads) balance_sum_ += a.aux_loss * tokens_of(a);
   }
-  void* pass_output_gradient(StagePass&) override { throw whole_model_only("an output gradient"); }
+  void* pass_output_gradient(StagePass& pass) override {
+    return gpu_output_gradient(gpu_, cuda_pass(pass).activations);
+  }
   const void* pass_backward(StagePass& pass, int block_begin, int block_end, float loss_scale) override {
-    gpu_model_backward(gpu_, cuda_pass(pass).activations, block_begin, block_end, loss_scale);
-    return nullptr;  // the pass embeds
+    return gpu_model_backward(gpu_, cuda_pass(pass).activations, block_begin, block_end, loss_scale);
   }
-  bool pass_finished(const StagePass& pass) const override { return cuda_pass(pass).activations.backward_next == 0; }
+  bool pass_finished(const StagePass& pass) const override {
+    const GpuActivations& a = cuda_pass(pass).activations;
+    return a.forwarded && a.backward_next == a.chunk.block_begin;
+  }
   void pass_release(StagePass& pass) override { gpu_activations_release(gpu_, cuda_pass(pass).activations); }
   PassLossSums take_loss_sums() override {
     PassLossSums sums;
@@ -221,10 +229,6 @@ class CudaBackend final : public StageBackend {
     return offset;
   }
   static double tokens_of(const GpuActivations& a) { return static_cast<double>(a.B) * a.T; }
-  static Error whole_model_only(const char* what) {
-    return Error(fmt::format("the cuda backend runs whole models and has no {}", what), {"", "--device"},
-                 "run pipeline plans on CPU ranks (--device cpu)");
-  }
 
   cudaStream_t stream_;
   Arena host_arena_;

@@ -1,6 +1,6 @@
-// The CUDA backend of the executor: a stage's whole model on one GPU (bf16 compute, fp32 master
+// The CUDA backend of the executor: a rank's pipeline stage on one GPU (bf16 compute, fp32 master
 // weights and gradients in the GPU arena), its passes and flat-buffer arithmetic queued on one
-// stream. It runs what stage_backend_supports("cuda", ...) accepts: one stage, tp 1.
+// stream. It runs what stage_backend_supports("cuda", ...) accepts: whole layers (tp 1).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,7 +14,7 @@ namespace alloy {
 // Builds the shard's layout and initial weights in host memory, copies them to GPU `device`
 // (already selected with cuda_device_open) into an arena capped at request.memory_cap_bytes,
 // and queues all of its work on `stream`, which must outlive the backend. Throws alloy::Error
-// for a shard that is not a whole model, or when the GPU's memory does not hold it.
+// for a shard split by tensor parallelism, or when the GPU's memory does not hold it.
 std::unique_ptr<StageBackend> stage_backend_cuda(const StageRequest& request, int device, cudaStream_t stream);
 
 }  // namespace alloy

@@ -184,8 +184,8 @@ void mark(const GpuModel& m, const std::vector<cudaEvent_t> GpuPhaseEvents::*whi
   if (m.phases != nullptr) cuda_check(cudaEventRecord((m.phases->*which)[index], m.stream), "recording a phase event");
 }
 
-const bf16* block_input(const GpuActivations& a, size_t layer) {
-  return layer == 0 ? a.embedded : a.blocks[layer - 1].out;
+const bf16* block_input(const GpuActivations& a, int layer) {
+  return layer == a.chunk.block_begin ? a.input : a.blocks[static_cast<size_t>(layer - 1)].out;
 }
 
 void release_head(GpuModel& m, GpuActivations& a) {
@@ -195,9 +195,10 @@ void release_head(GpuModel& m, GpuActivations& a) {
   gpu_give(m, a.logits);
 }
 
+// dres stays when the output's gradient was received into it (gpu_output_gradient).
 void take_scratch(GpuModel& m, const GpuDims& d, GpuBackwardScratch& sc) {
   const int64_t NC = int64_t{d.N} * d.C;
-  sc.dres = gpu_take<bf16>(m, NC, "d residual");
+  if (sc.dres == nullptr) sc.dres = gpu_take<bf16>(m, NC, "d residual");
   sc.dact = gpu_take<bf16>(m, int64_t{d.N} * d.F, "d mlp.act");
   if (!d.gpt2) sc.dup = gpu_take<bf16>(m, int64_t{d.N} * d.U, "d mlp.up");
   sc.dln = gpu_take<bf16>(m, NC, "d norm.out");
@@ -226,8 +227,21 @@ void head_backward(GpuModel& m, const GpuDims& d, GpuActivations& a, float loss_
   m.matmul.backward_input(sc.dln, a.logits, m.head_weight, d.N, d.C, d.ld, d.ld, false, s);
   m.matmul.backward_weight(m.gradient(w.lm_head), a.logits, a.lnf, d.N, d.C, d.V, d.ld, s);
   cuda_check(cudaMemsetAsync(sc.dres, 0, static_cast<size_t>(d.N) * d.C * sizeof(bf16), s), "zeroing d residual");
-  norm_backward(m, d, sc.dres, sc.dln, a.blocks.back().out, w.final_norm_w, w.final_norm_b, a.lnf_mean, a.lnf_rstd);
+  norm_backward(m, d, sc.dres, sc.dln, gpu_chunk_output(a), w.final_norm_w, w.final_norm_b, a.lnf_mean, a.lnf_rstd);
   release_head(m, a);
+}
+
+// Throws alloy::Error unless the stage holds `c`'s blocks, and its embedding and head where `c` runs them.
+void check_chunk(const GpuModel& m, const GpuChunk& c) {
+  const ModelShard& shard = m.host->shard;
+  const int L = static_cast<int>(m.host->spec.num_layers);
+  bool held = false;
+  for (const auto& [first, end] : shard.block_ranges) held = held || (first <= c.block_begin && c.block_end <= end);
+  held = held && c.block_begin >= 0 && c.block_begin <= c.block_end && c.block_end <= L;
+  if (held && (!c.embeds || (c.block_begin == 0 && shard.has_embedding)) && (!c.heads || (c.block_end == L && shard.has_head)))
+    return;
+  throw Error(fmt::format("the GPU model's stage does not hold blocks [{}, {}){}{}", c.block_begin, c.block_end,
+                          c.embeds ? " with the embedding" : "", c.heads ? " with the head" : ""));
 }
 
 void upload_weights(GpuModel& m) {
@@ -246,11 +260,9 @@ GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t co
     : host(&host_model), arena(&device_arena), stream(compute_stream), num_parameters(host_model.num_parameters) {
   const ModelSpec& s = host->spec;
   const ModelShard& shard = host->shard;
-  const bool whole = shard.tp == 1 && shard.has_embedding && shard.has_head && shard.block_ranges.size() == 1 &&
-                     shard.block_ranges.front() == std::pair<int, int>{0, static_cast<int>(s.num_layers)};
-  if (!whole) {
-    throw Error("the GPU model runs whole models on one GPU for now", {"", "--device"},
-                "run pipeline or tensor-parallel plans on CPU ranks, or a data-parallel plan on GPUs");
+  if (shard.tp != 1) {
+    throw Error(fmt::format("the GPU model does not split layers by tensor parallelism (tp {}) yet", shard.tp),
+                {"", "--device"}, "run tensor-parallel plans on CPU ranks, or re-plan with --tp 1");
   }
   if (s.rope_scaling.type != RopeScalingType::RopeScalingType_none || s.sliding_window > 0) {
     throw Error(fmt::format("the GPU model implements neither RoPE scaling nor sliding-window attention yet, which "
@@ -265,10 +277,12 @@ GpuModel::GpuModel(const Model& host_model, Arena& device_arena, cudaStream_t co
   params = gpu_take<float>(*this, num_parameters, "parameters (fp32)");
   grads = gpu_take<float>(*this, num_parameters, "gradients (fp32)");
   weights = gpu_take<bf16>(*this, num_parameters, "weights (bf16 copy)");
-  const int64_t head_elements = int64_t{gpu_logits_ld(s.vocab_size)} * s.hidden_size;
-  head_weight = gpu_take<bf16>(*this, head_elements, "lm_head (bf16, padded)");
-  cuda_check(cudaMemsetAsync(head_weight, 0, static_cast<size_t>(head_elements) * sizeof(bf16), stream),
-             "zeroing the padded head");
+  if (shard.has_head) {
+    const int64_t head_elements = int64_t{gpu_logits_ld(s.vocab_size)} * s.hidden_size;
+    head_weight = gpu_take<bf16>(*this, head_elements, "lm_head (bf16, padded)");
+    cuda_check(cudaMemsetAsync(head_weight, 0, static_cast<size_t>(head_elements) * sizeof(bf16), stream),
+               "zeroing the padded head");
+  }
   upload_weights(*this);
   gpu_model_zero_grad(*this);
 }
@@ -289,6 +303,7 @@ float* GpuModel::gradient(const float* host_tensor) const {
 }
 
 void gpu_model_refresh_head(GpuModel& m) {
+  if (m.head_weight == nullptr) return;  // a stage without the head
   const ModelSpec& s = m.host->spec;
   const size_t bytes = static_cast<size_t>(s.vocab_size * s.hidden_size) * sizeof(bf16);
   cuda_check(cudaMemcpyAsync(m.head_weight, m.weight(m.host->weights.lm_head), bytes, cudaMemcpyDeviceToDevice,
@@ -301,22 +316,35 @@ void gpu_model_zero_grad(GpuModel& m) {
              "zeroing gradients");
 }
 
-void gpu_activations_begin(GpuModel& m, GpuActivations& a, const int32_t* inputs, const int32_t* targets, int B,
-                           int T) {
-  model_check_tokens(*m.host, inputs, targets, B, T);
+void gpu_chunk_activations_begin(GpuModel& m, GpuActivations& a, const GpuChunk& chunk, const int32_t* inputs,
+                                 const int32_t* targets, int B, int T) {
+  check_chunk(m, chunk);
+  model_check_tokens(*m.host, chunk.embeds ? inputs : nullptr, chunk.heads ? targets : nullptr, B, T);
   gpu_activations_release(m, a);
   a.B = B;
   a.T = T;
+  a.chunk = chunk;
   const int64_t N = int64_t{B} * T;
   const size_t token_bytes = static_cast<size_t>(N) * sizeof(int32_t);
-  a.tokens = gpu_take<int32_t>(m, N, "token ids");
-  a.targets = gpu_take<int32_t>(m, N, "target ids");
-  cuda_check(cudaMemcpyAsync(a.tokens, inputs, token_bytes, cudaMemcpyHostToDevice, m.stream), "uploading tokens");
-  cuda_check(cudaMemcpyAsync(a.targets, targets, token_bytes, cudaMemcpyHostToDevice, m.stream), "uploading targets");
+  if (chunk.embeds) {
+    a.tokens = gpu_take<int32_t>(m, N, "token ids");
+    cuda_check(cudaMemcpyAsync(a.tokens, inputs, token_bytes, cudaMemcpyHostToDevice, m.stream), "uploading tokens");
+  }
+  if (chunk.heads) {
+    a.targets = gpu_take<int32_t>(m, N, "target ids");
+    cuda_check(cudaMemcpyAsync(a.targets, targets, token_bytes, cudaMemcpyHostToDevice, m.stream), "uploading targets");
+  }
+  a.input = gpu_take<bf16>(m, N * m.host->spec.hidden_size, chunk.embeds ? "embedding.out" : "stage input");
+}
+
+void gpu_activations_begin(GpuModel& m, GpuActivations& a, const int32_t* inputs, const int32_t* targets, int B,
+                           int T) {
+  gpu_chunk_activations_begin(m, a, GpuChunk{0, static_cast<int>(m.host->spec.num_layers), true, true}, inputs,
+                              targets, B, T);
 }
 
 void gpu_model_forward(GpuModel& m, GpuActivations& a) {
-  if (a.tokens == nullptr || a.embedded != nullptr)
+  if (a.input == nullptr || a.forwarded)
     throw Error("gpu_model_forward needs a pass begun and not yet run", {}, "call gpu_activations_begin first");
   const GpuDims d = gpu_dims(m, a);
   const ModelTensors& w = m.host->weights;
@@ -326,39 +354,57 @@ void gpu_model_forward(GpuModel& m, GpuActivations& a) {
   a.aux_loss = 0;
   a.balance_sums.clear();
   a.balance_pooled = false;
-  a.embedded = gpu_take<bf16>(m, int64_t{d.N} * d.C, "embedding.out");
-  cuda_embedding_forward(a.embedded, a.tokens, m.weight(w.token), m.weight(w.position), d.B, d.T, d.C, s);
+  if (a.chunk.embeds)
+    cuda_embedding_forward(a.input, a.tokens, m.weight(w.token), m.weight(w.position), d.B, d.T, d.C, s);
   mark(m, &GpuPhaseEvents::forward, 1);
   a.blocks.assign(L, GpuBlockActivations{});
-  for (size_t layer = 0; layer < L; ++layer) {
+  for (int l = a.chunk.block_begin; l < a.chunk.block_end; ++l) {
+    const size_t layer = static_cast<size_t>(l);
     GpuBlockActivations& b = a.blocks[layer];
-    const int l = static_cast<int>(layer);
     allocate_block(m, d, b, model_block_is_moe(m.host->spec, l));
-    block_forward(m, a, d, l, block_input(a, layer), b, true, true);
+    block_forward(m, a, d, l, block_input(a, l), b, true, true);
     // Under full recomputation only the output stays; the backward runs the block again.
     if (m.host->recompute[layer] == Recompute::Recompute_full) release_block_internals(m, b);
     mark(m, &GpuPhaseEvents::forward, 2 + layer);
   }
+  a.forwarded = true;
+  a.backward_next = a.chunk.block_end;
+  if (!a.chunk.heads) return;
   a.lnf = gpu_take<bf16>(m, int64_t{d.N} * d.C, "final_norm.out");
   if (d.gpt2) a.lnf_mean = gpu_take<float>(m, d.N, "final_norm.mean");
   a.lnf_rstd = gpu_take<float>(m, d.N, "final_norm.rstd");
-  norm_forward(m, d, a.lnf, a.lnf_mean, a.lnf_rstd, a.blocks.back().out, w.final_norm_w, w.final_norm_b);
+  norm_forward(m, d, a.lnf, a.lnf_mean, a.lnf_rstd, gpu_chunk_output(a), w.final_norm_w, w.final_norm_b);
   a.logits = gpu_take<bf16>(m, int64_t{d.N} * d.ld, "logits");
   // Over the padded vocabulary: columns [V, ld) come out 0 and the loss ignores them.
   m.matmul.forward(a.logits, a.lnf, m.head_weight, nullptr, nullptr, d.N, d.C, d.ld, d.ld, s);
   a.losses = gpu_take<float>(m, d.N, "losses");
   cuda_crossentropy(a.logits, a.losses, a.targets, d.N, d.V, d.ld, 0.0f, false, s);
   mark(m, &GpuPhaseEvents::forward, L + 2);
-  a.backward_next = static_cast<int>(L);
 }
 
-void gpu_model_backward(GpuModel& m, GpuActivations& a, int block_begin, int block_end, float loss_scale) {
-  const int L = static_cast<int>(m.host->spec.num_layers);
-  if (a.embedded == nullptr || block_end != a.backward_next || block_begin < 0 || block_begin > block_end) {
-    throw Error(fmt::format("backward of blocks [{}, {}) out of order: the pass expects blocks ending at {}{}",
-                            block_begin, block_end, a.backward_next,
-                            a.embedded == nullptr ? ", after a forward" : ""));
+const bf16* gpu_chunk_output(const GpuActivations& a) {
+  return a.chunk.block_end > a.chunk.block_begin ? a.blocks[static_cast<size_t>(a.chunk.block_end - 1)].out : a.input;
+}
+
+bf16* gpu_output_gradient(GpuModel& m, GpuActivations& a) {
+  if (a.chunk.heads) throw Error("a chunk that ends in the loss takes no gradient of its output");
+  GpuBackwardScratch& sc = a.scratch;
+  if (sc.dres == nullptr) {
+    const int64_t NC = int64_t{a.B} * a.T * m.host->spec.hidden_size;
+    sc.dres = gpu_take<bf16>(m, NC, "d residual");
+    cuda_check(cudaMemsetAsync(sc.dres, 0, static_cast<size_t>(NC) * sizeof(bf16), m.stream), "zeroing d residual");
   }
+  return sc.dres;
+}
+
+const bf16* gpu_model_backward(GpuModel& m, GpuActivations& a, int block_begin, int block_end, float loss_scale) {
+  const int L = static_cast<int>(m.host->spec.num_layers);
+  if (!a.forwarded || block_end != a.backward_next || block_begin < a.chunk.block_begin || block_begin > block_end) {
+    throw Error(fmt::format("backward of blocks [{}, {}) out of order: the pass expects blocks ending at {}{}",
+                            block_begin, block_end, a.backward_next, a.forwarded ? "" : ", after a forward"));
+  }
+  if (block_end == a.chunk.block_end && !a.chunk.heads && a.scratch.dres == nullptr)
+    throw Error("backward of a chunk that does not head needs its output's gradient first (gpu_output_gradient)");
   const ModelSpec& spec = m.host->spec;
   if (model_balance_is_pooled(spec) && !a.balance_pooled)
     throw Error("backward started without the micro-batch's pooled load-balancing sums (pass_balance_pool)");
@@ -369,15 +415,15 @@ void gpu_model_backward(GpuModel& m, GpuActivations& a, int block_begin, int blo
   const GpuDims d = gpu_dims(m, a);
   const ModelTensors& w = m.host->weights;
   GpuBackwardScratch& sc = a.scratch;
-  if (block_end == L) {
+  if (block_end == a.chunk.block_end) {
     mark(m, &GpuPhaseEvents::backward, 0);
     take_scratch(m, d, sc);
-    head_backward(m, d, a, loss_scale);
+    if (a.chunk.heads) head_backward(m, d, a, loss_scale);
     mark(m, &GpuPhaseEvents::backward, 1);
   }
   for (int layer = block_end - 1; layer >= block_begin; --layer) {
     GpuBlockActivations& b = a.blocks[static_cast<size_t>(layer)];
-    const bf16* x = block_input(a, static_cast<size_t>(layer));
+    const bf16* x = block_input(a, layer);
     if (b.qkv == nullptr) {  // dropped by full recomputation
       allocate_block(m, d, b, model_block_is_moe(m.host->spec, layer));
       block_forward(m, a, d, layer, x, b, false, false);
@@ -388,10 +434,16 @@ void gpu_model_backward(GpuModel& m, GpuActivations& a, int block_begin, int blo
     mark(m, &GpuPhaseEvents::backward, static_cast<size_t>(2 + (L - 1 - layer)));
   }
   a.backward_next = block_begin;
-  if (block_begin != 0) return;
+  if (block_begin != a.chunk.block_begin) return nullptr;
+  if (!a.chunk.embeds) {  // dres now holds dL/d(input): kept for the send
+    a.input_gradient = std::exchange(sc.dres, nullptr);
+    give_scratch(m, sc);
+    return a.input_gradient;
+  }
   cuda_embedding_backward(m.gradient(w.token), m.gradient(w.position), sc.dres, a.tokens, d.B, d.T, d.C, m.stream);
   mark(m, &GpuPhaseEvents::backward, static_cast<size_t>(L + 2));
   give_scratch(m, sc);
+  return nullptr;
 }
 
 void gpu_activations_release(GpuModel& m, GpuActivations& a) {
@@ -403,10 +455,12 @@ void gpu_activations_release(GpuModel& m, GpuActivations& a) {
   }
   a.blocks.clear();
   gpu_give(m, a.losses);
-  gpu_give(m, a.embedded);
+  gpu_give(m, a.input_gradient);
+  gpu_give(m, a.input);
   gpu_give(m, a.tokens);
   gpu_give(m, a.targets);
-  a.backward_next = 0;
+  a.forwarded = false;
+  a.backward_next = a.chunk.block_begin;
 }
 
 }  // namespace alloy

@@ -61,21 +61,35 @@ struct GpuBackwardScratch {
   void* attention_workspace = nullptr;
 };
 
-// One micro-batch through the whole model, from gpu_activations_begin to
-// gpu_activations_release: what its forward keeps for its backward.
+// The blocks [block_begin, block_end) one pass runs (a pipeline stage's chunk), whether it
+// starts from the token ids and whether it ends in the loss.
+struct GpuChunk {
+  int block_begin = 0;
+  int block_end = 0;
+  bool embeds = true;
+  bool heads = true;
+};
+
+// One micro-batch through one chunk of the model, from gpu_activations_begin (or
+// gpu_chunk_activations_begin) to gpu_activations_release: what its forward keeps for its backward.
 struct GpuActivations {
   int B = 0, T = 0;
-  int32_t* tokens = nullptr;    // (B, T) device
-  int32_t* targets = nullptr;   // (B, T) device
-  bf16* embedded = nullptr;     // (N, C) the first block's input
-  std::vector<GpuBlockActivations> blocks;  // L
+  GpuChunk chunk;
+  int32_t* tokens = nullptr;    // (B, T) device, when the chunk embeds
+  int32_t* targets = nullptr;   // (B, T) device, when the chunk heads
+  bf16* input = nullptr;        // (N, C) the first block's input: the embedding's output, or the
+                                // hidden state received from the previous stage
+  bf16* input_gradient = nullptr;  // (N, C) dL/d(input) after the lowest backward piece of a
+                                   // chunk that does not embed, kept until it is sent
+  bool forwarded = false;
+  std::vector<GpuBlockActivations> blocks;  // L, by layer (the chunk's alone are used)
   bf16* lnf = nullptr;          // (N, C)
   float* lnf_mean = nullptr;    // (N)
   float* lnf_rstd = nullptr;    // (N)
   bf16* logits = nullptr;       // (N, ld); dlogits from the top backward piece on
   float* losses = nullptr;      // (N) per-token losses, after the forward
   GpuBackwardScratch scratch;
-  int backward_next = 0;        // blocks [0, backward_next) still wait for their backward
+  int backward_next = 0;        // blocks [chunk.block_begin, backward_next) still wait for their backward
   // MoE models: the load-balancing loss of the pass (the per-block balance's mean over its MoE
   // blocks, or the pooled one once pooled), and under the pooled balance its sums (2 E + 1): the
   // forwarded blocks' own, then the micro-batch's pooled ones (balance_pooled).
@@ -95,7 +109,8 @@ struct GpuPhaseEvents {
 struct GpuModel {
   // host: the CPU model whose layout (views), initial weights and per-block recomputation
   // (read at each forward) this follows; it must outlive this. device_arena: GPU memory.
-  // Throws alloy::Error unless host holds the whole model without tensor parallelism.
+  // host may hold a pipeline stage's blocks (with or without the embedding and the head).
+  // Throws alloy::Error when host is split by tensor parallelism.
   GpuModel(const Model& host, Arena& device_arena, cudaStream_t stream);
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
@@ -110,7 +125,8 @@ struct GpuModel {
   float* grads = nullptr;          // (num_parameters) fp32
   bf16* weights = nullptr;         // (num_parameters) bf16 compute copy of params
   bf16* head_weight = nullptr;     // (ld, C) the LM head's bf16 rows, zero past the vocabulary:
-                                   // products over an aligned vocabulary run ~7x faster
+                                   // products over an aligned vocabulary run ~7x faster; nullptr
+                                   // on a stage without the head
   GpuPhaseEvents* phases = nullptr;  // recorded when set (alloy profile --device cuda)
   MoeRouting* routing = nullptr;     // MoE models: the first forwards' picks counted into it when set
 
@@ -136,19 +152,32 @@ void gpu_give(GpuModel& m, T*& buffer) {
 void gpu_model_refresh_head(GpuModel& model);
 void gpu_model_zero_grad(GpuModel& model);
 
-// Starts a pass of (B, T) tokens: checks inputs and targets (host ids) and queues their upload
-// on model.stream, so they must stay unchanged until the stream has run the copies (pinned
-// memory) or the call returns (pageable memory). Throws alloy::Error for ids outside the
-// vocabulary or T above the model's maximum.
+// Starts a pass of (B, T) tokens through `chunk`: checks the ids it uses (inputs when it embeds,
+// targets when it heads; host ids, either may be nullptr otherwise) and queues their upload on
+// model.stream, so they must stay unchanged until the stream has run the copies (pinned memory)
+// or the call returns (pageable memory); takes the chunk's input buffer. Throws alloy::Error for
+// ids outside the vocabulary, T above the model's maximum, or a chunk outside the stage's blocks.
+void gpu_chunk_activations_begin(GpuModel& model, GpuActivations& pass, const GpuChunk& chunk, const int32_t* inputs,
+                                 const int32_t* targets, int B, int T);
+// The same through the whole model (which the GPU model must hold).
 void gpu_activations_begin(GpuModel& model, GpuActivations& pass, const int32_t* inputs, const int32_t* targets, int B,
                            int T);
-// The forward: per-token losses in pass.losses (device, N floats, not yet synchronised), and
-// every activation its backward needs (as model.host->recompute asks per block).
+// The forward: the embedding when the chunk embeds (else pass.input holds the received hidden
+// state), its blocks, and when it heads the per-token losses in pass.losses (device, N floats,
+// not yet synchronised); every activation its backward needs (as model.host->recompute asks per
+// block). A chunk that does not head hands on its last block's output: gpu_chunk_output.
 void gpu_model_forward(GpuModel& model, GpuActivations& pass);
-// Backward of blocks [block_begin, block_end), top piece (block_end == L, with the head) first,
-// down to the lowest (block_begin == 0, with the embedding): adds loss_scale x the gradients of
-// the pass's mean loss into model.grads, freeing each block's activations once used.
-void gpu_model_backward(GpuModel& model, GpuActivations& pass, int block_begin, int block_end, float loss_scale);
+// (N, C) the output of a forwarded chunk that does not head, alive until its backward.
+const bf16* gpu_chunk_output(const GpuActivations& pass);
+// (N, C) the zeroed buffer that receives dL/d(output) of a chunk that does not head, before its
+// backward.
+bf16* gpu_output_gradient(GpuModel& model, GpuActivations& pass);
+// Backward of blocks [block_begin, block_end), top piece (block_end == chunk end, with the head
+// when the chunk heads) first, down to the lowest (block_begin == chunk begin, with the embedding
+// when it embeds): adds loss_scale x the gradients of the pass's mean loss into model.grads,
+// freeing each block's activations once used. Returns pass.input_gradient after the lowest piece
+// of a chunk that does not embed, nullptr otherwise.
+const bf16* gpu_model_backward(GpuModel& model, GpuActivations& pass, int block_begin, int block_end, float loss_scale);
 // Frees whatever the pass still holds (any time after begin; twice is harmless).
 void gpu_activations_release(GpuModel& model, GpuActivations& pass);
 

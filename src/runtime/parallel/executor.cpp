@@ -476,6 +476,14 @@ void RankRuntime::run_op(size_t index, const ScheduleOp& op, const int32_t* inpu
       return;
     }
     case OpKind::OpKind_optimizer: {
+      // A backend that queues its work (a GPU stream) may still be running the passes queued
+      // above: that time is the passes', not the optimizer's (which would otherwise take it
+      // when it first reads a value).
+      const double drain_start = now();
+      backend_->fence();
+      const double drained = now() - drain_start;
+      stats.pass_seconds += drained;
+      stats.compute_seconds += drained;
       for (const CommHandle& h : pending_reductions_) wait(h, stats);
       pending_reductions_.clear();
       if (sharded_) {
@@ -529,8 +537,11 @@ RankStepStats RankRuntime::step(const int32_t* inputs, const int32_t* targets) {
     if (sharded_) sharded_->reap(false);
     record_completed(false);
   }
-  for (const CommHandle& h : pending_gathers_) wait(h, stats);
-  pending_gathers_.clear();
+  if (!pending_gathers_.empty()) {  // ZeRO 1-2: the other replicas' updated shards arrived
+    for (const CommHandle& h : pending_gathers_) wait(h, stats);
+    pending_gathers_.clear();
+    backend_->parameters_changed();  // a GPU's bf16 copy follows them
+  }
   reap_finished_passes(true, stats);
   record_completed(true);
   if (host_link_) record_offload_copies();

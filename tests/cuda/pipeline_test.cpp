@@ -1,0 +1,85 @@
+// Pipeline stages, interleaved chunks, recomputation and ZeRO 1 on GPU ranks through `alloy train
+// --device cuda --plan`: ranks sharing this machine's GPU (activations, their gradients and the
+// gradient sums through host memory) follow the one-GPU run of the same global batch step by
+// step. The tolerance, 1% of each step's loss, is the one the data-parallel replicas keep: every
+// layout computes the same bf16 products, and only the order of fp32 sums (micro-batches,
+// replicas, the tied embedding's two copies) differs between them.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../common/test_util.hpp"
+#include "cuda_test_util.hpp"
+
+namespace alloy {
+namespace {
+
+std::vector<double> step_losses(const std::string& log) {
+  std::vector<double> out;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
+}
+
+struct Layout {
+  const char* name;
+  int ranks;
+  const char* pins;  // alloy plan's options
+};
+
+class GpuLayouts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(GpuLayouts, FollowOneGpu) {
+  ALLOY_REQUIRE_GPU();
+  const Layout& layout = GetParam();
+  testing::mpi_test_environment_set();
+  testing::TempDir dir;
+  const std::string text = std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt";
+  ASSERT_EQ(testing::alloy("tokenize " + text + " -o " + dir.path() + "/data.bin").exit_code, 0);
+  const std::string cluster =
+      dir.write("h200s.yaml", fmt::format("name: h200s\nnodes:\n  - {{name: n, count: 1, device: h200-sxm, "
+                                          "devices_per_node: {}, host_memory: 64GiB, host_link: 25GB/s}}\n",
+                                          layout.ranks));
+  const std::string train = dir.write("train.yaml", "seq_len: 128\nglobal_batch: 16\nsteps: 8\nlearning_rate: 3.0e-4\n");
+  const std::string plan = dir.path() + "/plan.json";
+  const auto planned = testing::alloy("plan --model small-gpt --cluster " + cluster + " --train " + train + " " +
+                                      layout.pins + " --no-offload -o " + plan);
+  ASSERT_EQ(planned.exit_code, 0) << planned.output;
+  const std::string common = " --model small-gpt --data " + dir.path() + "/data.bin --train " + train + " --no-progress";
+  const auto one = testing::alloy("train --device cuda" + common + " --log " + dir.path() + "/one.jsonl");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto many = testing::run_command(fmt::format("mpirun -np {} {} train --device cuda --gpu 0 --gpu-comm host "
+                                                     "--plan {} --cluster {}{} --log {}/many.jsonl",
+                                                     layout.ranks, ALLOY_BINARY, plan, cluster, common, dir.path()),
+                                         120);
+  ASSERT_EQ(many.exit_code, 0) << many.output;
+  EXPECT_NE(many.output.find(fmt::format("over {} rank(s)", layout.ranks)), std::string::npos) << many.output;
+  EXPECT_NE(many.output.find("step time: predicted"), std::string::npos) << many.output;
+  const size_t report = many.output.find("trained small-gpt");
+  if (report != std::string::npos) std::cout << many.output.substr(report) << "\n";
+  const std::vector<double> a = step_losses(dir.path() + "/one.jsonl"), b = step_losses(dir.path() + "/many.jsonl");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 0.01 * a[i]) << layout.name << ", step " << i + 1;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plans, GpuLayouts,
+    ::testing::Values(Layout{"pp2_1f1b", 2, "--pp 2 --dp 1 --tp 1 --zero 0 --schedule 1f1b --micro-batch 4"},
+                      Layout{"pp2_gpipe", 2, "--pp 2 --dp 1 --tp 1 --zero 0 --schedule gpipe --micro-batch 4"},
+                      Layout{"pp2_interleaved", 2,
+                             "--pp 2 --dp 1 --tp 1 --zero 0 --schedule interleaved --chunks 2 --micro-batch 2"},
+                      Layout{"pp2_full_recompute", 2,
+                             "--pp 2 --dp 1 --tp 1 --zero 0 --schedule 1f1b --micro-batch 4 --recompute full"},
+                      Layout{"dp2_zero1", 2, "--pp 1 --dp 2 --tp 1 --zero 1"},
+                      Layout{"pp2_dp2_zero1", 4, "--pp 2 --dp 2 --tp 1 --zero 1 --schedule 1f1b --micro-batch 2"}),
+    [](const ::testing::TestParamInfo<Layout>& param_info) { return std::string(param_info.param.name); });
+
+}  // namespace
+}  // namespace alloy

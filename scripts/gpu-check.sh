@@ -43,10 +43,10 @@ fi
 alloy=$bin/alloy
 
 section "GPU tests"
-run tests timeout 300 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='-*GpuMoe*:*GpuLayouts*'
+run tests timeout 300 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='-*GpuMoe*:*GpuLayouts*:*GpuMemoryCap*'
 
-section "pipeline stages, interleaved chunks, recomputation and ZeRO 1 on GPU ranks against one GPU"
-run layouts timeout 240 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='*GpuLayouts*'
+section "pipeline stages, interleaved chunks, recomputation and ZeRO 1 on GPU ranks against one GPU; a stage over its cap"
+run layouts timeout 240 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='*GpuLayouts*:*GpuMemoryCap*'
 
 section "Mixture-of-Experts on the GPU: blocks against the CPU backend, ep 2 against one GPU"
 run moe timeout 180 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='*GpuMoe*'

@@ -3,7 +3,8 @@
 // gradient sums through host memory) follow the one-GPU run of the same global batch step by
 // step. The tolerance, 1% of each step's loss, is the one the data-parallel replicas keep: every
 // layout computes the same bf16 products, and only the order of fp32 sums (micro-batches,
-// replicas, the tied embedding's two copies) differs between them.
+// replicas, the tied embedding's two copies) differs between them. And a stage over its memory
+// cap stops the run as a smaller GPU would.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -33,40 +34,70 @@ struct Layout {
   const char* pins;  // alloy plan's options
 };
 
+// small-gpt's tokens, a cluster of `ranks` H200s, a training file and the plan `pins` make
+// for them, in a folder of their own.
+struct PlannedRun {
+  PlannedRun(int ranks, const std::string& pins) {
+    testing::mpi_test_environment_set();
+    const std::string text = std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt";
+    EXPECT_EQ(testing::alloy("tokenize " + text + " -o " + dir.path() + "/data.bin").exit_code, 0);
+    cluster = dir.write("h200s.yaml", fmt::format("name: h200s\nnodes:\n  - {{name: n, count: 1, device: h200-sxm, "
+                                                  "devices_per_node: {}, host_memory: 64GiB, host_link: 25GB/s}}\n",
+                                                  ranks));
+    train = dir.write("train.yaml", "seq_len: 128\nglobal_batch: 16\nsteps: 8\nlearning_rate: 3.0e-4\n");
+    plan = dir.path() + "/plan.json";
+    planned = testing::alloy("plan --model small-gpt --cluster " + cluster + " --train " + train + " " + pins +
+                             " --no-offload -o " + plan);
+  }
+  std::string common() const {
+    return " --model small-gpt --data " + dir.path() + "/data.bin --train " + train + " --no-progress";
+  }
+  // The plan on `ranks` ranks sharing GPU 0, their gradients and hidden states through host memory.
+  testing::CommandResult train_on_gpus(int ranks, const std::string& options) const {
+    return testing::run_command(fmt::format("mpirun -np {} {} train --device cuda --gpu 0 --gpu-comm host --plan {} "
+                                            "--cluster {}{} {}",
+                                            ranks, ALLOY_BINARY, plan, cluster, common(), options),
+                                120);
+  }
+  testing::TempDir dir;
+  std::string cluster, train, plan;
+  testing::CommandResult planned;
+};
+
 class GpuLayouts : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(GpuLayouts, FollowOneGpu) {
   ALLOY_REQUIRE_GPU();
   const Layout& layout = GetParam();
-  testing::mpi_test_environment_set();
-  testing::TempDir dir;
-  const std::string text = std::string(ALLOY_SOURCE_DIR) + "/examples/data/fsf_licenses.txt";
-  ASSERT_EQ(testing::alloy("tokenize " + text + " -o " + dir.path() + "/data.bin").exit_code, 0);
-  const std::string cluster =
-      dir.write("h200s.yaml", fmt::format("name: h200s\nnodes:\n  - {{name: n, count: 1, device: h200-sxm, "
-                                          "devices_per_node: {}, host_memory: 64GiB, host_link: 25GB/s}}\n",
-                                          layout.ranks));
-  const std::string train = dir.write("train.yaml", "seq_len: 128\nglobal_batch: 16\nsteps: 8\nlearning_rate: 3.0e-4\n");
-  const std::string plan = dir.path() + "/plan.json";
-  const auto planned = testing::alloy("plan --model small-gpt --cluster " + cluster + " --train " + train + " " +
-                                      layout.pins + " --no-offload -o " + plan);
-  ASSERT_EQ(planned.exit_code, 0) << planned.output;
-  const std::string common = " --model small-gpt --data " + dir.path() + "/data.bin --train " + train + " --no-progress";
-  const auto one = testing::alloy("train --device cuda" + common + " --log " + dir.path() + "/one.jsonl");
+  const PlannedRun run(layout.ranks, layout.pins);
+  ASSERT_EQ(run.planned.exit_code, 0) << run.planned.output;
+  const auto one = testing::alloy("train --device cuda" + run.common() + " --log " + run.dir.path() + "/one.jsonl");
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  const auto many = testing::run_command(fmt::format("mpirun -np {} {} train --device cuda --gpu 0 --gpu-comm host "
-                                                     "--plan {} --cluster {}{} --log {}/many.jsonl",
-                                                     layout.ranks, ALLOY_BINARY, plan, cluster, common, dir.path()),
-                                         120);
+  const auto many = run.train_on_gpus(layout.ranks, "--log " + run.dir.path() + "/many.jsonl");
   ASSERT_EQ(many.exit_code, 0) << many.output;
   EXPECT_NE(many.output.find(fmt::format("over {} rank(s)", layout.ranks)), std::string::npos) << many.output;
   EXPECT_NE(many.output.find("step time: predicted"), std::string::npos) << many.output;
   const size_t report = many.output.find("trained small-gpt");
   if (report != std::string::npos) std::cout << many.output.substr(report) << "\n";
-  const std::vector<double> a = step_losses(dir.path() + "/one.jsonl"), b = step_losses(dir.path() + "/many.jsonl");
+  const std::vector<double> a = step_losses(run.dir.path() + "/one.jsonl");
+  const std::vector<double> b = step_losses(run.dir.path() + "/many.jsonl");
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 0.01 * a[i]) << layout.name << ", step " << i + 1;
+}
+
+// A stage whose GPU arena is capped below what it holds stops the whole run with one line per
+// rank naming the rank, what asked for memory and how many bytes, as a device of that size would.
+TEST(GpuMemoryCap, AStageOverItsCapStopsTheRunNamingRankTermAndBytes) {
+  ALLOY_REQUIRE_GPU();
+  const PlannedRun run(2, "--pp 2 --dp 1 --tp 1 --zero 0 --schedule 1f1b --micro-batch 4");
+  ASSERT_EQ(run.planned.exit_code, 0) << run.planned.output;
+  const auto capped = run.train_on_gpus(2, "--memory-cap 40MiB");
+  EXPECT_EQ(capped.exit_code, 2) << capped.output;
+  EXPECT_NE(capped.output.find("error on rank"), std::string::npos) << capped.output;
+  EXPECT_NE(capped.output.find("out of device memory on h200-sxm"), std::string::npos) << capped.output;
+  EXPECT_NE(capped.output.find("bytes) with"), std::string::npos) << capped.output;
+  EXPECT_NE(capped.output.find("of a 40.00 MiB capacity"), std::string::npos) << capped.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(

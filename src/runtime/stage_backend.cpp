@@ -23,7 +23,7 @@ StageSupport cpu_supports(const Plan& plan, int s) {
 }
 
 // The CUDA backend runs pipeline stages (interleaved chunks too) of whole layers, with data
-// parallelism and ZeRO 1 between replicas.
+// parallelism (even or uneven shares) and ZeRO 1 between replicas.
 StageSupport cuda_supports(const Plan& plan, int s) {
   const PlanStage& st = plan.stages[static_cast<size_t>(s)];
   const std::string why = "the cuda backend runs pipeline stages of whole layers with data parallelism and ZeRO 1 "
@@ -38,8 +38,6 @@ StageSupport cuda_supports(const Plan& plan, int s) {
   if (flags_any(st.offload_activations))
     return refuse("activation offload to host memory", fmt::format("stages[{}].offload_activations", s),
                   why + " without --offload-activations");
-  if (!st.replicas.empty())
-    return refuse("uneven data parallelism", fmt::format("stages[{}].replicas", s), why + " with --even-dp");
   return {};
 }
 

@@ -1,5 +1,5 @@
-// Pipeline stages, interleaved chunks, recomputation and ZeRO 1 on GPU ranks through `alloy train
-// --device cuda --plan`: ranks sharing this machine's GPU (activations, their gradients and the
+// Pipeline stages, interleaved chunks, recomputation, ZeRO 1 and uneven replicas on GPU ranks
+// through `alloy train --device cuda --plan`: ranks sharing this machine's GPU (activations, their gradients and the
 // gradient sums through host memory) follow the one-GPU run of the same global batch step by
 // step. The tolerance, 1% of each step's loss, is the one the data-parallel replicas keep: every
 // layout computes the same bf16 products, and only the order of fp32 sums (micro-batches,
@@ -31,7 +31,8 @@ std::vector<double> step_losses(const std::string& log) {
 struct Layout {
   const char* name;
   int ranks;
-  const char* pins;  // alloy plan's options
+  const char* pins;           // alloy plan's options
+  const char* replicas = "";  // a JSON list of stage 0's replicas' shares, written into the plan
 };
 
 // small-gpt's tokens, a cluster of `ranks` H200s, a training file and the plan `pins` make
@@ -48,6 +49,14 @@ struct PlannedRun {
     plan = dir.path() + "/plan.json";
     planned = testing::alloy("plan --model small-gpt --cluster " + cluster + " --train " + train + " " + pins +
                              " --no-offload -o " + plan);
+  }
+  // Stage 0's replicas take the shares of `replicas` ([{"sequences": 11}, ...]) of each micro-batch.
+  void share_unevenly(const std::string& replicas) const {
+    nlohmann::json p = nlohmann::json::parse(testing::read_text(plan));
+    nlohmann::json& stage = p["stages"][0];
+    stage["replicas"] = nlohmann::json::parse(replicas);
+    for (nlohmann::json& replica : stage["replicas"]) replica["device_type"] = stage["device_type"];
+    std::ofstream(plan) << p.dump(1);
   }
   std::string common() const {
     return " --model small-gpt --data " + dir.path() + "/data.bin --train " + train + " --no-progress";
@@ -71,6 +80,7 @@ TEST_P(GpuLayouts, FollowOneGpu) {
   const Layout& layout = GetParam();
   const PlannedRun run(layout.ranks, layout.pins);
   ASSERT_EQ(run.planned.exit_code, 0) << run.planned.output;
+  if (*layout.replicas != '\0') run.share_unevenly(layout.replicas);
   const auto one = testing::alloy("train --device cuda" + run.common() + " --log " + run.dir.path() + "/one.jsonl");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const auto many = run.train_on_gpus(layout.ranks, "--log " + run.dir.path() + "/many.jsonl");
@@ -109,7 +119,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"pp2_full_recompute", 2,
                              "--pp 2 --dp 1 --tp 1 --zero 0 --schedule 1f1b --micro-batch 4 --recompute full"},
                       Layout{"dp2_zero1", 2, "--pp 1 --dp 2 --tp 1 --zero 1"},
-                      Layout{"pp2_dp2_zero1", 4, "--pp 2 --dp 2 --tp 1 --zero 1 --schedule 1f1b --micro-batch 2"}),
+                      Layout{"pp2_dp2_zero1", 4, "--pp 2 --dp 2 --tp 1 --zero 1 --schedule 1f1b --micro-batch 2"},
+                      Layout{"dp2_uneven_pieces", 2, "--pp 1 --dp 2 --tp 1 --zero 0",
+                             R"([{"sequences": 10}, {"sequences": 6, "pieces": 2}])"},
+                      Layout{"dp2_uneven_zero1", 2, "--pp 1 --dp 2 --tp 1 --zero 1",
+                             R"([{"sequences": 11}, {"sequences": 5}])"}),
     [](const ::testing::TestParamInfo<Layout>& param_info) { return std::string(param_info.param.name); });
 
 }  // namespace

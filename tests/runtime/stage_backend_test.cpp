@@ -29,7 +29,7 @@ Plan plan_of(int stages, int dp) {
   return plan;
 }
 
-TEST(StageBackend, BothRunPipelinesWithDataParallelismAndZeroOne) {
+TEST(StageBackend, BothRunPipelinesWithEvenOrUnevenDataParallelismAndZeroOne) {
   Plan zero_one = plan_of(2, 2);
   for (PlanStage& st : zero_one.stages) st.zero = 1;
   Plan interleaved = plan_of(2, 1);
@@ -37,7 +37,12 @@ TEST(StageBackend, BothRunPipelinesWithDataParallelismAndZeroOne) {
   interleaved.stages[0].chunks = {{0, 1}, {2, 3}};
   interleaved.stages[1].chunks = {{1, 2}, {3, 4}};
   interleaved.stages[0].has_head = false;
+  Plan uneven = plan_of(1, 2);
+  uneven.stages[0].replicas.resize(2);
+  uneven.stages[0].replicas[0].sequences = 5;
+  uneven.stages[0].replicas[1].sequences = 3;
   for (const char* backend : {"cpu", "cuda"}) {
+    EXPECT_TRUE(stage_backend_supports(backend, uneven, 0).ok) << backend;
     EXPECT_TRUE(stage_backend_supports(backend, plan_of(1, 1), 0).ok) << backend;
     EXPECT_TRUE(stage_backend_supports(backend, plan_of(1, 4), 0).ok) << backend;
     EXPECT_NO_THROW(stage_backend_check_plan(backend, plan_of(1, 4), "plan.json")) << backend;
@@ -68,11 +73,6 @@ TEST(StageBackend, CudaClaimsOnlyWhatItRuns) {
   Plan parked = plan_of(1, 1);
   parked.stages[0].offload_activations = {false, true, false, false};
   cases.push_back({"activation offload", parked, "activation offload to host memory", "stages[0].offload_activations"});
-  Plan uneven = plan_of(1, 2);
-  uneven.stages[0].replicas.resize(2);
-  uneven.stages[0].replicas[0].sequences = 5;
-  uneven.stages[0].replicas[1].sequences = 3;
-  cases.push_back({"uneven", uneven, "uneven data parallelism", "stages[0].replicas"});
   for (const Case& c : cases) {
     EXPECT_TRUE(stage_backend_supports("cpu", c.plan, 0).ok) << c.what;
     const StageSupport cuda = stage_backend_supports("cuda", c.plan, 0);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, sized for one H200 in under 8 minutes: builds the CUDA backend (or uses
 # prebuilt binaries from ALLOY_GPU_BIN), runs the GPU tests and the kernel benchmarks, trains
-# small-gpt in pipeline stages (1F1B, GPipe, interleaved, with recomputation) and with ZeRO 1 on
-# GPU ranks against one GPU, checks
+# small-gpt in pipeline stages (1F1B, GPipe, interleaved, with recomputation), with ZeRO 1-2 and
+# uneven replicas on GPU ranks against one GPU, checks
 # the Mixture-of-Experts blocks against the CPU backend and a small MoE's expert parallelism
 # over two GPU ranks against one GPU, profiles GPT-2 small (124M) on the GPU, plans it for one
 # H200 with that profile and without one (the catalog's defaults), trains each plan at sequence
@@ -45,7 +45,7 @@ alloy=$bin/alloy
 section "GPU tests"
 run tests timeout 300 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='-*GpuMoe*:*GpuLayouts*:*GpuMemoryCap*'
 
-section "pipeline stages, interleaved chunks, recomputation and ZeRO 1 on GPU ranks against one GPU; a stage over its cap"
+section "pipeline stages, interleaved chunks, recomputation, ZeRO 1-2 and uneven replicas on GPU ranks against one GPU; a stage over its cap"
 run layouts timeout 240 "$bin/test_cuda" --gtest_brief=1 --gtest_filter='*GpuLayouts*:*GpuMemoryCap*'
 
 section "Mixture-of-Experts on the GPU: blocks against the CPU backend, ep 2 against one GPU"

@@ -23,16 +23,19 @@ StageSupport cpu_supports(const Plan& plan, int s) {
 }
 
 // The CUDA backend runs pipeline stages (interleaved chunks too) of whole layers, with data
-// parallelism (even or uneven shares) and ZeRO 1 between replicas.
+// parallelism (even or uneven shares) and ZeRO 1-2 between replicas, gradients kept in full
+// (ZeRO 2 reduce-scatters them once per step).
 StageSupport cuda_supports(const Plan& plan, int s) {
   const PlanStage& st = plan.stages[static_cast<size_t>(s)];
-  const std::string why = "the cuda backend runs pipeline stages of whole layers with data parallelism and ZeRO 1 "
+  const std::string why = "the cuda backend runs pipeline stages of whole layers with data parallelism and ZeRO 1-2 "
                           "so far; run this plan on CPU ranks (--device cpu), or re-plan";
   if (st.tp > 1) return refuse(fmt::format("tensor parallelism (tp {})", st.tp), fmt::format("stages[{}].tp", s), why + " with --tp 1");
   if (st.sequence_parallel)
     return refuse("sequence parallelism", fmt::format("stages[{}].sequence_parallel", s), why + " with --tp 1");
-  if (st.zero > 1 && st.dp > 1)
-    return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + " with --zero 1");
+  if (st.zero > 2 && st.dp > 1)
+    return refuse(fmt::format("ZeRO stage {}", st.zero), fmt::format("stages[{}].zero", s), why + " with --zero 2");
+  if (st.gradients_sharded())
+    return refuse("sharded gradients", fmt::format("stages[{}].shard_gradients", s), why + " with --gradients full");
   if (flags_any(st.offload))
     return refuse("weight offload to host memory", fmt::format("stages[{}].offload", s), why + " with --no-offload");
   if (flags_any(st.offload_activations))

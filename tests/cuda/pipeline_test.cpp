@@ -1,4 +1,4 @@
-// Pipeline stages, interleaved chunks, recomputation, ZeRO 1 and uneven replicas on GPU ranks
+// Pipeline stages, interleaved chunks, recomputation, ZeRO 1-2 and uneven replicas on GPU ranks
 // through `alloy train --device cuda --plan`: ranks sharing this machine's GPU (activations, their gradients and the
 // gradient sums through host memory) follow the one-GPU run of the same global batch step by
 // step. The tolerance, 1% of each step's loss, is the one the data-parallel replicas keep: every
@@ -120,6 +120,9 @@ INSTANTIATE_TEST_SUITE_P(
                              "--pp 2 --dp 1 --tp 1 --zero 0 --schedule 1f1b --micro-batch 4 --recompute full"},
                       Layout{"dp2_zero1", 2, "--pp 1 --dp 2 --tp 1 --zero 1"},
                       Layout{"pp2_dp2_zero1", 4, "--pp 2 --dp 2 --tp 1 --zero 1 --schedule 1f1b --micro-batch 2"},
+                      Layout{"dp2_zero2_full_gradients", 2, "--pp 1 --dp 2 --tp 1 --zero 2 --gradients full"},
+                      Layout{"pp2_dp2_zero2_full_gradients", 4,
+                             "--pp 2 --dp 2 --tp 1 --zero 2 --gradients full --schedule 1f1b --micro-batch 2"},
                       Layout{"dp2_uneven_pieces", 2, "--pp 1 --dp 2 --tp 1 --zero 0",
                              R"([{"sequences": 10}, {"sequences": 6, "pieces": 2}])"},
                       Layout{"dp2_uneven_zero1", 2, "--pp 1 --dp 2 --tp 1 --zero 1",

@@ -29,9 +29,11 @@ Plan plan_of(int stages, int dp) {
   return plan;
 }
 
-TEST(StageBackend, BothRunPipelinesWithEvenOrUnevenDataParallelismAndZeroOne) {
+TEST(StageBackend, BothRunPipelinesWithEvenOrUnevenDataParallelismAndZeroOneOrTwo) {
   Plan zero_one = plan_of(2, 2);
   for (PlanStage& st : zero_one.stages) st.zero = 1;
+  Plan zero_two = plan_of(2, 2);
+  for (PlanStage& st : zero_two.stages) st.zero = 2;  // gradients kept in full
   Plan interleaved = plan_of(2, 1);
   interleaved.virtual_chunks = 2;
   interleaved.stages[0].chunks = {{0, 1}, {2, 3}};
@@ -46,7 +48,7 @@ TEST(StageBackend, BothRunPipelinesWithEvenOrUnevenDataParallelismAndZeroOne) {
     EXPECT_TRUE(stage_backend_supports(backend, plan_of(1, 1), 0).ok) << backend;
     EXPECT_TRUE(stage_backend_supports(backend, plan_of(1, 4), 0).ok) << backend;
     EXPECT_NO_THROW(stage_backend_check_plan(backend, plan_of(1, 4), "plan.json")) << backend;
-    for (const Plan& plan : {plan_of(2, 1), zero_one, interleaved})
+    for (const Plan& plan : {plan_of(2, 1), zero_one, zero_two, interleaved})
       EXPECT_NO_THROW(stage_backend_check_plan(backend, plan, "plan.json")) << backend;
   }
 }
@@ -64,8 +66,10 @@ TEST(StageBackend, CudaClaimsOnlyWhatItRuns) {
   cases.push_back({"tensor parallel", tp, "tensor parallelism (tp 2)", "stages[0].tp"});
   Plan zero = plan_of(1, 2);
   zero.stages[0].zero = 2;
-  cases.push_back({"ZeRO 2", zero, "ZeRO stage 2", "stages[0].zero"});
+  zero.stages[0].shard_gradients = true;
+  cases.push_back({"sharded gradients", zero, "sharded gradients", "stages[0].shard_gradients"});
   zero.stages[0].zero = 3;
+  zero.stages[0].shard_gradients = false;
   cases.push_back({"ZeRO 3", zero, "ZeRO stage 3", "stages[0].zero"});
   Plan offload = plan_of(1, 1);
   offload.stages[0].offload[1] = true;

@@ -469,7 +469,9 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
     // Accumulated in full over the micro-batches and reduced once, after the last backward.
     mem.gradients_bytes = params * g;
   }
-  mem.master_weights_bytes = master ? sharded(c.zero >= 1) * 4.0 : 0;
+  const bool master_sharded =
+      runtime_traits(cluster_.device_types[shape.device_type]).zero_shards_master_weights ? c.zero >= 1 : c.zero >= 3;
+  mem.master_weights_bytes = master ? sharded(master_sharded) * 4.0 : 0;
   mem.optimizer_states_bytes = sharded(c.zero >= 1) * 4.0 * states;
   // ZeRO 3 gathers the unit in use and prefetches the next one (Alloy's runtime, like
   // DeepSpeed's prefetch): two blocks, or a block with the embedding or the head. Offloaded

@@ -65,6 +65,10 @@ struct RuntimeTraits {
   double gradient_bucket_bytes = 0;     // data-parallel reduction buffers below ZeRO 3
   double framework_context_bytes = 0;   // e.g. the CUDA context
   double allocator_margin_fraction = 0;  // of activations, workspace and communication buffers
+  // Under ZeRO 1-2 each replica keeps the fp32 master weights of its shard alone (DeepSpeed,
+  // Megatron's distributed optimizer, FSDP). Alloy's GPU runtime keeps them whole, since it makes
+  // its bf16 compute copy from them; every runtime shards them under ZeRO 3.
+  bool zero_shards_master_weights = true;
 
   double matmul_peak_efficiency(Precision p) const {
     return matmul_peak_efficiency_by_precision[static_cast<int>(p)];

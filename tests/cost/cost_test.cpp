@@ -127,10 +127,14 @@ class StageCost : public ::testing::Test {
   CostModel cost{model, cluster, train};
 
   MemoryBreakdown memory(int zero, int selective, int full, int offloaded, int dp = 8) {
+    return memory_of(cost, zero, selective, full, offloaded, dp);
+  }
+  // The memory of one stage holding the whole model on dp devices, priced by `priced`.
+  static MemoryBreakdown memory_of(const CostModel& priced, int zero, int selective, int full, int offloaded, int dp) {
     std::vector<int> ids;
     for (int i = 0; i < dp; ++i) ids.push_back(i);
-    const StageShape shape = cost.stage_shape(ids, 1, dp, 1);
-    const StageUnitCosts unit = cost.unit_costs(shape, false);
+    const StageShape shape = priced.stage_shape(ids, 1, dp, 1);
+    const StageUnitCosts unit = priced.unit_costs(shape, false);
     StageChoice c;
     c.blocks = 32;
     c.selective = selective;
@@ -138,9 +142,18 @@ class StageCost : public ::testing::Test {
     c.offloaded = offloaded;
     c.zero = zero;
     c.has_embedding = c.has_head = true;
-    return cost.stage_memory(shape, unit, c, 1, false);
+    return priced.stage_memory(shape, unit, c, 1, false);
   }
 };
+
+// A framework whose optimizer shards the master weights with its state (FSDP here) is priced so.
+TEST_F(StageCost, FrameworksThatShardMasterWeightsUnderZeroOneArePricedSo) {
+  ClusterSpec fsdp = cluster;
+  fsdp.device_types[0].framework = "torchtitan-eager";
+  const CostModel priced(model, fsdp, train);
+  EXPECT_DOUBLE_EQ(memory_of(priced, 1, 0, 0, 0, 8).master_weights_bytes,
+                   memory_of(priced, 0, 0, 0, 0, 8).master_weights_bytes / 8);
+}
 
 TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
   const MemoryBreakdown z0 = memory(0, 0, 0, 0), z1 = memory(1, 0, 0, 0), z2 = memory(2, 0, 0, 0),
@@ -149,6 +162,11 @@ TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
   EXPECT_DOUBLE_EQ(z0.optimizer_states_bytes, 4 * z0.parameters_bytes);
   EXPECT_DOUBLE_EQ(z0.master_weights_bytes, 2 * z0.parameters_bytes);
   EXPECT_DOUBLE_EQ(z1.optimizer_states_bytes, z0.optimizer_states_bytes / 8);
+  // Alloy's GPU runtime makes its bf16 copy from whole fp32 master weights under ZeRO 1-2; ZeRO 3
+  // shards them with the parameters.
+  EXPECT_DOUBLE_EQ(z1.master_weights_bytes, z0.master_weights_bytes);
+  EXPECT_DOUBLE_EQ(z2.master_weights_bytes, z0.master_weights_bytes);
+  EXPECT_DOUBLE_EQ(z3.master_weights_bytes, z0.master_weights_bytes / 8);
   // Without shard_gradients, gradients accumulate in full over the step's micro-batches at every
   // ZeRO stage (the schedule reduces once per step), as the runtime measures (tests/parallel
   // DataParallelAtEveryZeroStage); gradient_shard_cost_test.cpp covers the sharded strategy.

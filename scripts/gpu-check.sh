@@ -2,13 +2,13 @@
 # The GPU check, sized for one H200 in under 8 minutes: builds the CUDA backend (or uses
 # prebuilt binaries from ALLOY_GPU_BIN), runs the GPU tests and the kernel benchmarks, trains
 # small-gpt in pipeline stages (1F1B, GPipe, interleaved, with recomputation), with ZeRO 1-2 and
-# uneven replicas on GPU ranks against one GPU, checks
-# the Mixture-of-Experts blocks against the CPU backend and a small MoE's expert parallelism
-# over two GPU ranks against one GPU, profiles GPT-2 small (124M) on the GPU, plans it for one
-# H200 with that profile and without one (the catalog's defaults), trains each plan at sequence
-# 1024 (tokens/s, model FLOPs utilisation, peak memory, predicted against measured), trains it in
-# two pipeline stages on two ranks sharing the GPU (memory per rank, predicted against measured),
-# and follows a small GPT's loss over 50 steps on the GPU against the CPU backend.
+# uneven replicas on GPU ranks against one GPU, checks the Mixture-of-Experts blocks against the
+# CPU backend and a small MoE's expert parallelism over two GPU ranks against one GPU, profiles
+# GPT-2 small (124M) on the GPU, plans it for one H200 with that profile and without one (the
+# catalog's defaults), trains each plan at sequence 1024 (tokens/s, model FLOPs utilisation,
+# peak memory, predicted against measured), trains it in two pipeline stages on two ranks
+# sharing the GPU (memory per rank, predicted against measured), and follows a small GPT's loss
+# over 50 steps on the GPU against the CPU backend.
 # Logs, profiles and plans go to out/gpu-check/ (ALLOY_GPU_CHECK_DIR); where OUT names a folder,
 # they are also packed there as gpu-check.tgz (without the token files), with a summary.
 set -uo pipefail

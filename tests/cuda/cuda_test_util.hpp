@@ -6,9 +6,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/cuda/cuda_check.hpp"
 #include "runtime/cuda/device.hpp"
@@ -86,6 +89,14 @@ inline double tolerance_ratio(const std::vector<float>& a, const std::vector<flo
     if (!(ratio <= worst)) worst = std::isnan(ratio) ? INFINITY : ratio;
   }
   return worst;
+}
+
+// The value of `key` in every line of a training log (alloy train --log: one JSON object per step).
+inline std::vector<double> logged(const std::string& log, const char* key) {
+  std::vector<double> out;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at(key).get<double>());
+  return out;
 }
 
 }  // namespace alloy::testing

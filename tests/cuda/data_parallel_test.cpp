@@ -4,24 +4,14 @@
 // are refused before anything is allocated.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "../common/test_util.hpp"
 #include "cuda_test_util.hpp"
 
 namespace alloy {
 namespace {
-
-std::vector<double> losses_of(const std::string& log) {
-  std::vector<double> out;
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-  return out;
-}
 
 class GpuDataParallel : public ::testing::Test {
  protected:
@@ -46,7 +36,8 @@ TEST_F(GpuDataParallel, TwoReplicasFollowOneGpu) {
                                         300);
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_NE(two.output.find("over 2 rank(s)"), std::string::npos) << two.output;
-  const std::vector<double> a = losses_of(dir.path() + "/one.jsonl"), b = losses_of(dir.path() + "/two.jsonl");
+  const std::vector<double> a = testing::logged(dir.path() + "/one.jsonl", "loss");
+  const std::vector<double> b = testing::logged(dir.path() + "/two.jsonl", "loss");
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u) << "only rank 0 writes the log";
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 0.01 * a[i]) << "step " << i + 1;

@@ -5,12 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
 #include <numeric>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "../common/test_util.hpp"
 #include "cuda_test_util.hpp"
@@ -169,13 +166,6 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuMoeTest,
                                   (c.recompute == Recompute::Recompute_full ? "_full" : "_none");
                          });
 
-std::vector<double> logged(const std::string& log, const char* key) {
-  std::vector<double> out;
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at(key).get<double>());
-  return out;
-}
-
 // The pooled model with dp 2 and ep 2 on two ranks sharing this GPU (rows and gradients through host
 // memory) follows the one-GPU run of the same global batch.
 TEST(GpuMoe, ExpertParallelTrainingFollowsOneGpu) {
@@ -200,12 +190,13 @@ TEST(GpuMoe, ExpertParallelTrainingFollowsOneGpu) {
                                             " --cluster " + cluster + common + " --log " + dir.path() + "/two.jsonl",
                                         300);
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  const std::vector<double> a = logged(dir.path() + "/one.jsonl", "loss"), b = logged(dir.path() + "/two.jsonl", "loss");
+  const std::vector<double> a = testing::logged(dir.path() + "/one.jsonl", "loss");
+  const std::vector<double> b = testing::logged(dir.path() + "/two.jsonl", "loss");
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 6u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 0.02 * a[i]) << "step " << i + 1;
-  const std::vector<double> aux_one = logged(dir.path() + "/one.jsonl", "aux_loss");
-  const std::vector<double> aux_two = logged(dir.path() + "/two.jsonl", "aux_loss");
+  const std::vector<double> aux_one = testing::logged(dir.path() + "/one.jsonl", "aux_loss");
+  const std::vector<double> aux_two = testing::logged(dir.path() + "/two.jsonl", "aux_loss");
   ASSERT_EQ(aux_two.size(), aux_one.size());
   for (size_t i = 0; i < aux_one.size(); ++i)
     EXPECT_NEAR(aux_two[i], aux_one[i], 0.02 * aux_one[i]) << "load-balancing loss, step " << i + 1;

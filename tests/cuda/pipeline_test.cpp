@@ -21,13 +21,6 @@
 namespace alloy {
 namespace {
 
-std::vector<double> step_losses(const std::string& log) {
-  std::vector<double> out;
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-  return out;
-}
-
 struct Layout {
   const char* name;
   int ranks;
@@ -89,8 +82,8 @@ TEST_P(GpuLayouts, FollowOneGpu) {
   EXPECT_NE(many.output.find("step time: predicted"), std::string::npos) << many.output;
   const size_t report = many.output.find("trained small-gpt");
   if (report != std::string::npos) std::cout << many.output.substr(report) << "\n";
-  const std::vector<double> a = step_losses(run.dir.path() + "/one.jsonl");
-  const std::vector<double> b = step_losses(run.dir.path() + "/many.jsonl");
+  const std::vector<double> a = testing::logged(run.dir.path() + "/one.jsonl", "loss");
+  const std::vector<double> b = testing::logged(run.dir.path() + "/many.jsonl", "loss");
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 0.01 * a[i]) << layout.name << ", step " << i + 1;

@@ -31,8 +31,11 @@ namespace alloy::testing {
 namespace {
 
 constexpr int kShardedSteps = 10;
-// Largest weight difference from ZeRO 0 measured over these plans: 2.4e-7 (10 steps, fp32).
-constexpr double kWeightTolerance = 1e-6;
+// Largest weight difference from ZeRO 0 measured over these plans (10 steps, fp32): 2.4e-7 with
+// OpenBLAS's AVX-512 kernels, 1.04e-6 with its AVX2 ones (an AMD EPYC, sanitized build), whose
+// sums of the sharded buckets' products fall in another order. A wrong shard moves a weight by
+// about the learning rate (1e-4 to 1e-3 a step here).
+constexpr double kWeightTolerance = 5e-6;
 
 struct ShardSuite {};
 

@@ -15,17 +15,23 @@
 
 #include "runtime/cuda/cuda_check.hpp"
 #include "runtime/cuda/device.hpp"
+#include "spec/error.hpp"
 
 namespace alloy::testing {
 
-// Skips the calling test (with the driver's reason) when this machine has no usable GPU.
+// Skips the calling test (with the driver's reason) when this machine has no GPU the backend
+// runs on.
 #define ALLOY_REQUIRE_GPU()                                                   \
   do {                                                                        \
     std::string alloy_gpu_reason;                                             \
     if (::alloy::cuda_device_count(&alloy_gpu_reason) == 0) {                 \
       GTEST_SKIP() << "no GPU here: " << alloy_gpu_reason;                    \
     }                                                                         \
-    ::alloy::cuda_device_open(0);                                             \
+    try {                                                                     \
+      ::alloy::cuda_device_open(0);                                           \
+    } catch (const ::alloy::Error& alloy_gpu_error) {                         \
+      GTEST_SKIP() << alloy_gpu_error.message();                              \
+    }                                                                         \
   } while (0)
 
 // A device buffer of n elements of T, freed at scope end.

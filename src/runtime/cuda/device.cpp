@@ -54,11 +54,23 @@ CudaDeviceInfo cuda_device_open(int index) {
   info.compute_major = prop.major;
   info.compute_minor = prop.minor;
   info.multiprocessors = prop.multiProcessorCount;
+  const std::string refusal = cuda_capability_refusal(info.compute_major, info.compute_minor);
+  if (!refusal.empty()) {
+    throw Error(fmt::format("GPU {} ({}): {}", index, info.name, refusal), {"", "--device"},
+                "train on CPU ranks (--device cpu); alloy plan prices this GPU's type in fp16");
+  }
   size_t free_bytes = 0, total_bytes = 0;
   cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "reading the GPU's memory");
   info.memory_bytes = static_cast<int64_t>(total_bytes);
   info.free_memory_bytes = static_cast<int64_t>(free_bytes);
   return info;
+}
+
+std::string cuda_capability_refusal(int major, int minor) {
+  if (major >= 8) return "";
+  return fmt::format("compute capability {}.{} has no bf16 tensor cores, on which the cuda backend computes "
+                     "(compute capability 8.0 or newer: A100, L4, H100, H200)",
+                     major, minor);
 }
 
 namespace {

@@ -25,8 +25,14 @@ struct CudaDeviceInfo {
 int cuda_device_count(std::string* reason = nullptr);
 
 // Selects `index` for this thread and describes it. Throws alloy::Error saying plainly that no
-// driver or GPU was found (and how to run on CPUs instead) when there is none.
+// driver or GPU was found (and how to run on CPUs instead) when there is none, and naming the GPU
+// when the backend cannot run on it (cuda_capability_refusal).
 CudaDeviceInfo cuda_device_open(int index);
+
+// Why the CUDA backend cannot run on a GPU of compute capability major.minor, or "" when it can:
+// it computes in bf16 on tensor cores, which start with compute capability 8.0 (a V100, 7.0, or a
+// T4, 7.5, has fp16 tensor cores only).
+std::string cuda_capability_refusal(int major, int minor);
 
 // Device memory through cudaMalloc / cudaFree, for Arena.
 ArenaMemory cuda_arena_memory();

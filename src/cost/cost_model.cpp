@@ -441,7 +441,9 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   const auto sharded = [&](bool by_zero) {
     return by_zero ? (params - whole - experts) * shape.zero_share + experts * shape.expert_zero_share + whole : params;
   };
-  mem.parameters_bytes = sharded(c.zero >= 3) * e;
+  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
+  const bool no_compute_shard = c.zero >= 3 && master && !runtime.zero3_keeps_compute_precision_shard;
+  mem.parameters_bytes = no_compute_shard ? 0 : sharded(c.zero >= 3) * e;
   // With fp32 master weights gradients accumulate in fp32, as Alloy's GPU runtime and
   // Megatron-LM's do.
   const double g = gradient_element_bytes();
@@ -462,15 +464,14 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
     const bool tied_here = model_.tied_embeddings && c.has_embedding && c.has_head && several_parts;
     const double table_params = tied_here ? static_cast<double>(model_.vocab_size * model_.hidden_size) / shape.tp : 0;
     const bool overlapped =
-        !runtime_traits(cluster_.device_types[shape.device_type]).collectives_share_compute_cores && several_parts;
+        !runtime.collectives_share_compute_cores && several_parts;
     const double live_params = (overlapped ? 2.0 : 1.0) * part_params + table_params;
     mem.gradients_bytes = (sharded(true) + live_params) * g;
   } else {
     // Accumulated in full over the micro-batches and reduced once, after the last backward.
     mem.gradients_bytes = params * g;
   }
-  const bool master_sharded =
-      runtime_traits(cluster_.device_types[shape.device_type]).zero_shards_master_weights ? c.zero >= 1 : c.zero >= 3;
+  const bool master_sharded = runtime.zero_shards_master_weights ? c.zero >= 1 : c.zero >= 3;
   mem.master_weights_bytes = master ? sharded(master_sharded) * 4.0 : 0;
   mem.optimizer_states_bytes = sharded(c.zero >= 1) * 4.0 * states;
   // ZeRO 3 gathers the unit in use and prefetches the next one (Alloy's runtime, like
@@ -530,7 +531,6 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
     mem.host_offload_bytes += in_flight * per_micro_batch_parked;
   }
 
-  const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
   // Recomputing a block rebuilds its activations for the duration of its backward: all of them
   // under full recomputation, the attention core's (what selective recomputation did not keep)
   // under selective. The larger of an MoE block's backward and a leading dense block's.
@@ -565,6 +565,8 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   mem.framework_context_bytes = runtime.framework_context_bytes;
   mem.allocator_margin_bytes = runtime.allocator_margin_fraction *
                                (mem.activations_bytes + mem.workspace_bytes + mem.communication_buffers_bytes);
+  const double allocated = mem.total_bytes() - mem.framework_context_bytes;
+  mem.allocator_margin_bytes += allocated * runtime.allocator_fragmentation / (1.0 - runtime.allocator_fragmentation);
   return mem;
 }
 

@@ -104,8 +104,14 @@ constexpr RuntimeTraits torchtitan_traits(ElementwiseKernels kernels) {
   t.selective_recompute = SelectiveRecompute::SelectiveRecompute_alternate_matmuls;
   // The logits are cast to fp32 before PyTorch's cross-entropy, outside the compiled blocks.
   t.loss_logits = LossLogits::LossLogits_fp32_copy;
-  // FSDP shards the fp32 parameters themselves.
+  // FSDP shards the fp32 parameters themselves, and its mixed-precision policy casts a shard to
+  // bf16 as it gathers it, keeping no bf16 shard.
   t.zero_shards_master_weights = true;
+  t.zero3_keeps_compute_precision_shard = false;
+  // PyTorch's caching allocator: its published rows state reserved memory, on average 15% free
+  // but fragmented in LLM training with recomputation and sharding (GMLake, ASPLOS 2024).
+  t.allocator_margin_fraction = 0;
+  t.allocator_fragmentation = 0.15;
   return t;
 }
 constexpr RuntimeTraits kTorchtitanEager = torchtitan_traits(ElementwiseKernels::ElementwiseKernels_eager);

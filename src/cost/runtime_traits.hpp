@@ -65,10 +65,17 @@ struct RuntimeTraits {
   double gradient_bucket_bytes = 0;     // data-parallel reduction buffers below ZeRO 3
   double framework_context_bytes = 0;   // e.g. the CUDA context
   double allocator_margin_fraction = 0;  // of activations, workspace and communication buffers
+  // A caching allocator's memory held free but too fragmented to serve the peak's requests, as a
+  // share of what it reserves: the reserved peak is the allocated peak / (1 - fragmentation).
+  double allocator_fragmentation = 0;
   // Under ZeRO 1-2 each replica keeps the fp32 master weights of its shard alone (DeepSpeed,
   // Megatron's distributed optimizer, FSDP). Alloy's GPU runtime keeps them whole, since it makes
   // its bf16 compute copy from them; every runtime shards them under ZeRO 3.
   bool zero_shards_master_weights = true;
+  // Under ZeRO 3 with fp32 master weights each replica also keeps its shard in the compute
+  // precision, the all-gathers' input (DeepSpeed, Alloy). FSDP keeps the fp32 shard alone and
+  // casts it as it gathers.
+  bool zero3_keeps_compute_precision_shard = true;
 
   double matmul_peak_efficiency(Precision p) const {
     return matmul_peak_efficiency_by_precision[static_cast<int>(p)];

@@ -155,6 +155,25 @@ TEST_F(StageCost, FrameworksThatShardMasterWeightsUnderZeroOneArePricedSo) {
                    memory_of(priced, 0, 0, 0, 0, 8).master_weights_bytes / 8);
 }
 
+// FSDP keeps no bf16 shard under ZeRO 3 (it casts the fp32 shard as it gathers), and PyTorch's
+// caching allocator reserves the allocated peak over (1 - its fragmentation).
+TEST_F(StageCost, FsdpKeepsNoComputeShardAndReservesForFragmentation) {
+  ClusterSpec fsdp = cluster;
+  fsdp.device_types[0].framework = "torchtitan-eager";
+  const CostModel priced(model, fsdp, train);
+  const MemoryBreakdown torch3 = memory_of(priced, 3, 32, 0, 0, 8), alloy3 = memory(3, 32, 0, 0);
+  EXPECT_DOUBLE_EQ(torch3.parameters_bytes, 0);
+  EXPECT_GT(alloy3.parameters_bytes, 0);
+  EXPECT_DOUBLE_EQ(torch3.master_weights_bytes, alloy3.master_weights_bytes);
+  // Below ZeRO 3 the bf16 weights are whole in both.
+  EXPECT_DOUBLE_EQ(memory_of(priced, 1, 32, 0, 0, 8).parameters_bytes, memory(1, 32, 0, 0).parameters_bytes);
+
+  const double fragmentation = framework_runtime_traits("torchtitan-eager")->allocator_fragmentation;
+  ASSERT_GT(fragmentation, 0);
+  const double allocated = torch3.total_bytes() - torch3.framework_context_bytes - torch3.allocator_margin_bytes;
+  EXPECT_NEAR(allocated / (torch3.total_bytes() - torch3.framework_context_bytes), 1 - fragmentation, 1e-12);
+}
+
 TEST_F(StageCost, ZeroStagesShardWhatTheyPromise) {
   const MemoryBreakdown z0 = memory(0, 0, 0, 0), z1 = memory(1, 0, 0, 0), z2 = memory(2, 0, 0, 0),
                         z3 = memory(3, 0, 0, 0);

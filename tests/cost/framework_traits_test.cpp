@@ -86,7 +86,7 @@ TEST(FrameworkTraits, RecordsByNameAndAlloysRuntimeByDefault) {
   EXPECT_EQ(eager.loss_logits, LossLogits::LossLogits_fp32_copy);
   // Everything else is the GPU runtime's.
   EXPECT_DOUBLE_EQ(eager.matmul_half_rows, gpu.matmul_half_rows);
-  EXPECT_DOUBLE_EQ(eager.allocator_margin_fraction, gpu.allocator_margin_fraction);
+  EXPECT_DOUBLE_EQ(eager.library_workspace_bytes, gpu.library_workspace_bytes);
   EXPECT_EQ(framework_runtime_traits("torchtitan-compile")->elementwise_kernels, ElementwiseKernels::ElementwiseKernels_fused);
 
   h100.framework = "megatron";

@@ -17,7 +17,8 @@
 // Usage: bench_published [--table path/to/throughputs.yaml] [--row ID] [--fit]
 // --row prints that row's plan (stages, step time by part, memory) after the comparison.
 // --fit scans each device generation's matmul_efficiency on the fit rows (the value that
-// minimises their mean |log speed ratio|) and prints it beside the catalog's.
+// minimises their mean |log speed ratio|) and prints it beside the catalog's; fp8 rows form a
+// generation of their own ("H100/H200 fp8"), whose scan is of matmul_efficiency_fp8.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,6 +60,7 @@ struct Compared {
   bool lower_is_faster = false;  // a time, not a rate
   // Predicted over published speed, less 1.
   double error() const { return lower_is_faster ? published / predicted - 1 : predicted / published - 1; }
+  double memory_error() const { return memory_predicted_gib / memory_published_gib - 1; }
 };
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -200,7 +202,8 @@ int zero_stage_of(const std::string& published) {
   throw Skip{"ZeRO stage not recognised: " + published};
 }
 
-// Each device generation's matmul_efficiency where it replaces the catalog's.
+// Each device generation's matmul_efficiency (an fp8 generation's matmul_efficiency_fp8) where it
+// replaces the catalog's.
 using Efficiencies = std::map<std::string, double>;
 
 Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const Efficiencies& efficiencies) {
@@ -278,8 +281,10 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
   o.allow_uneven_dp = false;
   o.runner_ups = 0;
   const std::string precision_text = text_lower(row["precision"] ? row["precision"].as<std::string>() : "bf16");
-  if (precision_text.find("fp8") != std::string::npos || precision_text.find("float8") != std::string::npos)
-    throw Skip{"fp8 matrix products (Alloy prices a run in one precision)"};
+  // fp8 rows ("fp8", "bf16 + float8 nn.Linear") cast the linear layers' products to fp8, and
+  // calibrate a share of the fp8 peak of their own.
+  const bool fp8 = precision_text.find("fp8") != std::string::npos || precision_text.find("float8") != std::string::npos;
+  const std::string generation = fp8 ? device->generation + " fp8" : device->generation;
 
   // The framework the row ran on prices it (its runtime traits); Alloy's own runtime otherwise.
   const std::string framework = row["framework"] ? row["framework"].as<std::string>() : "";
@@ -294,8 +299,8 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
         "device_types:\n  row-device: {{base: {}{}{}}}\nnodes:\n"
         "  - {{name: nodes, count: {}, device: row-device, devices_per_node: {}}}\n",
         network, device->type, memory.empty() ? "" : ", memory: " + memory,
-        efficiencies.contains(device->generation)
-            ? fmt::format(", matmul_efficiency: {}", efficiencies.at(device->generation))
+        efficiencies.contains(generation)
+            ? fmt::format(", matmul_efficiency{}: {}", fp8 ? "_fp8" : "", efficiencies.at(generation))
             : "",
         (devices + per_node - 1) / per_node, std::min(per_node, devices));
     ClusterSpec cluster = cluster_load_text(yaml, "published cluster", "published", catalog);
@@ -305,7 +310,9 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
   TrainSpec train;
   train.seq_len = model.max_seq_len;
   train.global_batch_sequences = global;
-  train.precision = precision_text.find("fp16") != std::string::npos ? Precision::Precision_fp16 : Precision::Precision_bf16;
+  train.precision = fp8                                        ? Precision::Precision_fp8
+                    : precision_text.find("fp16") != std::string::npos ? Precision::Precision_fp16
+                                                                       : Precision::Precision_bf16;
   Plan plan;
   try {
     plan = plan_search(CostModel(model, cluster_of(device->memory), train), o).plan;
@@ -325,7 +332,7 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
   Compared c = compare(measured, plan, model, devices);
   c.assumed = assumed;
   c.plan = plan;
-  c.generation = device->generation;
+  c.generation = generation;
   c.device_type = device->type;
   if (const YAML::Node memory = row["memory"]; memory && memory["per_gpu_gib"]) {
     c.memory_published_gib = memory["per_gpu_gib"].as<double>();
@@ -368,15 +375,29 @@ std::vector<RowResult> compare_rows(const YAML::Node& rows, const DeviceCatalog&
   return out;
 }
 
-// "median |error| 7.1%, worst 21.0% over 20 rows" of the compared rows `pick` selects.
+// "median |error| 7.1%, worst 21.0% over 20 rows" of the errors.
+std::string summary(const std::vector<double>& errors) {
+  if (errors.empty()) return "no rows";
+  return fmt::format("median |error| {:.1f}%, worst {:.1f}% over {} rows", 100 * median(errors),
+                     100 * *std::max_element(errors.begin(), errors.end()), errors.size());
+}
+
+// The same of the speed of the compared rows `pick` selects.
 template <typename Pick>
 std::string error_summary(const std::vector<RowResult>& results, Pick pick) {
   std::vector<double> errors;
   for (const RowResult& r : results)
     if (r.compared && pick(r)) errors.push_back(std::abs(r.compared->error()));
-  if (errors.empty()) return "no rows";
-  return fmt::format("median |error| {:.1f}%, worst {:.1f}% over {} rows", 100 * median(errors),
-                     100 * *std::max_element(errors.begin(), errors.end()), errors.size());
+  return summary(errors);
+}
+
+// The same of the memory of those that state it.
+template <typename Pick>
+std::string memory_summary(const std::vector<RowResult>& results, Pick pick) {
+  std::vector<double> errors;
+  for (const RowResult& r : results)
+    if (r.compared && r.compared->memory_published_gib > 0 && pick(r)) errors.push_back(std::abs(r.compared->memory_error()));
+  return summary(errors);
 }
 
 // For each device generation of the fit rows, the matmul_efficiency in [0.40, 0.95] that
@@ -388,7 +409,8 @@ void fit_efficiencies(const YAML::Node& rows, const DeviceCatalog& catalog, cons
   for (const RowResult& r : as_shipped) {
     if (!r.compared || !r.fit) continue;
     generations.insert(r.compared->generation);
-    shipped[r.compared->generation] = catalog.find(r.compared->device_type)->matmul_efficiency;
+    const DeviceType& type = *catalog.find(r.compared->device_type);
+    shipped[r.compared->generation] = r.compared->generation.ends_with(" fp8") ? type.matmul_efficiency_fp8 : type.matmul_efficiency;
   }
   std::printf("\nmatmul_efficiency fitted on the fit rows (mean |log speed ratio|):\n");
   for (const std::string& generation : generations) {
@@ -436,7 +458,6 @@ int main(int argc, char** argv) {
   std::printf("Un-profiled predictions against %zu published rows (%s)\n", rows.size(), table.c_str());
   std::printf("error: predicted over published speed, less 1 (+: Alloy optimistic)\n\n");
   std::printf("%-48s %-8s %-22s %12s %12s %8s  %s\n", "row", "set", "metric", "published", "predicted", "error", "assumed");
-  std::vector<double> memory_errors;
   std::map<std::string, std::vector<std::string>> skipped;  // reason -> ids
   for (const RowResult& r : results) {
     if (!r.compared) {
@@ -446,21 +467,20 @@ int main(int argc, char** argv) {
     const Compared& c = *r.compared;
     std::printf("%-48s %-8s %-22s %12.4g %12.4g %+7.1f%%  %s\n", r.id.c_str(), r.fit ? "fit" : "held out",
                 c.metric.c_str(), c.published, c.predicted, 100 * c.error(), c.assumed.c_str());
-    if (c.memory_published_gib > 0) {
-      const double error = (c.memory_predicted_gib - c.memory_published_gib) / c.memory_published_gib;
-      memory_errors.push_back(std::abs(error));
+    if (c.memory_published_gib > 0)
       std::printf("%-48s %-8s %-22s %12.4g %12.4g %+7.1f%%\n", "", "", "memory GiB per device", c.memory_published_gib,
-                  c.memory_predicted_gib, 100 * error);
-    }
+                  c.memory_predicted_gib, 100 * c.memory_error());
   }
-  const auto all = [](const RowResult&) { return true; };
-  std::printf("\nall rows compared: %s\n", error_summary(results, all).c_str());
-  std::printf("fit rows:          %s\n", error_summary(results, [](const RowResult& r) { return r.fit; }).c_str());
-  std::printf("held-out rows:     %s\n", error_summary(results, [](const RowResult& r) { return !r.fit; }).c_str());
-  if (!memory_errors.empty()) {
-    std::printf("memory of %zu rows: median |error| %.1f%%, worst %.1f%%\n", memory_errors.size(),
-                100 * median(memory_errors), 100 * *std::max_element(memory_errors.begin(), memory_errors.end()));
-  }
+  const auto fp8 = [](const RowResult& r) { return r.compared->generation.ends_with(" fp8"); };
+  std::printf("\nall rows compared: %s\n", error_summary(results, [](const RowResult&) { return true; }).c_str());
+  std::printf("16-bit rows:       %s\n", error_summary(results, [&](const RowResult& r) { return !fp8(r); }).c_str());
+  std::printf("  fit rows:        %s\n", error_summary(results, [&](const RowResult& r) { return !fp8(r) && r.fit; }).c_str());
+  std::printf("  held-out rows:   %s\n", error_summary(results, [&](const RowResult& r) { return !fp8(r) && !r.fit; }).c_str());
+  std::printf("  memory:          %s\n", memory_summary(results, [&](const RowResult& r) { return !fp8(r); }).c_str());
+  std::printf("fp8 rows:          %s\n", error_summary(results, fp8).c_str());
+  std::printf("  fit rows:        %s\n", error_summary(results, [&](const RowResult& r) { return fp8(r) && r.fit; }).c_str());
+  std::printf("  held-out rows:   %s\n", error_summary(results, [&](const RowResult& r) { return fp8(r) && !r.fit; }).c_str());
+  std::printf("  memory:          %s\n", memory_summary(results, fp8).c_str());
   std::printf("\nnot compared (%zu rows):\n", skipped.empty() ? 0 : static_cast<size_t>(std::count_if(
       results.begin(), results.end(), [](const RowResult& r) { return !r.compared; })));
   for (const auto& [reason, ids] : skipped)

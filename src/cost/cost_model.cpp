@@ -49,8 +49,15 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
   const double bytes = backward ? work.backward_bytes : work.forward_bytes;
   const RuntimeTraits& runtime = runtime_traits(type);
   const Precision run = precision_run_on(type, precision);  // what the device really runs
-  const double eff = compute_efficiency(type, run, work.matmul_rows, work.matmul_cols);
-  const double math = flops > 0 ? flops / (type.peak_flops(run) * eff) : 0;
+  const auto rate = [&](Precision p) {
+    return type.peak_flops(p) * compute_efficiency(type, p, work.matmul_rows, work.matmul_cols);
+  };
+  // An fp8 run computes the attention core and the output layer at 16 bits.
+  const double sixteen_bit =
+      run == Precision::Precision_fp8 ? std::min(flops, (backward ? 2.0 : 1.0) * work.sixteen_bit_forward_flops) : 0.0;
+  const double math = flops > 0 ? (flops - sixteen_bit) / rate(run) +
+                                      (sixteen_bit > 0 ? sixteen_bit / rate(precision_run_on(type, Precision::Precision_bf16)) : 0.0)
+                                : 0;
   const double bandwidth = device_memory_bytes_per_second(type);
   if (!runtime.elementwise_kernels_separate) return std::max(math, bytes / bandwidth);
   const double pass_share = backward ? 2.0 : 1.0;

@@ -68,6 +68,16 @@ std::vector<BlockMatmul> block_matmuls_in_call_order(const ModelSpec& m, int tp)
   return order;
 }
 
+double fp8_cast_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp) {
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  double inputs = 0, weights = 0;
+  for (const BlockMatmul& product : block_matmuls_in_call_order(m, tp)) {
+    inputs += product.input_width;
+    weights += product.input_width * product.output_width;
+  }
+  return 3.0 * (tokens * inputs + weights);
+}
+
 LayerWork alternate_matmuls_recompute_work(const LayerWork& block) {
   LayerWork r;
   r.forward_flops = block.selective_flops;
@@ -103,9 +113,11 @@ LayerWork block_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, i
           ? tokens * eager_block_elementwise_bytes_per_token(m, tp, sequence_parallel, precision)
           : tokens * (8.0 * c * elementwise_share + (4.0 * f + 4.0 * c) / tp) * e;
   const double score_traffic = 3.0 * scores * e / tp;
-  w.forward_bytes = weight_bytes + hidden_traffic + score_traffic;
-  w.forward_elementwise_bytes = hidden_traffic + score_traffic;
+  const double casts = precision == Precision::Precision_fp8 ? fp8_cast_bytes(m, micro_batch, seq_len, tp) : 0.0;
+  w.forward_bytes = weight_bytes + hidden_traffic + score_traffic + casts;
+  w.forward_elementwise_bytes = hidden_traffic + score_traffic + casts;
   w.forward_score_bytes = score_traffic;
+  w.sixteen_bit_forward_flops = attention_flops / tp;
   w.backward_flops = 2.0 * w.forward_flops;
   w.backward_bytes = 2.0 * w.forward_bytes;
   w.selective_flops = attention_flops / tp;
@@ -143,6 +155,7 @@ LayerWork head_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, in
   const double v = static_cast<double>(m.vocab_size);
   LayerWork w;
   w.forward_flops = 2.0 * tokens * c * v / tp;
+  w.sixteen_bit_forward_flops = w.forward_flops;
   // Logits written in the compute precision, read back by an fp32 softmax cross-entropy.
   w.forward_bytes = v * c * e / tp + tokens * v * (e + 4.0) / tp + tokens * c * e;
   w.forward_elementwise_bytes = tokens * v * (e + 4.0) / tp;

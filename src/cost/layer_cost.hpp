@@ -33,6 +33,9 @@ struct LayerWork {
   // Forward work recomputed under full recompute: all of it but the MLP's output projection, as
   // the block's output is kept (the next block's input) and backward never reads it again.
   double full_recompute_flops = 0;
+  // The part of forward_flops an fp8 run still computes at 16 bits: the attention core's and the
+  // output layer's (fp8 recipes cast only the blocks' linear layers). Backward: twice as much.
+  double sixteen_bit_forward_flops = 0;
   double matmul_rows = 0;          // M of the dominant matrix products (tokens on the device)
   double matmul_cols = 0;          // N of the dominant matrix products (per tp rank)
 };
@@ -82,6 +85,11 @@ LayerWork head_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len
 //     product (2e f, e f); down projection reads e f, writes e x; residual add: 3e x
 double eager_block_elementwise_bytes_per_token(const ModelSpec& model, int tp, bool sequence_parallel,
                                                Precision precision);
+
+// Bytes one block's forward moves casting its linear layers' inputs and weights to fp8: each
+// product reads its input and weight in bf16 and writes an fp8 copy (3 bytes per element, the
+// scale's amax fused into the cast); the backward casts output gradients and transposes alike.
+double fp8_cast_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp);
 
 // The matrix products of one block in the order its forward calls them (Llama: q, k, v, output,
 // gate, up, down; GPT-2: q, k, v, output, up, down): input and output width per tp rank.

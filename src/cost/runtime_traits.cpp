@@ -117,6 +117,15 @@ constexpr RuntimeTraits torchtitan_traits(ElementwiseKernels kernels) {
 constexpr RuntimeTraits kTorchtitanEager = torchtitan_traits(ElementwiseKernels::ElementwiseKernels_eager);
 constexpr RuntimeTraits kTorchtitanCompile = torchtitan_traits(ElementwiseKernels::ElementwiseKernels_fused);
 
+// Megatron-LM (Megatron Core, as NeMo and Megatron-Bridge run it): Alloy's GPU runtime but that
+// its distributed optimizer shards the fp32 master weights with the optimizer state.
+constexpr RuntimeTraits megatron_traits() {
+  RuntimeTraits t = kGpuRuntime;
+  t.zero_shards_master_weights = true;
+  return t;
+}
+constexpr RuntimeTraits kMegatron = megatron_traits();
+
 struct NamedFramework {
   const char* name;
   const RuntimeTraits* traits;
@@ -124,6 +133,7 @@ struct NamedFramework {
 constexpr NamedFramework kFrameworks[] = {
     {"torchtitan-eager", &kTorchtitanEager},
     {"torchtitan-compile", &kTorchtitanCompile},
+    {"megatron-lm", &kMegatron},
 };
 
 }  // namespace
@@ -177,8 +187,9 @@ double shared_cores_dilation(int devices, int cores) {
 
 double matmul_peak_share(const DeviceType& type, Precision precision) {
   const bool sixteen_bit = precision == Precision::Precision_bf16 || precision == Precision::Precision_fp16;
-  return sixteen_bit && type.matmul_efficiency > 0 ? type.matmul_efficiency
-                                                   : runtime_traits(type).matmul_peak_efficiency(precision);
+  if (sixteen_bit && type.matmul_efficiency > 0) return type.matmul_efficiency;
+  if (precision == Precision::Precision_fp8 && type.matmul_efficiency_fp8 > 0) return type.matmul_efficiency_fp8;
+  return runtime_traits(type).matmul_peak_efficiency(precision);
 }
 
 Precision precision_run_on(const DeviceType& type, Precision requested) {

@@ -120,7 +120,8 @@ double shared_cores_collective_dilation(const RuntimeTraits& runtime, const Shar
 double collective_reduction_seconds(const RuntimeTraits& runtime, CollectiveOp op, double bytes, int ranks);
 
 // The share of its peak at `precision` that a device's large matrix products reach: its own
-// calibrated matmul_efficiency at 16 bits where it has one, else its runtime's.
+// calibrated matmul_efficiency at 16 bits (matmul_efficiency_fp8 at fp8) where it has one, else
+// its runtime's.
 double matmul_peak_share(const DeviceType& type, Precision precision);
 
 // The precision a device's matrix products run at when `requested` is asked for: one it has no

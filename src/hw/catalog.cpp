@@ -25,6 +25,8 @@ constexpr double kNvlink4 = 450 * kGigabytesPerSecond;   // H100/H200: 900 GB/s 
 // value: the same GH100 compute; the H200's wider memory is in its bandwidth, not here.
 constexpr double kA100MatmulEfficiency = 0.73;
 constexpr double kHopperMatmulEfficiency = 0.55;
+// The share of the fp8 peak, fitted on the fp8 rows of the same table (docs/catalog.md).
+constexpr double kHopperMatmulEfficiencyFp8 = 0.66;
 // The highest published training MFU at 16 bits (bench/published/throughputs.yaml): A100s 65.3%
 // (MegaScale, 175B on 256 GPUs), H100s 47% (the Megatron-LM README, 96 GPUs) [27].
 constexpr double kA100BestPublishedMfu = 0.653;
@@ -80,6 +82,7 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                    .intra_node_link_bytes_per_second = kNvlink4,
                    .source = "[3] [4] [27]",
                    .matmul_efficiency = kHopperMatmulEfficiency,
+                   .matmul_efficiency_fp8 = kHopperMatmulEfficiencyFp8,
                    .best_published_mfu = kHopperBestPublishedMfu});
   c.add(DeviceType{.name = "h100-pcie",
                    .aliases = {"h100-pcie-80gb"},
@@ -96,6 +99,7 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                    .intra_node_link_bytes_per_second = kPcie5x16,
                    .source = "[3] [4] [27]",
                    .matmul_efficiency = kHopperMatmulEfficiency,
+                   .matmul_efficiency_fp8 = kHopperMatmulEfficiencyFp8,
                    .best_published_mfu = kHopperBestPublishedMfu});
   c.add(DeviceType{.name = "h200-sxm",
                    .aliases = {"h200", "h200-141gb"},
@@ -112,6 +116,7 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                    .intra_node_link_bytes_per_second = kNvlink4,
                    .source = "[5] [4] [27]",
                    .matmul_efficiency = kHopperMatmulEfficiency,
+                   .matmul_efficiency_fp8 = kHopperMatmulEfficiencyFp8,
                    .best_published_mfu = kHopperBestPublishedMfu});
 
   // V100 has no bf16 or tf32; fp16 is the tensor-core rate ("Tensor Performance" in [6]).

@@ -174,7 +174,8 @@ const DeviceType& lookup_type(const FieldReader& r, const std::string& key, cons
 
 DeviceType read_inline_type(const FieldReader& r, const std::string& name, const DeviceCatalog& catalog) {
   r.reject_unknown({"base", "vendor", "description", "fp32", "tf32", "bf16", "fp16", "fp8", "memory",
-                    "memory_bandwidth", "link", "link_bandwidth", "speed", "matmul_efficiency", "source"});
+                    "memory_bandwidth", "link", "link_bandwidth", "speed", "matmul_efficiency",
+                    "matmul_efficiency_fp8", "source"});
   DeviceType t;
   if (r.has("base")) t = lookup_type(r, "base", r.get_string("base"), catalog);
   t.name = text_lower(name);
@@ -196,6 +197,7 @@ DeviceType read_inline_type(const FieldReader& r, const std::string& name, const
                                                                : std::optional<double>(25e9));
   t.speed = r.get_double("speed", t.speed);
   t.matmul_efficiency = r.get_double("matmul_efficiency", t.matmul_efficiency);
+  t.matmul_efficiency_fp8 = r.get_double("matmul_efficiency_fp8", t.matmul_efficiency_fp8);
   // A type with peaks or a speed of its own is no longer the device the published figure is of.
   for (const char* key : {"fp32", "tf32", "bf16", "fp16", "fp8", "speed"})
     if (r.has(key)) t.best_published_mfu = 0;
@@ -207,10 +209,11 @@ DeviceType read_inline_type(const FieldReader& r, const std::string& name, const
     r.fail("memory_bandwidth", "memory bandwidth must be positive", "write e.g. `memory_bandwidth: 2TB/s`");
   }
   if (!(t.speed > 0 && t.speed <= 1000)) r.fail("speed", "speed must be in (0, 1000]", "use e.g. `speed: 0.5` for half speed");
-  if (r.has("matmul_efficiency") && !(t.matmul_efficiency > 0 && t.matmul_efficiency <= 1)) {
-    r.fail("matmul_efficiency", "a fraction of the peak must be in (0, 1]",
-           "write e.g. `matmul_efficiency: 0.75`, or leave it out for the calibrated default");
-  }
+  for (const auto& [key, value] : {std::pair{"matmul_efficiency", t.matmul_efficiency},
+                                   std::pair{"matmul_efficiency_fp8", t.matmul_efficiency_fp8}})
+    if (r.has(key) && !(value > 0 && value <= 1))
+      r.fail(key, "a fraction of the peak must be in (0, 1]",
+             fmt::format("write e.g. `{}: 0.75`, or leave it out for the calibrated default", key));
   return t;
 }
 

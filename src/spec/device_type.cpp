@@ -35,8 +35,8 @@ int precision_bytes(Precision p) {
     case Precision::Precision_fp32:
     case Precision::Precision_tf32: return 4;
     case Precision::Precision_bf16:
-    case Precision::Precision_fp16: return 2;
-    case Precision::Precision_fp8: return 1;
+    case Precision::Precision_fp16:
+    case Precision::Precision_fp8: return 2;
   }
   return 4;
 }

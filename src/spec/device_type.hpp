@@ -12,7 +12,9 @@ enum class Precision { Precision_fp32, Precision_tf32, Precision_bf16, Precision
 const char* precision_name(Precision p);
 // Parses "fp32", "tf32", "bf16", "fp16", "fp8"; returns false when unknown.
 bool precision_parse(const std::string& text, Precision* out);
-// Bytes per element of a tensor stored in this precision (tf32 is stored as fp32).
+// Bytes per element of the tensors of a run in this precision. tf32 is stored as fp32, and fp8
+// as bf16: an fp8 run casts only its matrix products' inputs to fp8 and keeps weights,
+// activations and gradients in bf16 (Transformer Engine, torchao's float8 training).
 int precision_bytes(Precision p);
 
 struct DeviceType {
@@ -36,6 +38,8 @@ struct DeviceType {
   // Fraction of the bf16/fp16 peak that large matrix products of training reach on this device
   // (calibrated against published runs, docs/catalog.md); 0: the runtime's default.
   double matmul_efficiency = 0;
+  // The same for fp8 matrix products (the share of the fp8 peak); 0: the runtime's default.
+  double matmul_efficiency_fp8 = 0;
   // The highest model FLOPs utilisation published for training on this device (bf16/fp16); a
   // prediction above it is a red flag. 0: none known.
   double best_published_mfu = 0;

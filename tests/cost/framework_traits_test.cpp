@@ -89,6 +89,15 @@ TEST(FrameworkTraits, RecordsByNameAndAlloysRuntimeByDefault) {
   EXPECT_DOUBLE_EQ(eager.library_workspace_bytes, gpu.library_workspace_bytes);
   EXPECT_EQ(framework_runtime_traits("torchtitan-compile")->elementwise_kernels, ElementwiseKernels::ElementwiseKernels_fused);
 
+  // Megatron-LM's distributed optimizer shards the fp32 master weights; its kernels are priced
+  // as the GPU runtime's.
+  const RuntimeTraits* megatron = framework_runtime_traits("megatron-lm");
+  ASSERT_NE(megatron, nullptr);
+  EXPECT_TRUE(megatron->zero_shards_master_weights);
+  EXPECT_FALSE(gpu.zero_shards_master_weights);
+  EXPECT_EQ(megatron->elementwise_kernels, gpu.elementwise_kernels);
+  EXPECT_DOUBLE_EQ(megatron->allocator_margin_fraction, gpu.allocator_margin_fraction);
+
   h100.framework = "megatron";
   EXPECT_EQ(framework_runtime_traits("megatron"), nullptr);
   EXPECT_THROW(runtime_traits(h100), Error);

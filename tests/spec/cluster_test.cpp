@@ -108,6 +108,25 @@ TEST(ClusterSpec, InlineTypeSetsItsMatmulEfficiency) {
                                      "nodes:\n"
                                      "  - {count: 1, device: tuned, devices_per_node: 1}\n");
   EXPECT_THROW(cluster_load(zero, catalog_builtin()), Error) << "a share of 0 would silently mean the default";
+  // The share of the fp8 peak is set and checked the same way, and named as itself.
+  const std::string fp8 = dir.write("fp8.yaml",
+                                    "device_types:\n"
+                                    "  tuned: {base: h100-sxm, matmul_efficiency_fp8: 0.6}\n"
+                                    "nodes:\n"
+                                    "  - {count: 1, device: tuned, devices_per_node: 1}\n");
+  EXPECT_DOUBLE_EQ(cluster_load(fp8, catalog_builtin()).device_types.at(0).matmul_efficiency_fp8, 0.6);
+  const std::string bad_fp8 = dir.write("bad_fp8.yaml",
+                                        "device_types:\n"
+                                        "  tuned: {base: h100-sxm, matmul_efficiency_fp8: 66}\n"
+                                        "nodes:\n"
+                                        "  - {count: 1, device: tuned, devices_per_node: 1}\n");
+  try {
+    cluster_load(bad_fp8, catalog_builtin());
+    FAIL() << "an fp8 share of 66 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where().field.find("matmul_efficiency_fp8") != std::string::npos, true) << e.format();
+    EXPECT_NE(e.format().find("matmul_efficiency_fp8: 0.75"), std::string::npos) << e.format();
+  }
 }
 
 // A type with peaks of its own is another device: the published MFU of its base is not its own.

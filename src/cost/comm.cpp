@@ -167,11 +167,14 @@ double boundary_seconds(double bytes, const BoundaryLink& link) {
   return 0;
 }
 
-double boundary_transfer_bytes(double hidden_bytes, int receiving_tp) { return hidden_bytes * std::max(1, receiving_tp); }
+double boundary_transfer_bytes(double hidden_bytes, int receiving_tp, bool sequence_shards) {
+  return sequence_shards ? hidden_bytes : hidden_bytes * std::max(1, receiving_tp);
+}
 
-double boundary_transfer_seconds(double hidden_bytes, const BoundaryLink& link, int from_tp, int to_tp) {
-  return 0.5 * (boundary_seconds(boundary_transfer_bytes(hidden_bytes, to_tp), link) +
-                boundary_seconds(boundary_transfer_bytes(hidden_bytes, from_tp), link));
+double boundary_transfer_seconds(double hidden_bytes, const BoundaryLink& link, int from_tp, int to_tp,
+                                 bool sequence_shards) {
+  return 0.5 * (boundary_seconds(boundary_transfer_bytes(hidden_bytes, to_tp, sequence_shards), link) +
+                boundary_seconds(boundary_transfer_bytes(hidden_bytes, from_tp, sequence_shards), link));
 }
 
 }  // namespace alloy

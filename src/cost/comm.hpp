@@ -80,11 +80,14 @@ double boundary_seconds(double bytes, const BoundaryLink& link);
 // Bytes one transfer across a stage boundary moves as the schedule sends it (src/plan/schedule.cpp):
 // every tp rank of the receiving stage takes its replica's samples whole from one sender rank,
 // so `hidden_bytes`, the hidden state of the whole micro-batch, crosses `receiving_tp` times.
-double boundary_transfer_bytes(double hidden_bytes, int receiving_tp);
+// `sequence_shards`: each tp rank sends its 1/tp of the rows instead, so it crosses once
+// (RuntimeTraits::pipeline_sends_sequence_shards, both stages sequence-parallel).
+double boundary_transfer_bytes(double hidden_bytes, int receiving_tp, bool sequence_shards = false);
 // Seconds of a boundary's sends per micro-batch and direction, as a stage's forward and backward
 // each carry them: the activations' transfer (received by `to_tp` ranks) and their gradients'
 // (received by `from_tp` ranks), averaged, so the two passes together take both.
-double boundary_transfer_seconds(double hidden_bytes, const BoundaryLink& link, int from_tp, int to_tp);
+double boundary_transfer_seconds(double hidden_bytes, const BoundaryLink& link, int from_tp, int to_tp,
+                                 bool sequence_shards = false);
 
 // Replaces `link`'s intra-node and network links with the sending type's measured transfers and
 // sets its calibrated extra time per transfer, where `profile` (may be null) has them. A network

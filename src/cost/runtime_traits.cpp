@@ -118,10 +118,12 @@ constexpr RuntimeTraits kTorchtitanEager = torchtitan_traits(ElementwiseKernels:
 constexpr RuntimeTraits kTorchtitanCompile = torchtitan_traits(ElementwiseKernels::ElementwiseKernels_fused);
 
 // Megatron-LM (Megatron Core, as NeMo and Megatron-Bridge run it): Alloy's GPU runtime but that
-// its distributed optimizer shards the fp32 master weights with the optimizer state.
+// its distributed optimizer shards the fp32 master weights with the optimizer state, and under
+// sequence parallelism a stage sends each tp rank's rows alone.
 constexpr RuntimeTraits megatron_traits() {
   RuntimeTraits t = kGpuRuntime;
   t.zero_shards_master_weights = true;
+  t.pipeline_sends_sequence_shards = true;
   return t;
 }
 constexpr RuntimeTraits kMegatron = megatron_traits();

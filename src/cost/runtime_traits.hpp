@@ -76,6 +76,9 @@ struct RuntimeTraits {
   // precision, the all-gathers' input (DeepSpeed, Alloy). FSDP keeps the fp32 shard alone and
   // casts it as it gathers.
   bool zero3_keeps_compute_precision_shard = true;
+  // Under sequence parallelism each tp rank sends its rows of the hidden state (1/tp of it) to its
+  // peer in the next stage (Megatron Core), where Alloy's runtimes send it whole to every tp rank.
+  bool pipeline_sends_sequence_shards = false;
 
   double matmul_peak_efficiency(Precision p) const {
     return matmul_peak_efficiency_by_precision[static_cast<int>(p)];

@@ -8,6 +8,7 @@
 
 #include "cost/moe_cost.hpp"
 #include "cost/network_paths.hpp"
+#include "cost/runtime_traits.hpp"
 #include "search/planner.hpp"
 #include "spec/error.hpp"
 
@@ -102,8 +103,10 @@ ReplicaCosts pass_costs(const Plan& plan, int s, int dp_rank, int64_t b, const S
   double send_seconds = 0;
   if (choice.chunks_sent > 0) {
     const PlanStage& next = plan.stages[(s + 1) % p];
+    const bool shards = runtime_traits(cost.cluster().device_types[shape.device_type]).pipeline_sends_sequence_shards &&
+                        st.sequence_parallel && next.sequence_parallel;
     send_seconds = boundary_transfer_seconds(unit.boundary_bytes, cost.boundary_link(st.device_ids, next.device_ids),
-                                             st.tp, next.tp);
+                                             st.tp, next.tp, shards);
   }
   ReplicaCosts out;
   out.timing = cost.stage_timing(shape, unit, choice, send_seconds, choice.chunks_sent);

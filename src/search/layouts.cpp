@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "cost/runtime_traits.hpp"
 #include "plan/runnable.hpp"
 #include "search/split_bound.hpp"
 #include "spec/error.hpp"
@@ -205,12 +206,18 @@ const StructureBounds::GroupSync& StructureBounds::group_sync(const TypeGroup& g
   return group_sync_.emplace(key, sync).first->second;
 }
 
+// Whether a group's runtime may send sequence shards across its boundaries: then the bounds take
+// the cheaper sends, whether or not its stages end up sequence-parallel.
+bool StructureBounds::sends_sequence_shards(const TypeGroup& group) const {
+  return runtime_traits(cost_.cluster().device_types[group.device_type]).pipeline_sends_sequence_shards;
+}
+
 double StructureBounds::group_send_seconds(const TypeGroup& from, const TypeGroup& to, double bytes) {
   const auto key = std::make_pair(type_group_key(from), type_group_key(to));
   auto it = group_links_.find(key);
   if (it == group_links_.end())
     it = group_links_.emplace(key, cost_.boundary_link(stage_devices(from, from.stages - 1), stage_devices(to, 0))).first;
-  return boundary_transfer_seconds(bytes, it->second, from.tp, to.tp);
+  return boundary_transfer_seconds(bytes, it->second, from.tp, to.tp, sends_sequence_shards(from));
 }
 
 const StructureBounds::InnerSends& StructureBounds::group_inner_sends(const TypeGroup& g, int64_t micro, double bytes) {
@@ -227,7 +234,7 @@ const StructureBounds::InnerSends& StructureBounds::group_inner_sends(const Type
   InnerSends sends;
   if (!links->second.empty()) sends.least_seconds = std::numeric_limits<double>::infinity();
   for (const BoundaryLink& link : links->second) {
-    const double seconds = boundary_transfer_seconds(bytes, link, g.tp, g.tp);
+    const double seconds = boundary_transfer_seconds(bytes, link, g.tp, g.tp, sends_sequence_shards(g));
     sends.least_seconds = std::min(sends.least_seconds, seconds);
     sends.total_seconds += seconds;
   }

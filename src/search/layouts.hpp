@@ -86,8 +86,10 @@ class StructureBounds {
   // The group's i-th stage's devices in its type's pool.
   std::vector<int> stage_devices(const TypeGroup& g, int i) const;
   // One send of a micro-batch's hidden state (`bytes`) from `from`'s last stage to `to`'s first,
-  // as every tp rank of the receiving side takes it whole (boundary_transfer_seconds).
+  // as every tp rank of the receiving side takes it whole, or as tp shards where the runtime
+  // sends them (boundary_transfer_seconds).
   double group_send_seconds(const TypeGroup& from, const TypeGroup& to, double bytes);
+  bool sends_sequence_shards(const TypeGroup& group) const;
   // One send of a micro-batch's hidden state from each stage of a group but its last to the
   // next stage of the group: the least of them and their sum (0 and 0 for one stage), for
   // micro-batches of `micro` sequences (`bytes` their hidden state).

@@ -9,6 +9,7 @@
 
 #include "cost/moe_cost.hpp"
 #include "cost/network_paths.hpp"
+#include "cost/runtime_traits.hpp"
 #include "search/expert_options.hpp"
 #include "search/expert_placement.hpp"
 #include "search/split_bound.hpp"
@@ -192,8 +193,13 @@ std::vector<SlotInfo> StructureSolver::slots(const Structure& s, const std::vect
     const int next = (i + 1) % p;
     if (next != i && (i + 1 < p || s.virtual_chunks > 1)) {
       const StageUnitCosts* u = slot.unit[0] ? slot.unit[0] : slot.unit[1];
+      // Where the runtime sends sequence shards and both stages may run sequence parallelism, the
+      // cheaper sends (the plan's evaluation prices the stages' final choice).
+      const bool shards =
+          runtime_traits(cost_.cluster().device_types[slot.shape.device_type]).pipeline_sends_sequence_shards &&
+          slot.unit[1] != nullptr && out[next].slot.unit[1] != nullptr;
       slot.boundary_seconds = boundary_transfer_seconds(u->boundary_bytes, boundary(out[i], out[next]),
-                                                        slot.shape.tp, out[next].slot.shape.tp);
+                                                        slot.shape.tp, out[next].slot.shape.tp, shards);
       slot.chunks_sent = i + 1 < p ? s.virtual_chunks : s.virtual_chunks - 1;
     }
     if (p > 1) slot.chunks_received = i > 0 ? s.virtual_chunks : s.virtual_chunks - 1;

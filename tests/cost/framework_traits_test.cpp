@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../support/specs.hpp"
+#include "cost/comm.hpp"
 #include "cost/cost_model.hpp"
 #include "cost/runtime_traits.hpp"
 #include "hw/catalog.hpp"
@@ -94,6 +95,8 @@ TEST(FrameworkTraits, RecordsByNameAndAlloysRuntimeByDefault) {
   const RuntimeTraits* megatron = framework_runtime_traits("megatron-lm");
   ASSERT_NE(megatron, nullptr);
   EXPECT_TRUE(megatron->zero_shards_master_weights);
+  EXPECT_TRUE(megatron->pipeline_sends_sequence_shards);
+  EXPECT_FALSE(gpu.pipeline_sends_sequence_shards);
   EXPECT_FALSE(gpu.zero_shards_master_weights);
   EXPECT_EQ(megatron->elementwise_kernels, gpu.elementwise_kernels);
   EXPECT_DOUBLE_EQ(megatron->allocator_margin_fraction, gpu.allocator_margin_fraction);
@@ -125,6 +128,18 @@ TEST(FrameworkTraits, CostModelAsksTheFrameworksRecord) {
   EXPECT_GT(eager.recompute_selective_seconds, alloy.recompute_selective_seconds);
   EXPECT_GT(eager.head_backward_workspace_bytes, 0);
   EXPECT_DOUBLE_EQ(alloy.head_backward_workspace_bytes, 0);
+}
+
+// A boundary's hidden state crosses once per tp rank of the receiving stage as Alloy's runtimes
+// send it, once in all when each rank sends its sequence shard (Megatron Core).
+TEST(FrameworkTraits, SequenceShardsCrossABoundaryOnce) {
+  EXPECT_DOUBLE_EQ(boundary_transfer_bytes(64.0, 4), 256.0);
+  EXPECT_DOUBLE_EQ(boundary_transfer_bytes(64.0, 4, true), 64.0);
+  BoundaryLink link;
+  link.network.bandwidth_bytes_per_second = 50e9;
+  link.aggregate_network_bytes_per_second = 50e9;
+  EXPECT_DOUBLE_EQ(boundary_transfer_seconds(1e9, link, 4, 4, true), boundary_transfer_seconds(1e9, link, 1, 1));
+  EXPECT_GT(boundary_transfer_seconds(1e9, link, 4, 4), 3.9 * boundary_transfer_seconds(1e9, link, 4, 4, true));
 }
 
 }  // namespace

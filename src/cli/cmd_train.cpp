@@ -208,6 +208,9 @@ RunSetup run_setup(const TrainCommand& c, const ModelSpec& model, const Plan* pl
   dist_agree_on(comm, [&] {
     r.train = train_spec_from(c, model, plan);
     if (plan == nullptr) return;
+    // Without a plan the setup's precision is the backend's own (train_spec_from).
+    const std::string note = stage_backend_precision_note(c.device, plan->precision, c.plan);
+    if (!note.empty() && comm.rank() == 0) fmt::print(stderr, "{}\n", note);
     r.plan = *plan;
     r.cluster = plan_cluster(r.plan, c.cluster, catalog_builtin(), c.plan);
     stage_backend_check_plan(c.device, r.plan, c.plan);

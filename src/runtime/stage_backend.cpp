@@ -99,6 +99,13 @@ StageSupport stage_backend_supports(const std::string& name, const Plan& plan, i
   return refuse(fmt::format("backend '{}'", name), "", "Alloy's backends are cpu and cuda");
 }
 
+std::string stage_backend_precision_note(const std::string& name, Precision asked, const std::string& source) {
+  if (name != "cuda" || asked == Precision::Precision_bf16) return "";
+  return fmt::format("note: the cuda backend computes in bf16 with fp32 master weights; {} names {}, so this run's "
+                     "times and memory are bf16's, not {}'s (write `precision: bf16` to plan and run the same thing)",
+                     source, precision_name(asked), precision_name(asked));
+}
+
 void stage_backend_check_plan(const std::string& name, const Plan& plan, const std::string& source) {
   for (int s = 0; s < static_cast<int>(plan.stages.size()); ++s) {
     const StageSupport support = stage_backend_supports(name, plan, s);

@@ -137,6 +137,12 @@ StageSupport stage_backend_supports(const std::string& name, const Plan& plan, i
 // before anything is allocated. `source` names the plan file.
 void stage_backend_check_plan(const std::string& name, const Plan& plan, const std::string& source);
 
+// A note for a run whose plan (`source`) was priced in a precision backend `name` does not
+// compute in, so that its times and memory are not read as that precision's: the cuda backend
+// computes in bf16. "" when they agree (the cpu backend computes in fp32, in which the cost model
+// prices a cpu device whatever precision the plan names).
+std::string stage_backend_precision_note(const std::string& name, Precision asked, const std::string& source);
+
 // Throws alloy::Error naming, in one line, the first thing `plan` asks of an MoE `model` that
 // backend `name` does not run with MoE blocks (stage_backend_check_plan answers for the rest);
 // nothing for a dense model.

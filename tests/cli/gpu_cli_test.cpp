@@ -59,5 +59,25 @@ TEST(GpuCli, PlansTheCudaBackendCannotRunAreRefusedBeforeAnyGpuWork) {
             std::string::npos) << r.output;
 }
 
+// A plan priced in another precision than the cuda backend computes in is named before the GPU
+// is opened (in a build with the backend); a bf16 plan says nothing.
+TEST(GpuCli, APlanInAPrecisionTheBackendDoesNotComputeInIsNamed) {
+  TempDir dir;
+  const std::string data = data_file(dir);
+  const std::string cluster = dir.write("h200-1.yaml", "name: h200-1\nnodes:\n  - {name: n, count: 1, device: h200-sxm, "
+                                                       "devices_per_node: 1, host_memory: 64GiB, host_link: 25GB/s}\n");
+  for (const std::string precision : {"fp32", "bf16"}) {
+    const std::string train = dir.write(precision + ".yaml", "seq_len: 128\nglobal_batch: 16\nsteps: 2\nprecision: " + precision + "\n");
+    const std::string plan = dir.path() + "/" + precision + ".json";
+    ASSERT_EQ(alloy("plan --model small-gpt --cluster " + cluster + " --train " + train + " --no-offload -o " + plan).exit_code, 0);
+    const auto r = alloy("train --device cuda --plan " + plan + " --cluster " + cluster + " --data " + data);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    if (r.output.find("without the CUDA backend") != std::string::npos) GTEST_SKIP() << "this build has no cuda backend";
+    const bool noted = r.output.find("the cuda backend computes in bf16 with fp32 master weights; " + plan + " names fp32") !=
+                       std::string::npos;
+    EXPECT_EQ(noted, precision == "fp32") << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace alloy

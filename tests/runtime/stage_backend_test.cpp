@@ -111,6 +111,16 @@ TEST(StageBackend, CpuOffloadsWeightsUnderDataParallelismButNotWithShardedGradie
   EXPECT_NE(cpu.reason.find("set shard_gradients to false"), std::string::npos) << cpu.reason;
 }
 
+TEST(StageBackend, APrecisionTheCudaBackendDoesNotComputeInIsNoted) {
+  EXPECT_EQ(stage_backend_precision_note("cuda", Precision::Precision_bf16, "plan.json"), "");
+  EXPECT_EQ(stage_backend_precision_note("cpu", Precision::Precision_fp8, "plan.json"), "");
+  for (Precision p : {Precision::Precision_fp32, Precision::Precision_fp16, Precision::Precision_fp8}) {
+    const std::string note = stage_backend_precision_note("cuda", p, "plan.json");
+    EXPECT_NE(note.find(fmt::format("plan.json names {}", precision_name(p))), std::string::npos) << note;
+    EXPECT_NE(note.find("precision: bf16"), std::string::npos) << note;
+  }
+}
+
 TEST(StageBackend, UnknownBackendIsNamed) {
   const StageSupport rocm = stage_backend_supports("rocm", plan_of(1, 1), 0);
   EXPECT_FALSE(rocm.ok);

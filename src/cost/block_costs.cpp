@@ -19,7 +19,11 @@ void stage_choice_set_dense_blocks(StageChoice* c, int dense_blocks) {
 
 DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShape& shape, bool sp,
                                              bool mlp_sums_over_tp) const {
-  const Precision p = train_.precision;
+  // A device without fp8 runs an fp8 plan's products in bf16, and casts nothing.
+  const bool fp8_here = precision_run_on(cluster_.device_types[shape.device_type], train_.precision) ==
+                        Precision::Precision_fp8;
+  const Precision p = train_.precision == Precision::Precision_fp8 && !fp8_here ? Precision::Precision_bf16
+                                                                                : train_.precision;
   const int64_t b = shape.micro_batch;
   const int64_t s = train_.seq_len;
   const int tp = shape.tp;

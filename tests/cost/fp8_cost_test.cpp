@@ -58,4 +58,21 @@ TEST(Fp8Run, LinearLayersAtTheFp8RateTheRestAt16Bits) {
   EXPECT_DOUBLE_EQ(compute_seconds(a100, kFp8, w, false), compute_seconds(a100, kBf16, w, false));
 }
 
+// A stage on a device without fp8 (an A100) runs an fp8 plan's blocks as a bf16 plan's: no casts.
+TEST(Fp8Run, ADeviceWithoutFp8PaysNoCasts) {
+  const ModelSpec m = llama3_8b();
+  const auto block_seconds = [&](const char* device, Precision precision) {
+    const ClusterSpec cluster = testing::cluster("one", {*catalog_builtin().find(device)}, {{0, 1, 1, 0}});
+    TrainSpec train;
+    train.seq_len = 8192;
+    train.global_batch_sequences = 2;
+    train.precision = precision;
+    const CostModel cost(m, cluster, train);
+    const StageUnitCosts u = cost.unit_costs(cost.stage_shape({0}, 1, 1, 2), false);
+    return u.block.forward_seconds + u.block.backward_seconds;
+  };
+  EXPECT_DOUBLE_EQ(block_seconds("a100-80gb-sxm", kFp8), block_seconds("a100-80gb-sxm", kBf16));
+  EXPECT_LT(block_seconds("h100-sxm", kFp8), 0.8 * block_seconds("h100-sxm", kBf16));
+}
+
 }  // namespace alloy::fp8_cost_test

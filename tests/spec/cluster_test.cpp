@@ -90,42 +90,23 @@ TEST(ClusterSpec, InlineTypeSetsItsMatmulEfficiency) {
   EXPECT_DOUBLE_EQ(c.device_type(c.devices.at(1)).matmul_efficiency, catalog_builtin().find("h100-sxm")->matmul_efficiency);
   // Still an H100 (only its efficiency set): it keeps the H100's best published MFU.
   EXPECT_DOUBLE_EQ(c.device_type(c.devices.at(0)).best_published_mfu, catalog_builtin().find("h100-sxm")->best_published_mfu);
-  const std::string bad = dir.write("bad.yaml",
-                                    "device_types:\n"
-                                    "  tuned: {base: h100-sxm, matmul_efficiency: 70}\n"
-                                    "nodes:\n"
-                                    "  - {count: 1, device: tuned, devices_per_node: 1}\n");
-  try {
-    cluster_load(bad, catalog_builtin());
-    FAIL() << "a share of 70 was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(e.where().field.find("matmul_efficiency"), std::string::npos) << e.format();
-    EXPECT_NE(e.format().find("0.75"), std::string::npos) << e.format();
-  }
-  const std::string zero = dir.write("zero.yaml",
-                                     "device_types:\n"
-                                     "  tuned: {base: h100-sxm, matmul_efficiency: 0}\n"
-                                     "nodes:\n"
-                                     "  - {count: 1, device: tuned, devices_per_node: 1}\n");
-  EXPECT_THROW(cluster_load(zero, catalog_builtin()), Error) << "a share of 0 would silently mean the default";
-  // The share of the fp8 peak is set and checked the same way, and named as itself.
-  const std::string fp8 = dir.write("fp8.yaml",
-                                    "device_types:\n"
-                                    "  tuned: {base: h100-sxm, matmul_efficiency_fp8: 0.6}\n"
-                                    "nodes:\n"
-                                    "  - {count: 1, device: tuned, devices_per_node: 1}\n");
-  EXPECT_DOUBLE_EQ(cluster_load(fp8, catalog_builtin()).device_types.at(0).matmul_efficiency_fp8, 0.6);
-  const std::string bad_fp8 = dir.write("bad_fp8.yaml",
-                                        "device_types:\n"
-                                        "  tuned: {base: h100-sxm, matmul_efficiency_fp8: 66}\n"
-                                        "nodes:\n"
-                                        "  - {count: 1, device: tuned, devices_per_node: 1}\n");
-  try {
-    cluster_load(bad_fp8, catalog_builtin());
-    FAIL() << "an fp8 share of 66 was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.where().field.find("matmul_efficiency_fp8") != std::string::npos, true) << e.format();
-    EXPECT_NE(e.format().find("matmul_efficiency_fp8: 0.75"), std::string::npos) << e.format();
+  // One node of a type based on the H100 with `field: value` set.
+  const auto tuned = [&](const std::string& field, const std::string& value) {
+    return dir.write(field + "-" + value + ".yaml", "device_types:\n  tuned: {base: h100-sxm, " + field + ": " + value +
+                                                        "}\nnodes:\n  - {count: 1, device: tuned, devices_per_node: 1}\n");
+  };
+  // The share of the fp8 peak is set the same way.
+  EXPECT_DOUBLE_EQ(cluster_load(tuned("matmul_efficiency_fp8", "0.6"), catalog_builtin()).device_types.at(0).matmul_efficiency_fp8,
+                   0.6);
+  for (const std::string field : {"matmul_efficiency", "matmul_efficiency_fp8"}) {
+    try {
+      cluster_load(tuned(field, "70"), catalog_builtin());
+      ADD_FAILURE() << field << ": a share of 70 was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.where().field, "device_types.tuned." + field) << e.format();
+      EXPECT_NE(e.format().find(field + ": 0.75"), std::string::npos) << e.format();
+    }
+    EXPECT_THROW(cluster_load(tuned(field, "0"), catalog_builtin()), Error) << field << ": 0 would silently mean the default";
   }
 }
 

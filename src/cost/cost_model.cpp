@@ -212,11 +212,11 @@ double CostModel::group_seconds(int device_type, CollectiveOp op, double bytes, 
   }
   const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[device_type]);
   const double dilation = shared_cores_collective_dilation(runtime, shared_cores_);
-  const double reduction = dilation * collective_reduction_seconds(runtime, op, bytes, group.ranks);
+  const double runtime_part = dilation * collective_runtime_seconds(runtime, op, bytes, group.ranks);
   const GroupPlacement slowed = group_bandwidth_divided(group, dilation);
   if (runtime.collectives_flat_ring_only)
-    return collective_seconds_with(op, bytes, slowed, CollectiveAlgorithm::CollectiveAlgorithm_ring) + reduction;
-  return collective_seconds(op, bytes, slowed) + reduction;
+    return collective_seconds_with(op, bytes, slowed, CollectiveAlgorithm::CollectiveAlgorithm_ring) + runtime_part;
+  return collective_seconds(op, bytes, slowed) + runtime_part;
 }
 
 LayerSecondsBound CostModel::layer_seconds_bound(int device_type, int tp, int64_t micro_batch, bool sp) const {

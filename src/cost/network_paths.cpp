@@ -314,7 +314,7 @@ double network_tied_table_seconds(const ClusterSpec& cluster, const ModelSpec& m
   const double link_seconds = runtime.collectives_flat_ring_only
                                   ? collective_seconds_with(op, table_bytes, slowed, CollectiveAlgorithm::CollectiveAlgorithm_ring)
                                   : collective_seconds(op, table_bytes, slowed);
-  return link_seconds + dilation * collective_reduction_seconds(runtime, op, table_bytes, group.ranks);
+  return link_seconds + dilation * collective_runtime_seconds(runtime, op, table_bytes, group.ranks);
 }
 
 }  // namespace alloy

@@ -70,6 +70,10 @@ constexpr RuntimeTraits kCpuRuntime = {
     // MPI's reductions as the runtime's progress thread drives them: the 2-rank all-reduce of
     // 16 MiB less the ring's time over the shm link (docs/catalog.md, [23]).
     .collective_reduction_bytes_per_second = 1.75e9,
+    // Each collective starts 35 us later than its ring's link latencies say: a 2-rank all-reduce
+    // of 16 KiB and of 256 KiB took 109 and 196 us against 74 and 164 us priced
+    // (docs/catalog.md, [23]).
+    .collective_startup_seconds = 35e-6,
     // It stores the softmax scores.
     .attention_memory = AttentionMemory::AttentionMemory_scores,
     .backward_workspace = BackwardWorkspace::BackwardWorkspace_mlp_peak,
@@ -181,6 +185,11 @@ double collective_reduction_seconds(const RuntimeTraits& runtime, CollectiveOp o
   const bool reduces = op == CollectiveOp::CollectiveOp_all_reduce || op == CollectiveOp::CollectiveOp_reduce_scatter;
   if (!reduces || ranks <= 1 || runtime.collective_reduction_bytes_per_second <= 0) return 0;
   return (ranks - 1.0) / ranks * bytes / runtime.collective_reduction_bytes_per_second;
+}
+
+double collective_runtime_seconds(const RuntimeTraits& runtime, CollectiveOp op, double bytes, int ranks) {
+  if (ranks <= 1) return 0;
+  return collective_reduction_seconds(runtime, op, bytes, ranks) + runtime.collective_startup_seconds;
 }
 
 double shared_cores_dilation(int devices, int cores) {

@@ -39,6 +39,9 @@ struct RuntimeTraits {
   // reduce-scatter, on top of the link's time: (members - 1) / members of the buffer at this rate.
   // 0: hidden in the link time (reduction kernels at memory bandwidth).
   double collective_reduction_bytes_per_second = 0;
+  // Seconds each collective takes to start beyond its link latencies (the runtime's progress
+  // thread taking it up); 0: none worth pricing.
+  double collective_startup_seconds = 0;
   // How the element-wise work between the matrix products is counted (layer_cost.hpp).
   ElementwiseKernels elementwise_kernels = ElementwiseKernels::ElementwiseKernels_fused;
   // What selective recomputation keeps and runs again.
@@ -121,6 +124,8 @@ double shared_cores_collective_dilation(const RuntimeTraits& runtime, const Shar
 // beyond the link's time: (ranks - 1) / ranks of the buffer at the runtime's reduction rate for
 // an all-reduce or reduce-scatter; 0 for a gather, or where the runtime hides it.
 double collective_reduction_seconds(const RuntimeTraits& runtime, CollectiveOp op, double bytes, int ranks);
+// What the runtime adds to a collective's link time: its reduction (above) and its start-up.
+double collective_runtime_seconds(const RuntimeTraits& runtime, CollectiveOp op, double bytes, int ranks);
 
 // The share of its peak at `precision` that a device's large matrix products reach: its own
 // calibrated matmul_efficiency at 16 bits (matmul_efficiency_fp8 at fp8) where it has one, else

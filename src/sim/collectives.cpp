@@ -33,7 +33,7 @@ void add_group_part(const ClusterSpec& cluster, const Profile* profile, SimLinkD
     seconds = collective_seconds_with(cop, bytes, slowed, algorithm);
   else
     seconds = collective_seconds(cop, bytes, slowed, &algorithm);
-  if (!measured) seconds += dilation * collective_reduction_seconds(runtime, cop, bytes, g.ranks);
+  if (!measured) seconds += dilation * collective_runtime_seconds(runtime, cop, bytes, g.ranks);
   out->seconds += seconds;
   if (!network || seconds <= 0) return;
   // The parts run one after the other: a link both cross is taken by the larger share.

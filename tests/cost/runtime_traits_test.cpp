@@ -180,6 +180,23 @@ TEST(RuntimeTraits, CpuCollectivesAddTheirReduction) {
   EXPECT_DOUBLE_EQ(collective_reduction_seconds(gpu, CollectiveOp::CollectiveOp_all_reduce, bytes, 4), 0);
 }
 
+// Every CPU collective over several ranks also pays its start-up, a gather included; a GPU
+// runtime's and a one-rank group's nothing.
+TEST(RuntimeTraits, CpuCollectivesAddTheirStartUp) {
+  const RuntimeTraits& cpu = runtime_traits(*catalog_builtin().find("cpu"));
+  const RuntimeTraits& gpu = runtime_traits(*catalog_builtin().find("h100-sxm"));
+  ASSERT_GT(cpu.collective_startup_seconds, 0);
+  EXPECT_DOUBLE_EQ(gpu.collective_startup_seconds, 0);
+  const double bytes = 16e3;
+  EXPECT_DOUBLE_EQ(collective_runtime_seconds(cpu, CollectiveOp::CollectiveOp_all_reduce, bytes, 2),
+                   collective_reduction_seconds(cpu, CollectiveOp::CollectiveOp_all_reduce, bytes, 2) +
+                       cpu.collective_startup_seconds);
+  EXPECT_DOUBLE_EQ(collective_runtime_seconds(cpu, CollectiveOp::CollectiveOp_all_gather, bytes, 2),
+                   cpu.collective_startup_seconds);
+  EXPECT_DOUBLE_EQ(collective_runtime_seconds(cpu, CollectiveOp::CollectiveOp_all_reduce, bytes, 1), 0);
+  EXPECT_DOUBLE_EQ(collective_runtime_seconds(gpu, CollectiveOp::CollectiveOp_all_reduce, bytes, 4), 0);
+}
+
 // The progress threads of CPU ranks copy and combine on the cores the ranks share: with more
 // devices than cores a collective's bytes move and combine slower by the time dilation (two
 // data-parallel pairs' reduce-scatters at once took 2.2-2.6x one pair's on 4 ranks over 2 cores);

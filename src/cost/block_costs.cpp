@@ -29,8 +29,14 @@ DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShap
   const int tp = shape.tp;
   DenseBlockCosts out;
   const RuntimeTraits& runtime = runtime_traits(cluster_.device_types[shape.device_type]);
-  const LayerWork block = block_work(m, b, s, tp, sp, p, runtime.elementwise_kernels, runtime.selective_recompute);
+  const LayerWork block =
+      block_work(m, b, s, tp, sp, p, runtime.elementwise_kernels, runtime.selective_recompute, runtime.fp8_weight_casts);
   out.compute = layer_times(shape, LayerKind::LayerKind_block, sp, block);
+  if (p == Precision::Precision_fp8 && runtime.fp8_weight_casts == Fp8WeightCasts::Fp8WeightCasts_once_per_step) {
+    LayerWork casts;
+    casts.forward_bytes = casts.forward_elementwise_bytes = fp8_weight_cast_bytes_per_step(m, tp);
+    out.fp8_weight_cast_seconds = compute_seconds(priced_types_[shape.device_type], p, casts, false);
+  }
   out.times = out.compute;
   // Each pass sums over tp after the attention's output projection and, where the MLP is split
   // over tp, after its down projection (forward) or its up projection's input gradient

@@ -254,6 +254,7 @@ StageUnitCosts CostModel::unit_costs(const StageShape& shape, bool sp) const {
   u.recompute_selective_seconds = dense.recompute_selective_seconds;
   u.recompute_full_seconds = dense.recompute_full_seconds;
   u.block_parameters = dense.parameters;
+  u.fp8_weight_cast_seconds = dense.fp8_weight_cast_seconds;
   if (model_is_moe(model_) && model_.moe.first_dense_layers > 0) {
     u.dense_block = dense_block_costs(leading_dense_, shape, sp, true);
   }
@@ -422,6 +423,9 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
   t.optimizer_seconds = ((params - offloaded_params) * share + expert_extra + whole_extra) * device_seconds_per_parameter +
                         ((offloaded_params - offloaded_experts) * share + offloaded_experts * expert_share) *
                             host_seconds_per_parameter;
+  // A runtime that casts weights to fp8 once a step does so with the step's first micro-batch,
+  // priced here with the step's other once-a-step work.
+  t.optimizer_seconds += stage_blocks_sum(c, u.fp8_weight_cast_seconds, u.dense_block.fp8_weight_cast_seconds);
   // The optimizer waits for the last block's gradients to reach host memory: the stage's first,
   // a leading dense block if one is offloaded.
   if (c.offloaded > 0)

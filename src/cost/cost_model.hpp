@@ -70,6 +70,7 @@ struct DenseBlockCosts {
   double backward_workspace_bytes = 0;     // gradient buffers of its backward
   double offload_weights_seconds = 0;      // its weights over the host link, when offloaded
   double offload_gradients_seconds = 0;    // its gradients over the host link, when offloaded
+  double fp8_weight_cast_seconds = 0;      // per step, where the runtime casts weights once a step
 };
 
 // Costs of a (stage shape, sequence parallelism) pair that do not depend on the layer choices.
@@ -88,6 +89,7 @@ struct StageUnitCosts {
   double zero3_backward_seconds = 0;       // fetched a block ahead (not a pass's first: stage_zero3_first_gathers)
   LayerTimes zero3_hiding;                 // the compute of a block, under which the next unit is gathered
   double block_parameters = 0;             // per device (divided by tp)
+  double fp8_weight_cast_seconds = 0;      // one block's, per step (DenseBlockCosts)
   double block_expert_parameters = 0;      // of those, the routed experts' (MoE models)
   double expert_all_to_all_seconds = 0;    // one dispatch or combine of one MoE block (in block times)
   double embedding_parameters = 0;

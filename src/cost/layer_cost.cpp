@@ -1,5 +1,7 @@
 #include "cost/layer_cost.hpp"
 
+#include <utility>
+
 namespace alloy {
 
 namespace {
@@ -68,14 +70,29 @@ std::vector<BlockMatmul> block_matmuls_in_call_order(const ModelSpec& m, int tp)
   return order;
 }
 
-double fp8_cast_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp) {
-  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+namespace {
+
+// The input widths and the weight elements of a block's linear layers, per tp rank.
+std::pair<double, double> block_linear_inputs_and_weights(const ModelSpec& m, int tp) {
   double inputs = 0, weights = 0;
   for (const BlockMatmul& product : block_matmuls_in_call_order(m, tp)) {
     inputs += product.input_width;
     weights += product.input_width * product.output_width;
   }
-  return 3.0 * (tokens * inputs + weights);
+  return {inputs, weights};
+}
+
+}  // namespace
+
+double fp8_cast_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp, Fp8WeightCasts weight_casts) {
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  const auto [inputs, weights] = block_linear_inputs_and_weights(m, tp);
+  const bool weights_cast = weight_casts == Fp8WeightCasts::Fp8WeightCasts_every_micro_batch;
+  return 3.0 * (tokens * inputs + (weights_cast ? weights : 0.0));
+}
+
+double fp8_weight_cast_bytes_per_step(const ModelSpec& m, int tp) {
+  return 4.0 * block_linear_inputs_and_weights(m, tp).second;
 }
 
 LayerWork alternate_matmuls_recompute_work(const LayerWork& block) {
@@ -90,7 +107,7 @@ LayerWork alternate_matmuls_recompute_work(const LayerWork& block) {
 
 LayerWork block_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, int tp,
                      bool sequence_parallel, Precision precision, ElementwiseKernels kernels,
-                     SelectiveRecompute selective) {
+                     SelectiveRecompute selective, Fp8WeightCasts weight_casts) {
   const double e = precision_bytes(precision);
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double c = static_cast<double>(m.hidden_size);
@@ -113,7 +130,7 @@ LayerWork block_work(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, i
           ? tokens * eager_block_elementwise_bytes_per_token(m, tp, sequence_parallel, precision)
           : tokens * (8.0 * c * elementwise_share + (4.0 * f + 4.0 * c) / tp) * e;
   const double score_traffic = 3.0 * scores * e / tp;
-  const double casts = precision == Precision::Precision_fp8 ? fp8_cast_bytes(m, micro_batch, seq_len, tp) : 0.0;
+  const double casts = precision == Precision::Precision_fp8 ? fp8_cast_bytes(m, micro_batch, seq_len, tp, weight_casts) : 0.0;
   w.forward_bytes = weight_bytes + hidden_traffic + score_traffic + casts;
   w.forward_elementwise_bytes = hidden_traffic + score_traffic + casts;
   w.forward_score_bytes = score_traffic;

@@ -60,12 +60,19 @@ enum class SelectiveRecompute { SelectiveRecompute_attention_core, SelectiveReco
 // the backward, which writes their fp32 gradient and the logits' (torchtitan).
 enum class LossLogits { LossLogits_runtime_kernel, LossLogits_fp32_copy };
 
+// When an fp8 runtime casts a block's weights. every_micro_batch: each forward casts them again
+// (torchao's float8 linear layers). once_per_step: the step's first micro-batch casts them and the
+// later ones reuse the fp8 copy, as the weights do not change within a step (Transformer Engine's
+// is_first_microbatch, which Megatron-LM passes).
+enum class Fp8WeightCasts { Fp8WeightCasts_every_micro_batch, Fp8WeightCasts_once_per_step };
+
 // micro_batch: sequences per replica; seq_len: tokens per sequence. `selective` sets
 // selective_flops: the matrix products selective recomputation runs again.
 LayerWork block_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
                      bool sequence_parallel, Precision precision,
                      ElementwiseKernels kernels = ElementwiseKernels::ElementwiseKernels_fused,
-                     SelectiveRecompute selective = SelectiveRecompute::SelectiveRecompute_attention_core);
+                     SelectiveRecompute selective = SelectiveRecompute::SelectiveRecompute_attention_core,
+                     Fp8WeightCasts weight_casts = Fp8WeightCasts::Fp8WeightCasts_every_micro_batch);
 LayerWork embedding_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
                          Precision precision);
 LayerWork head_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
@@ -86,10 +93,15 @@ LayerWork head_work(const ModelSpec& model, int64_t micro_batch, int64_t seq_len
 double eager_block_elementwise_bytes_per_token(const ModelSpec& model, int tp, bool sequence_parallel,
                                                Precision precision);
 
-// Bytes one block's forward moves casting its linear layers' inputs and weights to fp8: each
-// product reads its input and weight in bf16 and writes an fp8 copy (3 bytes per element, the
-// scale's amax fused into the cast); the backward casts output gradients and transposes alike.
-double fp8_cast_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp);
+// Bytes one block's forward moves casting its linear layers' inputs and, every_micro_batch, their
+// weights to fp8: each product reads its input and weight in bf16 and writes an fp8 copy (3 bytes
+// per element, the scale's amax fused into the cast); the backward casts output gradients and
+// transposes alike.
+double fp8_cast_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
+                      Fp8WeightCasts weight_casts = Fp8WeightCasts::Fp8WeightCasts_every_micro_batch);
+// Bytes one block moves casting its weights to fp8 once per step (Fp8WeightCasts_once_per_step):
+// a bf16 read and the fp8 copy for the forward and its transpose for the backward, 4 bytes each.
+double fp8_weight_cast_bytes_per_step(const ModelSpec& model, int tp);
 
 // The matrix products of one block in the order its forward calls them (Llama: q, k, v, output,
 // gate, up, down; GPT-2: q, k, v, output, up, down): input and output width per tp rank.

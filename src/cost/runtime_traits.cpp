@@ -122,12 +122,14 @@ constexpr RuntimeTraits kTorchtitanEager = torchtitan_traits(ElementwiseKernels:
 constexpr RuntimeTraits kTorchtitanCompile = torchtitan_traits(ElementwiseKernels::ElementwiseKernels_fused);
 
 // Megatron-LM (Megatron Core, as NeMo and Megatron-Bridge run it): Alloy's GPU runtime but that
-// its distributed optimizer shards the fp32 master weights with the optimizer state, and under
-// sequence parallelism a stage sends each tp rank's rows alone.
+// its distributed optimizer shards the fp32 master weights with the optimizer state, under
+// sequence parallelism a stage sends each tp rank's rows alone, and its Transformer Engine layers
+// cast the weights to fp8 on a step's first micro-batch only.
 constexpr RuntimeTraits megatron_traits() {
   RuntimeTraits t = kGpuRuntime;
   t.zero_shards_master_weights = true;
   t.pipeline_sends_sequence_shards = true;
+  t.fp8_weight_casts = Fp8WeightCasts::Fp8WeightCasts_once_per_step;
   return t;
 }
 constexpr RuntimeTraits kMegatron = megatron_traits();

@@ -46,6 +46,8 @@ struct RuntimeTraits {
   ElementwiseKernels elementwise_kernels = ElementwiseKernels::ElementwiseKernels_fused;
   // What selective recomputation keeps and runs again.
   SelectiveRecompute selective_recompute = SelectiveRecompute::SelectiveRecompute_attention_core;
+  // When an fp8 run casts the blocks' weights (layer_cost.hpp).
+  Fp8WeightCasts fp8_weight_casts = Fp8WeightCasts::Fp8WeightCasts_every_micro_batch;
   // How the loss reads the logits: what the head keeps and its backward holds.
   LossLogits loss_logits = LossLogits::LossLogits_runtime_kernel;
   AttentionMemory attention_memory = AttentionMemory::AttentionMemory_fused;

@@ -58,6 +58,45 @@ TEST(Fp8Run, LinearLayersAtTheFp8RateTheRestAt16Bits) {
   EXPECT_DOUBLE_EQ(compute_seconds(a100, kFp8, w, false), compute_seconds(a100, kBf16, w, false));
 }
 
+// Transformer Engine (Megatron-LM) casts the weights on a step's first micro-batch only: each
+// micro-batch casts its inputs, and the step casts every block's weights once, with the optimizer.
+TEST(Fp8Run, TransformerEngineCastsWeightsOncePerStep) {
+  const ModelSpec m = llama3_8b();
+  const double tokens = 2.0 * 8192;
+  const double inputs = 5.0 * 4096 + 4096 + 14336;
+  const double weights = 4096.0 * 4096 + 2.0 * 4096 * 1024 + 4096.0 * 4096 + 3.0 * 4096 * 14336;
+  constexpr Fp8WeightCasts kOnce = Fp8WeightCasts::Fp8WeightCasts_once_per_step;
+  EXPECT_DOUBLE_EQ(fp8_cast_bytes(m, 2, 8192, 1, kOnce), 3.0 * tokens * inputs);
+  EXPECT_DOUBLE_EQ(fp8_weight_cast_bytes_per_step(m, 2), 4.0 * weights / 2);
+  EXPECT_EQ(framework_runtime_traits("megatron-lm")->fp8_weight_casts, kOnce);
+  EXPECT_EQ(framework_runtime_traits("torchtitan-compile")->fp8_weight_casts,
+            Fp8WeightCasts::Fp8WeightCasts_every_micro_batch);
+
+  const auto priced = [&](const std::string& framework) {
+    DeviceType h100 = *catalog_builtin().find("h100-sxm");
+    h100.framework = framework;
+    const ClusterSpec cluster = testing::cluster("one", {h100}, {{0, 1, 1, 0}});
+    TrainSpec train;
+    train.seq_len = 8192;
+    train.global_batch_sequences = 2;
+    train.precision = kFp8;
+    const CostModel cost(m, cluster, train);
+    const StageShape shape = cost.stage_shape({0}, 1, 1, 2);
+    const StageUnitCosts u = cost.unit_costs(shape, false);
+    StageChoice c;
+    c.blocks = 4;
+    return std::pair{u, cost.stage_timing(shape, u, c, 0, 0)};
+  };
+  const auto [megatron, megatron_step] = priced("megatron-lm");
+  const auto [compiled, compiled_step] = priced("torchtitan-compile");
+  EXPECT_LT(megatron.block.forward_seconds, compiled.block.forward_seconds);
+  EXPECT_GT(megatron.fp8_weight_cast_seconds, 0);
+  EXPECT_DOUBLE_EQ(compiled.fp8_weight_cast_seconds, 0);
+  // The two records differ in nothing else the optimizer step is priced by.
+  EXPECT_NEAR(megatron_step.optimizer_seconds - compiled_step.optimizer_seconds, 4 * megatron.fp8_weight_cast_seconds,
+              1e-12);
+}
+
 // A stage on a device without fp8 (an A100) runs an fp8 plan's blocks as a bf16 plan's: no casts.
 TEST(Fp8Run, ADeviceWithoutFp8PaysNoCasts) {
   const ModelSpec m = llama3_8b();

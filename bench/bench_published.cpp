@@ -120,6 +120,8 @@ std::optional<DeviceChoice> device_choice(const std::string& published) {
   if (d == "nvidia-ampere") return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "device: A100 80GB taken for \"Ampere\"", "A100", ""};
   if (d.starts_with("a100-80")) return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "", "A100", ""};
   if (d.starts_with("a100-40")) return DeviceChoice{"a100-40gb-sxm", "1600Gb/s", "", "A100", ""};
+  if (d.starts_with("h100") && d.find("96gb") != std::string::npos && d.ends_with("-500w"))
+    return DeviceChoice{"h100-sxm-500w", "3200Gb/s", "device: H100 SXM at 500 W with 96 GiB taken for a 96 GB part", "H100 500 W", "96GiB"};
   if (d.starts_with("h100") && d.find("96gb") != std::string::npos)
     return DeviceChoice{"h100-sxm", "3200Gb/s", "device: H100 SXM with 96 GiB taken for a 96 GB part", "H100/H200", "96GiB"};
   if (d.starts_with("h100")) return DeviceChoice{"h100-sxm", "3200Gb/s", "", "H100/H200", ""};

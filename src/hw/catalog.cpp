@@ -24,9 +24,13 @@ constexpr double kNvlink4 = 450 * kGigabytesPerSecond;   // H100/H200: 900 GB/s 
 // runs by `bench_published --fit` (docs/catalog.md, Calibration [27]). H100 and H200 share one
 // value: the same GH100 compute; the H200's wider memory is in its bandwidth, not here.
 constexpr double kA100MatmulEfficiency = 0.73;
-constexpr double kHopperMatmulEfficiency = 0.55;
+constexpr double kHopperMatmulEfficiency = 0.56;
 // The share of the fp8 peak, fitted on the fp8 rows of the same table (docs/catalog.md).
 constexpr double kHopperMatmulEfficiencyFp8 = 0.66;
+// An H100 SXM held to 500 W of its 700 W lowers its clocks under dense products; no datasheet
+// says by how much, so its shares are fitted on runs at that limit (torchtitan's, [27]).
+constexpr double kHopper500WMatmulEfficiency = 0.47;
+constexpr double kHopper500WMatmulEfficiencyFp8 = 0.52;
 // The highest published training MFU at 16 bits (bench/published/throughputs.yaml): A100s 65.3%
 // (MegaScale, 175B on 256 GPUs), H100s 47% (the Megatron-LM README, 96 GPUs) [27].
 constexpr double kA100BestPublishedMfu = 0.653;
@@ -83,6 +87,23 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                    .source = "[3] [4] [27]",
                    .matmul_efficiency = kHopperMatmulEfficiency,
                    .matmul_efficiency_fp8 = kHopperMatmulEfficiencyFp8,
+                   .best_published_mfu = kHopperBestPublishedMfu});
+  c.add(DeviceType{.name = "h100-sxm-500w",
+                   .aliases = {"h100-500w", "h100-sxm5-500w"},
+                   .vendor = "nvidia",
+                   .description = "NVIDIA H100 80GB SXM5 (HBM3) power-limited to 500 W",
+                   .peak_flops_fp32 = 67 * kTflops,
+                   .peak_flops_tf32 = 494.7 * kTflops,
+                   .peak_flops_bf16 = 989.4 * kTflops,
+                   .peak_flops_fp16 = 989.4 * kTflops,
+                   .peak_flops_fp8 = 1978.9 * kTflops,
+                   .memory_bytes = 80 * kGiB,
+                   .memory_bandwidth_bytes_per_second = 3350 * kGigabytesPerSecond,
+                   .intra_node_link = "NVLink 4",
+                   .intra_node_link_bytes_per_second = kNvlink4,
+                   .source = "[3] [4] [27]",
+                   .matmul_efficiency = kHopper500WMatmulEfficiency,
+                   .matmul_efficiency_fp8 = kHopper500WMatmulEfficiencyFp8,
                    .best_published_mfu = kHopperBestPublishedMfu});
   c.add(DeviceType{.name = "h100-pcie",
                    .aliases = {"h100-pcie-80gb"},

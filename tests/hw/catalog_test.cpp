@@ -43,6 +43,17 @@ TEST(Catalog, CoversTheRequiredDevices) {
   }
 }
 
+// An H100 held to 500 W has the datasheet's peaks and lower fitted shares of them.
+TEST(Catalog, PowerLimitedH100SharesThePeaksNotTheEfficiency) {
+  const DeviceType& full = *catalog_builtin().find("h100-sxm");
+  const DeviceType& capped = *catalog_builtin().find("h100-500w");
+  EXPECT_EQ(capped.name, "h100-sxm-500w");
+  EXPECT_DOUBLE_EQ(capped.peak_flops_bf16, full.peak_flops_bf16);
+  EXPECT_DOUBLE_EQ(capped.peak_flops_fp8, full.peak_flops_fp8);
+  EXPECT_LT(capped.matmul_efficiency, full.matmul_efficiency);
+  EXPECT_LT(capped.matmul_efficiency_fp8, full.matmul_efficiency_fp8);
+}
+
 TEST(Catalog, EveryTypeIsComplete) {
   for (const DeviceType& t : catalog_builtin().types()) {
     SCOPED_TRACE(t.name);

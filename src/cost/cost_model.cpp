@@ -379,10 +379,17 @@ StageTiming CostModel::stage_timing_without_sync(const StageShape& shape, const 
     t.first_gather_forward_seconds = first.forward_seconds;
     t.first_gather_backward_seconds = first.backward_seconds;
     const double gathered = c.blocks - c.offloaded;
-    t.forward_seconds +=
+    const double forward_gathers =
         first.forward_seconds + first.ahead_forward_seconds + (gathered - first.forward_blocks) * u.zero3_forward_seconds;
-    t.backward_seconds +=
+    const double backward_gathers =
         first.backward_seconds + first.ahead_backward_seconds + (gathered - first.backward_blocks) * u.zero3_backward_seconds;
+    if (stage_keeps_weights_gathered(shape, c)) {
+      // The step's first forward gathers every block; nothing after it does.
+      t.forward_seconds += forward_gathers / std::max(1, c.micro_batches);
+    } else {
+      t.forward_seconds += forward_gathers;
+      t.backward_seconds += backward_gathers;
+    }
   }
   if (c.has_embedding) {
     t.forward_seconds += u.embedding.forward_seconds;
@@ -488,7 +495,9 @@ MemoryBreakdown CostModel::stage_memory(const StageShape& shape, const StageUnit
   // ZeRO 3 gathers the unit in use and prefetches the next one (Alloy's runtime, like
   // DeepSpeed's prefetch): two blocks, or a block with the embedding or the head. Offloaded
   // blocks are not gathered (their weights come whole through the offload window).
-  if (c.zero >= 3 && dp > 1) {
+  if (c.zero >= 3 && dp > 1 && stage_keeps_weights_gathered(shape, c)) {
+    mem.zero3_gather_bytes = params * e;
+  } else if (c.zero >= 3 && dp > 1) {
     const int gathered = c.blocks - c.offloaded;
     const double block = gathered > 0 ? u.block_parameters : 0;
     double pair = gathered > 1 ? 2 * block : block;

@@ -327,6 +327,9 @@ class CostModel {
   // synchronised whole between them, the runtime keeps the table (and its optimizer state)
   // unsharded under ZeRO, and every member updates it whole. 0 for other stages.
   double stage_unsharded_tied_parameters(const StageShape& shape, const StageChoice& choice) const;
+  // Whether the stage's runtime keeps its ZeRO-3 weights gathered for the whole step
+  // (RuntimeTraits::zero3_pipelined_keeps_weights_gathered and a pipelined stage).
+  bool stage_keeps_weights_gathered(const StageShape& shape, const StageChoice& choice) const;
   // A block of `model` (the dense part of an MoE block, or a dense block) on `shape`;
   // `mlp_sums_over_tp`: its MLP is split over tp and sums its output (false for an MoE block's,
   // which every tp rank runs whole).

@@ -112,6 +112,10 @@ constexpr RuntimeTraits torchtitan_traits(ElementwiseKernels kernels) {
   // bf16 as it gathers it, keeping no bf16 shard.
   t.zero_shards_master_weights = true;
   t.zero3_keeps_compute_precision_shard = false;
+  // With pipelining it shards blocks without resharding after forward (parallelize_llama.py:
+  // "for PP, do not reshard after forward"), and PyTorch's pipeline stage turns off resharding
+  // after backward and the gradients' reduction until the step's last backward.
+  t.zero3_pipelined_keeps_weights_gathered = true;
   // PyTorch's caching allocator: its published rows state reserved memory, on average 15% free
   // but fragmented in LLM training with recomputation and sharding (GMLake, ASPLOS 2024).
   t.allocator_margin_fraction = 0;

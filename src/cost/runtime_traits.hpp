@@ -81,6 +81,11 @@ struct RuntimeTraits {
   // precision, the all-gathers' input (DeepSpeed, Alloy). FSDP keeps the fp32 shard alone and
   // casts it as it gathers.
   bool zero3_keeps_compute_precision_shard = true;
+  // Under ZeRO 3 on a pipelined stage the blocks' weights stay gathered from their first gather
+  // of a step to the step's end (FSDP2 under PyTorch's pipeline schedules): the stage gathers
+  // once a step and holds its weights whole in the compute precision. Alloy's runtimes gather a
+  // block for each pass.
+  bool zero3_pipelined_keeps_weights_gathered = false;
   // Under sequence parallelism each tp rank sends its rows of the hidden state (1/tp of it) to its
   // peer in the next stage (Megatron Core), where Alloy's runtimes send it whole to every tp rank.
   bool pipeline_sends_sequence_shards = false;

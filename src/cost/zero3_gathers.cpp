@@ -1,11 +1,19 @@
 // The ZeRO-3 weight gathers of a stage that no compute hides: the first block of every pass, or
-// of a forward that opens on offloaded blocks, the first resident one after them.
+// of a forward that opens on offloaded blocks, the first resident one after them; and whether a
+// stage keeps its weights gathered for a whole step.
 #include <algorithm>
 #include <vector>
 
 #include "cost/cost_model.hpp"
+#include "cost/runtime_traits.hpp"
 
 namespace alloy {
+
+bool CostModel::stage_keeps_weights_gathered(const StageShape& shape, const StageChoice& c) const {
+  const bool pipelined = c.chunks_sent > 0 || c.chunks_received > 0;
+  return pipelined && c.zero >= 3 &&
+         runtime_traits(cluster_.device_types[shape.device_type]).zero3_pipelined_keeps_weights_gathered;
+}
 
 Zero3FirstGathers CostModel::stage_zero3_first_gathers(const StageShape& shape, const StageUnitCosts& u,
                                                        const StageChoice& c) const {

@@ -142,5 +142,45 @@ TEST(FrameworkTraits, SequenceShardsCrossABoundaryOnce) {
   EXPECT_GT(boundary_transfer_seconds(1e9, link, 4, 4), 3.9 * boundary_transfer_seconds(1e9, link, 4, 4, true));
 }
 
+// FSDP under PyTorch's pipeline schedules keeps a stage's weights gathered for the whole step:
+// it holds them all in bf16 and gathers them once, in the step's first forward. Alloy's runtime
+// gathers a block for each pass and holds two at a time. Unpipelined, both gather per pass.
+TEST(FrameworkTraits, PipelinedFsdpGathersOnceAStep) {
+  const ModelSpec m = llama3_8b();
+  struct Priced {
+    MemoryBreakdown memory;
+    StageTiming timing;
+    double block_parameters = 0;
+  };
+  const auto priced = [&](const std::string& framework, bool pipelined) {
+    DeviceType h100 = *catalog_builtin().find("h100-sxm");
+    h100.framework = framework;
+    const ClusterSpec cluster = testing::cluster("h100x8", {h100}, {{0, 1, 8, 0}});
+    TrainSpec train;
+    train.seq_len = 8192;
+    train.global_batch_sequences = 32;
+    train.precision = kBf16;
+    const CostModel cost(m, cluster, train);
+    const StageShape shape = cost.stage_shape({0, 1, 2, 3}, 1, 4, 1);
+    const StageUnitCosts u = cost.unit_costs(shape, false);
+    StageChoice c;
+    c.blocks = 8;
+    c.zero = 3;
+    c.micro_batches = 8;
+    c.chunks_sent = pipelined ? 1 : 0;
+    return Priced{cost.stage_memory(shape, u, c, 1, pipelined), cost.stage_timing(shape, u, c, 0, c.chunks_sent),
+                  u.block_parameters};
+  };
+  const Priced torch = priced("torchtitan-compile", true), alloy = priced("", true);
+  const Priced torch_alone = priced("torchtitan-compile", false);
+  EXPECT_DOUBLE_EQ(torch.memory.zero3_gather_bytes, 8 * torch.block_parameters * 2);
+  EXPECT_DOUBLE_EQ(alloy.memory.zero3_gather_bytes, 2 * alloy.block_parameters * 2);
+  EXPECT_DOUBLE_EQ(torch_alone.memory.zero3_gather_bytes, alloy.memory.zero3_gather_bytes);
+  // The gathers leave the backward and an eighth of the forward's stays, per micro-batch.
+  EXPECT_LT(torch.timing.backward_seconds, torch_alone.timing.backward_seconds);
+  EXPECT_LT(torch.timing.forward_seconds, torch_alone.timing.forward_seconds);
+  EXPECT_GT(torch_alone.timing.forward_seconds - torch.timing.forward_seconds, 0.5 * torch_alone.timing.first_gather_forward_seconds);
+}
+
 }  // namespace
 }  // namespace alloy

@@ -112,22 +112,18 @@ struct DeviceChoice {
   std::string network;
   std::string assumed;
   std::string generation;  // devices that share one calibrated matmul efficiency
-  std::string memory;      // where the part differs from the catalog type's ("" = the type's)
 };
 
 std::optional<DeviceChoice> device_choice(const std::string& published) {
   const std::string d = text_lower(published);
-  if (d == "nvidia-ampere") return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "device: A100 80GB taken for \"Ampere\"", "A100", ""};
-  if (d.starts_with("a100-80")) return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "", "A100", ""};
-  if (d.starts_with("a100-40")) return DeviceChoice{"a100-40gb-sxm", "1600Gb/s", "", "A100", ""};
-  if (d.starts_with("h100") && d.find("96gb") != std::string::npos && d.ends_with("-500w"))
-    return DeviceChoice{"h100-sxm-500w", "3200Gb/s", "device: H100 SXM at 500 W with 96 GiB taken for a 96 GB part", "H100 500 W", "96GiB"};
-  if (d.starts_with("h100") && d.find("96gb") != std::string::npos)
-    return DeviceChoice{"h100-sxm", "3200Gb/s", "device: H100 SXM with 96 GiB taken for a 96 GB part", "H100/H200", "96GiB"};
-  if (d.starts_with("h100")) return DeviceChoice{"h100-sxm", "3200Gb/s", "", "H100/H200", ""};
-  if (d.starts_with("h200")) return DeviceChoice{"h200-sxm", "3200Gb/s", "", "H100/H200", ""};
-  if (d.starts_with("v100-32")) return DeviceChoice{"v100-32gb", "800Gb/s", "", "V100", ""};
-  if (d.starts_with("mi250x")) return DeviceChoice{"mi250x", "800Gb/s", "", "MI250X", ""};
+  if (d == "nvidia-ampere") return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "device: A100 80GB taken for \"Ampere\"", "A100"};
+  if (d.starts_with("a100-80")) return DeviceChoice{"a100-80gb-sxm", "1600Gb/s", "", "A100"};
+  if (d.starts_with("a100-40")) return DeviceChoice{"a100-40gb-sxm", "1600Gb/s", "", "A100"};
+  if (d == "h100-96gb-hbm2e-500w") return DeviceChoice{d, "3200Gb/s", "", "H100 500 W"};
+  if (d.starts_with("h100")) return DeviceChoice{"h100-sxm", "3200Gb/s", "", "H100/H200"};
+  if (d.starts_with("h200")) return DeviceChoice{"h200-sxm", "3200Gb/s", "", "H100/H200"};
+  if (d.starts_with("v100-32")) return DeviceChoice{"v100-32gb", "800Gb/s", "", "V100"};
+  if (d.starts_with("mi250x")) return DeviceChoice{"mi250x", "800Gb/s", "", "MI250X"};
   return std::nullopt;
 }
 
@@ -317,13 +313,12 @@ Compared row_compare(const YAML::Node& row, const DeviceCatalog& catalog, const 
                                                                        : Precision::Precision_bf16;
   Plan plan;
   try {
-    plan = plan_search(CostModel(model, cluster_of(device->memory), train), o).plan;
+    plan = plan_search(CostModel(model, cluster_of(""), train), o).plan;
   } catch (const Error& e) {
     try {
       const Plan roomy = plan_search(CostModel(model, cluster_of("1024TiB"), train), o).plan;
       const auto [need, terms] = plan_peak_memory(roomy);
-      const double there = device->memory.empty() ? catalog.find(device->type)->memory_bytes
-                                                   : units_parse_bytes(device->memory).value_or(0);
+      const double there = catalog.find(device->type)->memory_bytes;
       throw Skip{fmt::format("infeasible for Alloy: {:.1f} GiB per device needed, {:.0f} GiB there ({}{})", need / kGiB,
                              there / kGiB, terms,
                              device->assumed.empty() ? "" : "; " + device->assumed)};
@@ -402,7 +397,7 @@ std::string memory_summary(const std::vector<RowResult>& results, Pick pick) {
   return summary(errors);
 }
 
-// For each device generation of the fit rows, the matmul_efficiency in [0.40, 0.95] that
+// For each device generation of the fit rows, the matmul_efficiency in [0.30, 0.95] that
 // minimises the mean |log speed ratio| of its fit rows (a generation's rows depend on its value
 // alone), printed beside the catalog's.
 void fit_efficiencies(const YAML::Node& rows, const DeviceCatalog& catalog, const std::vector<RowResult>& as_shipped) {
@@ -417,7 +412,7 @@ void fit_efficiencies(const YAML::Node& rows, const DeviceCatalog& catalog, cons
   std::printf("\nmatmul_efficiency fitted on the fit rows (mean |log speed ratio|):\n");
   for (const std::string& generation : generations) {
     double best = 0, best_loss = 1e300;
-    for (int percent = 40; percent <= 95; ++percent) {
+    for (int percent = 30; percent <= 95; ++percent) {
       const double value = percent / 100.0;
       double loss = 0;
       int count = 0;

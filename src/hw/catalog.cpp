@@ -27,10 +27,10 @@ constexpr double kA100MatmulEfficiency = 0.73;
 constexpr double kHopperMatmulEfficiency = 0.56;
 // The share of the fp8 peak, fitted on the fp8 rows of the same table (docs/catalog.md).
 constexpr double kHopperMatmulEfficiencyFp8 = 0.66;
-// An H100 SXM held to 500 W of its 700 W lowers its clocks under dense products; no datasheet
-// says by how much, so its shares are fitted on runs at that limit (torchtitan's, [27]).
-constexpr double kHopper500WMatmulEfficiency = 0.47;
-constexpr double kHopper500WMatmulEfficiencyFp8 = 0.52;
+// The 96 GB HBM2e H100 SXM at its 500 W limit runs its dense products at lower clocks than a
+// 700 W H100 SXM; no datasheet says by how much, so its shares are fitted on runs of it [27].
+constexpr double kHopper500WMatmulEfficiency = 0.52;
+constexpr double kHopper500WMatmulEfficiencyFp8 = 0.39;
 // The highest published training MFU at 16 bits (bench/published/throughputs.yaml): A100s 65.3%
 // (MegaScale, 175B on 256 GPUs), H100s 47% (the Megatron-LM README, 96 GPUs) [27].
 constexpr double kA100BestPublishedMfu = 0.653;
@@ -88,20 +88,21 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                    .matmul_efficiency = kHopperMatmulEfficiency,
                    .matmul_efficiency_fp8 = kHopperMatmulEfficiencyFp8,
                    .best_published_mfu = kHopperBestPublishedMfu});
-  c.add(DeviceType{.name = "h100-sxm-500w",
-                   .aliases = {"h100-500w", "h100-sxm5-500w"},
+  // Meta's Grand Teton H100 [28]: 96 GB HBM2e at 2.4 TB/s, 500 W; peaks taken as the SXM's.
+  c.add(DeviceType{.name = "h100-96gb-hbm2e-500w",
+                   .aliases = {"h100-500w", "h100-96gb-500w"},
                    .vendor = "nvidia",
-                   .description = "NVIDIA H100 80GB SXM5 (HBM3) power-limited to 500 W",
+                   .description = "NVIDIA H100 96GB SXM (HBM2e) at a 500 W power limit",
                    .peak_flops_fp32 = 67 * kTflops,
                    .peak_flops_tf32 = 494.7 * kTflops,
                    .peak_flops_bf16 = 989.4 * kTflops,
                    .peak_flops_fp16 = 989.4 * kTflops,
                    .peak_flops_fp8 = 1978.9 * kTflops,
-                   .memory_bytes = 80 * kGiB,
-                   .memory_bandwidth_bytes_per_second = 3350 * kGigabytesPerSecond,
+                   .memory_bytes = 96 * kGiB,
+                   .memory_bandwidth_bytes_per_second = 2400 * kGigabytesPerSecond,
                    .intra_node_link = "NVLink 4",
                    .intra_node_link_bytes_per_second = kNvlink4,
-                   .source = "[3] [4] [27]",
+                   .source = "[3] [4] [27] [28]",
                    .matmul_efficiency = kHopper500WMatmulEfficiency,
                    .matmul_efficiency_fp8 = kHopper500WMatmulEfficiencyFp8,
                    .best_published_mfu = kHopperBestPublishedMfu});

@@ -43,11 +43,13 @@ TEST(Catalog, CoversTheRequiredDevices) {
   }
 }
 
-// An H100 held to 500 W has the datasheet's peaks and lower fitted shares of them.
+// The 500 W H100 has the SXM's peaks, its own memory, and lower fitted shares of the peaks.
 TEST(Catalog, PowerLimitedH100SharesThePeaksNotTheEfficiency) {
   const DeviceType& full = *catalog_builtin().find("h100-sxm");
   const DeviceType& capped = *catalog_builtin().find("h100-500w");
-  EXPECT_EQ(capped.name, "h100-sxm-500w");
+  EXPECT_EQ(capped.name, "h100-96gb-hbm2e-500w");
+  EXPECT_LT(capped.memory_bandwidth_bytes_per_second, full.memory_bandwidth_bytes_per_second);
+  EXPECT_GT(capped.memory_bytes, full.memory_bytes);
   EXPECT_DOUBLE_EQ(capped.peak_flops_bf16, full.peak_flops_bf16);
   EXPECT_DOUBLE_EQ(capped.peak_flops_fp8, full.peak_flops_fp8);
   EXPECT_LT(capped.matmul_efficiency, full.matmul_efficiency);

@@ -56,6 +56,39 @@ DeviceType a100_make(std::string name, std::vector<std::string> aliases, std::st
                     .best_published_mfu = kA100BestPublishedMfu};
 }
 
+// What differs between the parts with the H100 SXM's compute (H100 SXM, H200, the 500 W H100):
+// its dense peaks are the whitepaper's [4] for all of them.
+struct HopperSxmPart {
+  std::string name;
+  std::vector<std::string> aliases;
+  std::string description;
+  double memory_bytes = 0;
+  double bandwidth = 0;
+  std::string source;
+  double matmul_efficiency = kHopperMatmulEfficiency;
+  double matmul_efficiency_fp8 = kHopperMatmulEfficiencyFp8;
+};
+
+DeviceType hopper_sxm_make(HopperSxmPart part) {
+  return DeviceType{.name = std::move(part.name),
+                    .aliases = std::move(part.aliases),
+                    .vendor = "nvidia",
+                    .description = std::move(part.description),
+                    .peak_flops_fp32 = 67 * kTflops,
+                    .peak_flops_tf32 = 494.7 * kTflops,
+                    .peak_flops_bf16 = 989.4 * kTflops,
+                    .peak_flops_fp16 = 989.4 * kTflops,
+                    .peak_flops_fp8 = 1978.9 * kTflops,
+                    .memory_bytes = part.memory_bytes,
+                    .memory_bandwidth_bytes_per_second = part.bandwidth,
+                    .intra_node_link = "NVLink 4",
+                    .intra_node_link_bytes_per_second = kNvlink4,
+                    .source = std::move(part.source),
+                    .matmul_efficiency = part.matmul_efficiency,
+                    .matmul_efficiency_fp8 = part.matmul_efficiency_fp8,
+                    .best_published_mfu = kHopperBestPublishedMfu};
+}
+
 void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
   c.add(a100_make("a100-40gb-sxm", {"a100-40", "a100-40gb", "a100-40g", "a100-sxm4-40gb"},
                   "NVIDIA A100 40GB SXM4 (HBM2)", 40 * kGiB, 1555 * kGigabytesPerSecond,
@@ -71,41 +104,21 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                   "PCIe 4.0 x16", kPcie4x16));
 
   // H100/H200: [3] prints sparse tensor figures only; dense values are from the whitepaper [4].
-  c.add(DeviceType{.name = "h100-sxm",
-                   .aliases = {"h100", "h100-sxm5", "h100-80gb", "h100-sxm-80gb"},
-                   .vendor = "nvidia",
-                   .description = "NVIDIA H100 80GB SXM5 (HBM3)",
-                   .peak_flops_fp32 = 67 * kTflops,
-                   .peak_flops_tf32 = 494.7 * kTflops,
-                   .peak_flops_bf16 = 989.4 * kTflops,
-                   .peak_flops_fp16 = 989.4 * kTflops,
-                   .peak_flops_fp8 = 1978.9 * kTflops,
-                   .memory_bytes = 80 * kGiB,
-                   .memory_bandwidth_bytes_per_second = 3350 * kGigabytesPerSecond,
-                   .intra_node_link = "NVLink 4",
-                   .intra_node_link_bytes_per_second = kNvlink4,
-                   .source = "[3] [4] [27]",
-                   .matmul_efficiency = kHopperMatmulEfficiency,
-                   .matmul_efficiency_fp8 = kHopperMatmulEfficiencyFp8,
-                   .best_published_mfu = kHopperBestPublishedMfu});
+  c.add(hopper_sxm_make({.name = "h100-sxm",
+                         .aliases = {"h100", "h100-sxm5", "h100-80gb", "h100-sxm-80gb"},
+                         .description = "NVIDIA H100 80GB SXM5 (HBM3)",
+                         .memory_bytes = 80 * kGiB,
+                         .bandwidth = 3350 * kGigabytesPerSecond,
+                         .source = "[3] [4] [27]"}));
   // Meta's Grand Teton H100 [28]: 96 GB HBM2e at 2.4 TB/s, 500 W; peaks taken as the SXM's.
-  c.add(DeviceType{.name = "h100-96gb-hbm2e-500w",
-                   .aliases = {"h100-500w", "h100-96gb-500w"},
-                   .vendor = "nvidia",
-                   .description = "NVIDIA H100 96GB SXM (HBM2e) at a 500 W power limit",
-                   .peak_flops_fp32 = 67 * kTflops,
-                   .peak_flops_tf32 = 494.7 * kTflops,
-                   .peak_flops_bf16 = 989.4 * kTflops,
-                   .peak_flops_fp16 = 989.4 * kTflops,
-                   .peak_flops_fp8 = 1978.9 * kTflops,
-                   .memory_bytes = 96 * kGiB,
-                   .memory_bandwidth_bytes_per_second = 2400 * kGigabytesPerSecond,
-                   .intra_node_link = "NVLink 4",
-                   .intra_node_link_bytes_per_second = kNvlink4,
-                   .source = "[3] [4] [27] [28]",
-                   .matmul_efficiency = kHopper500WMatmulEfficiency,
-                   .matmul_efficiency_fp8 = kHopper500WMatmulEfficiencyFp8,
-                   .best_published_mfu = kHopperBestPublishedMfu});
+  c.add(hopper_sxm_make({.name = "h100-96gb-hbm2e-500w",
+                         .aliases = {"h100-500w", "h100-96gb-500w"},
+                         .description = "NVIDIA H100 96GB SXM (HBM2e) at a 500 W power limit",
+                         .memory_bytes = 96 * kGiB,
+                         .bandwidth = 2400 * kGigabytesPerSecond,
+                         .source = "[3] [4] [27] [28]",
+                         .matmul_efficiency = kHopper500WMatmulEfficiency,
+                         .matmul_efficiency_fp8 = kHopper500WMatmulEfficiencyFp8}));
   c.add(DeviceType{.name = "h100-pcie",
                    .aliases = {"h100-pcie-80gb"},
                    .vendor = "nvidia",
@@ -123,23 +136,12 @@ void catalog_add_nvidia_datacenter(DeviceCatalog& c) {
                    .matmul_efficiency = kHopperMatmulEfficiency,
                    .matmul_efficiency_fp8 = kHopperMatmulEfficiencyFp8,
                    .best_published_mfu = kHopperBestPublishedMfu});
-  c.add(DeviceType{.name = "h200-sxm",
-                   .aliases = {"h200", "h200-141gb"},
-                   .vendor = "nvidia",
-                   .description = "NVIDIA H200 141GB SXM (HBM3e); H100 SXM compute",
-                   .peak_flops_fp32 = 67 * kTflops,
-                   .peak_flops_tf32 = 494.7 * kTflops,
-                   .peak_flops_bf16 = 989.4 * kTflops,
-                   .peak_flops_fp16 = 989.4 * kTflops,
-                   .peak_flops_fp8 = 1978.9 * kTflops,
-                   .memory_bytes = 141 * kGiB,
-                   .memory_bandwidth_bytes_per_second = 4800 * kGigabytesPerSecond,
-                   .intra_node_link = "NVLink 4",
-                   .intra_node_link_bytes_per_second = kNvlink4,
-                   .source = "[5] [4] [27]",
-                   .matmul_efficiency = kHopperMatmulEfficiency,
-                   .matmul_efficiency_fp8 = kHopperMatmulEfficiencyFp8,
-                   .best_published_mfu = kHopperBestPublishedMfu});
+  c.add(hopper_sxm_make({.name = "h200-sxm",
+                         .aliases = {"h200", "h200-141gb"},
+                         .description = "NVIDIA H200 141GB SXM (HBM3e); H100 SXM compute",
+                         .memory_bytes = 141 * kGiB,
+                         .bandwidth = 4800 * kGigabytesPerSecond,
+                         .source = "[5] [4] [27]"}));
 
   // V100 has no bf16 or tf32; fp16 is the tensor-core rate ("Tensor Performance" in [6]).
   for (int gib : {16, 32}) {

@@ -73,14 +73,7 @@ TEST(Fp8Run, TransformerEngineCastsWeightsOncePerStep) {
             Fp8WeightCasts::Fp8WeightCasts_every_micro_batch);
 
   const auto priced = [&](const std::string& framework) {
-    DeviceType h100 = *catalog_builtin().find("h100-sxm");
-    h100.framework = framework;
-    const ClusterSpec cluster = testing::cluster("one", {h100}, {{0, 1, 1, 0}});
-    TrainSpec train;
-    train.seq_len = 8192;
-    train.global_batch_sequences = 2;
-    train.precision = kFp8;
-    const CostModel cost(m, cluster, train);
+    const CostModel cost(m, testing::catalog_cluster("h100-sxm", framework, 1), testing::train(8192, 2, kFp8));
     const StageShape shape = cost.stage_shape({0}, 1, 1, 2);
     const StageUnitCosts u = cost.unit_costs(shape, false);
     StageChoice c;
@@ -101,12 +94,7 @@ TEST(Fp8Run, TransformerEngineCastsWeightsOncePerStep) {
 TEST(Fp8Run, ADeviceWithoutFp8PaysNoCasts) {
   const ModelSpec m = llama3_8b();
   const auto block_seconds = [&](const char* device, Precision precision) {
-    const ClusterSpec cluster = testing::cluster("one", {*catalog_builtin().find(device)}, {{0, 1, 1, 0}});
-    TrainSpec train;
-    train.seq_len = 8192;
-    train.global_batch_sequences = 2;
-    train.precision = precision;
-    const CostModel cost(m, cluster, train);
+    const CostModel cost(m, testing::catalog_cluster(device, "", 1), testing::train(8192, 2, precision));
     const StageUnitCosts u = cost.unit_costs(cost.stage_shape({0}, 1, 1, 2), false);
     return u.block.forward_seconds + u.block.backward_seconds;
   };

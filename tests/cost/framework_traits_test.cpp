@@ -111,14 +111,7 @@ TEST(FrameworkTraits, RecordsByNameAndAlloysRuntimeByDefault) {
 TEST(FrameworkTraits, CostModelAsksTheFrameworksRecord) {
   const ModelSpec m = llama3_8b();
   const auto unit = [&](const std::string& framework) {
-    DeviceType h100 = *catalog_builtin().find("h100-sxm");
-    h100.framework = framework;
-    const ClusterSpec cluster = testing::cluster("h100x1", {h100}, {{0, 1, 1, 0}});
-    TrainSpec train;
-    train.seq_len = 8192;
-    train.global_batch_sequences = 2;
-    train.precision = kBf16;
-    const CostModel cost(m, cluster, train);
+    const CostModel cost(m, testing::catalog_cluster("h100-sxm", framework, 1), testing::train(8192, 2));
     return cost.unit_costs(cost.stage_shape({0}, 1, 1, 2), false);
   };
   const StageUnitCosts alloy = unit(""), eager = unit("torchtitan-eager"), compiled = unit("torchtitan-compile");
@@ -153,14 +146,7 @@ TEST(FrameworkTraits, PipelinedFsdpGathersOnceAStep) {
     double block_parameters = 0;
   };
   const auto priced = [&](const std::string& framework, bool pipelined) {
-    DeviceType h100 = *catalog_builtin().find("h100-sxm");
-    h100.framework = framework;
-    const ClusterSpec cluster = testing::cluster("h100x8", {h100}, {{0, 1, 8, 0}});
-    TrainSpec train;
-    train.seq_len = 8192;
-    train.global_batch_sequences = 32;
-    train.precision = kBf16;
-    const CostModel cost(m, cluster, train);
+    const CostModel cost(m, testing::catalog_cluster("h100-sxm", framework, 8), testing::train(8192, 32));
     const StageShape shape = cost.stage_shape({0, 1, 2, 3}, 1, 4, 1);
     const StageUnitCosts u = cost.unit_costs(shape, false);
     StageChoice c;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "hw/catalog.hpp"
 #include "spec/cluster.hpp"
 #include "spec/model.hpp"
 #include "spec/train.hpp"
@@ -139,6 +140,13 @@ inline TrainSpec train(int64_t seq_len, int64_t global_batch, Precision precisio
   t.global_batch_sequences = global_batch;
   t.precision = precision;
   return t;
+}
+
+// One node of `devices` of the catalog's `device`, run by `framework` ("": Alloy's runtime).
+inline ClusterSpec catalog_cluster(const std::string& device, const std::string& framework, int devices) {
+  DeviceType type = *catalog_builtin().find(device);
+  type.framework = framework;
+  return cluster(device + "x" + std::to_string(devices), {type}, {{0, 1, devices, 0}});
 }
 
 }  // namespace alloy::testing

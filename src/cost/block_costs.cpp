@@ -45,12 +45,14 @@ DenseBlockCosts CostModel::dense_block_costs(const ModelSpec& m, const StageShap
   // block's MLP runs whole on every tp rank (model_pass.cpp): no sum of its own. Full
   // recomputation stops before the MLP's output, so it redoes the attention's sum (and, under
   // sequence parallelism, both gathers) but not the MLP's.
+  // A runtime that gathers in fp8 moves one byte per element in them; the sums stay 16-bit.
   double tp_collectives = 0, recompute_collectives = 0;
   if (tp > 1) {
     const double hidden = hidden_state_bytes(m, b, s, p);
-    const auto seconds = [&](CollectiveOp op) { return group_seconds(shape.device_type, op, hidden, shape.tp_group); };
-    const double gather = sp ? seconds(CollectiveOp::CollectiveOp_all_gather) : 0;
-    const double sum = seconds(sp ? CollectiveOp::CollectiveOp_reduce_scatter : CollectiveOp::CollectiveOp_all_reduce);
+    const double gathered = fp8_here && runtime.fp8_tensor_parallel_gathers ? hidden / precision_bytes(p) : hidden;
+    const auto seconds = [&](CollectiveOp op, double bytes) { return group_seconds(shape.device_type, op, bytes, shape.tp_group); };
+    const double gather = sp ? seconds(CollectiveOp::CollectiveOp_all_gather, gathered) : 0;
+    const double sum = seconds(sp ? CollectiveOp::CollectiveOp_reduce_scatter : CollectiveOp::CollectiveOp_all_reduce, hidden);
     tp_collectives = 2.0 * gather + (mlp_sums_over_tp ? 2.0 : 1.0) * sum;
     recompute_collectives = 2.0 * gather + sum;
   }

@@ -116,6 +116,10 @@ constexpr RuntimeTraits torchtitan_traits(ElementwiseKernels kernels) {
   // "for PP, do not reshard after forward"), and PyTorch's pipeline stage turns off resharding
   // after backward and the gradients' reduction until the step's last backward.
   t.zero3_pipelined_keeps_weights_gathered = true;
+  // Its float8 tensor parallelism casts a column-parallel layer's input to fp8 before the
+  // all-gather (torchao's Float8ColwiseParallel, "all-gather in float8"), and a row-parallel
+  // layer's output gradient before its backward's all-gather (Float8RowwiseParallel).
+  t.fp8_tensor_parallel_gathers = true;
   // PyTorch's caching allocator: its published rows state reserved memory, on average 15% free
   // but fragmented in LLM training with recomputation and sharding (GMLake, ASPLOS 2024).
   t.allocator_margin_fraction = 0;

@@ -48,6 +48,9 @@ struct RuntimeTraits {
   SelectiveRecompute selective_recompute = SelectiveRecompute::SelectiveRecompute_attention_core;
   // When an fp8 run casts the blocks' weights (layer_cost.hpp).
   Fp8WeightCasts fp8_weight_casts = Fp8WeightCasts::Fp8WeightCasts_every_micro_batch;
+  // Under fp8 with sequence parallelism the tensor-parallel all-gathers (of the norms' outputs in
+  // forward, of the output gradients in backward) move fp8 copies; the reduce-scatters stay 16-bit.
+  bool fp8_tensor_parallel_gathers = false;
   // How the loss reads the logits: what the head keeps and its backward holds.
   LossLogits loss_logits = LossLogits::LossLogits_runtime_kernel;
   AttentionMemory attention_memory = AttentionMemory::AttentionMemory_fused;

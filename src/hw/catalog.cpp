@@ -30,7 +30,7 @@ constexpr double kHopperMatmulEfficiencyFp8 = 0.66;
 // The 96 GB HBM2e H100 SXM at its 500 W limit runs its dense products at lower clocks than a
 // 700 W H100 SXM; no datasheet says by how much, so its shares are fitted on runs of it [27].
 constexpr double kHopper500WMatmulEfficiency = 0.52;
-constexpr double kHopper500WMatmulEfficiencyFp8 = 0.39;
+constexpr double kHopper500WMatmulEfficiencyFp8 = 0.38;
 // The highest published training MFU at 16 bits (bench/published/throughputs.yaml): A100s 65.3%
 // (MegaScale, 175B on 256 GPUs), H100s 47% (the Megatron-LM README, 96 GPUs) [27].
 constexpr double kA100BestPublishedMfu = 0.653;

@@ -470,6 +470,7 @@ int main(int argc, char** argv) {
   }
   const auto fp8 = [](const RowResult& r) { return r.compared->generation.ends_with(" fp8"); };
   std::printf("\nall rows compared: %s\n", error_summary(results, [](const RowResult&) { return true; }).c_str());
+  std::printf("  memory:          %s\n", memory_summary(results, [](const RowResult&) { return true; }).c_str());
   std::printf("16-bit rows:       %s\n", error_summary(results, [&](const RowResult& r) { return !fp8(r); }).c_str());
   std::printf("  fit rows:        %s\n", error_summary(results, [&](const RowResult& r) { return !fp8(r) && r.fit; }).c_str());
   std::printf("  held-out rows:   %s\n", error_summary(results, [&](const RowResult& r) { return !fp8(r) && !r.fit; }).c_str());

@@ -44,19 +44,28 @@ struct LayerSplit {
   double other_seconds = 0;      // norms, activations, residual adds, embedding, loss
 };
 
-LayerSplit layer_split(const alloy::ModelSpec& model, const alloy::LayerShape& shape, int repeats) {
+// The kernel timers' seconds per kind over one layer_profile_measure of `repeats` pass pairs (its
+// warm-up pair included).
+alloy::KernelProfile layer_kernel_seconds(const alloy::ModelSpec& model, const alloy::LayerShape& shape, int repeats) {
   alloy::profile_reset();
   alloy::profile_enable(true);
   alloy::layer_profile_measure(model, shape, repeats);
   alloy::profile_enable(false);
-  const alloy::KernelProfile& p = alloy::profile_read();
-  const double passes = repeats + 1.0;  // layer_profile_measure runs one warm-up pass pair
+  return alloy::profile_read();
+}
+
+// The warm-up pair touches the layer's fresh arena pages for the first time and runs 1.5-3x as
+// long as the others; a training step reuses its pages. So the steady pass pair is the difference
+// between a measurement of 1 + `repeats` pairs and one of a single pair, over `repeats`.
+LayerSplit layer_split(const alloy::ModelSpec& model, const alloy::LayerShape& shape, int repeats) {
+  const alloy::KernelProfile one = layer_kernel_seconds(model, shape, 1);
+  const alloy::KernelProfile many = layer_kernel_seconds(model, shape, 1 + repeats);
+  const auto steady = [&](KernelKind kind) { return (kind_cpu_seconds(many, kind) - kind_cpu_seconds(one, kind)) / repeats; };
   LayerSplit s;
-  s.matmul_seconds = kind_cpu_seconds(p, KernelKind::KernelKind_matmul) / passes;
-  s.attention_seconds = kind_cpu_seconds(p, KernelKind::KernelKind_attention) / passes;
-  s.other_seconds = (kind_cpu_seconds(p, KernelKind::KernelKind_norm) + kind_cpu_seconds(p, KernelKind::KernelKind_elementwise) +
-                     kind_cpu_seconds(p, KernelKind::KernelKind_embedding) + kind_cpu_seconds(p, KernelKind::KernelKind_loss)) /
-                    passes;
+  s.matmul_seconds = steady(KernelKind::KernelKind_matmul);
+  s.attention_seconds = steady(KernelKind::KernelKind_attention);
+  s.other_seconds = steady(KernelKind::KernelKind_norm) + steady(KernelKind::KernelKind_elementwise) +
+                    steady(KernelKind::KernelKind_embedding) + steady(KernelKind::KernelKind_loss);
   return s;
 }
 

@@ -13,6 +13,7 @@ namespace alloy {
 namespace {
 
 bool g_enabled = false;
+bool g_scope_open = false;  // a scope is timing: one nested in it (a kernel calling another) adds nothing
 KernelProfile g_profile;
 
 double process_cpu_seconds() {
@@ -67,14 +68,16 @@ bool profile_enabled() { return g_enabled; }
 void profile_reset() { g_profile = KernelProfile{}; }
 const KernelProfile& profile_read() { return g_profile; }
 
-ProfileScope::ProfileScope(KernelKind kind) : kind_(kind), active_(g_enabled) {
+ProfileScope::ProfileScope(KernelKind kind) : kind_(kind), active_(g_enabled && !g_scope_open) {
   if (!active_) return;
+  g_scope_open = true;
   start_ = std::chrono::steady_clock::now();
   cpu_start_seconds_ = process_cpu_seconds();
 }
 
 ProfileScope::~ProfileScope() {
   if (!active_) return;
+  g_scope_open = false;
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
   g_profile.seconds[static_cast<size_t>(kind_)] += elapsed.count();
   g_profile.cpu_seconds[static_cast<size_t>(kind_)] += process_cpu_seconds() - cpu_start_seconds_;

@@ -39,7 +39,9 @@ void profile_reset();
 const KernelProfile& profile_read();
 
 // Adds the scope's wall and process CPU time to `kind` when profiling is on (CPU time is
-// robust to other load on the machine when the runtime uses one thread).
+// robust to other load on the machine when the runtime uses one thread). A scope opened while
+// another is timing (matmul_backward calling matmul_backward_weight_rows) counts neither its
+// time nor its call: the outer scope holds them, so the kinds' times add up to the kernels'.
 class ProfileScope {
  public:
   explicit ProfileScope(KernelKind kind);

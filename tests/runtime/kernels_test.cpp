@@ -1,5 +1,6 @@
 // Every CPU kernel: forward against a naive double-precision reference, backward against central
 // finite differences of the forward (and backward kernels must accumulate, not overwrite).
+#include <chrono>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -268,6 +269,27 @@ TEST(Kernels, GemmPeakMeasurementAndKernelTimers) {
                    profile.seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)]);
   EXPECT_DOUBLE_EQ(profile.total_cpu_seconds(),
                    profile.cpu_seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)]);
+}
+
+// matmul_backward times its weight-gradient GEMM through matmul_backward_weight_rows, which has a
+// timer of its own: the kinds' times must add up to the kernels' time, not count that GEMM twice.
+TEST(Kernels, NestedKernelTimersCountOnce) {
+  runtime_set_threads(1);
+  const int N = 256, C = 256, OC = 512;
+  std::vector<float> dout(static_cast<size_t>(N) * OC, 0.01f), inp(static_cast<size_t>(N) * C, 0.02f),
+      w(static_cast<size_t>(OC) * C, 0.03f), dinp(inp.size()), dw(w.size()), db(OC);
+  matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC);  // warm-up
+  profile_reset();
+  profile_enable(true);
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < 4; ++r)
+    matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  profile_enable(false);
+  const KernelProfile& profile = profile_read();
+  EXPECT_EQ(profile.calls[static_cast<size_t>(KernelKind::KernelKind_matmul)], 4);
+  EXPECT_LE(profile.total_seconds(), wall);
+  EXPECT_GT(profile.total_seconds(), 0.5 * wall);  // the GEMMs are the loop's work
 }
 
 TEST(Kernels, ThreadSettingIsHonoured) {

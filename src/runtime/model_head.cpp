@@ -37,23 +37,9 @@ void embedding_forward_vocab_parallel(const Model& model, const Dims& d, float* 
 float crossentropy_forward_vocab_parallel(Model& model, const Dims& d, HeadActivations& h, const int32_t* targets) {
   std::vector<float> maxima(static_cast<size_t>(d.N));
   std::vector<float> sums(2 * static_cast<size_t>(d.N));  // exp sums, then target logits
-#pragma omp parallel for
-  for (int n = 0; n < d.N; n++) {
-    const float* row = h.logits + int64_t{n} * d.V;
-    float best = row[0];
-    for (int v = 1; v < d.V; v++) best = std::max(best, row[v]);
-    maxima[n] = best;
-  }
-  if (d.tp > 1) model.tp_ops->all_reduce_max(maxima.data(), d.N);
-#pragma omp parallel for
-  for (int n = 0; n < d.N; n++) {
-    const float* row = h.logits + int64_t{n} * d.V;
-    double sum = 0;
-    for (int v = 0; v < d.V; v++) sum += std::exp(static_cast<double>(row[v] - maxima[n]));
-    sums[n] = static_cast<float>(sum);
-    const int64_t local = targets[n] - d.vocab_begin;
-    sums[d.N + n] = local >= 0 && local < d.V ? row[local] : 0.0f;
-  }
+  crossentropy_slice_maxima(maxima.data(), h.logits, d.N, d.V);
+  model.tp_ops->all_reduce_max(maxima.data(), d.N);
+  crossentropy_slice_sums(sums.data(), sums.data() + d.N, h.logits, maxima.data(), targets, d.vocab_begin, d.N, d.V);
   tp_sum(model, sums.data(), 2 * int64_t{d.N});
   double total = 0;
   for (int n = 0; n < d.N; n++) {
@@ -62,16 +48,6 @@ float crossentropy_forward_vocab_parallel(Model& model, const Dims& d, HeadActiv
     total += h.losses[n];
   }
   return static_cast<float>(total / d.N);
-}
-
-void crossentropy_backward_vocab_parallel(const Dims& d, HeadActivations& h, const int32_t* targets, float dloss) {
-#pragma omp parallel for
-  for (int n = 0; n < d.N; n++) {
-    float* row = h.logits + int64_t{n} * d.V;
-    for (int v = 0; v < d.V; v++) row[v] = std::exp(row[v] - h.lse[n]) * dloss;
-    const int64_t local = targets[n] - d.vocab_begin;
-    if (local >= 0 && local < d.V) row[local] -= dloss;
-  }
 }
 
 }  // namespace
@@ -133,7 +109,7 @@ void head_pass_backward(Model& model, ChunkPass& pass, const Dims& d, const floa
   if (d.tp == 1) {
     crossentropy_backward_inplace(h.logits, h.lse, pass.targets.data(), d.N, d.V, dloss);
   } else {
-    crossentropy_backward_vocab_parallel(d, h, pass.targets.data(), dloss);
+    crossentropy_slice_backward_inplace(h.logits, h.lse, pass.targets.data(), d.vocab_begin, d.N, d.V, dloss);
   }
   float* dlnf = take_zeroed(model, NC, "d final_norm.out");
   linear_backward(model, dlnf, &model.gradients.lm_head, nullptr, h.logits, h.lnf, model.weights.lm_head, d.N, d.C, d.V);

@@ -271,6 +271,48 @@ TEST(Kernels, GemmPeakMeasurementAndKernelTimers) {
                    profile.cpu_seconds[static_cast<size_t>(KernelKind::KernelKind_matmul)]);
 }
 
+// A tensor-parallel rank's slice of the vocabulary: the slices' maxima and exp sums, combined as
+// the tensor-parallel max and sum combine them, give the whole vocabulary's losses, and each
+// slice's dlogits are the whole's columns.
+TEST(Kernels, CrossEntropyOverVocabularySlicesMatchesTheWhole) {
+  const int N = 6, V = 13, first = 5;  // slices [0, 5) and [5, 13)
+  auto logits = random_vector(N * V, 23, 3.0f);
+  std::vector<int32_t> targets = {0, 12, 4, 5, 9, 2};
+  std::vector<float> losses(N), lse(N);
+  crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+  std::vector<float> whole_dlogits(logits);
+  crossentropy_backward_inplace(whole_dlogits.data(), lse.data(), targets.data(), N, V, 0.25f);
+
+  const int widths[2] = {first, V - first};
+  std::vector<float> slices[2], maxima[2], sums[2], target_logits[2];
+  for (int s = 0; s < 2; s++) {
+    for (int n = 0; n < N; n++)
+      for (int v = 0; v < widths[s]; v++) slices[s].push_back(logits[n * V + s * first + v]);
+    maxima[s].resize(N);
+    crossentropy_slice_maxima(maxima[s].data(), slices[s].data(), N, widths[s]);
+  }
+  std::vector<float> max_all(N);
+  for (int n = 0; n < N; n++) max_all[n] = std::max(maxima[0][n], maxima[1][n]);
+  for (int s = 0; s < 2; s++) {
+    sums[s].resize(N);
+    target_logits[s].resize(N);
+    crossentropy_slice_sums(sums[s].data(), target_logits[s].data(), slices[s].data(), max_all.data(), targets.data(),
+                            s * first, N, widths[s]);
+  }
+  std::vector<float> slice_lse(N);
+  for (int n = 0; n < N; n++) {
+    slice_lse[n] = max_all[n] + std::log(sums[0][n] + sums[1][n]);
+    EXPECT_NEAR(slice_lse[n], lse[n], 1e-5f * std::fabs(lse[n])) << "row " << n;
+    EXPECT_NEAR(slice_lse[n] - (target_logits[0][n] + target_logits[1][n]), losses[n], 1e-5f) << "row " << n;
+  }
+  for (int s = 0; s < 2; s++) {
+    crossentropy_slice_backward_inplace(slices[s].data(), slice_lse.data(), targets.data(), s * first, N, widths[s], 0.25f);
+    for (int n = 0; n < N; n++)
+      for (int v = 0; v < widths[s]; v++)
+        EXPECT_NEAR(slices[s][n * widths[s] + v], whole_dlogits[n * V + s * first + v], 1e-6f) << n << ", " << v;
+  }
+}
+
 // matmul_backward times its weight-gradient GEMM through matmul_backward_weight_rows, which has a
 // timer of its own: the kinds' times must add up to the kernels' time, not count that GEMM twice.
 TEST(Kernels, NestedKernelTimersCountOnce) {

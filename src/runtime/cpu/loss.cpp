@@ -18,16 +18,28 @@ namespace alloy {
 
 namespace {
 
-// row: (V) -> log(sum(exp(row)))
+// row: (V) -> max(row)
 ALLOY_VECTOR_CLONES
-float log_sum_exp(const float* row, int V) {
+float row_max(const float* row, int V) {
   float max_value = row[0];
 #pragma omp simd reduction(max : max_value)
   for (int v = 0; v < V; v++) max_value = row[v] > max_value ? row[v] : max_value;
+  return max_value;
+}
+
+// row: (V) -> sum(exp(row - shift))
+ALLOY_VECTOR_CLONES
+float exp_sum(const float* row, int V, float shift) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int v = 0; v < V; v++) sum += exp_fast(row[v] - max_value);
-  return max_value + std::log(sum);
+  for (int v = 0; v < V; v++) sum += exp_fast(row[v] - shift);
+  return sum;
+}
+
+// row: (V) -> log(sum(exp(row)))
+float log_sum_exp(const float* row, int V) {
+  const float max_value = row_max(row, V);
+  return max_value + std::log(exp_sum(row, V, max_value));
 }
 
 // row: (V) -> exp(row - shift) * scale, in place
@@ -62,6 +74,36 @@ void crossentropy_backward_inplace(float* logits, const float* lse, const int32_
     float* row = logits + static_cast<int64_t>(n) * V;
     exp_scale_row(row, V, lse[n], dloss);
     row[targets[n]] -= dloss;
+  }
+}
+
+void crossentropy_slice_maxima(float* maxima, const float* logits, int N, int V) {
+  ProfileScope profile(KernelKind::KernelKind_loss);
+#pragma omp parallel for schedule(static) if (int64_t{N} * V >= kParallelMinElements)
+  for (int n = 0; n < N; n++) maxima[n] = row_max(logits + static_cast<int64_t>(n) * V, V);
+}
+
+void crossentropy_slice_sums(float* sums, float* target_logits, const float* logits, const float* maxima,
+                             const int32_t* targets, int64_t vocab_begin, int N, int V) {
+  ProfileScope profile(KernelKind::KernelKind_loss);
+#pragma omp parallel for schedule(static) if (int64_t{N} * V >= kParallelMinElements)
+  for (int n = 0; n < N; n++) {
+    const float* row = logits + static_cast<int64_t>(n) * V;
+    sums[n] = exp_sum(row, V, maxima[n]);
+    const int64_t local = targets[n] - vocab_begin;
+    target_logits[n] = local >= 0 && local < V ? row[local] : 0.0f;
+  }
+}
+
+void crossentropy_slice_backward_inplace(float* logits, const float* lse, const int32_t* targets, int64_t vocab_begin,
+                                         int N, int V, float dloss) {
+  ProfileScope profile(KernelKind::KernelKind_loss);
+#pragma omp parallel for schedule(static) if (int64_t{N} * V >= kParallelMinElements)
+  for (int n = 0; n < N; n++) {
+    float* row = logits + static_cast<int64_t>(n) * V;
+    exp_scale_row(row, V, lse[n], dloss);
+    const int64_t local = targets[n] - vocab_begin;
+    if (local >= 0 && local < V) row[local] -= dloss;
   }
 }
 

@@ -16,4 +16,16 @@ float crossentropy_forward(float* losses, float* lse, const float* logits, const
 void crossentropy_backward_inplace(float* logits, const float* lse, const int32_t* targets, int N,
                                    int V, float dloss);
 
+// The same over a slice of the vocabulary (a tensor-parallel rank's: ids [vocab_begin,
+// vocab_begin + V)), in three steps around the tensor-parallel max and sum.
+// logits: (N, V) -> maxima: (N), each row's largest logit in the slice.
+void crossentropy_slice_maxima(float* maxima, const float* logits, int N, int V);
+// logits: (N, V), maxima: (N) over the whole vocabulary -> sums: (N) of exp(logit - max) over the
+// slice; target_logits: (N) the target's logit where the slice holds it, else 0.
+void crossentropy_slice_sums(float* sums, float* target_logits, const float* logits, const float* maxima,
+                             const int32_t* targets, int64_t vocab_begin, int N, int V);
+// Overwrites logits: (N, V) with the slice's dlogits, lse: (N) over the whole vocabulary.
+void crossentropy_slice_backward_inplace(float* logits, const float* lse, const int32_t* targets, int64_t vocab_begin,
+                                         int N, int V, float dloss);
+
 }  // namespace alloy

@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cost/layer_cost.hpp"
@@ -67,6 +69,33 @@ LayerSplit layer_split(const alloy::ModelSpec& model, const alloy::LayerShape& s
   s.other_seconds = steady(KernelKind::KernelKind_norm) + steady(KernelKind::KernelKind_elementwise) +
                     steady(KernelKind::KernelKind_embedding) + steady(KernelKind::KernelKind_loss);
   return s;
+}
+
+// Matmul CPU seconds per pass pair of the whole model (embedding, every block, head) at
+// micro-batch `b` and tensor-parallel degree `tp`, the warm-up pair left out as in layer_split.
+// Back to back, its passes evict each other's weights (small-gpt's 16.8 MB of weights and as
+// much of gradients against this machine's 32 MiB L3), as a training step's do.
+double whole_model_matmul_seconds(const alloy::ModelSpec& model, int b, int seq, int tp, int repeats) {
+  alloy::ModelShard shard;
+  shard.has_embedding = true;
+  shard.has_head = true;
+  shard.block_ranges = {{0, static_cast<int>(model.num_layers)}};
+  shard.tp = tp;
+  const auto matmul_seconds = [&](int pairs) {
+    alloy::profile_reset();
+    alloy::profile_enable(true);
+    alloy::shard_profile_measure(model, shard, b, seq, pairs);
+    alloy::profile_enable(false);
+    return kind_cpu_seconds(alloy::profile_read(), KernelKind::KernelKind_matmul);
+  };
+  const double one = matmul_seconds(1);
+  return (matmul_seconds(1 + repeats) - one) / repeats;
+}
+
+// The bytes a layer's GEMMs read and write of its weights and weight gradients in a pass pair,
+// as the cost model counts them: its traffic less the element-wise kernels' (compute_seconds).
+double weight_bytes_per_pass_pair(const alloy::LayerWork& w) {
+  return (w.forward_bytes - w.forward_elementwise_bytes) + (w.backward_bytes - 2.0 * w.forward_elementwise_bytes);
 }
 
 // A measured GEMM rate at the cost model's (rows, cols) of a layer.
@@ -159,6 +188,7 @@ int main(int argc, char** argv) {
               "other rate");
   std::vector<RatePoint> points;
   std::vector<double> other_rates;
+  std::map<std::tuple<bool, int, int>, double> layer_matmul;  // (block, b, tp): median seconds per pass pair
   for (const alloy::LayerKind kind : {alloy::LayerKind::LayerKind_block, alloy::LayerKind::LayerKind_head})
     for (int b : {1, 2, 4, 8})
       for (int tp : {1, 2}) {
@@ -177,6 +207,7 @@ int main(int argc, char** argv) {
         // attention kernel's).
         const double other_bytes = 3.0 * (w.forward_elementwise_bytes - w.forward_score_bytes);
         const double rate = linear_flops / median(matmul);
+        layer_matmul[{block, b, tp}] = median(matmul);
         points.push_back({w.matmul_rows, w.matmul_cols, rate});
         if (block) other_rates.push_back(other_bytes / median(other));
         std::printf("%-5s mb %d tp %d %8s %8.3f ms %7.3f ms %7.3f ms %7.1f GF/s %9.2f MB %7.2f GB/s\n", block ? "block" : "head", b, tp,
@@ -200,5 +231,26 @@ int main(int argc, char** argv) {
   std::printf("one core streaming a[i] = 0.5 a[i] + b[i] over 128 MiB: %.2f GB/s\n",
               median(bandwidths) / 1e9);
   std::printf("the optimizer step (gradient norm, AdamW): %.2f ns per parameter\n", median(optimizer) * 1e9);
+
+  // The same GEMMs inside the whole model: what they take beyond the layers alone, against the
+  // weight bytes the cost model counts, is the rate at which they read their weights cold.
+  std::printf("\nthe whole model (embedding, %d blocks, head) against its layers alone: matmul seconds per forward + backward\n",
+              static_cast<int>(model.num_layers));
+  std::printf("%-12s %10s %10s %10s %12s %14s\n", "shape", "whole", "layers", "extra", "weight bytes", "cold rate");
+  std::vector<double> cold_rates;
+  for (int b : {1, 2, 4, 8})
+    for (int tp : {1, 2}) {
+      std::vector<double> whole;
+      for (int r = 0; r < rounds; ++r) whole.push_back(whole_model_matmul_seconds(model, b, seq, tp, repeats));
+      const double layers = static_cast<double>(model.num_layers) * layer_matmul[{true, b, tp}] + layer_matmul[{false, b, tp}];
+      const double bytes = static_cast<double>(model.num_layers) * weight_bytes_per_pass_pair(alloy::block_work(model, b, seq, tp, false, fp32)) +
+                           weight_bytes_per_pass_pair(alloy::head_work(model, b, seq, tp, fp32));
+      const double extra = median(whole) - layers;
+      cold_rates.push_back(bytes / extra);
+      std::printf("mb %d tp %d %10.3f ms %7.3f ms %7.3f ms %9.2f MB %9.2f GB/s\n", b, tp, 1e3 * median(whole), 1e3 * layers,
+                  1e3 * extra, bytes / 1e6, bytes / extra / 1e9);
+    }
+  std::printf("weights read cold: %.2f GB/s (median over the shapes), %.2f of one core's streaming bandwidth\n",
+              median(cold_rates) / 1e9, median(cold_rates) / median(bandwidths));
   return 0;
 }

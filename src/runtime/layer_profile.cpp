@@ -101,16 +101,22 @@ LayerTiming layer_profile_measure(const ModelSpec& spec, const LayerShape& shape
   if (shape.kind == LayerKind::LayerKind_block) shard.block_ranges = {{0, 1}};
   shard.tp = shape.tp;
   shard.sequence_parallel = shape.sequence_parallel;
+  return shard_profile_measure(spec, shard, shape.micro_batch, shape.seq_len, repeats, slowdown);
+}
+
+LayerTiming shard_profile_measure(const ModelSpec& spec, const ModelShard& shard, int micro_batch, int seq_len, int repeats,
+                                  double slowdown) {
   Arena arena(int64_t{1} << 40);
   Model model(spec, arena, shard);
   model_init_weights(model, 1);
-  ComputeOnlyTensorParallel ops(shape.tp);
+  ComputeOnlyTensorParallel ops(shard.tp);
   model.tp_ops = &ops;
-  const int B = shape.micro_batch, T = shape.seq_len;
+  const int B = micro_batch, T = seq_len;
   const int64_t N = int64_t{B} * T;
   std::vector<int32_t> tokens(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) tokens[i] = static_cast<int32_t>((i * 7919) % spec.vocab_size);
-  const int blocks = shape.kind == LayerKind::LayerKind_block ? 1 : 0;
+  int blocks = 0;
+  for (const auto& [begin, end] : shard.block_ranges) blocks += end - begin;
   std::vector<double> forward, backward;
   for (int r = 0; r <= repeats; ++r) {  // the first run warms caches and the arena
     ChunkPass pass;

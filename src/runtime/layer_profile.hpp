@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cost/profile.hpp"
+#include "runtime/shard.hpp"
 #include "spec/model.hpp"
 #include "spec/train.hpp"
 
@@ -35,6 +36,11 @@ struct LayerTiming {
 // are left out (the communication model adds them). An emulated device `slowdown` times slower
 // stretches each pass as training does (device_stretch), so the times are that device's.
 LayerTiming layer_profile_measure(const ModelSpec& model, const LayerShape& shape, int repeats, double slowdown = 1.0);
+
+// The same for any shard of the model (several blocks, the embedding and the head together):
+// `micro_batch` sequences of `seq_len` tokens through every layer the shard holds.
+LayerTiming shard_profile_measure(const ModelSpec& model, const ModelShard& shard, int micro_batch, int seq_len, int repeats,
+                                  double slowdown = 1.0);
 
 // Seconds per parameter of the optimizer step as the runtime runs it (sum of squared gradients
 // for the global norm, then the AdamW update), median of `repeats`, stretched as above.

@@ -17,6 +17,11 @@ namespace alloy {
 
 namespace {
 
+// The element-wise kernels' bytes of a pass: the forward's, twice over in backward.
+double pass_elementwise_bytes(const LayerWork& work, bool backward) {
+  return (backward ? 2.0 : 1.0) * work.forward_elementwise_bytes;
+}
+
 // Host memory bandwidth one device's share of a CPU optimizer step gets (offloaded layers).
 constexpr double kHostOptimizerBytesPerSecond = 20e9;
 // Latency assumed for an intra-node link that a cluster file gives without one.
@@ -60,10 +65,17 @@ double compute_seconds(const DeviceType& type, Precision precision, const LayerW
                                 : 0;
   const double bandwidth = device_memory_bytes_per_second(type);
   if (!runtime.elementwise_kernels_separate) return std::max(math, bytes / bandwidth);
-  const double pass_share = backward ? 2.0 : 1.0;
-  const double elementwise = pass_share * work.forward_elementwise_bytes;
-  const double scores = runtime.attention_memory == AttentionMemory::AttentionMemory_fused ? pass_share * work.forward_score_bytes : 0;
-  return std::max(math, (bytes - elementwise) / bandwidth) + (elementwise - scores) / bandwidth;
+  const double elementwise = pass_elementwise_bytes(work, backward);
+  const double scores = runtime.attention_memory == AttentionMemory::AttentionMemory_fused ? (backward ? 2.0 : 1.0) * work.forward_score_bytes : 0;
+  const double weights = cold_weight_seconds(type, work, backward);
+  return (weights > 0 ? math + weights : std::max(math, (bytes - elementwise) / bandwidth)) + (elementwise - scores) / bandwidth;
+}
+
+double cold_weight_seconds(const DeviceType& type, const LayerWork& work, bool backward) {
+  const double share = runtime_traits(type).cold_weight_bandwidth_share;
+  if (share <= 0) return 0;
+  const double weight_bytes = (backward ? work.backward_bytes : work.forward_bytes) - pass_elementwise_bytes(work, backward);
+  return weight_bytes / (share * device_memory_bytes_per_second(type));
 }
 
 CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
@@ -182,7 +194,10 @@ LayerTimes CostModel::layer_times(const StageShape& shape, LayerKind kind, bool 
     if (profile_->model_name == model_.name) {
       const std::optional<ProfiledLayer> measured = profile_->layer_at(
           type.name, kind, static_cast<int>(shape.micro_batch), static_cast<int>(train_.seq_len), shape.tp, sp);
-      if (measured) return {measured->forward_seconds, measured->backward_seconds};
+      // A layer is profiled alone, its weights warm in the caches; inside the model they are not.
+      if (measured)
+        return {measured->forward_seconds + cold_weight_seconds(type, work, false),
+                measured->backward_seconds + cold_weight_seconds(type, work, true)};
     }
     std::lock_guard<std::mutex> lock(notes_mutex_);
     notes_.insert(fmt::format("{} {} micro-batch {} seq {} tp {}{}: not in profile, analytic model used", type.name,

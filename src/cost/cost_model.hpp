@@ -28,6 +28,9 @@ double device_memory_bytes_per_second(const DeviceType& type);
 // Roofline: max(flops / (peak x efficiency), bytes / memory bandwidth); a runtime whose
 // element-wise work runs as kernels of its own adds that work's traffic time instead.
 double compute_seconds(const DeviceType& type, Precision precision, const LayerWork& work, bool backward);
+// What reading a layer's weights cold adds to a pass (RuntimeTraits::cold_weight_bandwidth_share);
+// 0 where the runtime's weight reads overlap its math.
+double cold_weight_seconds(const DeviceType& type, const LayerWork& work, bool backward);
 
 // A stage's devices as the cost model sees them.
 struct StageShape {

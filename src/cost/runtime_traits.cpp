@@ -54,12 +54,16 @@ constexpr RuntimeTraits kGpuRuntime = {
 constexpr RuntimeTraits kCpuRuntime = {
     // The runtime's GEMMs at small-gpt's layer shapes on one thread, fitted to the curve
     // (docs/catalog.md, [23]).
-    .matmul_peak_efficiency_by_precision = {0.72, 0.72, 0.72, 0.72, 0.72},
-    .matmul_half_rows = 16.0,
-    .matmul_half_cols = 4.0,
+    .matmul_peak_efficiency_by_precision = {0.98, 0.98, 0.98, 0.98, 0.98},
+    .matmul_half_rows = 5.0,
+    .matmul_half_cols = 2.0,
     // Norms, activations and residual adds run as loops of their own between the GEMMs on the
     // same core, so their time adds to the GEMMs'.
     .elementwise_kernels_separate = true,
+    // small-gpt's GEMMs inside the whole model take 0.6-1.4 ms more per forward and backward than
+    // the same layers alone: its weight bytes at 34-37 GB/s, 0.60-0.62 of one core's streaming
+    // bandwidth (docs/catalog.md, [23]).
+    .cold_weight_bandwidth_share = 0.6,
     .memory_bandwidth_scales_with_speed = true,
     // A prefetched ZeRO-3 gather copies on the same cores and adds its whole time
     // (docs/profile-format.md, Calibration).
@@ -84,7 +88,7 @@ constexpr RuntimeTraits kCpuRuntime = {
     .host_is_device = true,
     // The norm and AdamW over arrays the passes have pushed out of the caches: 28 bytes per
     // parameter in 2.45 ns against 1.37 ns at one core's streaming bandwidth (docs/catalog.md, [23]).
-    .optimizer_bandwidth_share = 0.56,
+    .optimizer_bandwidth_share = 0.20,
     .devices_share_host_cores = true,
     // Measured on small-gpt (CostModel::stage_memory).
     .head_stage_peak_is_larger_phase = true,

@@ -28,6 +28,11 @@ struct RuntimeTraits {
   // Element-wise work runs as kernels of its own between the matrix products, so its memory
   // traffic adds to their time rather than overlapping it (the roofline's max otherwise).
   bool elementwise_kernels_separate = false;
+  // A GEMM reads its weights cold (a whole model's weights and weight gradients do not stay in
+  // the caches between its uses) and the read adds to its math instead of overlapping it: the
+  // layer's weight traffic as the cost model counts it, at this share of the memory bandwidth,
+  // is added to its time, measured or analytic. 0: the traffic overlaps the math.
+  double cold_weight_bandwidth_share = 0;
   // Emulated devices run slower by their speed, memory traffic included.
   bool memory_bandwidth_scales_with_speed = false;
   // Collectives copy on the cores that compute, so a prefetched ZeRO-3 gather hides nothing.

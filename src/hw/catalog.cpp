@@ -341,11 +341,11 @@ void catalog_add_cpu(DeviceCatalog& c) {
                    .aliases = {"cpu-core", "host-cpu"},
                    .vendor = "cpu",
                    .description = "one core of this machine (emulated device; cap memory per rank)",
-                   .peak_flops_fp32 = 200e9,
+                   .peak_flops_fp32 = 130e9,
                    .memory_bytes = 4 * kGiB,
-                   .memory_bandwidth_bytes_per_second = 20.5 * kGigabytesPerSecond,
+                   .memory_bandwidth_bytes_per_second = 61 * kGigabytesPerSecond,
                    .intra_node_link = "shm",
-                   .intra_node_link_bytes_per_second = 12.4 * kGigabytesPerSecond,
+                   .intra_node_link_bytes_per_second = 17.6 * kGigabytesPerSecond,
                    .source = "[23]",
                    .is_cpu = true});
 }

@@ -20,7 +20,7 @@ constexpr int64_t kMaxDevicesPerNode = 1024;
 constexpr int64_t kMaxDevices = 1 << 20;
 // MPI's shared-memory point-to-point latency under mpirun on the machine the catalog's cpu
 // entry measures (docs/catalog.md, [23]).
-constexpr double kShmLatencySeconds = 34e-6;
+constexpr double kShmLatencySeconds = 29e-6;
 
 // Link kind and default latency from a catalog description such as "NVLink 4" or "PCIe 4.0 x16".
 Link link_from_device(const DeviceType& type) {

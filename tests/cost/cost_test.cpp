@@ -371,6 +371,37 @@ TEST(Profile, ParsesAndReplacesMeasuredShapes) {
   EXPECT_FALSE(measured.fallback_notes().empty());
 }
 
+// A CPU layer is profiled alone, its weights warm in the caches; inside the whole model it reads
+// them cold, so its measured time gains what the CPU runtime's cold reads cost. A GPU's does not.
+TEST(Profile, CpuLayersProfiledAloneReadTheirWeightsColdInTheModel) {
+  const std::string text = R"({"version": 1, "model": "llama-2-7b", "device_types": {
+      "cpu": {"layers": [{"layer": "block", "micro_batch": 1, "seq_len": 64, "tp": 1,
+                          "forward_seconds": 0.5, "backward_seconds": 1.0}]},
+      "a100-80gb-sxm": {"layers": [{"layer": "block", "micro_batch": 1, "seq_len": 64, "tp": 1,
+                                    "forward_seconds": 0.5, "backward_seconds": 1.0}]}}})";
+  const Profile profile = profile_parse(text, "p.json");
+  const ModelSpec m = testing::llama2_7b();
+  const TrainSpec t = testing::train(64, 8, Precision::Precision_fp32);
+  const LayerWork block = block_work(m, 1, 64, 1, false, t.precision);
+  for (const std::string device : {"cpu", "a100-80gb-sxm"}) {
+    const ClusterSpec c = testing::catalog_cluster(device, "", 1);
+    CostModel measured(m, c, t, &profile);
+    const StageUnitCosts u = measured.unit_costs(measured.stage_shape({0}, 1, 1, 1), false);
+    const double forward_cold = cold_weight_seconds(c.device_types[0], block, false);
+    const double backward_cold = cold_weight_seconds(c.device_types[0], block, true);
+    EXPECT_DOUBLE_EQ(u.block.forward_seconds, 0.5 + forward_cold) << device;
+    EXPECT_DOUBLE_EQ(u.block.backward_seconds, 1.0 + backward_cold) << device;
+    if (device == "cpu") {
+      // 4 bytes of each of the block's 202M weights at 0.6 of the cpu entry's bandwidth, and
+      // twice that in backward.
+      EXPECT_NEAR(forward_cold, 4.0 * block_parameters(m) / (0.6 * c.device_types[0].memory_bandwidth_bytes_per_second), 1e-9);
+      EXPECT_DOUBLE_EQ(backward_cold, 2 * forward_cold);
+    } else {
+      EXPECT_DOUBLE_EQ(forward_cold, 0);
+    }
+  }
+}
+
 TEST(Profile, WrittenProfilesReadBackUnchanged) {
   Profile p;
   p.model_name = "small-gpt";

@@ -19,10 +19,12 @@ TEST(RuntimeTraits, CpuAndGpuDifferWhereTheRuntimesDo) {
   const RuntimeTraits& cpu = runtime_traits(*catalog_builtin().find("cpu"));
   const RuntimeTraits& gpu = runtime_traits(*catalog_builtin().find("h100-sxm"));
 
-  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.72);
-  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.72);
-  EXPECT_DOUBLE_EQ(cpu.matmul_half_rows, 16.0);
-  EXPECT_DOUBLE_EQ(cpu.matmul_half_cols, 4.0);
+  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.98);
+  EXPECT_DOUBLE_EQ(cpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.98);
+  EXPECT_DOUBLE_EQ(cpu.matmul_half_rows, 5.0);
+  EXPECT_DOUBLE_EQ(cpu.matmul_half_cols, 2.0);
+  EXPECT_DOUBLE_EQ(cpu.cold_weight_bandwidth_share, 0.6);
+  EXPECT_DOUBLE_EQ(gpu.cold_weight_bandwidth_share, 0);
   EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_fp32), 0.80);
   EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_tf32), 0.65);
   EXPECT_DOUBLE_EQ(gpu.matmul_peak_efficiency(Precision::Precision_bf16), 0.70);
@@ -71,12 +73,13 @@ TEST(RuntimeTraits, ComputeTimeFollowsTheRuntimesCurve) {
   EXPECT_DOUBLE_EQ(compute_seconds(uncalibrated, bf16, work, false),
                    1e12 / (h100.peak_flops(bf16) * 0.70 * (256.0 / 384.0) * (512.0 / 640.0)));
   EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false),
-                   1e12 / (cpu.peak_flops(bf16) * 0.72 * (256.0 / 272.0) * (512.0 / 516.0)));
+                   1e12 / (cpu.peak_flops(bf16) * 0.98 * (256.0 / 261.0) * (512.0 / 514.0)));
 
   // Memory-bound work: an emulated device at half speed moves its bytes at half the bandwidth;
   // a real device's speed does not touch its memory.
   LayerWork copy;
   copy.forward_bytes = 1e9;
+  copy.forward_elementwise_bytes = 1e9;  // a loop of its own on the CPU; a GPU's roofline reads it alike
   cpu.speed = 0.5;
   EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, copy, false), 1e9 / (cpu.memory_bandwidth_bytes_per_second * 0.5));
   DeviceType slow_h100 = h100;
@@ -86,7 +89,8 @@ TEST(RuntimeTraits, ComputeTimeFollowsTheRuntimesCurve) {
 
 // On a GPU the element-wise kernels run between the matrix products, so their traffic adds to
 // the products' time; a fused attention never writes the score matrix, so its traffic is not
-// counted. A CPU rank runs them as loops of its own too, and writes the scores.
+// counted. A CPU rank runs them as loops of its own too, and writes the scores; it reads the
+// weights cold, so their bytes add to the math as well, at its share of the bandwidth.
 TEST(RuntimeTraits, ElementwiseTrafficAddsToMatrixProducts) {
   const DeviceType& h100 = *catalog_builtin().find("h100-sxm");
   const DeviceType& cpu = *catalog_builtin().find("cpu");
@@ -106,7 +110,12 @@ TEST(RuntimeTraits, ElementwiseTrafficAddsToMatrixProducts) {
   EXPECT_DOUBLE_EQ(compute_seconds(h100, bf16, work, true), std::max(2 * math, 2e9 / bandwidth) + 6e9 / bandwidth);
   const double cpu_math = 1e12 / (cpu.peak_flops(bf16) * compute_efficiency(cpu, bf16, 4096, 4096));
   const double cpu_bandwidth = cpu.memory_bandwidth_bytes_per_second;
-  EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false), std::max(cpu_math, 1e9 / cpu_bandwidth) + 5e9 / cpu_bandwidth);
+  const double cold = 1e9 / (0.6 * cpu_bandwidth);
+  EXPECT_DOUBLE_EQ(cold_weight_seconds(cpu, work, false), cold);
+  EXPECT_DOUBLE_EQ(cold_weight_seconds(cpu, work, true), 2 * cold);
+  EXPECT_DOUBLE_EQ(cold_weight_seconds(h100, work, true), 0);
+  EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, false), cpu_math + cold + 5e9 / cpu_bandwidth);
+  EXPECT_DOUBLE_EQ(compute_seconds(cpu, bf16, work, true), 2 * cpu_math + 2 * cold + 10e9 / cpu_bandwidth);
 }
 
 // A precision the device has no peak for is priced as what it runs instead: on a T4 (Turing, no

@@ -246,13 +246,13 @@ TEST(Catalog, CpuTypeMatchesMeasuredNumbers) {
   EXPECT_EQ(cpu.vendor, "cpu");
   // docs/catalog.md, "The cpu entry, measured": the runtime's sgemm on one thread, one core's
   // streaming bandwidth and OpenMPI's shm point-to-point, this machine idle.
-  EXPECT_DOUBLE_EQ(cpu.peak_flops_fp32, 200e9);
-  EXPECT_DOUBLE_EQ(cpu.memory_bandwidth_bytes_per_second, 20.5e9);
-  EXPECT_DOUBLE_EQ(cpu.intra_node_link_bytes_per_second, 12.4e9);
+  EXPECT_DOUBLE_EQ(cpu.peak_flops_fp32, 130e9);
+  EXPECT_DOUBLE_EQ(cpu.memory_bandwidth_bytes_per_second, 61e9);
+  EXPECT_DOUBLE_EQ(cpu.intra_node_link_bytes_per_second, 17.6e9);
   EXPECT_EQ(cpu.intra_node_link, "shm");
   EXPECT_DOUBLE_EQ(cpu.memory_bytes, 4 * kGiB);
   EXPECT_DOUBLE_EQ(cpu.peak_flops_bf16, 0);
-  EXPECT_DOUBLE_EQ(cpu.peak_flops(Precision::Precision_bf16), 200e9) << "falls back to fp32";
+  EXPECT_DOUBLE_EQ(cpu.peak_flops(Precision::Precision_bf16), 130e9) << "falls back to fp32";
 }
 
 TEST(Catalog, GenerationsAreOrdered) {

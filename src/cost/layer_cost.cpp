@@ -318,7 +318,11 @@ double head_backward_workspace_bytes(const ModelSpec& m, int64_t micro_batch, in
                                      LossLogits loss) {
   if (loss != LossLogits::LossLogits_fp32_copy) return 0;
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
-  return 2.0 * tokens * static_cast<double>(m.vocab_size) * 4.0 / tp;
+  // Over a vocabulary split across tensor-parallel ranks PyTorch's loss parallelism runs the
+  // backward of NLL and log-softmax as one decomposed expression: the one-hot gradient, the
+  // exponent of the log-probabilities and their sum live together, a third fp32 copy.
+  const double copies = tp > 1 ? 3.0 : 2.0;
+  return copies * tokens * static_cast<double>(m.vocab_size) * 4.0 / tp;
 }
 
 double hidden_state_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Precision precision) {

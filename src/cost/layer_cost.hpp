@@ -159,7 +159,8 @@ double head_activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_
                              LossLogits loss = LossLogits::LossLogits_runtime_kernel);
 // Buffers the head's backward holds beyond what the head keeps: under LossLogits_fp32_copy the
 // gradient of the log-probabilities and the log-softmax's input gradient, both fp32 and whole
-// (the log-probabilities themselves are kept until then); 0 for a runtime's own loss kernel.
+// (the log-probabilities themselves are kept until then), and with tp > 1 the exponent of the
+// log-probabilities beside them (loss parallelism); 0 for a runtime's own loss kernel.
 double head_backward_workspace_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int tp,
                                      LossLogits loss);
 

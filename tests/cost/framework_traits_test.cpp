@@ -71,6 +71,9 @@ TEST(FrameworkTraits, Fp32LossCopyKeepsLogProbabilitiesAndHoldsTheirGradients) {
   EXPECT_DOUBLE_EQ(kept, kTokens * 4096 * 2 + kTokens * 4 + kTokens * vocab * 4);
   EXPECT_DOUBLE_EQ(head_backward_workspace_bytes(m, 2, 8192, 1, LossLogits::LossLogits_fp32_copy), 2 * kTokens * vocab * 4);
   EXPECT_DOUBLE_EQ(head_backward_workspace_bytes(m, 2, 8192, 1, LossLogits::LossLogits_runtime_kernel), 0);
+  // Over a vocabulary split 8 ways, loss parallelism's backward holds a third fp32 copy.
+  EXPECT_DOUBLE_EQ(head_backward_workspace_bytes(m, 16, 8192, 8, LossLogits::LossLogits_fp32_copy),
+                   3 * 8 * kTokens * vocab * 4 / 8);
 }
 
 TEST(FrameworkTraits, RecordsByNameAndAlloysRuntimeByDefault) {

@@ -5,7 +5,8 @@
 // seconds per parameter. Times are the process's CPU time over the runtime's kernel timers
 // (runtime/profile.hpp), so other load on the machine stretches them less than wall time would;
 // each figure is the median of --rounds rounds, the fastest of three runs in each for the
-// whole-buffer figures. The shared-memory link is measured under mpirun
+// whole-buffer figures; then the whole model's GEMMs against its layers' (the cold reads of its
+// weights), and every figure beside the catalog's entry. The shared-memory link is measured under mpirun
 // by `alloy comm-check` and `alloy profile` (docs/catalog.md says how).
 //   bench_cpu_catalog [--rounds R]
 #include <algorithm>
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include "cost/layer_cost.hpp"
+#include "cost/runtime_traits.hpp"
+#include "hw/catalog.hpp"
 #include "runtime/cpu/matmul.hpp"
 #include "runtime/cpu/optimizer.hpp"
 #include "runtime/layer_profile.hpp"
@@ -172,6 +175,103 @@ double adamw_seconds_per_parameter() {
   return seconds / static_cast<double>(n);
 }
 
+// What the layer table measures: the fitted GEMM curve, the element-wise rate, and each
+// layer's matmul seconds for the whole-model comparison.
+struct LayerFigures {
+  double top = 0, half_rows = 0, half_cols = 0;  // the GEMM curve
+  double other_bytes_per_second = 0;             // a block's element-wise kernels (median)
+  std::map<std::tuple<bool, int, int>, double> matmul_seconds;  // (block, b, tp): per pass pair
+};
+
+constexpr int kSeqLen = 64;
+constexpr int kRepeats = 5;
+constexpr alloy::Precision kFp32 = alloy::Precision::Precision_fp32;
+
+// Times the block and the head alone at micro-batch 1-8 and tp 1-2, prints a row each, and fits
+// the GEMM curve to them.
+LayerFigures layer_table(const alloy::ModelSpec& model, int rounds) {
+  std::printf("one thread; medians of %d rounds; CPU seconds per forward + backward\n", rounds);
+  std::printf("%-22s %10s %10s %10s %12s %12s %12s\n", "layer", "matmul", "attention", "other", "GEMM rate", "other bytes",
+              "other rate");
+  LayerFigures f;
+  std::vector<RatePoint> points;
+  std::vector<double> other_rates;
+  for (const alloy::LayerKind kind : {alloy::LayerKind::LayerKind_block, alloy::LayerKind::LayerKind_head})
+    for (int b : {1, 2, 4, 8})
+      for (int tp : {1, 2}) {
+        std::vector<double> matmul, attention, other;
+        for (int r = 0; r < rounds; ++r) {
+          const LayerSplit s = layer_split(model, {kind, b, kSeqLen, tp, false}, kRepeats);
+          matmul.push_back(s.matmul_seconds);
+          attention.push_back(s.attention_seconds);
+          other.push_back(s.other_seconds);
+        }
+        const bool block = kind == alloy::LayerKind::LayerKind_block;
+        const alloy::LayerWork w =
+            block ? alloy::block_work(model, b, kSeqLen, tp, false, kFp32) : alloy::head_work(model, b, kSeqLen, tp, kFp32);
+        // The linear layers' FLOPs: a block's less its attention products; the head's all.
+        const double linear_flops = 3.0 * (block ? w.forward_flops - w.selective_flops : w.forward_flops);
+        // Element-wise bytes the cost model counts in a pass pair, less the score matrix's (the
+        // attention kernel's).
+        const double other_bytes = 3.0 * (w.forward_elementwise_bytes - w.forward_score_bytes);
+        const double rate = linear_flops / median(matmul);
+        f.matmul_seconds[{block, b, tp}] = median(matmul);
+        points.push_back({w.matmul_rows, w.matmul_cols, rate});
+        if (block) other_rates.push_back(other_bytes / median(other));
+        std::printf("%-5s mb %d tp %d %8s %8.3f ms %7.3f ms %7.3f ms %7.1f GF/s %9.2f MB %7.2f GB/s\n", block ? "block" : "head", b, tp,
+                    "", 1e3 * median(matmul), 1e3 * median(attention), 1e3 * median(other), rate / 1e9, other_bytes / 1e6,
+                    other_bytes / median(other) / 1e9);
+      }
+  rate_curve_fit(points, &f.top, &f.half_rows, &f.half_cols);
+  f.other_bytes_per_second = median(other_rates);
+  return f;
+}
+
+// The same GEMMs inside the whole model: what they take beyond the layers alone, against the
+// weight bytes the cost model counts, is the rate at which they read their weights cold. Prints
+// a row per shape; returns the median rate.
+double cold_weight_table(const alloy::ModelSpec& model, const LayerFigures& layers, int rounds) {
+  std::printf("\nthe whole model (embedding, %d blocks, head) against its layers alone: matmul seconds per forward + backward\n",
+              static_cast<int>(model.num_layers));
+  std::printf("%-12s %10s %10s %10s %12s %14s\n", "shape", "whole", "layers", "extra", "weight bytes", "cold rate");
+  std::vector<double> cold_rates;
+  const double blocks = static_cast<double>(model.num_layers);
+  for (int b : {1, 2, 4, 8})
+    for (int tp : {1, 2}) {
+      std::vector<double> whole;
+      for (int r = 0; r < rounds; ++r) whole.push_back(whole_model_matmul_seconds(model, b, kSeqLen, tp, kRepeats));
+      const double alone = blocks * layers.matmul_seconds.at({true, b, tp}) + layers.matmul_seconds.at({false, b, tp});
+      const double bytes = blocks * weight_bytes_per_pass_pair(alloy::block_work(model, b, kSeqLen, tp, false, kFp32)) +
+                           weight_bytes_per_pass_pair(alloy::head_work(model, b, kSeqLen, tp, kFp32));
+      const double extra = median(whole) - alone;
+      cold_rates.push_back(bytes / extra);
+      std::printf("mb %d tp %d %10.3f ms %7.3f ms %7.3f ms %9.2f MB %9.2f GB/s\n", b, tp, 1e3 * median(whole), 1e3 * alone,
+                  1e3 * extra, bytes / 1e6, bytes / extra / 1e9);
+    }
+  return median(cold_rates);
+}
+
+// This machine's figures beside the catalog's cpu entry and the CPU runtime's traits, as
+// measured / entry: how far an un-profiled plan's prices are from this host.
+void entry_comparison(const LayerFigures& layers, double sgemm, double bandwidth, double cold_rate, double optimizer_seconds) {
+  const alloy::DeviceType& cpu = *alloy::catalog_builtin().find("cpu");
+  const alloy::RuntimeTraits& runtime = alloy::runtime_traits(cpu);
+  const double entry_top = cpu.peak_flops_fp32 * runtime.matmul_peak_efficiency(kFp32);
+  const double entry_optimizer = 28.0 / (runtime.optimizer_bandwidth_share * cpu.memory_bandwidth_bytes_per_second);
+  std::printf("\n%-36s %14s %14s %10s\n", "against the catalog's cpu entry", "this machine", "entry", "ratio");
+  const auto row = [](const char* what, double measured, double entry, const char* unit, double scale) {
+    std::printf("%-36s %10.2f %-3s %10.2f %-3s %9.2fx\n", what, measured * scale, unit, entry * scale, unit, measured / entry);
+  };
+  row("fp32 peak (sgemm 1024^3)", sgemm, cpu.peak_flops_fp32, "GF", 1e-9);
+  row("GEMM curve top", layers.top, entry_top, "GF", 1e-9);
+  std::printf("%-36s %10.0f, %-3.0f %10.0f, %-3.0f %10s\n", "GEMM curve half rows, half cols", layers.half_rows, layers.half_cols,
+              runtime.matmul_half_rows, runtime.matmul_half_cols, "-");
+  row("streaming bandwidth", bandwidth, cpu.memory_bandwidth_bytes_per_second, "GB", 1e-9);
+  row("weights read cold", cold_rate, runtime.cold_weight_bandwidth_share * cpu.memory_bandwidth_bytes_per_second, "GB", 1e-9);
+  row("optimizer, ns per parameter (warm)", optimizer_seconds, entry_optimizer, "ns", 1e9);
+  std::printf("(the entry's optimizer figure is the evicted one on every rank at once: bench_cpu_contention --optimizer)\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -180,77 +280,24 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
   alloy::runtime_set_threads(1);
   const alloy::ModelSpec model = alloy::model_load("small-gpt");
-  const int seq = 64, repeats = 5;
-  const alloy::Precision fp32 = alloy::Precision::Precision_fp32;
-
-  std::printf("one thread; medians of %d rounds; CPU seconds per forward + backward\n", rounds);
-  std::printf("%-22s %10s %10s %10s %12s %12s %12s\n", "layer", "matmul", "attention", "other", "GEMM rate", "other bytes",
-              "other rate");
-  std::vector<RatePoint> points;
-  std::vector<double> other_rates;
-  std::map<std::tuple<bool, int, int>, double> layer_matmul;  // (block, b, tp): median seconds per pass pair
-  for (const alloy::LayerKind kind : {alloy::LayerKind::LayerKind_block, alloy::LayerKind::LayerKind_head})
-    for (int b : {1, 2, 4, 8})
-      for (int tp : {1, 2}) {
-        std::vector<double> matmul, attention, other;
-        for (int r = 0; r < rounds; ++r) {
-          const LayerSplit s = layer_split(model, {kind, b, seq, tp, false}, repeats);
-          matmul.push_back(s.matmul_seconds);
-          attention.push_back(s.attention_seconds);
-          other.push_back(s.other_seconds);
-        }
-        const bool block = kind == alloy::LayerKind::LayerKind_block;
-        const alloy::LayerWork w = block ? alloy::block_work(model, b, seq, tp, false, fp32) : alloy::head_work(model, b, seq, tp, fp32);
-        // The linear layers' FLOPs: a block's less its attention products; the head's all.
-        const double linear_flops = 3.0 * (block ? w.forward_flops - w.selective_flops : w.forward_flops);
-        // Element-wise bytes the cost model counts in a pass pair, less the score matrix's (the
-        // attention kernel's).
-        const double other_bytes = 3.0 * (w.forward_elementwise_bytes - w.forward_score_bytes);
-        const double rate = linear_flops / median(matmul);
-        layer_matmul[{block, b, tp}] = median(matmul);
-        points.push_back({w.matmul_rows, w.matmul_cols, rate});
-        if (block) other_rates.push_back(other_bytes / median(other));
-        std::printf("%-5s mb %d tp %d %8s %8.3f ms %7.3f ms %7.3f ms %7.1f GF/s %9.2f MB %7.2f GB/s\n", block ? "block" : "head", b, tp,
-                    "", 1e3 * median(matmul), 1e3 * median(attention), 1e3 * median(other), rate / 1e9, other_bytes / 1e6,
-                    other_bytes / median(other) / 1e9);
-      }
-  double top = 0, half_rows = 0, half_cols = 0;
-  rate_curve_fit(points, &top, &half_rows, &half_cols);
+  const LayerFigures layers = layer_table(model, rounds);
   std::vector<double> gemm_peaks, bandwidths, optimizer;
   for (int r = 0; r < rounds; ++r) {
     gemm_peaks.push_back(square_gemm_flops(1024));
     bandwidths.push_back(stream_bytes_per_second());
     optimizer.push_back(adamw_seconds_per_parameter());
   }
-  std::printf("GEMM curve fitted to the %zu layers: %.1f GFLOP/s x rows / (rows + %.0f) x cols / (cols + %.0f)\n", points.size(),
-              top / 1e9, half_rows, half_cols);
+  std::printf("GEMM curve fitted to the %zu layers: %.1f GFLOP/s x rows / (rows + %.0f) x cols / (cols + %.0f)\n",
+              layers.matmul_seconds.size(), layers.top / 1e9, layers.half_rows, layers.half_cols);
   std::printf("sgemm 1024^3 (the runtime's matmul_forward): %.1f GFLOP/s, so the curve's top is %.2f of it\n",
-              median(gemm_peaks) / 1e9, top / median(gemm_peaks));
+              median(gemm_peaks) / 1e9, layers.top / median(gemm_peaks));
   std::printf("element-wise kernels of a block: %.2f GB/s of the bytes the cost model counts (median over the shapes)\n",
-              median(other_rates) / 1e9);
-  std::printf("one core streaming a[i] = 0.5 a[i] + b[i] over 128 MiB: %.2f GB/s\n",
-              median(bandwidths) / 1e9);
+              layers.other_bytes_per_second / 1e9);
+  std::printf("one core streaming a[i] = 0.5 a[i] + b[i] over 128 MiB: %.2f GB/s\n", median(bandwidths) / 1e9);
   std::printf("the optimizer step (gradient norm, AdamW): %.2f ns per parameter\n", median(optimizer) * 1e9);
-
-  // The same GEMMs inside the whole model: what they take beyond the layers alone, against the
-  // weight bytes the cost model counts, is the rate at which they read their weights cold.
-  std::printf("\nthe whole model (embedding, %d blocks, head) against its layers alone: matmul seconds per forward + backward\n",
-              static_cast<int>(model.num_layers));
-  std::printf("%-12s %10s %10s %10s %12s %14s\n", "shape", "whole", "layers", "extra", "weight bytes", "cold rate");
-  std::vector<double> cold_rates;
-  for (int b : {1, 2, 4, 8})
-    for (int tp : {1, 2}) {
-      std::vector<double> whole;
-      for (int r = 0; r < rounds; ++r) whole.push_back(whole_model_matmul_seconds(model, b, seq, tp, repeats));
-      const double layers = static_cast<double>(model.num_layers) * layer_matmul[{true, b, tp}] + layer_matmul[{false, b, tp}];
-      const double bytes = static_cast<double>(model.num_layers) * weight_bytes_per_pass_pair(alloy::block_work(model, b, seq, tp, false, fp32)) +
-                           weight_bytes_per_pass_pair(alloy::head_work(model, b, seq, tp, fp32));
-      const double extra = median(whole) - layers;
-      cold_rates.push_back(bytes / extra);
-      std::printf("mb %d tp %d %10.3f ms %7.3f ms %7.3f ms %9.2f MB %9.2f GB/s\n", b, tp, 1e3 * median(whole), 1e3 * layers,
-                  1e3 * extra, bytes / 1e6, bytes / extra / 1e9);
-    }
-  std::printf("weights read cold: %.2f GB/s (median over the shapes), %.2f of one core's streaming bandwidth\n",
-              median(cold_rates) / 1e9, median(cold_rates) / median(bandwidths));
+  const double cold_rate = cold_weight_table(model, layers, rounds);
+  std::printf("weights read cold: %.2f GB/s (median over the shapes), %.2f of one core's streaming bandwidth\n", cold_rate / 1e9,
+              cold_rate / median(bandwidths));
+  entry_comparison(layers, median(gemm_peaks), median(bandwidths), cold_rate, median(optimizer));
   return 0;
 }

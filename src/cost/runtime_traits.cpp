@@ -60,9 +60,9 @@ constexpr RuntimeTraits kCpuRuntime = {
     // Norms, activations and residual adds run as loops of their own between the GEMMs on the
     // same core, so their time adds to the GEMMs'.
     .elementwise_kernels_separate = true,
-    // small-gpt's GEMMs inside the whole model take 0.6-1.4 ms more per forward and backward than
-    // the same layers alone: its weight bytes at 34-37 GB/s, 0.60-0.62 of one core's streaming
-    // bandwidth (docs/catalog.md, [23]).
+    // small-gpt's GEMMs inside the whole model take 0.1-5.5 ms more per forward and backward than
+    // the same layers alone: its weight bytes at 0.36-0.71 of one core's streaming bandwidth from
+    // run to run, median 0.60 over five (docs/catalog.md, [23]).
     .cold_weight_bandwidth_share = 0.6,
     .memory_bandwidth_scales_with_speed = true,
     // A prefetched ZeRO-3 gather copies on the same cores and adds its whole time

@@ -12,6 +12,7 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace alloy {
 
@@ -100,10 +101,17 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
     if (!seen[g.device_type_index] || link.bandwidth_bytes_per_second < slot.bandwidth_bytes_per_second) slot = link;
     seen[g.device_type_index] = true;
   }
+  std::vector<std::string> cpu_types;
   for (size_t t = 0; t < seen.size(); ++t) {
     const std::string note = precision_fallback_note(cluster.device_types[t], train.precision);
     if (seen[t] && !note.empty()) notes_.insert(note);
+    if (seen[t] && cluster.device_types[t].is_cpu) cpu_types.push_back(cluster.device_types[t].name);
   }
+  // The cpu entry describes the host it was measured on, which need not be this one.
+  if (!cpu_types.empty() && !(profile != nullptr && !profile->device_types.empty()))
+    notes_.insert(fmt::format("{}: priced from the catalog's cpu entry, measured on a 2-core AMD EPYC (docs/catalog.md); "
+                              "`alloy profile` measures this machine",
+                              fmt::join(cpu_types, ", ")));
   priced_types_set();
 }
 

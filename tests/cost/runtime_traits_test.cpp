@@ -153,6 +153,28 @@ TEST(RuntimeTraits, PrecisionTheDeviceLacksIsPricedAsTheOneItRuns) {
   EXPECT_TRUE(CostModel(model, cluster, testing::train(128, 4, fp32)).fallback_notes().empty());
 }
 
+// Priced without a profile, CPU devices take the catalog's cpu entry, measured on one host: the
+// plan's notes say so once, naming them; with their layers measured, nothing is said.
+TEST(RuntimeTraits, UnprofiledCpuDevicesAreNotedAsTheEntrysHost) {
+  DeviceType half = *catalog_builtin().find("cpu");
+  half.name = "cpu-half";
+  half.speed = 0.5;
+  const ClusterSpec cluster =
+      testing::cluster("cpus", {*catalog_builtin().find("cpu"), half}, {{0, 1, 1, 0}, {1, 1, 1, 0}});
+  const ModelSpec model = testing::llama("m", 2, 256, 4, 4, 512, 1000);
+  const TrainSpec train = testing::train(64, 4, Precision::Precision_fp32);
+  const std::vector<std::string> notes = CostModel(model, cluster, train).fallback_notes();
+  const auto named = std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+    return n.find("cpu, cpu-half: priced from the catalog's cpu entry") != std::string::npos;
+  });
+  EXPECT_EQ(named, 1) << (notes.empty() ? "no notes" : notes.front());
+  Profile profile;
+  profile.model_name = "m";
+  profile.device_types["cpu"].layers.push_back({});
+  const std::vector<std::string> profiled = CostModel(model, cluster, train, &profile).fallback_notes();
+  for (const std::string& n : profiled) EXPECT_EQ(n.find("cpu entry"), std::string::npos) << n;
+}
+
 // CPU ranks share this machine's cores: once they outnumber the cores, the runtime slows each by
 // devices / cores, and the cost model prices their compute so; up to one rank per core, not.
 TEST(RuntimeTraits, CpuDevicesBeyondTheCoresArePricedSlowerByTheirShare) {

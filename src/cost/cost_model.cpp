@@ -109,8 +109,8 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
   }
   // The cpu entry describes the host it was measured on, which need not be this one.
   if (!cpu_types.empty() && !(profile != nullptr && !profile->device_types.empty()))
-    notes_.insert(fmt::format("{}: priced from the catalog's cpu entry, measured on a 2-core AMD EPYC with OpenBLAS's Haswell kernels (docs/catalog.md); "
-                              "`alloy profile` measures this machine",
+    notes_.insert(fmt::format("{}: priced from the catalog's cpu entry, measured on a 2-core AMD EPYC with OpenBLAS's "
+                              "Haswell kernels (docs/catalog.md); `alloy profile` measures this machine",
                               fmt::join(cpu_types, ", ")));
   priced_types_set();
 }

@@ -78,13 +78,7 @@ class CpuBackend final : public StageBackend {
   void zero_gradients() override { model_zero_grad(model_); }
   double square_sum(const std::vector<FloatSpan>& spans) override {
     double squares = 0;
-    for (const FloatSpan& span : spans) {
-      const float* g = span.data;
-      double sum = 0;
-#pragma omp parallel for reduction(+ : sum)
-      for (int64_t i = 0; i < span.count; ++i) sum += static_cast<double>(g[i]) * g[i];
-      squares += sum;
-    }
+    for (const FloatSpan& span : spans) squares += alloy::square_sum(span.data, span.count);
     return squares;
   }
   void adamw_update(float* params, float* m, float* v, const float* grads, int64_t count, const AdamWHyper& hyper,

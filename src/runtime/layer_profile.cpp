@@ -142,8 +142,7 @@ double profile_optimizer_seconds_per_parameter(int repeats, double slowdown) {
   for (int r = 0; r <= repeats; ++r) {
     double squares = 0;
     const double seconds = stretched_seconds(slowdown, [&] {
-#pragma omp parallel for reduction(+ : squares)
-      for (int64_t i = 0; i < n; ++i) squares += static_cast<double>(grads[i]) * grads[i];
+      squares = square_sum(grads.data(), n);  // as the CPU backend sums them for the norm
       adamw_update(params.data(), m.data(), v.data(), grads.data(), n, hyper, r + 1);
     });
     if (r > 0 && squares > 0) times.push_back(seconds / static_cast<double>(n));

@@ -187,6 +187,21 @@ TEST(Optimizer, AdamWMatchesHandWrittenSteps) {
   for (int i = 0; i < n; i++) EXPECT_NEAR(params[i], p[i], 1e-6) << i;
 }
 
+// The gradients' sum of squares the norm is taken from (training's square_sum): over several
+// chunks of the vector loops and a ragged end, in double, as a plain double loop sums them.
+TEST(Optimizer, SquareSumOverChunksMatchesAPlainDoubleSum) {
+  const int64_t n = 3 * 4096 + 123;
+  std::vector<float> values(static_cast<size_t>(n));
+  double reference = 0;
+  for (int64_t i = 0; i < n; i++) {
+    values[i] = 0.001f * static_cast<float>((i * 37) % 1001) - 0.5f;
+    reference += static_cast<double>(values[i]) * values[i];
+  }
+  EXPECT_NEAR(square_sum(values.data(), n), reference, 1e-12 * reference);
+  EXPECT_DOUBLE_EQ(grad_norm(values.data(), n), std::sqrt(square_sum(values.data(), n)));
+  EXPECT_DOUBLE_EQ(square_sum(values.data(), 0), 0.0);
+}
+
 TEST(Optimizer, ClippingScalesToMaxNormOnlyWhenAbove) {
   std::vector<float> grads = {3.0f, 4.0f};
   const double norm = grad_norm(grads.data(), 2);

@@ -64,17 +64,19 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
   }
 }
 
-double grad_norm(const float* grads, int64_t n) {
+double square_sum(const float* values, int64_t n) {
   ProfileScope profile(KernelKind::KernelKind_optimizer);
   const int64_t chunks = (n + kElementwiseChunk - 1) / kElementwiseChunk;
   double sum = 0.0;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements) reduction(+ : sum)
   for (int64_t c = 0; c < chunks; c++) {
     const int64_t begin = c * kElementwiseChunk;
-    sum += sum_squares_range(grads + begin, std::min(kElementwiseChunk, n - begin));
+    sum += sum_squares_range(values + begin, std::min(kElementwiseChunk, n - begin));
   }
-  return std::sqrt(sum);
+  return sum;
 }
+
+double grad_norm(const float* grads, int64_t n) { return std::sqrt(square_sum(grads, n)); }
 
 float grad_clip_scale(double norm, double max_norm) {
   if (max_norm <= 0.0) return 1.0f;

@@ -22,7 +22,10 @@ struct AdamWHyper {
 void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
                   const AdamWHyper& hyper, int64_t step);
 
-// grads: (n) -> L2 norm, accumulated in double.
+// values: (n) -> the sum of their squares, accumulated in double (vector loops over chunks).
+double square_sum(const float* values, int64_t n);
+
+// grads: (n) -> L2 norm, accumulated in double: sqrt(square_sum).
 double grad_norm(const float* grads, int64_t n);
 
 // The factor torch.nn.utils.clip_grad_norm_ scales gradients by: min(1, max_norm / (norm + 1e-6));

@@ -10,6 +10,7 @@
 // by `alloy comm-check` and `alloy profile` (docs/catalog.md says how).
 //   bench_cpu_catalog [--rounds R]
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -37,10 +38,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double kind_cpu_seconds(const alloy::KernelProfile& p, KernelKind kind) {
-  return p.cpu_seconds[static_cast<size_t>(kind)];
-}
-
 // One layer shape's forward + backward, split as the runtime's kernel timers split it: seconds
 // per pass pair.
 struct LayerSplit {
@@ -49,28 +46,38 @@ struct LayerSplit {
   double other_seconds = 0;      // norms, activations, residual adds, embedding, loss
 };
 
-// The kernel timers' seconds per kind over one layer_profile_measure of `repeats` pass pairs (its
-// warm-up pair included).
-alloy::KernelProfile layer_kernel_seconds(const alloy::ModelSpec& model, const alloy::LayerShape& shape, int repeats) {
-  alloy::profile_reset();
-  alloy::profile_enable(true);
-  alloy::layer_profile_measure(model, shape, repeats);
-  alloy::profile_enable(false);
-  return alloy::profile_read();
+// Steady CPU seconds of `kind` per pass pair of `measure(pairs)` (a layer or shard measurement of
+// that many pass pairs after its warm-up pair), by the kernel timers. The warm-up pair touches
+// fresh arena pages for the first time and runs 1.5-3x as long as the others; a training step
+// reuses its pages. So it is the difference between 1 + `repeats` pairs and a single pair, over
+// `repeats`.
+template <typename Measure>
+std::array<double, static_cast<size_t>(KernelKind::KernelKind_count)> steady_kernel_seconds(const Measure& measure, int repeats) {
+  const auto timed = [&](int pairs) {
+    alloy::profile_reset();
+    alloy::profile_enable(true);
+    measure(pairs);
+    alloy::profile_enable(false);
+    return alloy::profile_read().cpu_seconds;
+  };
+  const auto one = timed(1);
+  auto steady = timed(1 + repeats);
+  for (size_t k = 0; k < steady.size(); ++k) steady[k] = (steady[k] - one[k]) / repeats;
+  return steady;
 }
 
-// The warm-up pair touches the layer's fresh arena pages for the first time and runs 1.5-3x as
-// long as the others; a training step reuses its pages. So the steady pass pair is the difference
-// between a measurement of 1 + `repeats` pairs and one of a single pair, over `repeats`.
+double of_kind(const std::array<double, static_cast<size_t>(KernelKind::KernelKind_count)>& seconds, KernelKind kind) {
+  return seconds[static_cast<size_t>(kind)];
+}
+
 LayerSplit layer_split(const alloy::ModelSpec& model, const alloy::LayerShape& shape, int repeats) {
-  const alloy::KernelProfile one = layer_kernel_seconds(model, shape, 1);
-  const alloy::KernelProfile many = layer_kernel_seconds(model, shape, 1 + repeats);
-  const auto steady = [&](KernelKind kind) { return (kind_cpu_seconds(many, kind) - kind_cpu_seconds(one, kind)) / repeats; };
+  const auto steady =
+      steady_kernel_seconds([&](int pairs) { alloy::layer_profile_measure(model, shape, pairs); }, repeats);
   LayerSplit s;
-  s.matmul_seconds = steady(KernelKind::KernelKind_matmul);
-  s.attention_seconds = steady(KernelKind::KernelKind_attention);
-  s.other_seconds = steady(KernelKind::KernelKind_norm) + steady(KernelKind::KernelKind_elementwise) +
-                    steady(KernelKind::KernelKind_embedding) + steady(KernelKind::KernelKind_loss);
+  s.matmul_seconds = of_kind(steady, KernelKind::KernelKind_matmul);
+  s.attention_seconds = of_kind(steady, KernelKind::KernelKind_attention);
+  s.other_seconds = of_kind(steady, KernelKind::KernelKind_norm) + of_kind(steady, KernelKind::KernelKind_elementwise) +
+                    of_kind(steady, KernelKind::KernelKind_embedding) + of_kind(steady, KernelKind::KernelKind_loss);
   return s;
 }
 
@@ -84,15 +91,9 @@ double whole_model_matmul_seconds(const alloy::ModelSpec& model, int b, int seq,
   shard.has_head = true;
   shard.block_ranges = {{0, static_cast<int>(model.num_layers)}};
   shard.tp = tp;
-  const auto matmul_seconds = [&](int pairs) {
-    alloy::profile_reset();
-    alloy::profile_enable(true);
-    alloy::shard_profile_measure(model, shard, b, seq, pairs);
-    alloy::profile_enable(false);
-    return kind_cpu_seconds(alloy::profile_read(), KernelKind::KernelKind_matmul);
-  };
-  const double one = matmul_seconds(1);
-  return (matmul_seconds(1 + repeats) - one) / repeats;
+  const auto steady =
+      steady_kernel_seconds([&](int pairs) { alloy::shard_profile_measure(model, shard, b, seq, pairs); }, repeats);
+  return of_kind(steady, KernelKind::KernelKind_matmul);
 }
 
 // The bytes a layer's GEMMs read and write of its weights and weight gradients in a pass pair,
@@ -193,6 +194,9 @@ LayerFigures layer_table(const alloy::ModelSpec& model, int rounds) {
   std::printf("one thread; medians of %d rounds; CPU seconds per forward + backward\n", rounds);
   std::printf("%-22s %10s %10s %10s %12s %12s %12s\n", "layer", "matmul", "attention", "other", "GEMM rate", "other bytes",
               "other rate");
+  // Discarded: OpenBLAS's idle worker thread spins for about 0.1 s after the library loads, and
+  // the kernel timers read the process's CPU time, so the first measurement would count it.
+  layer_split(model, {alloy::LayerKind::LayerKind_block, 1, kSeqLen, 1, false}, kRepeats);
   LayerFigures f;
   std::vector<RatePoint> points;
   std::vector<double> other_rates;
